@@ -1,0 +1,20 @@
+// Logging. spdlog does the work behind this narrow interface because libtorch bundles its own,
+// newer {fmt}, which Debian's spdlog cannot compile against: only core/src/log.cpp sees spdlog,
+// and it is built without libtorch's include directories.
+#pragma once
+
+#include <string>
+
+#include "strata/export.h"
+
+namespace strata::log {
+
+enum class Level { Debug, Info, Warn, Error };
+
+STRATA_API void set_level(Level level);
+STRATA_API void debug(const std::string& message);
+STRATA_API void info(const std::string& message);
+STRATA_API void warn(const std::string& message);
+STRATA_API void error(const std::string& message);
+
+}  // namespace strata::log

@@ -1,0 +1,85 @@
+// Strategy files: parsing TOML with source positions, command-line overrides, and resolution
+// against the schemas of core and of the components the strategy names.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/core/component_registry.h"
+
+namespace strata {
+
+// A value as written, before it is checked against any schema.
+struct RawEntry {
+  Value value;
+  SourcePos pos;
+  Origin origin = Origin::File;
+};
+
+struct RawSection {
+  std::string label;  // "[job]", "[[pass]] #2", used in messages
+  SourcePos pos;      // the header, or the file when the section is absent
+  std::vector<std::pair<std::string, RawEntry>> entries;  // in file order
+
+  const RawEntry* find(const std::string& key) const;
+  void set(const std::string& key, RawEntry entry);
+};
+
+struct RawStrategy {
+  std::string file;  // as given, used in messages
+  RawSection job, model, data, optimizer, parallel;
+  std::vector<RawSection> passes;  // [[pass]] tables, in file order
+};
+
+// The sections a strategy may have, in the order plans and docs show them.
+STRATA_API const std::vector<std::string>& strategy_sections();
+
+// Syntax errors are reported with the position toml++ gives; an unreadable file is a UserError.
+STRATA_API RawStrategy parse_strategy_text(const std::string& text, const std::string& file, Diagnostics& diagnostics);
+STRATA_API RawStrategy load_strategy_file(const std::filesystem::path& file, Diagnostics& diagnostics);
+
+// `--set section.key=value` (or pass.NAME.key=value) and `--disable NAME`. Values are read as
+// TOML (10, 0.5, true, ["a"]); anything that is not TOML is taken as a bare string.
+STRATA_API void apply_overrides(RawStrategy& strategy, const StringList& sets, const StringList& disables,
+                                Diagnostics& diagnostics);
+
+// plugin_path entries from [job], relative to the strategy file's directory.
+STRATA_API std::vector<std::filesystem::path> strategy_plugin_path(const RawStrategy& strategy);
+
+struct PassEntry {
+  const Pass* pass = nullptr;
+  bool enabled = true;
+  Config config;  // the pass's own keys; `name` and `enabled` are not repeated here
+  SourcePos pos;
+};
+
+struct ParallelLayout {
+  int64_t world_size = 1;
+  int64_t data = 1, tensor = 1, pipeline = 1, context = 1;
+  StringList order;  // innermost first
+};
+
+struct ResolvedStrategy {
+  std::string file;
+  Config job, model, data, optimizer, parallel;
+  const Component* model_component = nullptr;
+  const Component* dataset_component = nullptr;
+  const Component* optimizer_component = nullptr;
+  ParallelLayout layout;
+  std::vector<PassEntry> passes;  // in file order, disabled ones included
+};
+
+// Checks every section against its schema and fills in defaults. All problems are reported.
+STRATA_API ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistry& registry,
+                                             int64_t world_size, Diagnostics& diagnostics);
+
+// Core's own sections. [optimizer] is this plus the chosen optimizer's keys.
+STRATA_API const Schema& job_schema();
+STRATA_API const Schema& parallel_schema();
+STRATA_API const Schema& optimizer_common_schema();
+STRATA_API const Schema& pass_common_schema();
+
+}  // namespace strata

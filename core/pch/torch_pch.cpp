@@ -1,0 +1,1 @@
+// Anchor translation unit that builds the libtorch precompiled header.

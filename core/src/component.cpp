@@ -1,0 +1,53 @@
+#include "strata/component.h"
+#include "strata/errors.h"
+#include "strata/pass.h"
+#include "strata/registry.h"
+
+namespace strata {
+
+UserError::UserError(const std::string& message) : std::runtime_error(message) {}
+UserError::~UserError() = default;
+
+const char* component_kind_name(ComponentKind kind) {
+  switch (kind) {
+    case ComponentKind::Pass: return "pass";
+    case ComponentKind::Operator: return "operator";
+    case ComponentKind::Optimizer: return "optimizer";
+    case ComponentKind::Communicator: return "communicator";
+    case ComponentKind::Model: return "model";
+    case ComponentKind::Dataset: return "dataset";
+  }
+  return "?";
+}
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::Topology: return "topology";
+    case Phase::ModelRewrite: return "model_rewrite";
+    case Phase::Precision: return "precision";
+    case Phase::Wrapping: return "wrapping";
+    case Phase::Optimizer: return "optimizer";
+    case Phase::Schedule: return "schedule";
+    case Phase::Runtime: return "runtime";
+  }
+  return "?";
+}
+
+Component::Component(ComponentInfo info) : info_(std::move(info)) {}
+Component::~Component() = default;
+void Component::validate(const Config&, const SourcePos&, Diagnostics&) const {}
+
+namespace {
+ComponentInfo as_pass(ComponentInfo info) {
+  info.kind = ComponentKind::Pass;
+  return info;
+}
+}  // namespace
+
+Pass::Pass(ComponentInfo info, PassOrdering ordering)
+    : Component(as_pass(std::move(info))), ordering_(std::move(ordering)) {}
+Pass::~Pass() = default;
+
+Registry::~Registry() = default;
+
+}  // namespace strata

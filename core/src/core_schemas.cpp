@@ -1,0 +1,53 @@
+// The keys core itself reads. Components declare the keys of [model], [data], [optimizer]
+// (beyond these common ones) and of each [[pass]].
+#include "strata/core/strategy.h"
+
+namespace strata {
+
+const Schema& job_schema() {
+  static const Schema schema = Schema()
+      .required_string("model", "Registered model factory to train (see `strata plugins`)")
+      .required_string("dataset", "Registered dataset; [data] holds its keys")
+      .integer("steps", 100, "Optimizer steps to train", at_least(1))
+      .integer("global_batch", 8, "Sequences per optimizer step across all data-parallel ranks (strong scaling)", at_least(1))
+      .integer("micro_batch", 0, "Sequences per rank per forward/backward; 0 = global_batch / data-parallel size (no accumulation)", at_least(0))
+      .integer("seed", 1234, "Seed for initialisation, data order and dropout", at_least(0))
+      .integer("log_every", 10, "Optimizer steps between console metric lines", at_least(1))
+      .integer("eval_every", 0, "Optimizer steps between evaluations; 0 = never", at_least(0))
+      .integer("checkpoint_every", 0, "Optimizer steps between checkpoints; 0 = only at the end", at_least(0))
+      .string("run_dir", "runs/default", "Directory for metrics, logs and checkpoints")
+      .strings("plugin_path", {}, "Extra plugin directories or files, relative to this strategy file");
+  return schema;
+}
+
+const Schema& parallel_schema() {
+  static const Schema schema = Schema()
+      .integer_or_auto("data", "Data-parallel size; \"auto\" fills the world size", at_least(1))
+      .integer("tensor", 1, "Tensor-parallel size", at_least(1))
+      .integer("pipeline", 1, "Pipeline-parallel size (stages)", at_least(1))
+      .integer("context", 1, "Context (sequence) parallel size", at_least(1))
+      .strings("order", {"tensor", "context", "pipeline", "data"},
+               "Rank layout of the dimensions, innermost (adjacent ranks) first",
+               {"tensor", "context", "pipeline", "data"});
+  return schema;
+}
+
+const Schema& optimizer_common_schema() {
+  static const Schema schema = Schema()
+      .string("name", "adamw", "Registered optimizer; its own keys follow in this section")
+      .real("lr", 3e-4, "Peak learning rate", at_least(0))
+      .string("schedule", "cosine", "Learning-rate schedule after warmup", {"cosine", "linear", "constant"})
+      .integer("warmup_steps", 0, "Linear warmup steps from 0 to lr", at_least(0))
+      .real("min_lr_ratio", 0.1, "Final learning rate as a fraction of lr (cosine and linear)", between(0, 1))
+      .real("grad_clip", 1.0, "Clip the global gradient norm to this; 0 = no clipping", at_least(0));
+  return schema;
+}
+
+const Schema& pass_common_schema() {
+  static const Schema schema = Schema()
+      .required_string("name", "Registered pass to apply")
+      .boolean("enabled", true, "Switch the pass off without removing it (same as --disable NAME)");
+  return schema;
+}
+
+}  // namespace strata

@@ -1,0 +1,234 @@
+// Checking raw sections against schemas and filling in defaults.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "strata/core/strategy.h"
+
+namespace strata {
+
+namespace {
+
+std::string describe_value(const Value& value) {
+  static const char* names[] = {"boolean", "integer", "number", "string", "list"};
+  return std::string(names[value.index()]) + " " + value_to_toml(value);
+}
+
+std::string format_bound(double bound) {
+  return bound == std::floor(bound) && std::abs(bound) < 1e15 ? std::to_string(static_cast<int64_t>(bound))
+                                                              : value_to_toml(Value{bound});
+}
+
+// Checks one value against its spec; returns the value to store (ints widen to floats).
+std::optional<Value> check_value(const KeySpec& spec, const Value& value, std::string& why) {
+  if (spec.allow_auto) {
+    if (const auto* s = std::get_if<std::string>(&value); s && *s == kAuto) return value;
+  }
+  Value stored = value;
+  bool type_ok = false;
+  switch (spec.type) {
+    case ValueType::Bool: type_ok = std::holds_alternative<bool>(value); break;
+    case ValueType::Int: type_ok = std::holds_alternative<int64_t>(value); break;
+    case ValueType::Float:
+      if (const auto* i = std::get_if<int64_t>(&value)) stored = static_cast<double>(*i);
+      type_ok = std::holds_alternative<double>(stored);
+      break;
+    case ValueType::String: type_ok = std::holds_alternative<std::string>(value); break;
+    case ValueType::StringList: type_ok = std::holds_alternative<StringList>(value); break;
+  }
+  if (!type_ok) {
+    why = std::string("expects ") + (spec.allow_auto ? "an integer or \"auto\"" : value_type_name(spec.type)) +
+          ", got " + describe_value(value);
+    return std::nullopt;
+  }
+  if (spec.type == ValueType::Int || spec.type == ValueType::Float) {
+    double x = spec.type == ValueType::Int ? static_cast<double>(std::get<int64_t>(stored)) : std::get<double>(stored);
+    if ((spec.min && !(x >= *spec.min)) || (spec.max && !(x <= *spec.max))) {
+      why = "must be " + (spec.min && spec.max ? "between " + format_bound(*spec.min) + " and " + format_bound(*spec.max)
+                          : spec.min          ? ">= " + format_bound(*spec.min)
+                                              : "<= " + format_bound(*spec.max)) +
+            ", got " + value_to_toml(stored);
+      return std::nullopt;
+    }
+  }
+  if (!spec.choices.empty()) {
+    StringList given = spec.type == ValueType::StringList ? std::get<StringList>(stored)
+                                                          : StringList{std::get<std::string>(stored)};
+    for (const auto& g : given)
+      if (std::find(spec.choices.begin(), spec.choices.end(), g) == spec.choices.end()) {
+        why = "does not accept \"" + g + "\"; choose from " + value_to_toml(Value{spec.choices});
+        return std::nullopt;
+      }
+  }
+  return stored;
+}
+
+std::vector<std::string> key_names(const Schema& schema) {
+  std::vector<std::string> out;
+  for (const auto& spec : schema.keys()) out.push_back(spec.key);
+  return out;
+}
+
+// `owner` names whose keys these are in messages, e.g. "[job]" or "model 'gpt' in [model]".
+Config validate_section(const RawSection& section, const Schema& schema, const std::string& owner,
+                        Diagnostics& diagnostics) {
+  Config config;
+  for (const auto& [key, entry] : section.entries) {
+    const KeySpec* spec = schema.find(key);
+    if (!spec) {
+      std::string hint = did_you_mean(key, key_names(schema));
+      diagnostics.error(entry.pos, "unknown key '" + key + "' for " + owner + (hint.empty() ? "" : "; " + hint));
+      continue;
+    }
+    std::string why;
+    if (auto stored = check_value(*spec, entry.value, why))
+      config.set(key, Config::Entry{std::move(*stored), entry.origin, entry.pos});
+    else
+      diagnostics.error(entry.pos, "key '" + key + "' of " + owner + " " + why);
+  }
+  for (const auto& spec : schema.keys()) {
+    if (config.has(spec.key) || section.find(spec.key)) continue;
+    if (spec.default_value)
+      config.set(spec.key, Config::Entry{*spec.default_value, Origin::Default, {}});
+    else
+      diagnostics.error(section.pos, owner + " needs key '" + spec.key + "' (" + spec.doc + ")");
+  }
+  return config;
+}
+
+Schema merged(const Schema& a, const Schema& b, const std::string& b_owner, const SourcePos& pos, Diagnostics& diagnostics) {
+  Schema out = a;
+  for (const auto& spec : b.keys()) {
+    if (out.find(spec.key))
+      diagnostics.error(pos, b_owner + " declares key '" + spec.key + "', which core already defines");
+    else
+      out.add(spec);
+  }
+  return out;
+}
+
+// Resolves a section that belongs to the component named by `name_key` in `chooser`.
+const Component* resolve_component_section(ComponentKind kind, const Config& chooser, const std::string& chooser_label,
+                                           const std::string& name_key, const RawSection& section,
+                                           const Schema* common, const ComponentRegistry& registry, Config& out,
+                                           Diagnostics& diagnostics) {
+  if (!chooser.has(name_key)) return nullptr;  // already reported as missing
+  const std::string& name = chooser.get_string(name_key);
+  const std::string kind_name = component_kind_name(kind);
+  const Component* component = registry.find(kind, name);
+  if (!component) {
+    std::vector<std::string> known = registry.names(kind);
+    std::string hint = did_you_mean(name, known);
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    diagnostics.error(chooser.entry(name_key).pos.line ? chooser.entry(name_key).pos : section.pos,
+                      "unknown " + kind_name + " '" + name + "' in " + chooser_label + " " + name_key +
+                          (hint.empty() ? "" : "; " + hint) + " (registered: " + (list.empty() ? "none" : list) + ")");
+    return nullptr;
+  }
+  const std::string owner = kind_name + " '" + name + "' in " + section.label;
+  size_t before = diagnostics.items().size();
+  if (common) {
+    Schema schema = merged(*common, component->info().schema, kind_name + " '" + name + "'", section.pos, diagnostics);
+    out = validate_section(section, schema, owner, diagnostics);
+  } else {
+    out = validate_section(section, component->info().schema, owner, diagnostics);
+  }
+  if (diagnostics.items().size() == before) component->validate(out, section.pos, diagnostics);
+  return component;
+}
+
+// The entries of `section` whose keys `schema` declares (or, with keep = false, does not).
+RawSection keys_in(const RawSection& section, const Schema& schema, bool keep) {
+  RawSection out{section.label, section.pos, {}};
+  for (const auto& [key, entry] : section.entries)
+    if ((schema.find(key) != nullptr) == keep) out.entries.emplace_back(key, entry);
+  return out;
+}
+
+ParallelLayout resolve_layout(const Config& parallel, const SourcePos& pos, int64_t world_size, Diagnostics& diagnostics) {
+  ParallelLayout layout;
+  layout.world_size = world_size;
+  if (!parallel.has("tensor") || !parallel.has("pipeline") || !parallel.has("context") || !parallel.has("data") ||
+      !parallel.has("order"))
+    return layout;  // a bad key was reported already
+  layout.tensor = parallel.get_int("tensor");
+  layout.pipeline = parallel.get_int("pipeline");
+  layout.context = parallel.get_int("context");
+  layout.order = parallel.get_strings("order");
+  StringList sorted = layout.order;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted != StringList{"context", "data", "pipeline", "tensor"})
+    diagnostics.error(parallel.entry("order").pos.line ? parallel.entry("order").pos : pos,
+                      "[parallel] order must name tensor, context, pipeline and data once each, got " +
+                          value_to_toml(Value{layout.order}));
+  const int64_t model_parallel = layout.tensor * layout.pipeline * layout.context;
+  const std::string sizes = "tensor " + std::to_string(layout.tensor) + " x pipeline " + std::to_string(layout.pipeline) +
+                            " x context " + std::to_string(layout.context);
+  if (parallel.is_auto("data")) {
+    if (world_size % model_parallel != 0) {
+      diagnostics.error(pos, "[parallel] " + sizes + " = " + std::to_string(model_parallel) +
+                                 " does not divide the world size " + std::to_string(world_size));
+      return layout;
+    }
+    layout.data = world_size / model_parallel;
+  } else {
+    layout.data = parallel.get_int("data");
+    if (layout.data * model_parallel != world_size)
+      diagnostics.error(parallel.entry("data").pos.line ? parallel.entry("data").pos : pos,
+                        "[parallel] data " + std::to_string(layout.data) + " x " + sizes + " = " +
+                            std::to_string(layout.data * model_parallel) + " ranks, but the world size is " +
+                            std::to_string(world_size) + "; set data = \"auto\" or change the sizes");
+  }
+  return layout;
+}
+
+}  // namespace
+
+ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistry& registry, int64_t world_size,
+                                  Diagnostics& diagnostics) {
+  ResolvedStrategy out;
+  out.file = raw.file;
+  out.job = validate_section(raw.job, job_schema(), "[job]", diagnostics);
+  out.parallel = validate_section(raw.parallel, parallel_schema(), "[parallel]", diagnostics);
+  out.layout = resolve_layout(out.parallel, raw.parallel.pos.line ? raw.parallel.pos : SourcePos{raw.file, 0, 0},
+                              world_size, diagnostics);
+
+  out.model_component = resolve_component_section(ComponentKind::Model, out.job, "[job]", "model", raw.model, nullptr,
+                                                  registry, out.model, diagnostics);
+  out.dataset_component = resolve_component_section(ComponentKind::Dataset, out.job, "[job]", "dataset", raw.data,
+                                                    nullptr, registry, out.data, diagnostics);
+  // [optimizer] chooses its own component with its `name` key.
+  static const Schema optimizer_name = Schema().string("name", "adamw", "");
+  Config optimizer_choice = validate_section(keys_in(raw.optimizer, optimizer_name, true), optimizer_name, "[optimizer]", diagnostics);
+  out.optimizer_component = resolve_component_section(ComponentKind::Optimizer, optimizer_choice, "[optimizer]", "name",
+                                                      raw.optimizer, &optimizer_common_schema(), registry,
+                                                      out.optimizer, diagnostics);
+
+  std::map<std::string, SourcePos> first_seen;
+  for (const auto& section : raw.passes) {
+    Config common = validate_section(keys_in(section, pass_common_schema(), true), pass_common_schema(), section.label, diagnostics);
+    if (!common.has("name")) continue;
+    const std::string& name = common.get_string("name");
+    const Pass* pass = registry.find_pass(name);
+    if (!pass) {
+      std::string hint = did_you_mean(name, registry.names(ComponentKind::Pass));
+      diagnostics.error(common.entry("name").pos, "unknown pass '" + name + "'" + (hint.empty() ? "" : "; " + hint) +
+                                                      " (see `strata plugins` for the registered passes)");
+      continue;
+    }
+    if (auto [it, inserted] = first_seen.emplace(name, section.pos); !inserted) {
+      diagnostics.error(section.pos, "pass '" + name + "' appears twice (first at " + it->second.str() + ")");
+      continue;
+    }
+    RawSection own = keys_in(section, pass_common_schema(), false);
+    size_t before = diagnostics.items().size();
+    PassEntry entry{pass, common.get_bool("enabled"), validate_section(own, pass->info().schema, "pass '" + name + "'", diagnostics),
+                    section.pos};
+    if (diagnostics.items().size() == before) pass->validate(entry.config, section.pos, diagnostics);
+    out.passes.push_back(std::move(entry));
+  }
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,69 @@
+#include "cli_args.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "strata/errors.h"
+
+namespace strata::cli {
+
+namespace {
+
+int64_t parse_count(const std::string& option, const std::string& text) {
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 1)
+    throw UserError(option + " expects a positive integer, got '" + text + "'");
+  return value;
+}
+
+}  // namespace
+
+Args parse_args(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string inline_value;
+    bool has_inline = false;
+    if (arg.rfind("--", 0) == 0) {
+      if (auto eq = arg.find('='); eq != std::string::npos) {
+        inline_value = arg.substr(eq + 1);
+        arg = arg.substr(0, eq);
+        has_inline = true;
+      }
+    }
+    auto value = [&]() -> std::string {
+      if (has_inline) return inline_value;
+      if (i + 1 >= argc) throw UserError(arg + " needs a value");
+      return argv[++i];
+    };
+    auto flag = [&] {
+      if (has_inline) throw UserError(arg + " takes no value");
+      args.given.push_back(arg);
+    };
+    if (arg == "-h" || arg == "--help") flag(), args.help = true;
+    else if (arg == "--version") flag(), args.version = true;
+    else if (arg == "-v" || arg == "--verbose") flag(), args.verbose = true;
+    else if (arg == "--json") flag(), args.json = true;
+    else if (arg == "--set") args.given.push_back(arg), args.sets.push_back(value());
+    else if (arg == "--disable") args.given.push_back(arg), args.disables.push_back(value());
+    else if (arg == "-n" || arg == "--ranks") args.given.push_back(arg), args.ranks = parse_count(arg, value());
+    else if (arg == "-o" || arg == "--output") args.given.push_back(arg), args.output = value();
+    else if (arg.size() > 1 && arg[0] == '-') throw UserError("unknown option '" + arg + "'; see strata --help");
+    else if (args.command.empty()) args.command = arg;
+    else args.positional.push_back(arg);
+  }
+  return args;
+}
+
+void allow_only(const Args& args, const std::vector<std::string>& options) {
+  static const std::vector<std::string> everywhere{"-h", "--help", "-v", "--verbose"};
+  for (const auto& given : args.given) {
+    bool ok = std::find(options.begin(), options.end(), given) != options.end() ||
+              std::find(everywhere.begin(), everywhere.end(), given) != everywhere.end();
+    if (!ok)
+      throw UserError("'strata " + args.command + "' does not take " + given + "; see strata " + args.command + " --help");
+  }
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,30 @@
+// Command-line parsing for the strata command.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::cli {
+
+struct Args {
+  std::string command;                  // "plan", "plugins", ...; empty for bare `strata`
+  std::vector<std::string> positional;  // after the command
+  std::vector<std::string> sets;        // --set section.key=value
+  std::vector<std::string> disables;    // --disable NAME
+  int64_t ranks = 1;                    // -n N
+  std::string output;                   // -o FILE
+  bool json = false;
+  bool help = false;
+  bool version = false;
+  bool verbose = false;
+  std::vector<std::string> given;  // option names as typed, to refuse those a command does not take
+};
+
+// Throws UserError for an unknown option or a missing value.
+Args parse_args(int argc, char** argv);
+
+// UserError when `args` holds an option that `command` does not take.
+void allow_only(const Args& args, const std::vector<std::string>& options);
+
+}  // namespace strata::cli

@@ -1,0 +1,135 @@
+// strata plan: the resolved strategy and pass order, or every error in it.
+#include <algorithm>
+#include <iostream>
+
+#include "commands.h"
+#include "common.h"
+#include "strata/core/pass_manager.h"
+#include "strata/core/strategy.h"
+
+namespace strata::cli {
+
+namespace {
+
+std::string origin_note(const Config::Entry& entry) {
+  switch (entry.origin) {
+    case Origin::Default: return "default";
+    case Origin::File: return "line " + std::to_string(entry.pos.line);
+    case Origin::CommandLine: return entry.pos.file;
+  }
+  return "";
+}
+
+std::string component_note(const ComponentRegistry& registry, const Component* component) {
+  if (!component) return "";
+  const PluginRecord* plugin = registry.plugin_of(component);
+  return std::string("  (") + component_kind_name(component->kind()) + " '" + component->name() + "' from plugin " +
+         (plugin ? plugin->name + " " + plugin->version : "?") + ")";
+}
+
+void print_config(const Config& config, const Schema& schema, const std::string& indent) {
+  size_t width = 0;
+  for (const auto& spec : schema.keys()) width = std::max(width, spec.key.size());
+  for (const auto& spec : schema.keys()) {
+    if (!config.has(spec.key)) continue;
+    const auto& entry = config.entry(spec.key);
+    std::string line = indent + spec.key + std::string(width - spec.key.size(), ' ') + " = " + value_to_toml(entry.value);
+    line.resize(std::max<size_t>(line.size() + 2, 48), ' ');
+    std::cout << line << "# " << origin_note(entry) << "\n";
+  }
+}
+
+Schema optimizer_schema(const ResolvedStrategy& plan) {
+  Schema schema = optimizer_common_schema();
+  if (plan.optimizer_component)
+    for (const auto& spec : plan.optimizer_component->info().schema.keys()) schema.add(spec);
+  return schema;
+}
+
+toml::table config_json(const Config& config) {
+  toml::table table;
+  for (const auto& [key, entry] : config.entries()) insert_value(table, key, entry.value);
+  return table;
+}
+
+void print_json_plan(const ResolvedStrategy& plan, const std::vector<size_t>& order) {
+  const ParallelLayout& l = plan.layout;
+  toml::array layout_order;
+  for (const auto& d : l.order) layout_order.push_back(d);
+  toml::array passes, disabled;
+  for (size_t i : order) {
+    const PassEntry& p = plan.passes[i];
+    passes.push_back(toml::table{{"name", p.pass->name()}, {"phase", phase_name(p.pass->ordering().phase)},
+                                 {"config", config_json(p.config)}});
+  }
+  for (const auto& p : plan.passes)
+    if (!p.enabled) disabled.push_back(p.pass->name());
+  print_json(toml::table{
+      {"strategy", plan.file},
+      {"world_size", l.world_size},
+      {"layout", toml::table{{"data", l.data}, {"tensor", l.tensor}, {"pipeline", l.pipeline}, {"context", l.context},
+                             {"order", std::move(layout_order)}}},
+      {"job", config_json(plan.job)},
+      {"model", config_json(plan.model)},
+      {"data", config_json(plan.data)},
+      {"optimizer", config_json(plan.optimizer)},
+      {"parallel", config_json(plan.parallel)},
+      {"passes", std::move(passes)},
+      {"disabled_passes", std::move(disabled)}});
+}
+
+void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& order, const ComponentRegistry& registry) {
+  const ParallelLayout& l = plan.layout;
+  std::cout << "Strategy " << plan.file << ", world size " << l.world_size << "\n";
+  std::cout << "Layout: data " << l.data << " x tensor " << l.tensor << " x pipeline " << l.pipeline << " x context "
+            << l.context << "; rank order (innermost first) " << value_to_toml(Value{l.order}) << "\n";
+  auto section = [&](const std::string& title, const Config& config, const Schema& schema, const Component* c) {
+    std::cout << "\n[" << title << "]" << component_note(registry, c) << "\n";
+    print_config(config, schema, "  ");
+  };
+  section("job", plan.job, job_schema(), nullptr);
+  section("model", plan.model, plan.model_component->info().schema, plan.model_component);
+  section("data", plan.data, plan.dataset_component->info().schema, plan.dataset_component);
+  section("optimizer", plan.optimizer, optimizer_schema(plan), plan.optimizer_component);
+  section("parallel", plan.parallel, parallel_schema(), nullptr);
+
+  std::cout << "\nPasses in the order they apply:\n";
+  if (order.empty()) std::cout << "  (none)\n";
+  for (size_t n = 0; n < order.size(); ++n) {
+    const PassEntry& p = plan.passes[order[n]];
+    std::cout << "  " << n + 1 << ". " << p.pass->name() << "  [" << phase_name(p.pass->ordering().phase) << "]"
+              << component_note(registry, p.pass) << "\n";
+    print_config(p.config, p.pass->info().schema, "       ");
+  }
+  for (const auto& p : plan.passes)
+    if (!p.enabled) std::cout << "Disabled: " << p.pass->name() << " (" << p.pos.str() << ")\n";
+}
+
+}  // namespace
+
+int run_plan(const Args& args) {
+  allow_only(args, {"--json", "--set", "--disable", "-n", "--ranks"});
+  if (args.positional.size() != 1) throw UserError("'strata plan' takes one strategy file; see strata plan --help");
+  Diagnostics diagnostics;
+  RawStrategy raw = load_strategy_file(args.positional[0], diagnostics);
+  if (!diagnostics.ok()) {
+    std::cerr << diagnostics.str();
+    return 2;
+  }
+  apply_overrides(raw, args.sets, args.disables, diagnostics);
+  ComponentRegistry registry;
+  load_plugins(registry, strategy_plugin_path(raw));
+  ResolvedStrategy plan = resolve_strategy(raw, registry, args.ranks, diagnostics);
+  std::vector<size_t> order = order_passes(plan.passes, diagnostics);
+  if (!diagnostics.ok()) {
+    std::cerr << diagnostics.str();
+    return 2;
+  }
+  if (args.json)
+    print_json_plan(plan, order);
+  else
+    print_text_plan(plan, order, registry);
+  return 0;
+}
+
+}  // namespace strata::cli

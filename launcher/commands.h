@@ -1,0 +1,24 @@
+// The strata subcommands. Each returns the process exit status.
+#pragma once
+
+#include <vector>
+
+#include "cli_args.h"
+#include "strata/errors.h"
+
+namespace strata::cli {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  const char* usage;  // full help text
+  int (*run)(const Args& args);
+};
+
+const std::vector<Command>& commands();
+
+int run_plugins(const Args& args);
+int run_plan(const Args& args);
+int run_docs(const Args& args);
+
+}  // namespace strata::cli

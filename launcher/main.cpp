@@ -1,0 +1,89 @@
+// The strata command.
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "strata/core/log.h"
+#include "strata/core/version.h"
+#include "strata/errors.h"
+
+namespace strata::cli {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> list{
+      {"plugins", "List loaded plugins, their components and where they came from",
+       "usage: strata plugins [--json]\n\n"
+       "Loads every plugin on the search path (STRATA_PLUGIN_PATH, then the installed plugin\n"
+       "directory) and lists each plugin's version, file and registered components.\n\n"
+       "  --json    machine-readable output\n",
+       run_plugins},
+      {"plan", "Resolve a strategy and print the configuration and pass order",
+       "usage: strata plan STRATEGY.toml [-n N] [--set section.key=value]... [--disable PASS]... [--json]\n\n"
+       "Checks the strategy against the declared keys of core and of the components it names,\n"
+       "orders the enabled passes, and prints the result, or every error found (exit status 2).\n\n"
+       "  -n, --ranks N        world size to plan for (default 1)\n"
+       "  --set S.K=V          override a key: job.steps=10, model.n_layer=4, pass.fsdp.min_params=1000\n"
+       "  --disable PASS       switch a pass off, as enabled = false does\n"
+       "  --json               machine-readable output\n",
+       run_plan},
+      {"docs", "Print the strategy file reference generated from the declared keys",
+       "usage: strata docs [-o FILE]\n\n"
+       "Writes Markdown describing every section and key that core and the loaded plugins accept.\n\n"
+       "  -o, --output FILE    write to FILE instead of standard output\n",
+       run_docs},
+  };
+  return list;
+}
+
+namespace {
+
+void print_help() {
+  std::cout << "usage: strata [--version] [--help] COMMAND [ARGS]\n\n"
+               "Strata trains libtorch models with strategies assembled from plugins.\n\nCommands:\n";
+  for (const auto& c : commands()) std::printf("  %-10s %s\n", c.name, c.summary);
+  std::cout << "\nRun 'strata COMMAND --help' for a command's options. Exit status 2 means bad input.\n"
+               "Set STRATA_PLUGIN_PATH (colon separated) to load plugins from more places.\n";
+}
+
+void print_version() {
+  VersionInfo v = version_info();
+  std::cout << "strata " << v.strata << " (plugin ABI " << v.abi << ")\n"
+            << "libtorch " << v.torch << " (wheel " << v.torch_wheel << ", " << v.cxx_abi << ")\n"
+            << "CUDA " << v.torch_cuda << " (the wheel's build); runtime: "
+            << (v.cuda_available ? std::to_string(v.cuda_devices) + " device(s)" : std::string("no CUDA device")) << "\n";
+}
+
+int dispatch(int argc, char** argv) {
+  Args args = parse_args(argc, argv);
+  if (args.verbose) log::set_level(log::Level::Debug);
+  if (args.command.empty()) {
+    if (args.version) return print_version(), 0;
+    print_help();
+    return args.help ? 0 : 2;
+  }
+  for (const auto& c : commands()) {
+    if (args.command != c.name) continue;
+    if (args.help) return std::cout << c.usage, 0;
+    return c.run(args);
+  }
+  if (args.command == "help") {
+    print_help();
+    return 0;
+  }
+  throw UserError("unknown command '" + args.command + "'; see strata --help");
+}
+
+}  // namespace
+}  // namespace strata::cli
+
+int main(int argc, char** argv) {
+  try {
+    return strata::cli::dispatch(argc, argv);
+  } catch (const strata::UserError& e) {
+    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata: internal error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,41 @@
+// Components: the named things plugins register (passes, operator implementations, optimizers,
+// communicator backends, models, datasets), each with the config keys it accepts.
+#pragma once
+
+#include <string>
+
+#include "strata/config.h"
+#include "strata/export.h"
+
+namespace strata {
+
+enum class ComponentKind { Pass, Operator, Optimizer, Communicator, Model, Dataset };
+STRATA_API const char* component_kind_name(ComponentKind kind);
+
+struct ComponentInfo {
+  ComponentKind kind = ComponentKind::Pass;
+  std::string name;     // unique within its kind across all loaded plugins
+  std::string summary;  // one line for `strata plugins` and the docs
+  Schema schema;        // the keys its strategy section accepts
+};
+
+class STRATA_API Component {
+ public:
+  explicit Component(ComponentInfo info);
+  virtual ~Component();
+  Component(const Component&) = delete;
+  Component& operator=(const Component&) = delete;
+
+  const ComponentInfo& info() const { return info_; }
+  const std::string& name() const { return info_.name; }
+  ComponentKind kind() const { return info_.kind; }
+
+  // Checks that involve several keys at once; single keys are checked against the schema first
+  // and this runs only when they all passed.
+  virtual void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const;
+
+ private:
+  ComponentInfo info_;
+};
+
+}  // namespace strata

@@ -1,0 +1,39 @@
+// Passes transform a training job. The pass manager orders them by phase and by their
+// requires/conflicts/after/before declarations.
+#pragma once
+
+#include <string>
+
+#include "strata/component.h"
+
+namespace strata {
+
+class Job;  // the training job a pass transforms; defined by the training runtime
+
+// Default order of passes; explicit after/before declarations override it.
+enum class Phase { Topology, ModelRewrite, Precision, Wrapping, Optimizer, Schedule, Runtime };
+STRATA_API const char* phase_name(Phase phase);
+
+struct PassOrdering {
+  Phase phase = Phase::Runtime;
+  StringList requires_passes;  // must be enabled too
+  StringList conflicts_with;   // must not be enabled together
+  StringList after;            // runs after these when they are enabled
+  StringList before;           // runs before these when they are enabled
+};
+
+class STRATA_API Pass : public Component {
+ public:
+  // info.kind is forced to ComponentKind::Pass.
+  Pass(ComponentInfo info, PassOrdering ordering);
+  ~Pass() override;
+
+  const PassOrdering& ordering() const { return ordering_; }
+
+  virtual void apply(Job& job, const Config& config) const = 0;
+
+ private:
+  PassOrdering ordering_;
+};
+
+}  // namespace strata

@@ -1,0 +1,33 @@
+# strata_add_plugin(NAME SOURCES file... [OUTPUT_DIRECTORY dir])
+#
+# Builds strata_plugin_NAME.so, the file name the loader looks for. Symbols are hidden except
+# the entry point the STRATA_PLUGIN macro declares; undefined symbols fail the link instead of
+# the load. Inside the Strata tree it links strata_core; elsewhere Strata::core from
+# find_package(Strata).
+function(strata_add_plugin name)
+  cmake_parse_arguments(ARG "" "OUTPUT_DIRECTORY" "SOURCES" ${ARGN})
+  if(NOT ARG_SOURCES)
+    message(FATAL_ERROR "strata_add_plugin(${name}): no SOURCES")
+  endif()
+  set(target strata_plugin_${name})
+  add_library(${target} MODULE ${ARG_SOURCES})
+  if(TARGET strata_core)
+    target_link_libraries(${target} PRIVATE strata_core)
+  else()
+    target_link_libraries(${target} PRIVATE Strata::core)
+  endif()
+  if(NOT ARG_OUTPUT_DIRECTORY)
+    if(DEFINED STRATA_PLUGIN_OUTPUT_DIR)
+      set(ARG_OUTPUT_DIRECTORY ${STRATA_PLUGIN_OUTPUT_DIR})
+    else()
+      set(ARG_OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+    endif()
+  endif()
+  set_target_properties(${target} PROPERTIES
+    PREFIX ""
+    OUTPUT_NAME strata_plugin_${name}
+    CXX_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON
+    LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIRECTORY})
+  target_link_options(${target} PRIVATE -Wl,--no-undefined)
+endfunction()
