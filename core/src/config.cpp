@@ -1,7 +1,7 @@
 #include "strata/config.h"
 
+#include <charconv>
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 
 namespace strata {
@@ -34,10 +34,12 @@ std::string quote(const std::string& s) {
 }
 
 std::string format_double(double d) {
-  std::ostringstream os;
-  os.precision(17);
-  os << d;
-  std::string s = os.str();
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  char buf[64];
+  // Shortest text that reads back as the same double.
+  auto result = std::to_chars(buf, buf + sizeof buf, d);
+  std::string s(buf, result.ptr);
   // TOML needs a fractional part or exponent to read the value back as a float.
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;

@@ -97,8 +97,9 @@ void PluginLoader::load_file(const fs::path& file) {
   std::error_code ec;
   fs::path real = fs::canonical(file, ec);
   if (ec) throw UserError("cannot open plugin " + file.string() + ": " + ec.message());
-  if (std::find(loaded_.begin(), loaded_.end(), real) != loaded_.end()) return;
   const std::string path = real.string();
+  for (const auto& plugin : registry_.plugins())
+    if (plugin.path == path) return;
 
   if (auto why = untrusted_reason(real)) throw UserError("refusing to load plugin " + path + ": " + *why);
 
@@ -118,7 +119,6 @@ void PluginLoader::load_file(const fs::path& file) {
   PluginRecord record{descriptor->name, safe_string(descriptor->version), path, descriptor->torch_version, {}};
   loaded_libraries().push_back(std::move(library));
   registry_.register_plugin(std::move(record), descriptor->register_components);
-  loaded_.push_back(real);
   log::debug("loaded plugin '" + std::string(descriptor->name) + "' from " + path);
 }
 

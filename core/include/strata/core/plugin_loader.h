@@ -30,14 +30,13 @@ class STRATA_API PluginLoader {
  public:
   explicit PluginLoader(ComponentRegistry& registry) : registry_(registry) {}
 
-  // Loads every plugin file in each entry. A file reached twice (the same real path) loads once.
+  // Loads every plugin file in each entry. A file already in the registry (same real path) is skipped.
   // The installed directory may be missing; any other missing entry is an error.
   void load_search_path(const std::vector<std::filesystem::path>& entries);
   void load_file(const std::filesystem::path& file);
 
  private:
   ComponentRegistry& registry_;
-  std::vector<std::filesystem::path> loaded_;
 };
 
 }  // namespace strata
