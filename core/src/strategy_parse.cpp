@@ -152,6 +152,8 @@ RawStrategy parse_strategy_text(const std::string& text, const std::string& file
 }
 
 RawStrategy load_strategy_file(const std::filesystem::path& file, Diagnostics& diagnostics) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) throw UserError("cannot read strategy file " + file.string());
   std::ifstream in(file, std::ios::binary);
   if (!in) throw UserError("cannot read strategy file " + file.string());
   std::stringstream text;
