@@ -45,6 +45,8 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--version") flag(), args.version = true;
     else if (arg == "-v" || arg == "--verbose") flag(), args.verbose = true;
     else if (arg == "--json") flag(), args.json = true;
+    else if (arg == "--resume") flag(), args.resume = true;
+    else if (arg == "--out") args.given.push_back(arg), args.out_dir = value();
     else if (arg == "--set") args.given.push_back(arg), args.sets.push_back(value());
     else if (arg == "--disable") args.given.push_back(arg), args.disables.push_back(value());
     else if (arg == "-n" || arg == "--ranks") args.given.push_back(arg), args.ranks = parse_count(arg, value());

@@ -14,6 +14,8 @@ struct Args {
   std::vector<std::string> disables;    // --disable NAME
   int64_t ranks = 1;                    // -n N
   std::string output;                   // -o FILE
+  std::string out_dir;                  // --out DIR
+  bool resume = false;
   bool json = false;
   bool help = false;
   bool version = false;

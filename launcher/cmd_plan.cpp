@@ -4,8 +4,7 @@
 
 #include "commands.h"
 #include "common.h"
-#include "strata/core/pass_manager.h"
-#include "strata/core/strategy.h"
+#include "strategy_input.h"
 
 namespace strata::cli {
 
@@ -109,26 +108,13 @@ void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
 
 int run_plan(const Args& args) {
   allow_only(args, {"--json", "--set", "--disable", "-n", "--ranks"});
-  if (args.positional.size() != 1) throw UserError("'strata plan' takes one strategy file; see strata plan --help");
-  Diagnostics diagnostics;
-  RawStrategy raw = load_strategy_file(args.positional[0], diagnostics);
-  if (!diagnostics.ok()) {
-    std::cerr << diagnostics.str();
-    return 2;
-  }
-  apply_overrides(raw, args.sets, args.disables, diagnostics);
   ComponentRegistry registry;
-  load_plugins(registry, strategy_plugin_path(raw));
-  ResolvedStrategy plan = resolve_strategy(raw, registry, args.ranks, diagnostics);
-  std::vector<size_t> order = order_passes(plan.passes, diagnostics);
-  if (!diagnostics.ok()) {
-    std::cerr << diagnostics.str();
-    return 2;
-  }
+  LoadedPlan loaded;
+  if (!load_plan(args, args.ranks, registry, loaded)) return 2;
   if (args.json)
-    print_json_plan(plan, order);
+    print_json_plan(loaded.plan, loaded.order);
   else
-    print_text_plan(plan, order, registry);
+    print_text_plan(loaded.plan, loaded.order, registry);
   return 0;
 }
 

@@ -26,6 +26,16 @@ const std::vector<Command>& commands() {
        "  --disable PASS       switch a pass off, as enabled = false does\n"
        "  --json               machine-readable output\n",
        run_plan},
+      {"run", "Train with a strategy",
+       "usage: strata run STRATEGY.toml [--out DIR] [--set section.key=value]... [--disable PASS]... [--resume]\n\n"
+       "Trains in this process. DIR (default: [job] run_dir) receives strategy.toml (the resolved\n"
+       "strategy, rerunnable as is), metrics.jsonl (one JSON object per optimizer step), logs/ and\n"
+       "checkpoints/.\n\n"
+       "  --out DIR            run directory\n"
+       "  --set S.K=V          override a key, e.g. job.steps=50 job.seed=7 job.checkpoint_every=10\n"
+       "  --disable PASS       switch a pass off\n"
+       "  --resume             continue from the newest valid checkpoint in DIR\n",
+       run_train},
       {"docs", "Print the strategy file reference generated from the declared keys",
        "usage: strata docs [-o FILE]\n\n"
        "Writes Markdown describing every section and key that core and the loaded plugins accept.\n\n"

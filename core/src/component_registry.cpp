@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <set>
 
+#include "strata/data.h"
 #include "strata/errors.h"
+#include "strata/model.h"
+#include "strata/ops.h"
+#include "strata/optimizer.h"
 
 namespace strata {
 
@@ -36,8 +40,17 @@ void check_declaration(const Component& c, const PluginRecord& plugin) {
   if (!valid_name(c.name()))
     throw UserError(describe(plugin) + " registers a " + component_kind_name(c.kind()) + " with invalid name '" +
                     c.name() + "' (use letters, digits, '_', '.', '-')");
-  if (c.kind() == ComponentKind::Pass && !dynamic_cast<const Pass*>(&c))
-    throw UserError(describe(plugin) + ": " + component_label(c) + " has kind pass but does not derive from strata::Pass");
+  const char* required_base = nullptr;
+  switch (c.kind()) {
+    case ComponentKind::Pass: required_base = dynamic_cast<const Pass*>(&c) ? nullptr : "strata::Pass"; break;
+    case ComponentKind::Model: required_base = dynamic_cast<const ModelFactory*>(&c) ? nullptr : "strata::ModelFactory"; break;
+    case ComponentKind::Dataset: required_base = dynamic_cast<const DatasetFactory*>(&c) ? nullptr : "strata::DatasetFactory"; break;
+    case ComponentKind::Optimizer: required_base = dynamic_cast<const OptimizerFactory*>(&c) ? nullptr : "strata::OptimizerFactory"; break;
+    case ComponentKind::Operator: required_base = dynamic_cast<const ops::OperatorImplBase*>(&c) ? nullptr : "strata::ops::OperatorImpl"; break;
+    case ComponentKind::Communicator: break;
+  }
+  if (required_base)
+    throw UserError(describe(plugin) + ": " + component_label(c) + " does not derive from " + required_base);
   if (c.kind() == ComponentKind::Pass)
     for (const char* reserved : {"name", "enabled"})
       if (c.info().schema.find(reserved))

@@ -12,10 +12,16 @@ const Schema& job_schema() {
       .integer("global_batch", 8, "Sequences per optimizer step across all data-parallel ranks (strong scaling)", at_least(1))
       .integer("micro_batch", 0, "Sequences per rank per forward/backward; 0 = global_batch / data-parallel size (no accumulation)", at_least(0))
       .integer("seed", 1234, "Seed for initialisation, data order and dropout", at_least(0))
+      .boolean("shuffle", true, "Shuffle training windows each epoch (deterministically from seed)")
+      .integer("eval_batches", 8, "Micro-batches of the validation split each evaluation averages", at_least(1))
+      .integer("keep_checkpoints", 3, "Newest checkpoints kept; older ones are deleted", at_least(1))
+      .integer("threads", 0, "CPU threads for intra-op parallelism; 0 = all cores", at_least(0))
+      .real("peak_tflops", 0.0, "Peak TFLOP/s of one device for MFU; 0 = not reported", at_least(0))
       .integer("log_every", 10, "Optimizer steps between console metric lines", at_least(1))
       .integer("eval_every", 0, "Optimizer steps between evaluations; 0 = never", at_least(0))
       .integer("checkpoint_every", 0, "Optimizer steps between checkpoints; 0 = only at the end", at_least(0))
-      .string("run_dir", "runs/default", "Directory for metrics, logs and checkpoints")
+      .string("run_dir", "runs/default", "Directory for metrics, logs and checkpoints (strata run --out overrides)")
+      .string("device", "cpu", "Device to train on: cpu, cuda or cuda:N")
       .strings("plugin_path", {}, "Extra plugin directories or files, relative to this strategy file");
   return schema;
 }
@@ -39,7 +45,9 @@ const Schema& optimizer_common_schema() {
       .string("schedule", "cosine", "Learning-rate schedule after warmup", {"cosine", "linear", "constant"})
       .integer("warmup_steps", 0, "Linear warmup steps from 0 to lr", at_least(0))
       .real("min_lr_ratio", 0.1, "Final learning rate as a fraction of lr (cosine and linear)", between(0, 1))
-      .real("grad_clip", 1.0, "Clip the global gradient norm to this; 0 = no clipping", at_least(0));
+      .real("grad_clip", 1.0, "Clip the global gradient norm to this; 0 = no clipping", at_least(0))
+      .real("weight_decay", 0.0, "Weight decay of the decayed group (AdamW: decoupled; SGD: L2)", at_least(0))
+      .boolean("decay_norms_and_biases", false, "Also decay norms, biases and embeddings (by default only Linear weights decay)");
   return schema;
 }
 

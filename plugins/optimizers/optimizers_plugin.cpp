@@ -1,27 +1,133 @@
-// Optimizers every job can use. [optimizer] name selects one; lr and schedule keys are core's.
+// AdamW and SGD with momentum, with PyTorch's update rules (torch.optim.AdamW / SGD), so runs can
+// be compared with PyTorch step for step.
+#include <cmath>
+
+#include <ATen/ATen.h>
+
 #include "strata/plugin.h"
 
 namespace strata::optimizers {
 namespace {
 
+// Keeps per-parameter state tensors shaped like the parameters, named "<param>.<slot>".
+class PerParameterState {
+ public:
+  void add(const std::string& name, const at::Tensor& param, const std::vector<std::string>& slots) {
+    std::vector<at::Tensor> tensors;
+    for (const auto& slot : slots) {
+      tensors.push_back(at::zeros_like(param, at::MemoryFormat::Contiguous));
+      named_.emplace_back(name + "." + slot, tensors.back());
+    }
+    by_param_.push_back(std::move(tensors));
+  }
+  std::vector<at::Tensor>& of(size_t index) { return by_param_[index]; }
+  const NamedTensors& named() const { return named_; }
+
+ private:
+  std::vector<std::vector<at::Tensor>> by_param_;
+  NamedTensors named_;
+};
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::vector<ParamGroup> groups, const Config& c)
+      : groups_(std::move(groups)),
+        beta1_(c.get_float("beta1")),
+        beta2_(c.get_float("beta2")),
+        eps_(c.get_float("eps")),
+        step_(at::zeros({}, at::kLong)) {
+    for (const auto& g : groups_)
+      for (size_t i = 0; i < g.params.size(); ++i) state_.add(g.names[i], g.params[i], {"exp_avg", "exp_avg_sq"});
+  }
+
+  void step(double lr) override {
+    at::NoGradGuard no_grad;
+    step_ += 1;
+    const double t = static_cast<double>(step_.item<int64_t>());
+    const double bias1 = 1.0 - std::pow(beta1_, t), bias2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
+    size_t index = 0;
+    for (auto& g : groups_)
+      for (auto& p : g.params) {
+        auto& s = state_.of(index++);
+        const at::Tensor& grad = p.grad();
+        if (!grad.defined()) continue;
+        if (g.weight_decay != 0) p.mul_(1.0 - lr * g.weight_decay);
+        s[0].lerp_(grad, 1.0 - beta1_);
+        s[1].mul_(beta2_).addcmul_(grad, grad, 1.0 - beta2_);
+        at::Tensor denom = (s[1].sqrt() / bias2_sqrt).add_(eps_);
+        p.addcdiv_(s[0], denom, -lr / bias1);
+      }
+  }
+
+  NamedTensors state_tensors() override {
+    NamedTensors out{{"step", step_}};
+    out.insert(out.end(), state_.named().begin(), state_.named().end());
+    return out;
+  }
+
+ private:
+  std::vector<ParamGroup> groups_;
+  double beta1_, beta2_, eps_;
+  at::Tensor step_;
+  PerParameterState state_;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::vector<ParamGroup> groups, const Config& c)
+      : groups_(std::move(groups)), momentum_(c.get_float("momentum")), nesterov_(c.get_bool("nesterov")) {
+    for (const auto& g : groups_)
+      for (size_t i = 0; i < g.params.size(); ++i) state_.add(g.names[i], g.params[i], {"momentum_buffer"});
+  }
+
+  void step(double lr) override {
+    at::NoGradGuard no_grad;
+    size_t index = 0;
+    for (auto& g : groups_)
+      for (auto& p : g.params) {
+        auto& buffer = state_.of(index++)[0];
+        if (!p.grad().defined()) continue;
+        at::Tensor d = g.weight_decay != 0 ? p.grad() + g.weight_decay * p : p.grad();
+        if (momentum_ != 0) {
+          // The buffer starts at zero, so the first step leaves it equal to d, as PyTorch's does.
+          buffer.mul_(momentum_).add_(d);
+          d = nesterov_ ? d + momentum_ * buffer : buffer;
+        }
+        p.add_(d, -lr);
+      }
+  }
+
+  NamedTensors state_tensors() override { return state_.named(); }
+
+ private:
+  std::vector<ParamGroup> groups_;
+  double momentum_;
+  bool nesterov_;
+  PerParameterState state_;
+};
+
+template <class Impl>
+class Factory final : public OptimizerFactory {
+ public:
+  using OptimizerFactory::OptimizerFactory;
+  std::unique_ptr<Optimizer> create(std::vector<ParamGroup> groups, const Config& config) const override {
+    return std::make_unique<Impl>(std::move(groups), config);
+  }
+};
+
 void register_components(Registry& registry) {
-  registry.add(std::make_unique<Component>(ComponentInfo{
-      ComponentKind::Optimizer, "adamw", "AdamW with decoupled weight decay",
+  registry.add(std::make_unique<Factory<AdamW>>(ComponentInfo{
+      ComponentKind::Optimizer, "adamw", "AdamW with decoupled weight decay (torch.optim.AdamW's update)",
       Schema()
           .real("beta1", 0.9, "First-moment decay", between(0, 1))
           .real("beta2", 0.95, "Second-moment decay", between(0, 1))
-          .real("eps", 1e-8, "Denominator stabiliser", at_least(0))
-          .real("weight_decay", 0.1, "Decoupled weight decay", at_least(0))
-          .boolean("decay_norms_and_biases", false, "Also decay norms, biases and embeddings")}));
-  registry.add(std::make_unique<Component>(ComponentInfo{
-      ComponentKind::Optimizer, "sgd", "SGD with momentum",
-      Schema()
-          .real("momentum", 0.9, "Momentum factor", between(0, 1))
-          .boolean("nesterov", false, "Nesterov momentum")
-          .real("weight_decay", 0.0, "L2 weight decay", at_least(0))}));
+          .real("eps", 1e-8, "Denominator stabiliser", at_least(0))}));
+  registry.add(std::make_unique<Factory<Sgd>>(ComponentInfo{
+      ComponentKind::Optimizer, "sgd", "SGD with momentum and L2 weight decay (torch.optim.SGD's update)",
+      Schema().real("momentum", 0.9, "Momentum factor; 0 = plain SGD", between(0, 1)).boolean("nesterov", false, "Nesterov momentum")}));
 }
 
 }  // namespace
 }  // namespace strata::optimizers
 
-STRATA_PLUGIN("optimizers", "0.1.0", strata::optimizers::register_components)
+STRATA_PLUGIN("optimizers", "0.2.0", strata::optimizers::register_components)

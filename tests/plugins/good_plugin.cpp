@@ -12,11 +12,17 @@ class TestPass final : public strata::Pass {
   void apply(strata::Job&, const strata::Config&) const override {}
 };
 
+class TestModel final : public strata::ModelFactory {
+ public:
+  TestModel()
+      : ModelFactory({strata::ComponentKind::Model, "test_model", "A model for tests",
+                      strata::Schema().integer("width", 4, "Width", strata::at_least(1))}) {}
+  std::shared_ptr<strata::nn::Model> create(const strata::Config&) const override { return nullptr; }
+};
+
 void register_components(strata::Registry& registry) {
   registry.add(std::make_unique<TestPass>());
-  registry.add(std::make_unique<strata::Component>(
-      strata::ComponentInfo{strata::ComponentKind::Model, "test_model", "A model for tests",
-                            strata::Schema().integer("width", 4, "Width", strata::at_least(1))}));
+  registry.add(std::make_unique<TestModel>());
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 namespace {
 void register_components(strata::Registry& registry) {
   registry.add(std::make_unique<strata::Component>(
-      strata::ComponentInfo{strata::ComponentKind::Dataset, "half_registered", "Never visible", {}}));
+      strata::ComponentInfo{strata::ComponentKind::Communicator, "half_registered", "Never visible", {}}));
   throw std::runtime_error("boom while registering");
 }
 }  // namespace

@@ -145,7 +145,7 @@ TEST(Loader, FailedRegistrationLeavesNothingBehind) {
   ComponentRegistry registry;
   std::string e = load_error(registry, plugin("throwing", "throwing"));
   EXPECT_TRUE(contains(e, "failed while registering its components: boom while registering"));
-  EXPECT_EQ(registry.find(ComponentKind::Dataset, "half_registered"), nullptr);
+  EXPECT_EQ(registry.find(ComponentKind::Communicator, "half_registered"), nullptr);
   EXPECT_TRUE(registry.plugins().empty());
 }
 

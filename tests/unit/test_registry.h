@@ -5,6 +5,9 @@
 #include <string>
 
 #include "strata/core/component_registry.h"
+#include "strata/data.h"
+#include "strata/model.h"
+#include "strata/optimizer.h"
 
 namespace strata::test {
 

@@ -1,0 +1,26 @@
+// The safetensors format, implemented here: 8-byte little-endian header length, a JSON header
+// (dtype, shape, data_offsets per tensor, optional __metadata__), then the raw data.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "strata/optimizer.h"
+
+namespace strata {
+
+using Metadata = std::map<std::string, std::string>;
+
+// Writes to a temporary name, fsyncs, then renames over `path`. Tensors are written contiguous
+// and little-endian; names must be unique and tensors must not alias.
+STRATA_API void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                                  const Metadata& metadata = {});
+
+// Reads and validates everything the format promises; any violation is a UserError naming the
+// file and the problem. Tensors come back on the CPU in file order.
+STRATA_API NamedTensors read_safetensors(const std::filesystem::path& path, Metadata* metadata = nullptr);
+// The same for a file already in memory (`label` names it in messages).
+STRATA_API NamedTensors parse_safetensors(const std::string& bytes, const std::string& label, Metadata* metadata = nullptr);
+
+}  // namespace strata

@@ -1,0 +1,30 @@
+// Single-process training of a resolved strategy: the step program, metrics and checkpoints.
+#pragma once
+
+#include <filesystem>
+#include <vector>
+
+#include "strata/core/component_registry.h"
+#include "strata/core/strategy.h"
+
+namespace strata {
+
+struct RunOptions {
+  std::filesystem::path out_dir;  // empty: [job] run_dir
+  bool resume = false;            // continue from the newest valid checkpoint in out_dir
+};
+
+struct RunSummary {
+  int64_t first_step = 0;  // the first step this run computed
+  int64_t last_step = 0;
+  double last_loss = 0;
+};
+
+// `order` is the pass order from order_passes. User errors are UserErrors.
+STRATA_API RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>& order,
+                                   const ComponentRegistry& registry, const RunOptions& options);
+
+// The strategy with every key resolved (defaults written out), rerunnable as is.
+STRATA_API std::string resolved_strategy_toml(const ResolvedStrategy& plan);
+
+}  // namespace strata

@@ -1,0 +1,146 @@
+#include "metrics.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <vector>
+
+#include "strata/errors.h"
+
+namespace strata::engine {
+
+std::string format_number(double value) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  return buf;
+}
+
+namespace {
+
+int64_t step_of(const std::string& line) {
+  auto pos = line.find("\"step\":");
+  return pos == std::string::npos ? -1 : std::stoll(line.substr(pos + 7));
+}
+
+double resident_mib() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+// Timings vary run to run; three decimals are plenty.
+std::string fixed3(double value) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.3f", value);
+  return buf;
+}
+
+std::string human_duration(double seconds) {
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", static_cast<long>(s / 3600), static_cast<long>(s % 3600 / 60));
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", static_cast<long>(s / 60), static_cast<long>(s % 60));
+  return buf;
+}
+
+}  // namespace
+
+MetricsFile::MetricsFile(const std::filesystem::path& path, int64_t keep_through) {
+  std::vector<std::string> kept;
+  if (keep_through > 0) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);)
+      if (step_of(line) >= 1 && step_of(line) <= keep_through) kept.push_back(line);
+  }
+  out_.open(path, std::ios::trunc);
+  if (!out_) throw UserError("cannot write " + path.string());
+  for (const auto& line : kept) out_ << line << "\n";
+  out_.flush();
+}
+
+void MetricsFile::write(const StepRecord& r) {
+  out_ << "{\"step\":" << r.step << ",\"loss\":" << format_number(r.loss) << ",\"grad_norm\":" << format_number(r.grad_norm)
+       << ",\"lr\":" << format_number(r.lr) << ",\"tokens\":" << r.tokens << ",\"step_ms\":" << fixed3(r.step_ms);
+  if (r.val_loss) out_ << ",\"val_loss\":" << format_number(*r.val_loss);
+  out_ << "}\n";
+  out_.flush();
+}
+
+Console::Console(int64_t total_steps, int64_t log_every, double flops_per_token, double peak_tflops)
+    : total_(total_steps),
+      log_every_(log_every),
+      flops_per_token_(flops_per_token),
+      peak_flops_(peak_tflops * 1e12),
+      tty_(::isatty(STDOUT_FILENO) != 0),
+      start_(std::chrono::steady_clock::now()) {}
+
+void Console::clear_bar() {
+  if (bar_shown_) std::cout << "\r\033[K";
+  bar_shown_ = false;
+}
+
+void Console::draw_bar() {
+  if (!tty_) return;
+  const int width = 30;
+  const double done = static_cast<double>(step_) / static_cast<double>(total_);
+  const int filled = static_cast<int>(done * width);
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const int64_t steps_run = step_ - first_step_ + 1;
+  const double eta = steps_run > 0 ? elapsed / static_cast<double>(steps_run) * static_cast<double>(total_ - step_) : 0;
+  std::cout << "\r\033[K[" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << step_ << "/"
+            << total_ << "  elapsed " << human_duration(elapsed) << "  ETA " << human_duration(eta) << std::flush;
+  bar_shown_ = true;
+}
+
+void Console::step(const StepRecord& r) {
+  if (first_step_ < 0) first_step_ = r.step;
+  step_ = r.step;
+  window_ms_ += r.step_ms;
+  window_tokens_ += r.tokens;
+  ++window_steps_;
+  if (r.step % log_every_ == 0 || r.step == total_ || r.val_loss) {
+    const double tokens_per_s = window_ms_ > 0 ? static_cast<double>(window_tokens_) / (window_ms_ / 1000.0) : 0;
+    char line[256];
+    std::snprintf(line, sizeof line, "step %ld/%ld | loss %.4f | grad_norm %.3f | lr %.3e | %.0f tok/s | %.1f ms/step",
+                  static_cast<long>(r.step), static_cast<long>(total_), r.loss, r.grad_norm, r.lr, tokens_per_s,
+                  window_ms_ / static_cast<double>(window_steps_));
+    std::string text = line;
+    if (peak_flops_ > 0) {
+      char mfu[32];
+      std::snprintf(mfu, sizeof mfu, " | mfu %.2f%%", 100.0 * flops_per_token_ * tokens_per_s / peak_flops_);
+      text += mfu;
+    }
+    char memory[32];
+    std::snprintf(memory, sizeof memory, " | mem %.0f MiB", resident_mib());
+    text += memory;
+    if (r.val_loss) {
+      char val[32];
+      std::snprintf(val, sizeof val, " | val_loss %.4f", *r.val_loss);
+      text += val;
+    }
+    message(text);
+    window_ms_ = 0;
+    window_tokens_ = window_steps_ = 0;
+  }
+  draw_bar();
+}
+
+void Console::message(const std::string& line) {
+  clear_bar();
+  std::cout << line << "\n" << std::flush;
+  draw_bar();
+}
+
+void Console::finish() {
+  clear_bar();
+  std::cout << std::flush;
+}
+
+}  // namespace strata::engine

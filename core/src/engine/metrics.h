@@ -1,0 +1,57 @@
+// Per-step metrics: metrics.jsonl in the run directory (one object per optimizer step, losses
+// with 17 significant digits so runs compare exactly) and the console line and progress bar.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+namespace strata::engine {
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  int64_t tokens = 0;  // tokens this step consumed
+  double step_ms = 0;
+  std::optional<double> val_loss;
+};
+
+class MetricsFile {
+ public:
+  // Keeps the records of steps up to `keep_through` (those before a resume) and appends after.
+  MetricsFile(const std::filesystem::path& path, int64_t keep_through);
+  void write(const StepRecord& record);
+
+ private:
+  std::ofstream out_;
+};
+
+class Console {
+ public:
+  Console(int64_t total_steps, int64_t log_every, double flops_per_token, double peak_tflops);
+  void step(const StepRecord& record);
+  void message(const std::string& line);
+  void finish();
+
+ private:
+  void draw_bar();
+  void clear_bar();
+
+  int64_t total_, log_every_;
+  double flops_per_token_, peak_flops_;
+  bool tty_;
+  bool bar_shown_ = false;
+  int64_t step_ = 0, first_step_ = -1;
+  std::chrono::steady_clock::time_point start_;
+  double window_ms_ = 0;
+  int64_t window_tokens_ = 0, window_steps_ = 0;
+};
+
+std::string format_number(double value);  // %.17g: exact round trip
+
+}  // namespace strata::engine

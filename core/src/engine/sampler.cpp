@@ -1,0 +1,67 @@
+#include "sampler.h"
+
+#include <numeric>
+#include <random>
+
+#include <ATen/ATen.h>
+
+#include "strata/errors.h"
+
+namespace strata::engine {
+
+BatchSampler::BatchSampler(const TokenDataset& data, int64_t seq_len, uint64_t seed, bool shuffle)
+    : data_(data),
+      seq_len_(seq_len),
+      seed_(seed),
+      shuffle_(shuffle),
+      train_windows_((data.num_tokens(Split::Train) - 1) / seq_len),
+      val_windows_((data.num_tokens(Split::Val) - 1) / seq_len) {
+  if (train_windows_ < 1)
+    throw UserError("[data] the training split has " + std::to_string(data.num_tokens(Split::Train)) +
+                    " tokens, fewer than one window of seq_len + 1 = " + std::to_string(seq_len + 1));
+  if (val_windows_ < 1)
+    throw UserError("[data] the validation split has " + std::to_string(data.num_tokens(Split::Val)) +
+                    " tokens, fewer than one window of seq_len + 1 = " + std::to_string(seq_len + 1) +
+                    "; raise val_fraction or use more data");
+  start_epoch(0);
+}
+
+void BatchSampler::start_epoch(int64_t epoch) {
+  epoch_ = epoch;
+  cursor_ = 0;
+  order_.resize(static_cast<size_t>(train_windows_));
+  std::iota(order_.begin(), order_.end(), 0);
+  if (!shuffle_) return;
+  // Fisher-Yates with a fixed generator: the order depends only on seed and epoch, on any
+  // platform and standard library.
+  std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch));
+  for (size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[rng() % (i + 1)]);
+}
+
+void BatchSampler::set_position(int64_t epoch, int64_t cursor) {
+  start_epoch(epoch);
+  cursor_ = cursor;
+}
+
+void BatchSampler::read_window(Split split, int64_t window, int64_t* out) const {
+  data_.read(split, window * seq_len_, seq_len_ + 1, out);
+}
+
+at::Tensor BatchSampler::next_train(int64_t count) {
+  at::Tensor batch = at::empty({count, seq_len_ + 1}, at::kLong);
+  int64_t* out = batch.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    if (cursor_ == train_windows_) start_epoch(epoch_ + 1);
+    read_window(Split::Train, order_[static_cast<size_t>(cursor_++)], out + i * (seq_len_ + 1));
+  }
+  return batch;
+}
+
+at::Tensor BatchSampler::val_batch(int64_t first, int64_t count) const {
+  at::Tensor batch = at::empty({count, seq_len_ + 1}, at::kLong);
+  int64_t* out = batch.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) read_window(Split::Val, (first + i) % val_windows_, out + i * (seq_len_ + 1));
+  return batch;
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,315 @@
+// The training loop: builds the job from the plan, applies passes, and runs the step program.
+#include "strata/core/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
+#include "../sha256.h"
+#include "checkpoint.h"
+#include "metrics.h"
+#include "sampler.h"
+#include "schedule.h"
+#include "strata/core/log.h"
+#include "strata/core/operator_table.h"
+#include "strata/data.h"
+#include "strata/errors.h"
+#include "strata/job.h"
+#include "strata/ops.h"
+
+namespace strata {
+
+namespace {
+
+namespace fs = std::filesystem;
+using engine::BatchSampler;
+
+// Stateful adaptors for the pieces core owns.
+class ModelState final : public Stateful {
+ public:
+  explicit ModelState(std::shared_ptr<nn::Model> model) : model_(std::move(model)) {}
+  NamedTensors save() const override {
+    NamedTensors out;
+    for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), p.value());
+    return out;
+  }
+  void load(const NamedTensors& tensors) override { copy_into(save(), tensors, "model"); }
+
+  // Copies `from` into the same-named tensors of `into`, which must match exactly.
+  static void copy_into(const NamedTensors& into, const NamedTensors& from, const std::string& what) {
+    if (into.size() != from.size())
+      throw UserError("checkpoint " + what + " state has " + std::to_string(from.size()) + " tensors, the job has " +
+                      std::to_string(into.size()));
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < into.size(); ++i) {
+      const auto& [name, target] = into[i];
+      auto it = std::find_if(from.begin(), from.end(), [&](const auto& f) { return f.first == name; });
+      if (it == from.end()) throw UserError("checkpoint has no " + what + " tensor '" + name + "'");
+      if (it->second.sizes() != target.sizes() || it->second.scalar_type() != target.scalar_type())
+        throw UserError("checkpoint " + what + " tensor '" + name + "' has another shape or dtype than the job's");
+      target.copy_(it->second);
+    }
+  }
+
+ private:
+  std::shared_ptr<nn::Model> model_;
+};
+
+class OptimizerState final : public Stateful {
+ public:
+  explicit OptimizerState(Optimizer& optimizer) : optimizer_(optimizer) {}
+  NamedTensors save() const override { return optimizer_.state_tensors(); }
+  void load(const NamedTensors& tensors) override { ModelState::copy_into(optimizer_.state_tensors(), tensors, "optimizer"); }
+
+ private:
+  Optimizer& optimizer_;
+};
+
+class DataState final : public Stateful {
+ public:
+  explicit DataState(BatchSampler& sampler) : sampler_(sampler) {}
+  NamedTensors save() const override {
+    return {{"position", at::tensor(std::vector<int64_t>{sampler_.epoch(), sampler_.cursor()}, at::kLong)}};
+  }
+  void load(const NamedTensors& tensors) override {
+    at::Tensor position = at::zeros({2}, at::kLong);
+    ModelState::copy_into({{"position", position}}, tensors, "data");
+    sampler_.set_position(position[0].item<int64_t>(), position[1].item<int64_t>());
+  }
+
+ private:
+  BatchSampler& sampler_;
+};
+
+// The default CPU generator drives initialisation and dropout.
+class RngState final : public Stateful {
+ public:
+  NamedTensors save() const override { return {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}}; }
+  void load(const NamedTensors& tensors) override {
+    at::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
+    ModelState::copy_into({{"cpu", state}}, tensors, "rng");
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(state);
+  }
+};
+
+NamedTensors gather_state(const Job& job) {
+  NamedTensors out;
+  for (const auto& [key, state] : job.states())
+    for (auto& [name, tensor] : state->save()) out.emplace_back(key + "/" + name, tensor.detach().to(at::kCPU));
+  return out;
+}
+
+void restore_state(const Job& job, const NamedTensors& tensors) {
+  for (const auto& [key, state] : job.states()) {
+    NamedTensors mine;
+    const std::string prefix = key + "/";
+    for (const auto& [name, tensor] : tensors)
+      if (name.compare(0, prefix.size(), prefix) == 0) mine.emplace_back(name.substr(prefix.size()), tensor);
+    state->load(mine);
+  }
+}
+
+std::vector<ParamGroup> parameter_groups(const nn::Model& model, const Config& optimizer) {
+  const double decay = optimizer.get_float("weight_decay");
+  const bool decay_all = optimizer.get_bool("decay_norms_and_biases");
+  std::vector<std::string> decayed = model.decayed_parameter_names();
+  ParamGroup with_decay{{}, {}, decay}, without_decay{{}, {}, 0.0};
+  for (const auto& p : model.named_parameters()) {
+    bool decays = decay_all || std::find(decayed.begin(), decayed.end(), p.key()) != decayed.end();
+    ParamGroup& group = decays ? with_decay : without_decay;
+    group.names.push_back(p.key());
+    group.params.push_back(p.value());
+  }
+  return {with_decay, without_decay};
+}
+
+// torch.nn.utils.clip_grad_norm_'s rule: scale by max_norm / (norm + 1e-6) when that is below 1.
+double clip_gradients(const std::vector<at::Tensor>& params, double max_norm) {
+  std::vector<at::Tensor> norms;
+  for (const auto& p : params)
+    if (p.grad().defined()) norms.push_back(p.grad().detach().to(at::kFloat).norm());
+  if (norms.empty()) return 0.0;
+  const double total = at::stack(norms).norm().item<double>();
+  if (max_norm > 0 && std::isfinite(total)) {
+    const double coefficient = max_norm / (total + 1e-6);
+    if (coefficient < 1.0) {
+      at::NoGradGuard no_grad;
+      for (const auto& p : params)
+        if (p.grad().defined()) p.grad().mul_(coefficient);
+    }
+  }
+  return total;
+}
+
+c10::Device parse_device(const std::string& text) {
+  try {
+    c10::Device device(text);
+    if (device.is_cuda() && !at::hasCUDA()) throw UserError("[job] device = \"" + text + "\" but no CUDA device is available");
+    return device;
+  } catch (const c10::Error&) {
+    throw UserError("[job] device \"" + text + "\" is not a device name (cpu, cuda, cuda:N)");
+  }
+}
+
+// Identifies what shapes the state a checkpoint holds and the sequence of batches, so a resume
+// with another model, data, optimizer or pass setup is refused. Steps, logging and paths may change.
+std::string config_hash(const ResolvedStrategy& plan) {
+  std::string text;
+  auto add = [&](const std::string& section, const Config& config) {
+    for (const auto& [key, entry] : config.entries()) text += section + "." + key + "=" + value_to_toml(entry.value) + "\n";
+  };
+  Config job;
+  for (const char* key : {"model", "dataset", "global_batch", "micro_batch", "seed", "shuffle", "device"})
+    job.set(key, plan.job.entry(key));
+  add("job", job);
+  add("model", plan.model);
+  add("data", plan.data);
+  add("optimizer", plan.optimizer);
+  add("parallel", plan.parallel);
+  for (const auto& pass : plan.passes) add("pass." + pass.pass->name() + (pass.enabled ? "" : ".disabled"), pass.config);
+  Sha256 hash;
+  hash.update(text.data(), text.size());
+  return hash.hex_digest();
+}
+
+}  // namespace
+
+RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>& order, const ComponentRegistry& registry,
+                        const RunOptions& options) {
+  const Config& job_cfg = plan.job;
+  const fs::path out_dir = options.out_dir.empty() ? fs::path(job_cfg.get_string("run_dir")) : options.out_dir;
+  const fs::path checkpoints_dir = out_dir / "checkpoints";
+  fs::create_directories(out_dir / "logs");
+  {
+    std::ofstream strategy(out_dir / "strategy.toml");
+    strategy << resolved_strategy_toml(plan);
+  }
+  if (plan.layout.world_size != 1) throw UserError("multi-rank training is not built yet; run with one rank");
+
+  const int64_t threads = job_cfg.get_int("threads");
+  at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency())));
+  const c10::Device device = parse_device(job_cfg.get_string("device"));
+  const int64_t seed = job_cfg.get_int("seed");
+  at::manual_seed(static_cast<uint64_t>(seed));
+  OperatorTable::global().install(registry);
+
+  Job job(plan.job, plan.model, plan.data, plan.optimizer, device);
+  job.model = static_cast<const ModelFactory*>(plan.model_component)->create(plan.model);
+  job.model->to(device);
+  auto dataset = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{fs::current_path()});
+  if (dataset->vocab_size() > job.model->vocab_size())
+    throw UserError("[data] has a vocabulary of " + std::to_string(dataset->vocab_size()) + " tokens but [model] vocab_size is " +
+                    std::to_string(job.model->vocab_size()));
+  const auto* optimizer_factory = static_cast<const OptimizerFactory*>(plan.optimizer_component);
+  job.make_optimizer = [&](std::vector<ParamGroup> groups) { return optimizer_factory->create(std::move(groups), plan.optimizer); };
+
+  for (size_t i : order) plan.passes[i].pass->apply(job, plan.passes[i].config);
+
+  std::unique_ptr<Optimizer> optimizer = job.make_optimizer(parameter_groups(*job.model, plan.optimizer));
+  BatchSampler sampler(*dataset, job.model->seq_len(), static_cast<uint64_t>(seed), job_cfg.get_bool("shuffle"));
+  job.register_state("model", std::make_shared<ModelState>(job.model));
+  job.register_state("optimizer", std::make_shared<OptimizerState>(*optimizer));
+  job.register_state("data", std::make_shared<DataState>(sampler));
+  job.register_state("rng", std::make_shared<RngState>());
+
+  const int64_t global_batch = job_cfg.get_int("global_batch");
+  const int64_t micro_batch = job_cfg.get_int("micro_batch") > 0 ? job_cfg.get_int("micro_batch") : global_batch;
+  if (global_batch % micro_batch != 0)
+    throw UserError("[job] global_batch " + std::to_string(global_batch) + " is not a multiple of micro_batch " +
+                    std::to_string(micro_batch));
+  const int64_t micro_count = global_batch / micro_batch;
+  const int64_t steps = job_cfg.get_int("steps"), seq_len = job.model->seq_len(), vocab = job.model->vocab_size();
+  const engine::LrSchedule schedule{plan.optimizer.get_float("lr"), plan.optimizer.get_string("schedule"),
+                                    plan.optimizer.get_int("warmup_steps"), steps, plan.optimizer.get_float("min_lr_ratio")};
+
+  engine::Console console(steps, job_cfg.get_int("log_every"), job.model->training_flops_per_token(),
+                          job_cfg.get_float("peak_tflops"));
+  int64_t start_step = 0;
+  if (options.resume) {
+    auto loaded = engine::load_newest_valid_checkpoint(checkpoints_dir, [&](const std::string& m) { log::warn(m); });
+    if (loaded) {
+      if (loaded->meta.config_hash != config_hash(plan))
+        throw UserError("checkpoint " + loaded->path.string() +
+                        " was saved with another model, data, optimizer or pass configuration; resume with the strategy.toml "
+                        "saved in " + out_dir.string());
+      restore_state(job, loaded->tensors);
+      start_step = loaded->meta.step;
+      console.message("resumed from " + loaded->path.string() + " at step " + std::to_string(start_step));
+    } else {
+      console.message("no valid checkpoint in " + checkpoints_dir.string() + "; starting from step 0");
+    }
+  }
+  engine::MetricsFile metrics(out_dir / "metrics.jsonl", start_step);
+  const int64_t checkpoint_every = job_cfg.get_int("checkpoint_every"), eval_every = job_cfg.get_int("eval_every");
+  auto save = [&](int64_t step) {
+    engine::save_checkpoint(checkpoints_dir, {step, config_hash(plan), plan.layout.world_size}, gather_state(job),
+                            job_cfg.get_int("keep_checkpoints"));
+  };
+  auto evaluate = [&]() {
+    at::NoGradGuard no_grad;
+    job.model->eval();
+    double total = 0;
+    const int64_t batches = job_cfg.get_int("eval_batches");
+    for (int64_t b = 0; b < batches; ++b) {
+      at::Tensor batch = sampler.val_batch(b * micro_batch, micro_batch).to(device);
+      at::Tensor logits = job.model->forward(batch.narrow(1, 0, seq_len));
+      total += ops::cross_entropy(logits.reshape({-1, vocab}), batch.narrow(1, 1, seq_len).reshape(-1)).item<double>();
+    }
+    job.model->train();
+    return total / static_cast<double>(batches);
+  };
+
+  std::vector<at::Tensor> params;
+  for (const auto& p : job.model->parameters()) params.push_back(p);
+  RunSummary summary{start_step + 1, start_step, 0.0};
+  job.model->train();
+  for (int64_t step = start_step + 1; step <= steps; ++step) {
+    const auto started = std::chrono::steady_clock::now();
+    for (auto& p : params) p.mutable_grad() = at::Tensor();
+    StepContext context;
+    context.step = step;
+    context.micro_count = micro_count;
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < micro_count; ++micro) {
+      context.micro = micro;
+      at::Tensor batch = sampler.next_train(micro_batch).to(device);
+      job.run_hooks(HookPoint::BeforeForward, context);
+      at::Tensor logits = job.model->forward(batch.narrow(1, 0, seq_len));
+      context.loss = ops::cross_entropy(logits.reshape({-1, vocab}), batch.narrow(1, 1, seq_len).reshape(-1));
+      job.run_hooks(HookPoint::AfterForward, context);
+      (context.loss / static_cast<double>(micro_count)).backward();
+      job.run_hooks(HookPoint::AfterBackward, context);
+      loss_sum += context.loss.item<double>();
+    }
+    const double grad_norm = clip_gradients(params, plan.optimizer.get_float("grad_clip"));
+    const double lr = schedule.at(step);
+    job.run_hooks(HookPoint::BeforeStep, context);
+    if (!context.skip_step) optimizer->step(lr);
+    job.run_hooks(HookPoint::AfterStep, context);
+
+    engine::StepRecord record;
+    record.step = step;
+    record.loss = loss_sum / static_cast<double>(micro_count);
+    record.grad_norm = grad_norm;
+    record.lr = lr;
+    record.tokens = global_batch * seq_len;
+    record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    if (eval_every > 0 && (step % eval_every == 0 || step == steps)) record.val_loss = evaluate();
+    metrics.write(record);
+    console.step(record);
+    if ((checkpoint_every > 0 && step % checkpoint_every == 0) || step == steps) save(step);
+    summary.last_step = step;
+    summary.last_loss = record.loss;
+  }
+  console.finish();
+  return summary;
+}
+
+}  // namespace strata

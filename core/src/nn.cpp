@@ -1,0 +1,105 @@
+#include "strata/nn.h"
+
+#include <algorithm>
+#include <set>
+
+#include <ATen/ATen.h>
+
+#include "strata/errors.h"
+#include "strata/ops.h"
+
+namespace strata::nn {
+
+namespace {
+constexpr double kInitStd = 0.02;  // GPT-2's initialisation; model factories rescale where needed
+}
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias) {
+  weight = register_parameter("weight", at::empty({out, in}).normal_(0.0, kInitStd));
+  if (with_bias) bias = register_parameter("bias", at::zeros({out}));
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) {
+  return ops::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+}
+
+Embedding::Embedding(int64_t count, int64_t dim) {
+  weight = register_parameter("weight", at::empty({count, dim}).normal_(0.0, kInitStd));
+}
+
+at::Tensor Embedding::forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
+
+LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", at::ones({dim}));
+  if (with_bias) bias = register_parameter("bias", at::zeros({dim}));
+}
+
+at::Tensor LayerNorm::forward(const at::Tensor& x) {
+  return ops::layer_norm(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, eps);
+}
+
+RmsNorm::RmsNorm(int64_t dim, double eps_) : eps(eps_) { weight = register_parameter("weight", at::ones({dim})); }
+
+at::Tensor RmsNorm::forward(const at::Tensor& x) { return ops::rms_norm(x, weight, eps); }
+
+Block::~Block() = default;
+
+Model::Model(int64_t vocab_size, int64_t seq_len) : vocab_size_(vocab_size), seq_len_(seq_len) {}
+Model::~Model() = default;
+
+void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
+  register_module(name, block);
+  blocks_.push_back(Entry{name, std::move(block), nullptr, {}, {}});
+}
+
+std::vector<size_t> Model::find_blocks(const std::vector<std::string>& selectors) const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    for (const auto& s : selectors)
+      if (s == blocks_[i].name || s == blocks_[i].block->type()) {
+        out.push_back(i);
+        break;
+      }
+  return out;
+}
+
+void Model::set_executor(size_t i, BlockExecutor executor) { blocks_.at(i).executor = std::move(executor); }
+void Model::add_pre_forward_hook(size_t i, BlockHook hook) { blocks_.at(i).pre.push_back(std::move(hook)); }
+void Model::add_post_forward_hook(size_t i, BlockHook hook) { blocks_.at(i).post.push_back(std::move(hook)); }
+
+at::Tensor Model::forward(const at::Tensor& tokens) {
+  at::Tensor x = tokens;
+  for (auto& entry : blocks_) {
+    for (auto& hook : entry.pre) hook(*entry.block, x);
+    x = entry.executor ? entry.executor(*entry.block, x) : entry.block->forward(x);
+    for (auto& hook : entry.post) hook(*entry.block, x);
+  }
+  return x;
+}
+
+std::vector<std::string> Model::decayed_parameter_names() const {
+  std::vector<std::string> out;
+  std::set<const void*> seen;
+  for (const auto& item : named_modules("", /*include_self=*/false)) {
+    const auto* module = item.value().get();
+    for (const auto& p : module->named_parameters(/*recurse=*/false)) {
+      if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
+      if (dynamic_cast<const Linear*>(module) && p.key() == "weight") out.push_back(item.key() + "." + p.key());
+    }
+  }
+  return out;
+}
+
+void Model::set_attention_shape(int64_t layers, int64_t heads, int64_t head_dim) {
+  layers_ = layers;
+  heads_ = heads;
+  head_dim_ = head_dim;
+}
+
+double Model::training_flops_per_token() const {
+  double n = 0;
+  for (const auto& p : parameters()) n += static_cast<double>(p.numel());
+  return 6.0 * n + 12.0 * static_cast<double>(layers_ * heads_ * head_dim_ * seq_len_);
+}
+
+}  // namespace strata::nn

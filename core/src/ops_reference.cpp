@@ -1,0 +1,91 @@
+// Reference implementations of every operator: ATen compositions, autograd-correct, any device.
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "strata/core/operator_table.h"
+
+namespace strata {
+
+namespace {
+
+at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                               const std::optional<at::Tensor>& additive_mask) {
+  // Grouped-query attention: each key/value head serves heads(q) / heads(k) query heads.
+  at::Tensor key = k, value = v;
+  if (k.size(1) != q.size(1)) {
+    const int64_t repeat = q.size(1) / k.size(1);
+    key = k.repeat_interleave(repeat, 1);
+    value = v.repeat_interleave(repeat, 1);
+  }
+  if (additive_mask && causal) {
+    const int64_t t = q.size(2), s = key.size(2);
+    at::Tensor causal_mask = at::ones({t, s}, q.options().dtype(at::kBool)).tril(s - t).logical_not();
+    at::Tensor mask = additive_mask->masked_fill(causal_mask, -std::numeric_limits<float>::infinity());
+    return at::scaled_dot_product_attention(q, key, value, mask, 0.0, false);
+  }
+  return at::scaled_dot_product_attention(q, key, value, additive_mask, 0.0, causal);
+}
+
+at::Tensor layer_norm_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                double eps) {
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+}
+
+at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // In fp32 whatever the input dtype, as Hugging Face's LlamaRMSNorm does.
+  at::Tensor x32 = x.to(at::kFloat);
+  at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return at::linear(x, weight, bias);
+}
+
+at::Tensor gelu_reference(const at::Tensor& x) { return at::gelu(x, "tanh"); }
+
+at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
+
+at::Tensor rope_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  at::Tensor c = cos.to(x.scalar_type()), s = sin.to(x.scalar_type());
+  return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+at::Tensor cross_entropy_reference(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.to(at::kFloat), targets);
+}
+
+template <class Op>
+const ops::OperatorImplBase* reference(const char* summary, typename Op::Fn fn) {
+  static const ops::OperatorImpl<Op> impl(std::string(Op::name) + ".reference", summary, fn, {}, 0);
+  return &impl;
+}
+
+}  // namespace
+
+OperatorTable::OperatorTable() { reset(); }
+
+OperatorTable& OperatorTable::global() {
+  static OperatorTable table;
+  return table;
+}
+
+void OperatorTable::reset() {
+  table_.clear();
+  for (const auto* impl : {
+           reference<ops::Attention>("scaled dot-product attention (ATen), causal and additive mask, GQA by repeat", attention_reference),
+           reference<ops::LayerNorm>("at::layer_norm", layer_norm_reference),
+           reference<ops::RmsNorm>("RMSNorm computed in fp32", rms_norm_reference),
+           reference<ops::Linear>("at::linear", linear_reference),
+           reference<ops::Gelu>("GELU, tanh approximation", gelu_reference),
+           reference<ops::SwiGlu>("silu(gate) * up", swiglu_reference),
+           reference<ops::Rope>("rotary embedding, rotate-half layout", rope_reference),
+           reference<ops::CrossEntropy>("mean cross entropy in fp32", cross_entropy_reference),
+       })
+    table_[impl->op()].push_back(impl);
+}
+
+}  // namespace strata

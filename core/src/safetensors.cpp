@@ -1,0 +1,187 @@
+#include "strata/core/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "strata/errors.h"
+
+namespace strata {
+
+namespace {
+
+constexpr uint64_t kMaxHeader = 100'000'000;
+
+const std::vector<std::pair<std::string, at::ScalarType>>& dtype_names() {
+  static const std::vector<std::pair<std::string, at::ScalarType>> names{
+      {"BOOL", at::kBool},         {"U8", at::kByte},           {"I8", at::kChar},     {"I16", at::kShort},
+      {"U16", at::kUInt16},        {"I32", at::kInt},           {"U32", at::kUInt32},  {"I64", at::kLong},
+      {"U64", at::kUInt64},        {"F16", at::kHalf},          {"BF16", at::kBFloat16}, {"F32", at::kFloat},
+      {"F64", at::kDouble},        {"C64", at::kComplexFloat},  {"F8_E5M2", at::kFloat8_e5m2},
+      {"F8_E4M3", at::kFloat8_e4m3fn}, {"F8_E8M0", at::kFloat8_e8m0fnu}};
+  return names;
+}
+
+std::string dtype_name(at::ScalarType type) {
+  for (const auto& [name, t] : dtype_names())
+    if (t == type) return name;
+  throw UserError(std::string("safetensors cannot store dtype ") + c10::toString(type));
+}
+
+void fsync_path(const std::filesystem::path& path, int flags) {
+  int fd = ::open(path.c_str(), flags);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> data;
+  std::set<std::string> names;
+  std::set<const void*> storages;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (!names.insert(name).second) throw std::logic_error("safetensors: tensor name '" + name + "' repeats");
+    if (tensor.numel() > 0 && !storages.insert(tensor.storage().data()).second)
+      throw std::logic_error("safetensors: tensor '" + name + "' aliases another tensor");
+    at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t bytes = static_cast<uint64_t>(cpu.nbytes());
+    header[name] = {{"dtype", dtype_name(cpu.scalar_type())}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(cpu);
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw UserError("cannot write " + tmp.string());
+    uint64_t n = text.size();
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));  // explicit little-endian
+    out.write(reinterpret_cast<const char*>(le), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& t : data) out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+    if (!out.flush()) throw UserError("cannot write " + tmp.string() + " (disk full?)");
+  }
+  fsync_path(tmp, O_RDONLY);
+  std::filesystem::rename(tmp, path);
+  fsync_path(path.parent_path().empty() ? "." : path.parent_path(), O_RDONLY | O_DIRECTORY);
+}
+
+NamedTensors parse_safetensors(const std::string& bytes, const std::string& label, Metadata* metadata) {
+  auto fail = [&](const std::string& why) -> UserError { return UserError("safetensors file " + label + ": " + why); };
+  if (bytes.size() < 8) throw fail("shorter than its 8-byte header length");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  if (header_len > kMaxHeader) throw fail("header length " + std::to_string(header_len) + " is over the 100000000-byte limit");
+  if (8 + header_len > bytes.size()) throw fail("header runs past the end of the file");
+  const std::string header_text = bytes.substr(8, header_len);
+  if (header_text.empty() || header_text[0] != '{') throw fail("header is not a JSON object");
+
+  nlohmann::ordered_json header;
+  std::set<std::string> keys;
+  bool duplicate = false;
+  try {
+    // The callback sees every key as parsed, so repeated names are caught before the map
+    // would silently keep only the last.
+    header = nlohmann::ordered_json::parse(header_text, [&](int d, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& value) {
+      if (event == nlohmann::ordered_json::parse_event_t::key && d == 1 && !keys.insert(value.get<std::string>()).second)
+        duplicate = true;
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(std::string("header is not valid JSON: ") + e.what());
+  }
+  if (duplicate) throw fail("header names a tensor twice");
+  if (!header.is_object()) throw fail("header is not a JSON object");
+
+  struct Entry {
+    std::string name;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      if (!info.is_object()) throw fail("__metadata__ must be an object of strings");
+      for (const auto& [k, v] : info.items()) {
+        if (!v.is_string()) throw fail("__metadata__ value of '" + k + "' is not a string");
+        if (metadata) (*metadata)[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets"))
+      throw fail("tensor '" + name + "' needs dtype, shape and data_offsets");
+    Entry e{name, at::kFloat, {}, 0, 0};
+    if (!info["dtype"].is_string()) throw fail("tensor '" + name + "' has a non-string dtype");
+    auto dt = std::find_if(dtype_names().begin(), dtype_names().end(),
+                           [&](const auto& p) { return p.first == info["dtype"].get<std::string>(); });
+    if (dt == dtype_names().end()) throw fail("tensor '" + name + "' has unknown dtype " + info["dtype"].dump());
+    e.dtype = dt->second;
+    if (!info["shape"].is_array()) throw fail("tensor '" + name + "' shape is not a list");
+    uint64_t numel = 1;
+    for (const auto& d : info["shape"]) {
+      if (!d.is_number_unsigned()) throw fail("tensor '" + name + "' has a negative or non-integer dimension");
+      e.shape.push_back(d.get<int64_t>());
+      numel *= d.get<uint64_t>();
+    }
+    const auto& offsets = info["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
+      throw fail("tensor '" + name + "' data_offsets must be two non-negative integers");
+    e.begin = offsets[0].get<uint64_t>();
+    e.end = offsets[1].get<uint64_t>();
+    if (e.end < e.begin) throw fail("tensor '" + name + "' ends before it begins");
+    if (e.end - e.begin != numel * c10::elementSize(e.dtype))
+      throw fail("tensor '" + name + "' spans " + std::to_string(e.end - e.begin) + " bytes but its shape and dtype need " +
+                 std::to_string(numel * c10::elementSize(e.dtype)));
+    entries.push_back(std::move(e));
+  }
+  // Sorted by offset the tensors must tile the data buffer exactly: no overlap, no hole.
+  std::vector<const Entry*> by_offset;
+  for (const auto& e : entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return std::pair(a->begin, a->end) < std::pair(b->begin, b->end); });
+  uint64_t expected = 0;
+  for (const Entry* e : by_offset) {
+    if (e->begin < expected) throw fail("tensor '" + e->name + "' overlaps the tensor before it");
+    if (e->begin > expected) throw fail("there is a hole in the data before tensor '" + e->name + "'");
+    expected = e->end;
+  }
+  if (8 + header_len + expected != bytes.size())
+    throw fail("file is " + std::to_string(bytes.size()) + " bytes but header and data account for " +
+               std::to_string(8 + header_len + expected) + " (truncated or padded)");
+
+  NamedTensors out;
+  const char* data = bytes.data() + 8 + header_len;
+  for (const auto& e : entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    out.emplace_back(e.name, t);
+  }
+  return out;
+}
+
+NamedTensors read_safetensors(const std::filesystem::path& path, Metadata* metadata) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError("cannot read safetensors file " + path.string());
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parse_safetensors(buffer.str(), path.string(), metadata);
+}
+
+}  // namespace strata

@@ -1,0 +1,72 @@
+// The training job that passes transform: model, optimizer construction, step program hooks
+// and the state that checkpoints carry.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "strata/config.h"
+#include "strata/model.h"
+#include "strata/optimizer.h"
+
+namespace strata {
+
+// Hook points of one optimizer step, in the order they run.
+enum class HookPoint { BeforeForward, AfterForward, AfterBackward, BeforeStep, AfterStep };
+
+struct StepContext {
+  int64_t step = 0;          // optimizer step being computed, from 1
+  int64_t micro = 0;         // micro-batch index within the step
+  int64_t micro_count = 1;   // micro-batches per step (gradient accumulation)
+  at::Tensor loss;           // the micro-batch loss, set from AfterForward on
+  bool skip_step = false;    // set by a hook to skip the optimizer update (e.g. non-finite grads)
+};
+
+using StepHook = std::function<void(StepContext&)>;
+
+// Something that owns state a checkpoint must carry; keys are stable across runs.
+class STRATA_API Stateful {
+ public:
+  virtual ~Stateful();
+  virtual NamedTensors save() const = 0;
+  // Receives exactly the names save() produced; a missing or mis-shaped tensor is an error.
+  virtual void load(const NamedTensors& tensors) = 0;
+};
+
+class STRATA_API Job {
+ public:
+  Job(Config job, Config model, Config data, Config optimizer, c10::Device device);
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const Config& job_config() const { return job_; }
+  const Config& model_config() const { return model_config_; }
+  const Config& data_config() const { return data_config_; }
+  const Config& optimizer_config() const { return optimizer_config_; }
+  c10::Device device() const { return device_; }
+
+  std::shared_ptr<nn::Model> model;
+  // Builds the optimizer once passes are applied; a pass may wrap it (sharding, WSAM).
+  std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>)> make_optimizer;
+
+  void add_hook(HookPoint point, StepHook hook);
+  void run_hooks(HookPoint point, StepContext& context) const;
+
+  // Registers state under `key` ("model", "optimizer", "data", "rng", or a pass's name).
+  void register_state(const std::string& key, std::shared_ptr<Stateful> state);
+  const std::map<std::string, std::shared_ptr<Stateful>>& states() const { return states_; }
+
+ private:
+  Config job_, model_config_, data_config_, optimizer_config_;
+  c10::Device device_;
+  std::map<HookPoint, std::vector<StepHook>> hooks_;
+  std::map<std::string, std::shared_ptr<Stateful>> states_;
+};
+
+}  // namespace strata

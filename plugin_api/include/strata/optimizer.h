@@ -1,0 +1,42 @@
+// Optimizers: they update parameters from their .grad(). Every piece of their state is a named
+// tensor, so checkpoints (and sharding passes) handle any optimizer the same way.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "strata/component.h"
+
+namespace strata {
+
+struct ParamGroup {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  double weight_decay = 0.0;
+};
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+class STRATA_API Optimizer {
+ public:
+  virtual ~Optimizer();
+  // One update with learning rate `lr`; parameters without a gradient are skipped.
+  virtual void step(double lr) = 0;
+  // The optimizer's state, by stable names. A checkpoint saves these and loading copies values
+  // back into the same tensors, so they must exist from construction on.
+  virtual NamedTensors state_tensors() = 0;
+};
+
+class STRATA_API OptimizerFactory : public Component {
+ public:
+  using Component::Component;
+  ~OptimizerFactory() override;
+  // `config` is the whole [optimizer] section, core's common keys included.
+  virtual std::unique_ptr<Optimizer> create(std::vector<ParamGroup> groups, const Config& config) const = 0;
+};
+
+}  // namespace strata

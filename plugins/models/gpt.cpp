@@ -1,0 +1,145 @@
+// GPT-2: learned positions, pre-LayerNorm blocks, GELU (tanh) MLP, output head tied to the
+// token embedding.
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "models.h"
+
+namespace strata::models {
+namespace {
+
+class Embed final : public nn::Block {
+ public:
+  Embed(int64_t vocab, int64_t seq_len, int64_t d_model, double dropout) : Block("embedding"), dropout_(dropout) {
+    wte = register_module("wte", std::make_shared<nn::Embedding>(vocab, d_model));
+    wpe = register_module("wpe", std::make_shared<nn::Embedding>(seq_len, d_model));
+  }
+  at::Tensor forward(const at::Tensor& tokens) override {
+    at::Tensor positions = at::arange(tokens.size(1), tokens.options());
+    return at::dropout(wte->forward(tokens) + wpe->forward(positions), dropout_, is_training());
+  }
+  std::shared_ptr<nn::Embedding> wte, wpe;
+
+ private:
+  double dropout_;
+};
+
+class Attention final : public torch::nn::Module {
+ public:
+  Attention(int64_t d_model, int64_t n_head, bool bias, double dropout) : n_head_(n_head), dropout_(dropout) {
+    c_attn = register_module("c_attn", std::make_shared<nn::Linear>(d_model, 3 * d_model, bias));
+    c_proj = register_module("c_proj", std::make_shared<nn::Linear>(d_model, d_model, bias));
+    c_attn->parallel_style = nn::ParallelStyle::Column;
+    c_proj->parallel_style = nn::ParallelStyle::Row;
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
+    auto heads = [&](const at::Tensor& y) { return y.view({b, t, n_head_, d / n_head_}).transpose(1, 2); };
+    std::vector<at::Tensor> qkv = c_attn->forward(x).split(d, -1);
+    at::Tensor y = ops::attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true);
+    y = y.transpose(1, 2).reshape({b, t, d});
+    return at::dropout(c_proj->forward(y), dropout_, is_training());
+  }
+  std::shared_ptr<nn::Linear> c_attn, c_proj;
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+};
+
+class Mlp final : public torch::nn::Module {
+ public:
+  Mlp(int64_t d_model, bool bias, double dropout) : dropout_(dropout) {
+    c_fc = register_module("c_fc", std::make_shared<nn::Linear>(d_model, 4 * d_model, bias));
+    c_proj = register_module("c_proj", std::make_shared<nn::Linear>(4 * d_model, d_model, bias));
+    c_fc->parallel_style = nn::ParallelStyle::Column;
+    c_proj->parallel_style = nn::ParallelStyle::Row;
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return at::dropout(c_proj->forward(ops::gelu(c_fc->forward(x))), dropout_, is_training());
+  }
+  std::shared_ptr<nn::Linear> c_fc, c_proj;
+
+ private:
+  double dropout_;
+};
+
+class TransformerBlock final : public nn::Block {
+ public:
+  TransformerBlock(int64_t d_model, int64_t n_head, bool bias, double dropout) : Block("block") {
+    ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(d_model, bias));
+    attn = register_module("attn", std::make_shared<Attention>(d_model, n_head, bias, dropout));
+    ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(d_model, bias));
+    mlp = register_module("mlp", std::make_shared<Mlp>(d_model, bias, dropout));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor h = x + attn->forward(ln_1->forward(x));
+    return h + mlp->forward(ln_2->forward(h));
+  }
+  std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
+  std::shared_ptr<Attention> attn;
+  std::shared_ptr<Mlp> mlp;
+};
+
+// The output projection reuses the token embedding; it is not registered here a second time, so
+// the optimizer and checkpoints see the tensor once, as embed.wte.weight.
+class Head final : public nn::Block {
+ public:
+  Head(int64_t d_model, bool bias, std::shared_ptr<nn::Embedding> tied) : Block("head"), tied_(std::move(tied)) {
+    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(d_model, bias));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    return ops::linear(ln_f->forward(x), tied_->weight, std::nullopt);
+  }
+  std::shared_ptr<nn::LayerNorm> ln_f;
+
+ private:
+  std::shared_ptr<nn::Embedding> tied_;
+};
+
+class Gpt final : public ModelFactory {
+ public:
+  Gpt()
+      : ModelFactory({ComponentKind::Model, "gpt", "GPT-2 architecture: learned positions, pre-LayerNorm, GELU, tied embeddings",
+                      Schema()
+                          .integer("n_layer", 12, "Transformer blocks", at_least(1))
+                          .integer("n_head", 12, "Attention heads", at_least(1))
+                          .integer("d_model", 768, "Hidden size", at_least(1))
+                          .integer("vocab_size", 50257, "Vocabulary size", at_least(1))
+                          .integer("seq_len", 1024, "Context length (learned positions)", at_least(1))
+                          .real("dropout", 0.0, "Dropout probability", between(0, 1))
+                          .boolean("bias", true, "Biases in Linear and LayerNorm layers")}) {}
+
+  void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
+    check_heads(config, section, diagnostics);
+  }
+
+  std::shared_ptr<nn::Model> create(const Config& c) const override {
+    const int64_t n_layer = c.get_int("n_layer"), d = c.get_int("d_model"), heads = c.get_int("n_head");
+    const bool bias = c.get_bool("bias");
+    const double dropout = c.get_float("dropout");
+    auto model = std::make_shared<nn::Model>(c.get_int("vocab_size"), c.get_int("seq_len"));
+    auto embed = std::make_shared<Embed>(c.get_int("vocab_size"), c.get_int("seq_len"), d, dropout);
+    model->add_block("embed", embed);
+    // GPT-2 scales residual projections by 1/sqrt(2 n_layer) so the residual stream's variance
+    // does not grow with depth.
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer));
+    for (int64_t i = 0; i < n_layer; ++i) {
+      auto block = std::make_shared<TransformerBlock>(d, heads, bias, dropout);
+      at::NoGradGuard no_grad;
+      block->attn->c_proj->weight.normal_(0.0, proj_std);
+      block->mlp->c_proj->weight.normal_(0.0, proj_std);
+      model->add_block("h" + std::to_string(i), block);
+    }
+    model->add_block("head", std::make_shared<Head>(d, bias, embed->wte));
+    model->set_attention_shape(n_layer, heads, d / heads);
+    return model;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ModelFactory> make_gpt() { return std::make_unique<Gpt>(); }
+
+}  // namespace strata::models

@@ -1,0 +1,166 @@
+// Llama: RMSNorm, rotary position embedding (rotate-half layout), SwiGLU MLP, grouped-query
+// attention, no biases.
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "models.h"
+
+namespace strata::models {
+namespace {
+
+class Embed final : public nn::Block {
+ public:
+  Embed(int64_t vocab, int64_t d_model) : Block("embedding") {
+    embed_tokens = register_module("embed_tokens", std::make_shared<nn::Embedding>(vocab, d_model));
+  }
+  at::Tensor forward(const at::Tensor& tokens) override { return embed_tokens->forward(tokens); }
+  std::shared_ptr<nn::Embedding> embed_tokens;
+};
+
+class Attention final : public torch::nn::Module {
+ public:
+  Attention(int64_t d_model, int64_t n_head, int64_t n_kv_head, double rope_theta)
+      : n_head_(n_head), n_kv_head_(n_kv_head), head_dim_(d_model / n_head), rope_theta_(rope_theta) {
+    q_proj = register_module("q_proj", std::make_shared<nn::Linear>(d_model, n_head * head_dim_, false));
+    k_proj = register_module("k_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false));
+    v_proj = register_module("v_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false));
+    o_proj = register_module("o_proj", std::make_shared<nn::Linear>(n_head * head_dim_, d_model, false));
+    for (auto* l : {q_proj.get(), k_proj.get(), v_proj.get()}) l->parallel_style = nn::ParallelStyle::Column;
+    o_proj->parallel_style = nn::ParallelStyle::Row;
+  }
+
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1);
+    auto heads = [&](const at::Tensor& y, int64_t n) { return y.view({b, t, n, head_dim_}).transpose(1, 2); };
+    auto [cos, sin] = rope_tables(t, x.device());
+    at::Tensor q = ops::rope(heads(q_proj->forward(x), n_head_), cos, sin);
+    at::Tensor k = ops::rope(heads(k_proj->forward(x), n_kv_head_), cos, sin);
+    at::Tensor v = heads(v_proj->forward(x), n_kv_head_);
+    at::Tensor y = ops::attention(q, k, v, /*causal=*/true);
+    return o_proj->forward(y.transpose(1, 2).reshape({b, t, n_head_ * head_dim_}));
+  }
+
+  std::shared_ptr<nn::Linear> q_proj, k_proj, v_proj, o_proj;
+
+ private:
+  // cos/sin of position x inverse frequency, [T, head_dim / 2], computed in fp32 and cached.
+  std::pair<at::Tensor, at::Tensor> rope_tables(int64_t t, const at::Device& device) {
+    if (!cos_.defined() || cos_.size(0) < t || cos_.device() != device) {
+      auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+      at::Tensor inv_freq = at::pow(rope_theta_, -at::arange(0, head_dim_, 2, f32) / static_cast<double>(head_dim_));
+      at::Tensor angles = at::outer(at::arange(t, f32), inv_freq);
+      cos_ = angles.cos();
+      sin_ = angles.sin();
+    }
+    return {cos_.narrow(0, 0, t), sin_.narrow(0, 0, t)};
+  }
+
+  int64_t n_head_, n_kv_head_, head_dim_;
+  double rope_theta_;
+  at::Tensor cos_, sin_;
+};
+
+class Mlp final : public torch::nn::Module {
+ public:
+  Mlp(int64_t d_model, int64_t hidden) {
+    gate_proj = register_module("gate_proj", std::make_shared<nn::Linear>(d_model, hidden, false));
+    up_proj = register_module("up_proj", std::make_shared<nn::Linear>(d_model, hidden, false));
+    down_proj = register_module("down_proj", std::make_shared<nn::Linear>(hidden, d_model, false));
+    gate_proj->parallel_style = up_proj->parallel_style = nn::ParallelStyle::Column;
+    down_proj->parallel_style = nn::ParallelStyle::Row;
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return down_proj->forward(ops::swiglu(gate_proj->forward(x), up_proj->forward(x)));
+  }
+  std::shared_ptr<nn::Linear> gate_proj, up_proj, down_proj;
+};
+
+class DecoderLayer final : public nn::Block {
+ public:
+  DecoderLayer(const Config& c, int64_t hidden) : Block("block") {
+    const int64_t d = c.get_int("d_model");
+    const double eps = c.get_float("norm_eps");
+    input_layernorm = register_module("input_layernorm", std::make_shared<nn::RmsNorm>(d, eps));
+    self_attn = register_module("self_attn", std::make_shared<Attention>(d, c.get_int("n_head"), c.get_int("n_kv_head"),
+                                                                         c.get_float("rope_theta")));
+    post_attention_layernorm = register_module("post_attention_layernorm", std::make_shared<nn::RmsNorm>(d, eps));
+    mlp = register_module("mlp", std::make_shared<Mlp>(d, hidden));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
+    return h + mlp->forward(post_attention_layernorm->forward(h));
+  }
+  std::shared_ptr<nn::RmsNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<Attention> self_attn;
+  std::shared_ptr<Mlp> mlp;
+};
+
+class Head final : public nn::Block {
+ public:
+  Head(int64_t d_model, int64_t vocab, double eps, std::shared_ptr<nn::Embedding> tied)
+      : Block("head"), tied_(std::move(tied)) {
+    norm = register_module("norm", std::make_shared<nn::RmsNorm>(d_model, eps));
+    if (!tied_) lm_head = register_module("lm_head", std::make_shared<nn::Linear>(d_model, vocab, false));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor h = norm->forward(x);
+    return tied_ ? ops::linear(h, tied_->weight, std::nullopt) : lm_head->forward(h);
+  }
+  std::shared_ptr<nn::RmsNorm> norm;
+  std::shared_ptr<nn::Linear> lm_head;
+
+ private:
+  std::shared_ptr<nn::Embedding> tied_;
+};
+
+// Llama's SwiGLU width: 2/3 of 4 d_model, rounded up to a multiple of 256.
+int64_t llama_hidden(int64_t d_model) {
+  const int64_t hidden = 2 * (4 * d_model) / 3;
+  return (hidden + 255) / 256 * 256;
+}
+
+class Llama final : public ModelFactory {
+ public:
+  Llama()
+      : ModelFactory({ComponentKind::Model, "llama", "Llama architecture: RMSNorm, RoPE, SwiGLU, grouped-query attention",
+                      Schema()
+                          .integer("n_layer", 16, "Transformer blocks", at_least(1))
+                          .integer("n_head", 16, "Query heads", at_least(1))
+                          .integer("n_kv_head", 16, "Key/value heads (grouped-query attention)", at_least(1))
+                          .integer("d_model", 2048, "Hidden size", at_least(1))
+                          .integer("ffn_hidden", 0, "SwiGLU hidden size; 0 = Llama's rule (2/3 of 4 d_model, multiple of 256)", at_least(0))
+                          .integer("vocab_size", 32000, "Vocabulary size", at_least(1))
+                          .integer("seq_len", 2048, "Context length", at_least(1))
+                          .real("rope_theta", 10000.0, "RoPE base frequency", at_least(1))
+                          .real("norm_eps", 1e-5, "RMSNorm epsilon", between(0, 1))
+                          .boolean("tie_embeddings", false, "Share the input embedding with the output head")}) {}
+
+  void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
+    check_heads(config, section, diagnostics);
+    if (config.get_int("n_head") % config.get_int("n_kv_head") != 0)
+      diagnostics.error(section, "[model] n_head (" + std::to_string(config.get_int("n_head")) +
+                                     ") must be a multiple of n_kv_head (" + std::to_string(config.get_int("n_kv_head")) + ")");
+    if ((config.get_int("d_model") / config.get_int("n_head")) % 2 != 0)
+      diagnostics.error(section, "[model] d_model / n_head must be even for rotary embeddings");
+  }
+
+  std::shared_ptr<nn::Model> create(const Config& c) const override {
+    const int64_t n_layer = c.get_int("n_layer"), d = c.get_int("d_model"), vocab = c.get_int("vocab_size");
+    const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
+    auto model = std::make_shared<nn::Model>(vocab, c.get_int("seq_len"));
+    auto embed = std::make_shared<Embed>(vocab, d);
+    model->add_block("embed", embed);
+    for (int64_t i = 0; i < n_layer; ++i) model->add_block("layers" + std::to_string(i), std::make_shared<DecoderLayer>(c, hidden));
+    model->add_block("head", std::make_shared<Head>(d, vocab, c.get_float("norm_eps"),
+                                                    c.get_bool("tie_embeddings") ? embed->embed_tokens : nullptr));
+    model->set_attention_shape(n_layer, c.get_int("n_head"), d / c.get_int("n_head"));
+    return model;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ModelFactory> make_llama() { return std::make_unique<Llama>(); }
+
+}  // namespace strata::models
