@@ -34,4 +34,10 @@ target_precompile_headers(strata_torch_pch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../
 
 function(strata_use_torch_pch target)
   target_precompile_headers(${target} REUSE_FROM strata_torch_pch)
+  # The header was compiled as position-independent library code; an executable must match
+  # (-fPIC code is valid in a PIE) or GCC ignores the precompiled header.
+  get_target_property(type ${target} TYPE)
+  if(type STREQUAL "EXECUTABLE")
+    target_compile_options(${target} PRIVATE -fPIC)
+  endif()
 endfunction()

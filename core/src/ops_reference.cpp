@@ -33,8 +33,8 @@ at::Tensor layer_norm_reference(const at::Tensor& x, const at::Tensor& weight, c
 }
 
 at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  // In fp32 whatever the input dtype, as Hugging Face's LlamaRMSNorm does.
-  at::Tensor x32 = x.to(at::kFloat);
+  // In at least fp32 whatever the input dtype, as Hugging Face's LlamaRMSNorm does.
+  at::Tensor x32 = x.to(at::promote_types(x.scalar_type(), at::kFloat));
   at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
 }

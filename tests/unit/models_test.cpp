@@ -1,0 +1,122 @@
+// The bundled GPT and Llama models: shapes, gradients, parameter naming, and learning.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "strata/core/plugin_loader.h"
+#include "strata/model.h"
+#include "strata/optimizer.h"
+#include "strata/ops.h"
+
+namespace strata {
+namespace {
+
+const ComponentRegistry& bundled() {
+  static ComponentRegistry* registry = [] {
+    auto* r = new ComponentRegistry();
+    PluginLoader(*r).load_search_path({installed_plugin_dir()});
+    return r;
+  }();
+  return *registry;
+}
+
+// The component's defaults with some keys replaced.
+Config config_for(const Component& component, const std::map<std::string, Value>& values) {
+  Config config;
+  for (const auto& spec : component.info().schema.keys()) {
+    auto it = values.find(spec.key);
+    config.set(spec.key, Config::Entry{it != values.end() ? it->second : *spec.default_value, Origin::Default, {}});
+  }
+  return config;
+}
+
+std::shared_ptr<nn::Model> make(const std::string& name, const std::map<std::string, Value>& values) {
+  const auto* factory = dynamic_cast<const ModelFactory*>(bundled().find(ComponentKind::Model, name));
+  EXPECT_NE(factory, nullptr);
+  return factory->create(config_for(*factory, values));
+}
+
+std::map<std::string, Value> tiny(const std::string& name) {
+  std::map<std::string, Value> v{{"n_layer", int64_t{2}}, {"n_head", int64_t{4}}, {"d_model", int64_t{32}},
+                                 {"vocab_size", int64_t{64}}, {"seq_len", int64_t{16}}};
+  if (name == "llama") v["n_kv_head"] = int64_t{2};
+  return v;
+}
+
+double train_on_one_batch(nn::Model& model, int steps) {
+  at::manual_seed(1);
+  at::Tensor batch = at::randint(model.vocab_size(), {4, model.seq_len() + 1}, at::kLong);
+  at::Tensor x = batch.narrow(1, 0, model.seq_len()), y = batch.narrow(1, 1, model.seq_len());
+  const auto* adamw = dynamic_cast<const OptimizerFactory*>(bundled().find(ComponentKind::Optimizer, "adamw"));
+  ParamGroup group;
+  for (const auto& p : model.named_parameters()) group.names.push_back(p.key()), group.params.push_back(p.value());
+  auto optimizer = adamw->create({group}, config_for(*adamw, {}));
+  double loss = 0;
+  for (int i = 0; i < steps; ++i) {
+    for (auto& p : group.params) p.mutable_grad() = at::Tensor();
+    at::Tensor l = ops::cross_entropy(model.forward(x).reshape({-1, model.vocab_size()}), y.reshape(-1));
+    l.backward();
+    optimizer->step(3e-3);
+    loss = l.item<double>();
+  }
+  return loss;
+}
+
+class Models : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Models, ForwardBackwardShapesAndGradients) {
+  at::manual_seed(0);
+  auto model = make(GetParam(), tiny(GetParam()));
+  ASSERT_EQ(model->num_blocks(), 4u);  // embedding, 2 blocks, head
+  EXPECT_EQ(model->block(0).type(), "embedding");
+  EXPECT_EQ(model->find_blocks({"block"}).size(), 2u);
+  at::Tensor tokens = at::randint(64, {3, 16}, at::kLong);
+  at::Tensor logits = model->forward(tokens);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 16, 64}));
+  logits.sum().backward();
+  for (const auto& p : model->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(at::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+  }
+}
+
+TEST_P(Models, LossFallsOnATinyRun) {
+  auto model = make(GetParam(), tiny(GetParam()));
+  const double first = train_on_one_batch(*model, 1);
+  auto again = make(GetParam(), tiny(GetParam()));
+  const double later = train_on_one_batch(*again, 40);
+  EXPECT_LT(later, first * 0.6) << "first " << first << ", after 40 steps " << later;
+}
+
+TEST_P(Models, CausalityHolds) {
+  at::manual_seed(0);
+  auto model = make(GetParam(), tiny(GetParam()));
+  model->eval();
+  at::Tensor a = at::randint(64, {1, 16}, at::kLong), b = a.clone();
+  b[0][10] = (b[0][10].item<int64_t>() + 1) % 64;
+  at::Tensor la = model->forward(a), lb = model->forward(b);
+  EXPECT_TRUE(at::allclose(la.narrow(1, 0, 10), lb.narrow(1, 0, 10), 1e-5, 1e-5));
+  EXPECT_FALSE(at::allclose(la.narrow(1, 10, 6), lb.narrow(1, 10, 6)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Bundled, Models, ::testing::Values("gpt", "llama"));
+
+TEST(Gpt, TiedHeadIsOneParameterAndOnlyLinearWeightsDecay) {
+  auto model = make("gpt", tiny("gpt"));
+  std::vector<std::string> names;
+  for (const auto& p : model->named_parameters()) names.push_back(p.key());
+  EXPECT_NE(std::find(names.begin(), names.end(), "embed.wte.weight"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "h0.attn.c_attn.weight"), names.end());
+  EXPECT_EQ(std::count_if(names.begin(), names.end(), [](auto& n) { return n.rfind("head.", 0) == 0; }), 2);  // ln_f only
+  auto decayed = model->decayed_parameter_names();
+  EXPECT_EQ(decayed.size(), 8u);  // 4 Linear weights per block
+  for (const auto& n : decayed) EXPECT_NE(n.find("weight"), std::string::npos) << n;
+}
+
+TEST(Llama, GroupedQueryAttentionShapes) {
+  auto model = make("llama", tiny("llama"));
+  for (const auto& p : model->named_parameters())
+    if (p.key() == "layers0.self_attn.k_proj.weight") EXPECT_EQ(p.value().sizes(), (std::vector<int64_t>{16, 32}));
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,123 @@
+// Every reference operator against a plain ATen composition written from the formula: values
+// and gradients, in double precision.
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "strata/ops.h"
+
+namespace strata {
+namespace {
+
+at::TensorOptions f64() { return at::TensorOptions().dtype(at::kDouble); }
+
+at::Tensor leaf(std::vector<int64_t> shape) { return at::randn(shape, f64()).requires_grad_(true); }
+
+// Checks values and the gradients of `inputs` for both computations under the same upstream grad.
+void expect_same(const std::function<at::Tensor()>& ours, const std::function<at::Tensor()>& plain,
+                 const std::vector<at::Tensor>& inputs) {
+  at::Tensor a = ours(), b = plain();
+  ASSERT_EQ(a.sizes(), b.sizes());
+  EXPECT_TRUE(at::allclose(a, b, 1e-10, 1e-10)) << (a - b).abs().max().item<double>();
+  at::Tensor upstream = at::randn(a.sizes(), f64());
+  auto ga = torch::autograd::grad({a}, inputs, {upstream}, true, false, true);
+  auto gb = torch::autograd::grad({b}, inputs, {upstream}, true, false, true);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_TRUE(ga[i].defined() && gb[i].defined()) << "input " << i;
+    EXPECT_TRUE(at::allclose(ga[i], gb[i], 1e-9, 1e-9)) << "gradient of input " << i << " differs by "
+                                                         << (ga[i] - gb[i]).abs().max().item<double>();
+  }
+}
+
+at::Tensor plain_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& mask) {
+  const int64_t repeat = q.size(1) / k.size(1);
+  at::Tensor kk = k.repeat_interleave(repeat, 1), vv = v.repeat_interleave(repeat, 1);
+  at::Tensor scores = q.matmul(kk.transpose(-1, -2)) / std::sqrt(static_cast<double>(q.size(-1)));
+  if (mask.defined()) scores = scores + mask;
+  if (causal) {
+    at::Tensor upper = at::ones({q.size(2), k.size(2)}, at::kBool).triu(1);
+    scores = scores.masked_fill(upper, -std::numeric_limits<double>::infinity());
+  }
+  return scores.softmax(-1).matmul(vv);
+}
+
+class Ops : public ::testing::Test {
+ protected:
+  void SetUp() override { at::manual_seed(0); }
+};
+
+TEST_F(Ops, AttentionCausal) {
+  at::Tensor q = leaf({2, 4, 5, 8}), k = leaf({2, 4, 5, 8}), v = leaf({2, 4, 5, 8});
+  expect_same([&] { return ops::attention(q, k, v, true); }, [&] { return plain_attention(q, k, v, true, {}); }, {q, k, v});
+}
+
+TEST_F(Ops, AttentionGroupedQueryWithMask) {
+  at::Tensor q = leaf({2, 4, 6, 8}), k = leaf({2, 2, 6, 8}), v = leaf({2, 2, 6, 8});
+  at::Tensor mask = at::randn({6, 6}, f64());
+  expect_same([&] { return ops::attention(q, k, v, false, mask); }, [&] { return plain_attention(q, k, v, false, mask); },
+              {q, k, v});
+  expect_same([&] { return ops::attention(q, k, v, true, mask); }, [&] { return plain_attention(q, k, v, true, mask); },
+              {q, k, v});
+}
+
+TEST_F(Ops, LayerNorm) {
+  at::Tensor x = leaf({3, 5, 16}), w = leaf({16}), b = leaf({16});
+  auto plain = [&] {
+    at::Tensor mean = x.mean(-1, true), var = (x - mean).pow(2).mean(-1, true);
+    return (x - mean) / (var + 1e-5).sqrt() * w + b;
+  };
+  expect_same([&] { return ops::layer_norm(x, w, b, 1e-5); }, plain, {x, w, b});
+}
+
+TEST_F(Ops, RmsNorm) {
+  at::Tensor x = leaf({3, 5, 16}), w = leaf({16});
+  expect_same([&] { return ops::rms_norm(x, w, 1e-6); }, [&] { return w * x / (x.pow(2).mean(-1, true) + 1e-6).sqrt(); },
+              {x, w});
+}
+
+TEST_F(Ops, Linear) {
+  at::Tensor x = leaf({3, 7}), w = leaf({4, 7}), b = leaf({4});
+  expect_same([&] { return ops::linear(x, w, b); }, [&] { return x.matmul(w.t()) + b; }, {x, w, b});
+  expect_same([&] { return ops::linear(x, w, std::nullopt); }, [&] { return x.matmul(w.t()); }, {x, w});
+}
+
+TEST_F(Ops, GeluTanh) {
+  at::Tensor x = leaf({4, 9});
+  const double c = std::sqrt(2.0 / M_PI);
+  expect_same([&] { return ops::gelu(x); }, [&] { return 0.5 * x * (1 + at::tanh(c * (x + 0.044715 * x.pow(3)))); }, {x});
+}
+
+TEST_F(Ops, SwiGlu) {
+  at::Tensor g = leaf({4, 9}), u = leaf({4, 9});
+  expect_same([&] { return ops::swiglu(g, u); }, [&] { return g * at::sigmoid(g) * u; }, {g, u});
+}
+
+TEST_F(Ops, RopeRotateHalf) {
+  at::Tensor x = leaf({2, 3, 5, 8});
+  at::Tensor angles = at::outer(at::arange(5, f64()), at::rand({4}, f64()));
+  at::Tensor cos = angles.cos(), sin = angles.sin();
+  auto plain = [&] {
+    at::Tensor cos_full = at::cat({cos, cos}, -1), sin_full = at::cat({sin, sin}, -1);
+    at::Tensor rotated = at::cat({-x.narrow(-1, 4, 4), x.narrow(-1, 0, 4)}, -1);
+    return x * cos_full + rotated * sin_full;
+  };
+  expect_same([&] { return ops::rope(x, cos, sin); }, plain, {x});
+}
+
+TEST_F(Ops, CrossEntropy) {
+  at::Tensor logits = leaf({6, 11});
+  at::Tensor targets = at::randint(11, {6}, at::kLong);
+  // The operator computes in fp32, so compare in fp32 with a matching tolerance.
+  at::Tensor ours = ops::cross_entropy(logits, targets);
+  at::Tensor plain = -logits.log_softmax(-1).gather(1, targets.unsqueeze(1)).mean();
+  EXPECT_EQ(ours.scalar_type(), at::kFloat);
+  EXPECT_NEAR(ours.item<double>(), plain.item<double>(), 1e-6);
+  auto ga = torch::autograd::grad({ours}, {logits});
+  auto gb = torch::autograd::grad({plain}, {logits});
+  EXPECT_TRUE(at::allclose(ga[0], gb[0], 1e-6, 1e-6));
+}
+
+}  // namespace
+}  // namespace strata
