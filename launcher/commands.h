@@ -20,6 +20,7 @@ const std::vector<Command>& commands();
 int run_plugins(const Args& args);
 int run_plan(const Args& args);
 int run_train(const Args& args);
+int run_ckpt(const Args& args);
 int run_docs(const Args& args);
 
 }  // namespace strata::cli

@@ -36,6 +36,12 @@ const std::vector<Command>& commands() {
        "  --disable PASS       switch a pass off\n"
        "  --resume             continue from the newest valid checkpoint in DIR\n",
        run_train},
+      {"ckpt", "Work with checkpoints: export to Hugging Face format",
+       "usage: strata ckpt export RUN_DIR|CHECKPOINT_DIR OUT_DIR\n\n"
+       "Writes OUT_DIR/model.safetensors and OUT_DIR/config.json in the layout transformers loads\n"
+       "(GPT2LMHeadModel, LlamaForCausalLM), from the newest valid checkpoint of a run or from one\n"
+       "checkpoint directory. [model] init_from reads such a directory back.\n",
+       run_ckpt},
       {"docs", "Print the strategy file reference generated from the declared keys",
        "usage: strata docs [-o FILE]\n\n"
        "Writes Markdown describing every section and key that core and the loaded plugins accept.\n\n"

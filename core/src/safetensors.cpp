@@ -1,4 +1,4 @@
-#include "strata/core/safetensors.h"
+#include "strata/safetensors.h"
 
 #include <fcntl.h>
 #include <unistd.h>

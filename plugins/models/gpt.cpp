@@ -109,7 +109,8 @@ class Gpt final : public ModelFactory {
                           .integer("vocab_size", 50257, "Vocabulary size", at_least(1))
                           .integer("seq_len", 1024, "Context length (learned positions)", at_least(1))
                           .real("dropout", 0.0, "Dropout probability", between(0, 1))
-                          .boolean("bias", true, "Biases in Linear and LayerNorm layers")}) {}
+                          .boolean("bias", true, "Biases in Linear and LayerNorm layers")
+                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory); empty = random init")}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     check_heads(config, section, diagnostics);
@@ -134,7 +135,51 @@ class Gpt final : public ModelFactory {
     }
     model->add_block("head", std::make_shared<Head>(d, bias, embed->wte));
     model->set_attention_shape(n_layer, heads, d / heads);
+    init_from(*model, *this, c);
     return model;
+  }
+
+  NamedTensors to_hf(const nn::Model& model, const Config& c) const override {
+    require_hf_compatible(c);
+    return map_to_hf(model, hf_name);
+  }
+
+  NamedTensors from_hf(const NamedTensors& hf, const Config& c) const override {
+    require_hf_compatible(c);
+    Config random_init = c;
+    random_init.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
+    return map_from_hf(hf, *create(random_init), hf_name, [](const std::string& n) {
+      // The tied output weight, and the causal-mask buffers older checkpoints store.
+      return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
+    });
+  }
+
+  std::string hf_config_json(const Config& c) const override {
+    require_hf_compatible(c);
+    const std::string dropout = json_number(c.get_float("dropout"));
+    return "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": " +
+           std::to_string(c.get_int("vocab_size")) + ",\n  \"n_positions\": " + std::to_string(c.get_int("seq_len")) +
+           ",\n  \"n_embd\": " + std::to_string(c.get_int("d_model")) + ",\n  \"n_layer\": " + std::to_string(c.get_int("n_layer")) +
+           ",\n  \"n_head\": " + std::to_string(c.get_int("n_head")) + ",\n  \"activation_function\": \"gelu_new\",\n" +
+           "  \"layer_norm_epsilon\": 1e-05,\n  \"resid_pdrop\": " + dropout + ",\n  \"embd_pdrop\": " + dropout +
+           ",\n  \"attn_pdrop\": " + dropout + ",\n  \"tie_word_embeddings\": true\n}\n";
+  }
+
+ private:
+  static void require_hf_compatible(const Config& c) {
+    if (!c.get_bool("bias")) throw UserError("GPT2LMHeadModel always has biases; a [model] bias = false GPT cannot move to or from it");
+  }
+
+  // embed.wte -> transformer.wte, hN.x -> transformer.h.N.x, head.ln_f -> transformer.ln_f; the
+  // attention and MLP weights are Conv1D in GPT-2, stored transposed.
+  static HfName hf_name(const std::string& n) {
+    if (n.starts_with("embed.")) return {"transformer." + n.substr(6)};
+    if (n.starts_with("head.")) return {"transformer." + n.substr(5)};
+    const size_t dot = n.find('.');
+    const std::string rest = n.substr(dot + 1);
+    const bool conv1d = rest.ends_with(".weight") && (rest.find("c_attn") != std::string::npos ||
+                                                      rest.find("c_proj") != std::string::npos || rest.find("c_fc") != std::string::npos);
+    return {"transformer.h." + n.substr(1, dot - 1) + "." + rest, conv1d};
   }
 };
 

@@ -134,7 +134,8 @@ class Llama final : public ModelFactory {
                           .integer("seq_len", 2048, "Context length", at_least(1))
                           .real("rope_theta", 10000.0, "RoPE base frequency", at_least(1))
                           .real("norm_eps", 1e-5, "RMSNorm epsilon", between(0, 1))
-                          .boolean("tie_embeddings", false, "Share the input embedding with the output head")}) {}
+                          .boolean("tie_embeddings", false, "Share the input embedding with the output head")
+                          .string("init_from", "", "Hugging Face LlamaForCausalLM weights (model.safetensors, its directory, or a sharded index); empty = random init")}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     check_heads(config, section, diagnostics);
@@ -155,7 +156,44 @@ class Llama final : public ModelFactory {
     model->add_block("head", std::make_shared<Head>(d, vocab, c.get_float("norm_eps"),
                                                     c.get_bool("tie_embeddings") ? embed->embed_tokens : nullptr));
     model->set_attention_shape(n_layer, c.get_int("n_head"), d / c.get_int("n_head"));
+    init_from(*model, *this, c);
     return model;
+  }
+
+  NamedTensors to_hf(const nn::Model& model, const Config&) const override { return map_to_hf(model, hf_name); }
+
+  NamedTensors from_hf(const NamedTensors& hf, const Config& c) const override {
+    Config random_init = c;
+    random_init.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
+    const bool tied = c.get_bool("tie_embeddings");
+    auto ignored = tied ? +[](const std::string& n) { return n == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq"); }
+                        : +[](const std::string& n) { return n.ends_with("rotary_emb.inv_freq"); };
+    return map_from_hf(hf, *create(random_init), hf_name, ignored);
+  }
+
+  std::string hf_config_json(const Config& c) const override {
+    const int64_t d = c.get_int("d_model");
+    const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
+    return "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": " +
+           std::to_string(c.get_int("vocab_size")) + ",\n  \"hidden_size\": " + std::to_string(d) +
+           ",\n  \"intermediate_size\": " + std::to_string(hidden) + ",\n  \"num_hidden_layers\": " +
+           std::to_string(c.get_int("n_layer")) + ",\n  \"num_attention_heads\": " + std::to_string(c.get_int("n_head")) +
+           ",\n  \"num_key_value_heads\": " + std::to_string(c.get_int("n_kv_head")) + ",\n  \"max_position_embeddings\": " +
+           std::to_string(c.get_int("seq_len")) + ",\n  \"rms_norm_eps\": " + json_number(c.get_float("norm_eps")) +
+           ",\n  \"rope_theta\": " + json_number(c.get_float("rope_theta")) + ",\n  \"hidden_act\": \"silu\",\n" +
+           "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"tie_word_embeddings\": " +
+           (c.get_bool("tie_embeddings") ? "true" : "false") + "\n}\n";
+  }
+
+ private:
+  // embed.embed_tokens -> model.embed_tokens, layersN.x -> model.layers.N.x, head.norm ->
+  // model.norm, head.lm_head -> lm_head. q/k use the rotate-half layout on both sides.
+  static HfName hf_name(const std::string& n) {
+    if (n.starts_with("embed.")) return {"model." + n.substr(6)};
+    if (n == "head.lm_head.weight") return {"lm_head.weight"};
+    if (n.starts_with("head.")) return {"model." + n.substr(5)};
+    const size_t dot = n.find('.');
+    return {"model.layers." + n.substr(6, dot - 6) + n.substr(dot)};
   }
 };
 

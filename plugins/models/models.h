@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "strata/interchange.h"
 #include "strata/plugin.h"
 
 namespace strata::models {
@@ -12,5 +13,20 @@ std::unique_ptr<ModelFactory> make_llama();
 
 // d_model must split evenly into heads.
 void check_heads(const Config& config, const SourcePos& section, Diagnostics& diagnostics);
+
+// How one Strata parameter is stored in the Hugging Face checkpoint.
+struct HfName {
+  std::string name;
+  bool transposed = false;  // GPT-2's Conv1D weights are stored (in, out)
+};
+using ToHfName = HfName (*)(const std::string& strata_name);
+// Maps parameter names (and layouts) both ways with `to_hf_name`. from_hf ignores the names in
+// `ignored` (buffers and tied copies some checkpoints carry).
+NamedTensors map_to_hf(const nn::Model& model, ToHfName to_hf_name);
+NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, ToHfName to_hf_name,
+                         bool (*ignored)(const std::string& hf_name));
+// Loads [model] init_from into `model` when it is set.
+void init_from(nn::Model& model, const ModelFactory& factory, const Config& config);
+std::string json_number(double value);
 
 }  // namespace strata::models

@@ -1,12 +1,55 @@
 // Model factories: GPT-2 and Llama architectures, configured by [model].
 #include "models.h"
 
+#include <cstdio>
+#include <map>
+
 namespace strata::models {
 
 void check_heads(const Config& config, const SourcePos& section, Diagnostics& diagnostics) {
   if (config.get_int("d_model") % config.get_int("n_head") != 0)
     diagnostics.error(section, "[model] d_model (" + std::to_string(config.get_int("d_model")) +
                                    ") must be divisible by n_head (" + std::to_string(config.get_int("n_head")) + ")");
+}
+
+NamedTensors map_to_hf(const nn::Model& model, ToHfName to_hf_name) {
+  NamedTensors out;
+  for (const auto& p : model.named_parameters()) {
+    HfName hf = to_hf_name(p.key());
+    out.emplace_back(hf.name, hf.transposed ? p.value().detach().t().contiguous() : p.value().detach());
+  }
+  return out;
+}
+
+NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, ToHfName to_hf_name,
+                         bool (*ignored)(const std::string& hf_name)) {
+  std::map<std::string, std::pair<std::string, bool>> strata_of;  // hf name -> strata name, transposed
+  for (const auto& p : shape_donor.named_parameters()) {
+    HfName name = to_hf_name(p.key());
+    strata_of[name.name] = {p.key(), name.transposed};
+  }
+  NamedTensors out;
+  for (const auto& [name, tensor] : hf) {
+    auto it = strata_of.find(name);
+    if (it == strata_of.end()) {
+      if (ignored(name)) continue;
+      throw UserError("Hugging Face tensor '" + name + "' has no place in this model; check [model] against the checkpoint's config.json");
+    }
+    out.emplace_back(it->second.first, it->second.second ? tensor.t().contiguous() : tensor);
+  }
+  return out;
+}
+
+void init_from(nn::Model& model, const ModelFactory& factory, const Config& config) {
+  const std::string& path = config.get_string("init_from");
+  if (path.empty()) return;
+  load_parameters(model, factory.from_hf(read_hf_checkpoint(path), config), "[model] init_from " + path);
+}
+
+std::string json_number(double value) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  return buf;
 }
 
 namespace {

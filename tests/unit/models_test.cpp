@@ -2,7 +2,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
 #include "strata/core/plugin_loader.h"
+#include "strata/errors.h"
+#include "strata/interchange.h"
+#include "strata/safetensors.h"
 #include "strata/model.h"
 #include "strata/optimizer.h"
 #include "strata/ops.h"
@@ -116,6 +123,59 @@ TEST(Llama, GroupedQueryAttentionShapes) {
   auto model = make("llama", tiny("llama"));
   for (const auto& p : model->named_parameters())
     if (p.key() == "layers0.self_attn.k_proj.weight") EXPECT_EQ(p.value().sizes(), (std::vector<int64_t>{16, 32}));
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+const ModelFactory& factory(const std::string& name) {
+  return *dynamic_cast<const ModelFactory*>(bundled().find(ComponentKind::Model, name));
+}
+
+TEST_P(Models, HuggingFaceExportImportRoundTrip) {
+  const std::string name = GetParam();
+  at::manual_seed(3);
+  auto original = make(name, tiny(name));
+  Config config = config_for(factory(name), tiny(name));
+  NamedTensors hf = factory(name).to_hf(*original, config);
+  at::manual_seed(4);
+  auto copy = make(name, tiny(name));
+  load_parameters(*copy, factory(name).from_hf(hf, config), "round trip");
+  at::Tensor tokens = at::randint(64, {2, 16}, at::kLong);
+  original->eval();
+  copy->eval();
+  EXPECT_TRUE(at::equal(original->forward(tokens), copy->forward(tokens)));
+  // An unexpected tensor is refused by name.
+  hf.emplace_back("model.something_else", at::zeros({1}));
+  try {
+    factory(name).from_hf(hf, config);
+    FAIL() << "extra tensor accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.something_else' has no place in this model"), std::string::npos);
+  }
+}
+
+// Writes tiny models in Hugging Face layout with tokens and Strata's logits, for
+// tests/interop/transformers_parity.py to load with transformers and compare.
+TEST(Interchange, WritesFilesForTransformers) {
+  const char* dir = std::getenv("STRATA_HF_EXPORT_DIR");
+  if (!dir) GTEST_SKIP() << "STRATA_HF_EXPORT_DIR not set";
+  for (const std::string name : {"gpt", "llama"}) {
+    at::manual_seed(5);
+    auto model = make(name, tiny(name));
+    model->eval();
+    Config config = config_for(factory(name), tiny(name));
+    const auto out = std::filesystem::path(dir) / name;
+    std::filesystem::create_directories(out);
+    write_safetensors(out / "model.safetensors", factory(name).to_hf(*model, config), {{"format", "pt"}});
+    std::ofstream(out / "config.json") << factory(name).hf_config_json(config);
+    at::Tensor tokens = at::randint(64, {2, 16}, at::kLong);
+    at::NoGradGuard no_grad;
+    write_safetensors(out / "expected.safetensors", {{"tokens", tokens}, {"logits", model->forward(tokens)}});
+  }
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../sha256.h"
-#include "strata/core/safetensors.h"
+#include "strata/safetensors.h"
 #include "strata/errors.h"
 
 namespace strata::engine {
@@ -119,26 +119,31 @@ std::optional<std::string> checkpoint_problem(const fs::path& dir) {
   return std::nullopt;
 }
 
+LoadedCheckpoint load_checkpoint(const fs::path& dir) {
+  if (auto problem = checkpoint_problem(dir)) throw UserError("checkpoint " + dir.string() + ": " + *problem);
+  nlohmann::json manifest = read_manifest(dir);
+  LoadedCheckpoint loaded;
+  try {
+    loaded.meta = {manifest.at("step").get<int64_t>(), manifest.at("config_hash").get<std::string>(),
+                   manifest.at("world_size").get<int64_t>()};
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("checkpoint " + dir.string() + ": manifest.json lacks step, config_hash or world_size");
+  }
+  loaded.path = dir;
+  for (const auto& [file, info] : manifest["files"].items()) {
+    NamedTensors shard = read_safetensors(dir / file);
+    loaded.tensors.insert(loaded.tensors.end(), shard.begin(), shard.end());
+  }
+  return loaded;
+}
+
 std::optional<LoadedCheckpoint> load_newest_valid_checkpoint(const fs::path& checkpoints_dir,
                                                              const std::function<void(const std::string&)>& warn) {
   for (const auto& dir : step_dirs_newest_first(checkpoints_dir)) {
-    if (auto problem = checkpoint_problem(dir)) {
-      warn("skipping checkpoint " + dir.string() + ": " + *problem);
-      continue;
-    }
     try {
-      nlohmann::json manifest = read_manifest(dir);
-      LoadedCheckpoint loaded;
-      loaded.meta = {manifest.at("step").get<int64_t>(), manifest.at("config_hash").get<std::string>(),
-                     manifest.at("world_size").get<int64_t>()};
-      loaded.path = dir;
-      for (const auto& [file, info] : manifest["files"].items()) {
-        NamedTensors shard = read_safetensors(dir / file);
-        loaded.tensors.insert(loaded.tensors.end(), shard.begin(), shard.end());
-      }
-      return loaded;
-    } catch (const std::exception& e) {
-      warn("skipping checkpoint " + dir.string() + ": " + e.what());
+      return load_checkpoint(dir);
+    } catch (const UserError& e) {
+      warn(std::string("skipping ") + e.what());
     }
   }
   return std::nullopt;

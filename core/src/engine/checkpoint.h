@@ -33,6 +33,9 @@ struct LoadedCheckpoint {
 std::optional<LoadedCheckpoint> load_newest_valid_checkpoint(const std::filesystem::path& checkpoints_dir,
                                                              const std::function<void(const std::string&)>& warn);
 
+// Loads one checkpoint directory after verifying it; any problem is a UserError.
+LoadedCheckpoint load_checkpoint(const std::filesystem::path& dir);
+
 // Verifies a checkpoint directory; returns the reason it is unusable, or nullopt.
 std::optional<std::string> checkpoint_problem(const std::filesystem::path& dir);
 

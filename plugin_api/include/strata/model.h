@@ -7,6 +7,7 @@
 
 #include "strata/component.h"
 #include "strata/nn.h"
+#include "strata/optimizer.h"
 
 namespace strata {
 
@@ -16,6 +17,12 @@ class STRATA_API ModelFactory : public Component {
   ~ModelFactory() override;
   // Parameters are initialised from the current global RNG state (core seeds it).
   virtual std::shared_ptr<nn::Model> create(const Config& config) const = 0;
+
+  // Hugging Face interchange (transformers' names and layouts). A model without an equivalent
+  // keeps these defaults, which refuse with a UserError.
+  virtual NamedTensors to_hf(const nn::Model& model, const Config& config) const;
+  virtual NamedTensors from_hf(const NamedTensors& hf, const Config& config) const;
+  virtual std::string hf_config_json(const Config& config) const;
 };
 
 }  // namespace strata

@@ -28,3 +28,12 @@ STRATA_API RunSummary run_training(const ResolvedStrategy& plan, const std::vect
 STRATA_API std::string resolved_strategy_toml(const ResolvedStrategy& plan);
 
 }  // namespace strata
+
+namespace strata {
+
+// Writes OUT/model.safetensors and OUT/config.json in Hugging Face layout from a run directory
+// (its newest valid checkpoint) or one checkpoint directory inside it. Returns the checkpoint used.
+STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
+                                           const ComponentRegistry& registry);
+
+}  // namespace strata
