@@ -1,0 +1,148 @@
+"""Step time of Strata vs PyTorch eager on the same GPT-2 model, batch and optimizer.
+
+usage: python bench/step_time.py [--strata build/bin/strata] [--steps 20] [--out bench/results/step_time_cpu.md]
+
+For each size it runs `strata run` (synthetic tokens, AdamW, grad clipping 1.0, fp32) and an
+equivalent PyTorch eager training loop written here (torch.optim.AdamW with its default
+foreach implementation, clip_grad_norm_), both with the same thread count, and reports the
+median step time of the steps after warmup, the tokens per second and the ratio.
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SIZES = [  # name, n_layer, n_head, d_model, seq_len, batch
+    ("tiny", 4, 4, 128, 128, 16),
+    ("small", 6, 6, 384, 256, 8),
+    ("medium", 8, 8, 512, 256, 8),
+]
+VOCAB = 4096
+WARMUP = 3
+
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.attn_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(d, -1)
+        heads = lambda y: y.view(b, t, self.h, d // self.h).transpose(1, 2)
+        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        x = x + self.attn_proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    def __init__(self, n_layer, n_head, d, seq_len):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, d), nn.Embedding(seq_len, d)
+        self.blocks = nn.ModuleList(Block(d, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+
+def pytorch_step_times(n_layer, n_head, d, seq_len, batch, steps, flush_denormal):
+    torch.set_flush_denormal(flush_denormal)
+    torch.manual_seed(0)
+    model = Gpt(n_layer, n_head, d, seq_len)
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n and "wpe" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "wte" not in n and "wpe" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    data = torch.randint(VOCAB, (steps, batch, seq_len + 1))
+    times = []
+    for s in range(steps):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        x, y = data[s, :, :-1], data[s, :, 1:]
+        loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss.item()
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def strata_step_times(strata, n_layer, n_head, d, seq_len, batch, steps, threads):
+    with tempfile.TemporaryDirectory() as out:
+        sets = {
+            "job.model": "gpt", "job.dataset": "synthetic", "job.steps": steps, "job.global_batch": batch,
+            "job.log_every": steps, "job.eval_every": 0, "job.checkpoint_every": 0, "job.threads": threads,
+            "model.n_layer": n_layer, "model.n_head": n_head, "model.d_model": d, "model.seq_len": seq_len,
+            "model.vocab_size": VOCAB, "data.vocab_size": VOCAB, "data.num_tokens": 1 << 20,
+            "optimizer.lr": 1e-3, "optimizer.weight_decay": 0.1, "optimizer.warmup_steps": 0,
+        }
+        strategy = pathlib.Path(out) / "bench.toml"
+        strategy.write_text('[job]\nmodel = "gpt"\ndataset = "synthetic"\n')
+        cmd = [strata, "run", str(strategy), "--out", out]
+        for k, v in sets.items():
+            cmd += ["--set", f"{k}={v}"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        lines = (pathlib.Path(out) / "metrics.jsonl").read_text().splitlines()
+        # checkpoint at the last step is outside step_ms, which covers forward to optimizer step
+        return [json.loads(l)["step_ms"] for l in lines]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strata", default="build/bin/strata")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--out", default="bench/results/step_time_cpu.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    rows = []
+    for name, n_layer, n_head, d, seq_len, batch in SIZES:
+        s = strata_step_times(args.strata, n_layer, n_head, d, seq_len, batch, args.steps, args.threads)[WARMUP:]
+        p = pytorch_step_times(n_layer, n_head, d, seq_len, batch, args.steps, True)[WARMUP:]
+        p_default = pytorch_step_times(n_layer, n_head, d, seq_len, batch, args.steps, False)[WARMUP:]
+        params = sum(x.numel() for x in Gpt(n_layer, n_head, d, seq_len).parameters())
+        ms, mp, mpd = statistics.median(s), statistics.median(p), statistics.median(p_default)
+        rows.append((name, n_layer, d, seq_len, batch, params, ms, mp, mpd, batch * seq_len / ms * 1000, batch * seq_len / mp * 1000))
+        print(f"{name}: strata {ms:.1f} ms, pytorch {mp:.1f} ms (flush denormals), {mpd:.1f} ms (default), "
+              f"ratio {ms / mp:.3f}", flush=True)
+
+    with open(args.out, "w") as f:
+        f.write("# Step time: Strata vs PyTorch eager (CPU, fp32)\n\n")
+        f.write(f"Command: `{STRATA_VENV_PY} bench/step_time.py --steps {args.steps} --threads {args.threads}`  \n")
+        f.write(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}; "
+                f"{args.threads} threads for both; medians of steps {WARMUP + 1}..{args.steps}.\n\n")
+        f.write("Same GPT-2 model (tied head, vocab 4096), random tokens, AdamW (lr 1e-3, betas 0.9/0.95, decay 0.1 on "
+                "Linear weights), gradient clipping at 1.0. A step is zero-grad, forward, loss, backward, clip, "
+                "optimizer step.\n\n")
+        f.write("Strata flushes denormal floats to zero on the CPU; the PyTorch column does the same "
+                "(`torch.set_flush_denormal(True)`) so that the comparison is like for like. PyTorch with its "
+                "default (denormals kept) is shown too.\n\n")
+        f.write("| size | layers | d_model | seq | batch | params | Strata ms/step | PyTorch ms/step | PyTorch default ms/step | Strata tok/s | PyTorch tok/s | Strata / PyTorch time |\n")
+        f.write("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        for name, l, d, t, b, n, ms, mp, mpd, ts, tp in rows:
+            f.write(f"| {name} | {l} | {d} | {t} | {b} | {n / 1e6:.2f} M | {ms:.1f} | {mp:.1f} | {mpd:.1f} | {ts:.0f} | {tp:.0f} | {ms / mp:.3f} |\n")
+
+
+STRATA_VENV_PY = "~/.local/share/strata/venv/bin/python"
+
+if __name__ == "__main__":
+    main()
