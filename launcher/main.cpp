@@ -36,6 +36,12 @@ const std::vector<Command>& commands() {
        "  --disable PASS       switch a pass off\n"
        "  --resume             continue from the newest valid checkpoint in DIR\n",
        run_train},
+      {"ops", "List operators and the implementation each device and dtype gets",
+       "usage: strata ops\n\n"
+       "Shows every operator of the operator table with its implementations (core's reference and\n"
+       "those plugins register), their priorities and what they support, and which one a CPU\n"
+       "float32 and bfloat16 call dispatches to.\n",
+       run_ops},
       {"ckpt", "Work with checkpoints: export to Hugging Face format",
        "usage: strata ckpt export RUN_DIR|CHECKPOINT_DIR OUT_DIR\n\n"
        "Writes OUT_DIR/model.safetensors and OUT_DIR/config.json in the layout transformers loads\n"

@@ -1,5 +1,6 @@
 #include "strata/core/log.h"
 
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -18,7 +19,28 @@ spdlog::logger& logger() {
   return *instance;
 }
 
+// The file sinks alone, for lines the console printed already.
+spdlog::logger& file_logger() {
+  static auto instance = [] {
+    auto l = std::make_shared<spdlog::logger>("strata-file");
+    l->set_pattern("[%Y-%m-%d %H:%M:%S.%e] %v");
+    return l;
+  }();
+  return *instance;
+}
+
 }  // namespace
+
+void add_file(const std::string& path) {
+  auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path);
+  sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+  logger().sinks().push_back(sink);
+  file_logger().sinks().push_back(sink);
+  logger().flush_on(spdlog::level::debug);
+  file_logger().flush_on(spdlog::level::info);
+}
+
+void record(const std::string& line) { file_logger().info(line); }
 
 void set_level(Level level) {
   static constexpr spdlog::level::level_enum levels[] = {spdlog::level::debug, spdlog::level::info,

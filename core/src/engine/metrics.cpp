@@ -7,6 +7,7 @@
 #include <sstream>
 #include <vector>
 
+#include "strata/core/log.h"
 #include "strata/errors.h"
 
 namespace strata::engine {
@@ -133,6 +134,7 @@ void Console::step(const StepRecord& r) {
 }
 
 void Console::message(const std::string& line) {
+  log::record(line);
   clear_bar();
   std::cout << line << "\n" << std::flush;
   draw_bar();

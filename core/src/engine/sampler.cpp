@@ -38,9 +38,19 @@ void BatchSampler::start_epoch(int64_t epoch) {
   for (size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[rng() % (i + 1)]);
 }
 
+BatchSampler::~BatchSampler() { drop_prefetch(); }
+
+void BatchSampler::drop_prefetch() {
+  if (prefetch_.valid()) prefetch_.wait();
+  prefetch_ = {};
+}
+
 void BatchSampler::set_position(int64_t epoch, int64_t cursor) {
+  drop_prefetch();
   start_epoch(epoch);
   cursor_ = cursor;
+  consumed_epoch_ = epoch;
+  consumed_cursor_ = cursor;
 }
 
 void BatchSampler::read_window(Split split, int64_t window, int64_t* out) const {
@@ -48,6 +58,25 @@ void BatchSampler::read_window(Split split, int64_t window, int64_t* out) const 
 }
 
 at::Tensor BatchSampler::next_train(int64_t count) {
+  at::Tensor batch;
+  if (prefetch_.valid() && prefetch_count_ == count) {
+    batch = prefetch_.get();
+  } else {
+    drop_prefetch();
+    epoch_ = consumed_epoch_;  // a prefetch of another size was read ahead; rewind
+    start_epoch(epoch_);
+    cursor_ = consumed_cursor_;
+    batch = read_train(count);
+  }
+  consumed_epoch_ = epoch_;
+  consumed_cursor_ = cursor_;
+  prefetch_count_ = count;
+  // Only the reader thread touches epoch_, cursor_ and order_ until the next call waits for it.
+  prefetch_ = std::async(std::launch::async, [this, count] { return read_train(count); });
+  return batch;
+}
+
+at::Tensor BatchSampler::read_train(int64_t count) {
   at::Tensor batch = at::empty({count, seq_len_ + 1}, at::kLong);
   int64_t* out = batch.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) {

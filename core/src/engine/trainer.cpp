@@ -187,6 +187,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   const fs::path out_dir = options.out_dir.empty() ? fs::path(job_cfg.get_string("run_dir")) : options.out_dir;
   const fs::path checkpoints_dir = out_dir / "checkpoints";
   fs::create_directories(out_dir / "logs");
+  log::add_file((out_dir / "logs" / "rank_0.log").string());
   {
     std::ofstream strategy(out_dir / "strategy.toml");
     strategy << resolved_strategy_toml(plan);

@@ -17,4 +17,10 @@ STRATA_API void info(const std::string& message);
 STRATA_API void warn(const std::string& message);
 STRATA_API void error(const std::string& message);
 
+// Also writes every message, with a timestamp, to `path` (appending); used for the run's
+// logs/rank_N.log.
+STRATA_API void add_file(const std::string& path);
+// Writes `line` to the log files only: for what the console already shows on standard output.
+STRATA_API void record(const std::string& line);
+
 }  // namespace strata::log

@@ -1,0 +1,49 @@
+// strata ops: the operator table, and which implementation serves which device and dtype.
+#include <iostream>
+
+#include <ATen/ATen.h>
+
+#include "commands.h"
+#include "common.h"
+#include "strata/core/operator_table.h"
+
+namespace strata::cli {
+
+namespace {
+
+std::string support_text(const ops::Support& support) {
+  std::string out;
+  auto list = [&](const auto& items, auto name) {
+    if (items.empty()) return std::string("any");
+    std::string s;
+    for (const auto& i : items) s += (s.empty() ? "" : "/") + name(i);
+    return s;
+  };
+  out += "devices " + list(support.devices, [](c10::DeviceType t) { return c10::DeviceTypeName(t, true); });
+  out += ", dtypes " + list(support.dtypes, [](c10::ScalarType t) { return std::string(c10::toString(t)); });
+  return out;
+}
+
+}  // namespace
+
+int run_ops(const Args& args) {
+  allow_only(args, {});
+  if (!args.positional.empty()) throw UserError("'strata ops' takes no arguments");
+  ComponentRegistry registry;
+  load_plugins(registry);
+  OperatorTable& table = OperatorTable::global();
+  table.install(registry);
+  const at::Tensor cpu_f32 = at::empty({0}), cpu_bf16 = at::empty({0}, at::kBFloat16);
+  for (const auto& op : table.operators()) {
+    std::cout << op << "  (cpu float32: " << table.select(op, cpu_f32).name()
+              << ", cpu bfloat16: " << table.select(op, cpu_bf16).name() << ")\n";
+    for (const auto* impl : table.implementations(op)) {
+      const PluginRecord* plugin = registry.plugin_of(impl);
+      std::cout << "  " << impl->name() << "  priority " << impl->priority() << ", " << support_text(impl->support())
+                << ", from " << (plugin ? "plugin " + plugin->name : std::string("core")) << " - " << impl->info().summary << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace strata::cli
