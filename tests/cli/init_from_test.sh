@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# init_from_test.sh STRATA STRATEGY WORKDIR
+# Trains briefly, exports the checkpoint in Hugging Face layout, and starts a new run from it
+# with [model] init_from: its first loss must be the trained model's, far below a fresh start's.
+set -euo pipefail
+strata=$1 strategy=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+small=(--set job.global_batch=8 --set job.threads=1 --set job.eval_every=0 --set model.n_layer=1 --set model.seq_len=64)
+"$strata" run "$strategy" --out "$work/train" --set job.steps=40 --set optimizer.warmup_steps=5 "${small[@]}" > /dev/null
+"$strata" ckpt export "$work/train" "$work/hf"
+test -s "$work/hf/model.safetensors" && grep -q GPT2LMHeadModel "$work/hf/config.json"
+"$strata" run "$strategy" --out "$work/again" --set job.steps=1 --set "model.init_from=$work/hf" "${small[@]}" > /dev/null
+first() { sed -n '1s/.*"loss":\([^,]*\),.*/\1/p' "$1"; }
+fresh=$(first "$work/train/metrics.jsonl") resumed=$(first "$work/again/metrics.jsonl")
+echo "first loss: fresh $fresh, from the exported weights $resumed"
+awk -v a="$resumed" -v b="$fresh" 'BEGIN { exit !(a < b - 1.0) }'
