@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "strata/errors.h"
 #include "strata/ops.h"
 
 namespace strata {
@@ -117,6 +118,56 @@ TEST_F(Ops, CrossEntropy) {
   auto ga = torch::autograd::grad({ours}, {logits});
   auto gb = torch::autograd::grad({plain}, {logits});
   EXPECT_TRUE(at::allclose(ga[0], gb[0], 1e-6, 1e-6));
+}
+
+}  // namespace
+}  // namespace strata
+
+#include "strata/core/operator_table.h"
+
+namespace strata {
+namespace {
+
+at::Tensor doubled_gelu(const at::Tensor& x) { return x * 2; }
+
+void register_bf16_gelu(Registry& registry) {
+  registry.add(std::make_unique<ops::OperatorImpl<ops::Gelu>>(
+      "gelu.test_bf16", "test implementation", &doubled_gelu, ops::Support{{c10::DeviceType::CPU}, {at::kBFloat16}}, 10));
+}
+
+struct Bogus {
+  static constexpr const char* name = "no_such_op";
+  using Fn = at::Tensor (*)(const at::Tensor&);
+};
+
+void register_unknown_op(Registry& registry) {
+  registry.add(std::make_unique<ops::OperatorImpl<Bogus>>("bogus.impl", "", &doubled_gelu));
+}
+
+TEST(OperatorTable, PluginImplementationServesWhatItSupportsAndFallsBackOtherwise) {
+  ComponentRegistry registry;
+  registry.register_plugin(PluginRecord{"ops_test", "0", "<test>", "", {}}, &register_bf16_gelu);
+  OperatorTable& table = OperatorTable::global();
+  table.install(registry);
+  at::Tensor x = at::ones({3});
+  EXPECT_EQ(table.select("gelu", x.to(at::kBFloat16)).name(), "gelu.test_bf16");
+  EXPECT_EQ(table.select("gelu", x).name(), "gelu.reference");
+  EXPECT_TRUE(at::equal(ops::gelu(x.to(at::kBFloat16)), (x * 2).to(at::kBFloat16)));
+  EXPECT_TRUE(at::allclose(ops::gelu(x), at::gelu(x, "tanh")));
+  table.reset();
+  EXPECT_EQ(table.select("gelu", x.to(at::kBFloat16)).name(), "gelu.reference");
+}
+
+TEST(OperatorTable, ImplementationOfAnUnknownOperatorIsRefused) {
+  ComponentRegistry registry;
+  registry.register_plugin(PluginRecord{"bogus", "0", "<test>", "", {}}, &register_unknown_op);
+  try {
+    OperatorTable::global().install(registry);
+    FAIL() << "accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("'bogus.impl' from plugin 'bogus' is for unknown operator 'no_such_op'"), std::string::npos);
+  }
+  OperatorTable::global().reset();
 }
 
 }  // namespace
