@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "strata/comm.h"
 #include "strata/data.h"
 #include "strata/errors.h"
 #include "strata/model.h"
@@ -47,7 +48,7 @@ void check_declaration(const Component& c, const PluginRecord& plugin) {
     case ComponentKind::Dataset: required_base = dynamic_cast<const DatasetFactory*>(&c) ? nullptr : "strata::DatasetFactory"; break;
     case ComponentKind::Optimizer: required_base = dynamic_cast<const OptimizerFactory*>(&c) ? nullptr : "strata::OptimizerFactory"; break;
     case ComponentKind::Operator: required_base = dynamic_cast<const ops::OperatorImplBase*>(&c) ? nullptr : "strata::ops::OperatorImpl"; break;
-    case ComponentKind::Communicator: break;
+    case ComponentKind::Communicator: required_base = dynamic_cast<const CommunicatorBackend*>(&c) ? nullptr : "strata::CommunicatorBackend"; break;
   }
   if (required_base)
     throw UserError(describe(plugin) + ": " + component_label(c) + " does not derive from " + required_base);

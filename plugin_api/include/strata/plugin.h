@@ -2,6 +2,7 @@
 #pragma once
 
 #include "strata/abi.h"
+#include "strata/comm.h"
 #include "strata/component.h"
 #include "strata/config.h"
 #include "strata/data.h"
@@ -13,3 +14,4 @@
 #include "strata/optimizer.h"
 #include "strata/pass.h"
 #include "strata/registry.h"
+#include "strata/topology.h"

@@ -1,0 +1,152 @@
+// Every collective of the mpi communicator, for every dtype training uses, against results
+// computed locally. Run under mpirun with 2 and 4 ranks (see tests/CMakeLists.txt).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "strata/comm.h"
+#include "strata/core/plugin_loader.h"
+#include "strata/topology.h"
+
+namespace strata {
+namespace {
+
+std::shared_ptr<Communicator> world() {
+  static std::shared_ptr<Communicator> instance = [] {
+    static ComponentRegistry registry;
+    PluginLoader(registry).load_search_path({installed_plugin_dir()});
+    return static_cast<const CommunicatorBackend*>(registry.find(ComponentKind::Communicator, "mpi"))->world();
+  }();
+  return instance;
+}
+
+// A value that differs per rank and element, exact in every dtype used.
+at::Tensor rank_tensor(int rank, int64_t n, at::ScalarType type) {
+  return (at::arange(n, at::kDouble) + 10.0 * rank).to(type);
+}
+
+class Collectives : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(Collectives, AllReduceSumAvgMaxMin) {
+  auto& comm = *world();
+  const int n = comm.size(), r = comm.rank();
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    if (op == ReduceOp::Avg && !at::isFloatingType(GetParam())) {
+      EXPECT_THROW(comm.all_reduce(rank_tensor(r, 7, GetParam()), op), std::invalid_argument);
+      continue;
+    }
+    at::Tensor t = rank_tensor(r, 7, GetParam());
+    comm.all_reduce(t, op)->wait();
+    std::vector<at::Tensor> each;
+    for (int k = 0; k < n; ++k) each.push_back(rank_tensor(k, 7, at::kDouble));
+    at::Tensor all = at::stack(each);
+    at::Tensor expected = op == ReduceOp::Sum ? all.sum(0) : op == ReduceOp::Avg ? all.mean(0) : op == ReduceOp::Max ? std::get<0>(all.max(0)) : std::get<0>(all.min(0));
+    EXPECT_TRUE(at::allclose(t.to(at::kDouble), expected, 1e-2, 1e-2)) << "op " << static_cast<int>(op) << " " << t << " vs " << expected;
+  }
+}
+
+TEST_P(Collectives, HalfPrecisionSumsAccumulateInFp32) {
+  if (GetParam() != at::kBFloat16 && GetParam() != at::kHalf) GTEST_SKIP();
+  auto& comm = *world();
+  // 256 + 0.5 per rank: each partial sum is exact in fp32; bf16 alone would lose the halves.
+  at::Tensor t = at::full({4}, comm.rank() == 0 ? 256.0 : 0.5, GetParam());
+  comm.all_reduce(t, ReduceOp::Sum)->wait();
+  const double expected = 256.0 + 0.5 * (comm.size() - 1);
+  EXPECT_EQ(t[0].item<double>(), at::tensor(expected).to(GetParam()).item<double>());
+}
+
+TEST_P(Collectives, BroadcastAllGatherReduceScatter) {
+  auto& comm = *world();
+  const int n = comm.size(), r = comm.rank();
+  at::Tensor b = rank_tensor(r, 5, GetParam());
+  comm.broadcast(b, n - 1)->wait();
+  EXPECT_TRUE(at::equal(b, rank_tensor(n - 1, 5, GetParam())));
+
+  at::Tensor gathered = at::empty({n * 3}, GetParam());
+  comm.all_gather(gathered, rank_tensor(r, 3, GetParam()))->wait();
+  for (int k = 0; k < n; ++k) EXPECT_TRUE(at::equal(gathered.narrow(0, k * 3, 3), rank_tensor(k, 3, GetParam())));
+
+  at::Tensor out = at::empty({2}, GetParam());
+  comm.reduce_scatter(out, rank_tensor(r, 2 * n, GetParam()), ReduceOp::Sum)->wait();
+  at::Tensor expected = at::zeros({2 * n}, at::kDouble);
+  for (int k = 0; k < n; ++k) expected += rank_tensor(k, 2 * n, at::kDouble);
+  EXPECT_TRUE(at::allclose(out.to(at::kDouble), expected.narrow(0, r * 2, 2), 1e-2, 1e-2));
+}
+
+TEST_P(Collectives, AllToAllEqualAndUnequal) {
+  auto& comm = *world();
+  const int n = comm.size(), r = comm.rank();
+  // Equal: rank r sends element block k to rank k.
+  at::Tensor in = rank_tensor(r, 2 * n, GetParam()), out = at::empty({2 * n}, GetParam());
+  comm.all_to_all(out, in, {}, {})->wait();
+  for (int k = 0; k < n; ++k) EXPECT_TRUE(at::equal(out.narrow(0, 2 * k, 2), rank_tensor(k, 2 * n, GetParam()).narrow(0, 2 * r, 2)));
+  // Unequal: rank r sends k + 1 elements to rank k, so it receives r + 1 from everyone.
+  std::vector<int64_t> send_splits, recv_splits(static_cast<size_t>(n), r + 1);
+  for (int k = 0; k < n; ++k) send_splits.push_back(k + 1);
+  at::Tensor uin = rank_tensor(r, n * (n + 1) / 2, GetParam()), uout = at::empty({n * (r + 1)}, GetParam());
+  comm.all_to_all(uout, uin, recv_splits, send_splits)->wait();
+  for (int k = 0; k < n; ++k) {
+    const int64_t offset = r * (r + 1) / 2;  // where rank k put my block
+    EXPECT_TRUE(at::equal(uout.narrow(0, k * (r + 1), r + 1), rank_tensor(k, n * (n + 1) / 2, GetParam()).narrow(0, offset, r + 1)));
+  }
+}
+
+TEST_P(Collectives, SendRecvRing) {
+  auto& comm = *world();
+  const int n = comm.size(), r = comm.rank();
+  at::Tensor got = at::empty({4}, GetParam());
+  // Even ranks send first so blocking sends and receives pair up.
+  if (r % 2 == 0) {
+    comm.send(rank_tensor(r, 4, GetParam()), (r + 1) % n, 7)->wait();
+    comm.recv(got, (r + n - 1) % n, 7)->wait();
+  } else {
+    comm.recv(got, (r + n - 1) % n, 7)->wait();
+    comm.send(rank_tensor(r, 4, GetParam()), (r + 1) % n, 7)->wait();
+  }
+  EXPECT_TRUE(at::equal(got, rank_tensor((r + n - 1) % n, 4, GetParam())));
+  comm.barrier()->wait();
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Collectives,
+                         ::testing::Values(at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong, at::kInt));
+
+TEST(Collectives, AsynchronousWorkOverlapsAndCompletesInOrder) {
+  auto& comm = *world();
+  std::vector<at::Tensor> tensors;
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < 8; ++i) {
+    tensors.push_back(at::full({1000}, static_cast<double>(i)));
+    works.push_back(comm.all_reduce(tensors.back(), ReduceOp::Sum));
+  }
+  for (int i = 7; i >= 0; --i) works[static_cast<size_t>(i)]->wait();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(tensors[static_cast<size_t>(i)][999].item<double>(), i * comm.size());
+}
+
+TEST(Topology, GroupsFollowTheRankOrder) {
+  auto comm = world();
+  const int n = comm->size();
+  if (n != 4) GTEST_SKIP() << "needs 4 ranks";
+  Topology topology({{Dim::Tensor, 2}, {Dim::Data, 2}, {Dim::Pipeline, 1}, {Dim::Context, 1}},
+                    {Dim::Tensor, Dim::Context, Dim::Pipeline, Dim::Data}, comm->rank());
+  topology.attach(comm);
+  EXPECT_EQ(topology.group_ranks(Dim::Tensor, 2), (std::vector<int>{2, 3}));
+  EXPECT_EQ(topology.group_ranks(Dim::Data, 1), (std::vector<int>{1, 3}));
+  at::Tensor t = at::full({1}, static_cast<double>(comm->rank()));
+  topology.group(Dim::Data).all_reduce(t, ReduceOp::Sum)->wait();
+  EXPECT_EQ(t.item<double>(), comm->rank() % 2 == 0 ? 2.0 : 4.0);  // 0+2, 1+3
+}
+
+TEST(Topology, LayoutQueriesWithoutCommunication) {
+  Topology t({{Dim::Tensor, 2}, {Dim::Context, 1}, {Dim::Pipeline, 2}, {Dim::Data, 2}},
+             {Dim::Tensor, Dim::Context, Dim::Pipeline, Dim::Data}, 5);
+  EXPECT_EQ(t.world_size(), 8);
+  EXPECT_EQ(t.group_ranks(Dim::Pipeline), (std::vector<int>{5, 7}));
+  EXPECT_EQ(t.rank_in(Dim::Pipeline), 0);
+  EXPECT_TRUE(t.first_pipeline_stage());
+  EXPECT_EQ(t.next_pipeline_rank(), 7);
+  EXPECT_EQ(t.previous_pipeline_rank(), 7);
+  EXPECT_EQ(t.group_ranks(Dim::Data), (std::vector<int>{1, 5}));
+  EXPECT_EQ(t.rank_in(Dim::Tensor), 1);
+}
+
+}  // namespace
+}  // namespace strata
