@@ -21,6 +21,8 @@ int64_t parse_count(const std::string& option, const std::string& text) {
 
 Args parse_args(int argc, char** argv) {
   Args args;
+  args.argc = argc;
+  args.argv = argv;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string inline_value;

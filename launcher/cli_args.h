@@ -20,6 +20,8 @@ struct Args {
   bool help = false;
   bool version = false;
   bool verbose = false;
+  int argc = 0;  // the raw command line, for commands that re-execute themselves
+  char** argv = nullptr;
   std::vector<std::string> given;  // option names as typed, to refuse those a command does not take
 };
 

@@ -27,10 +27,12 @@ const std::vector<Command>& commands() {
        "  --json               machine-readable output\n",
        run_plan},
       {"run", "Train with a strategy",
-       "usage: strata run STRATEGY.toml [--out DIR] [--set section.key=value]... [--disable PASS]... [--resume]\n\n"
-       "Trains in this process. DIR (default: [job] run_dir) receives strategy.toml (the resolved\n"
+       "usage: strata run STRATEGY.toml [-n N] [--out DIR] [--set section.key=value]... [--disable PASS]... [--resume]\n\n"
+       "Trains in this process, or with -n N on N local ranks started through mpirun (a worker\n"
+       "started by mpirun or srun directly reads its rank from their environment). DIR (default: [job] run_dir) receives strategy.toml (the resolved\n"
        "strategy, rerunnable as is), metrics.jsonl (one JSON object per optimizer step), logs/ and\n"
        "checkpoints/.\n\n"
+       "  -n, --ranks N        number of local ranks\n"
        "  --out DIR            run directory\n"
        "  --set S.K=V          override a key, e.g. job.steps=50 job.seed=7 job.checkpoint_every=10\n"
        "  --disable PASS       switch a pass off\n"

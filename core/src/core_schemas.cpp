@@ -34,7 +34,8 @@ const Schema& parallel_schema() {
       .integer("context", 1, "Context (sequence) parallel size", at_least(1))
       .strings("order", {"tensor", "context", "pipeline", "data"},
                "Rank layout of the dimensions, innermost (adjacent ranks) first",
-               {"tensor", "context", "pipeline", "data"});
+               {"tensor", "context", "pipeline", "data"})
+      .string("backend", "mpi", "Communicator backend for multi-rank runs (see `strata plugins`)");
   return schema;
 }
 

@@ -70,21 +70,39 @@ nlohmann::json read_manifest(const fs::path& dir) {
 
 }  // namespace
 
-void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta, const NamedTensors& tensors, int64_t keep) {
-  fs::create_directories(checkpoints_dir);
+std::string shard_name(int rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "rank_%05d.safetensors", rank);
+  return buf;
+}
+
+void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta, const NamedTensors& tensors, int64_t keep,
+                     Communicator& world) {
   const std::string name = step_dir_name(meta.step);
   const fs::path staging = checkpoints_dir / (".tmp-" + name);
-  fs::remove_all(staging);
-  fs::create_directories(staging);
-
-  const std::string shard = "rank_00000.safetensors";
-  write_safetensors(staging / shard, tensors, {{"format", kFormat}, {"step", std::to_string(meta.step)}});
-  nlohmann::json manifest = {
-      {"format", kFormat},
-      {"step", meta.step},
-      {"config_hash", meta.config_hash},
-      {"world_size", meta.world_size},
-      {"files", {{shard, {{"bytes", fs::file_size(staging / shard)}, {"sha256", sha256_file(staging / shard)}}}}}};
+  const bool leader = world.rank() == 0;
+  if (leader) {
+    fs::create_directories(checkpoints_dir);
+    fs::remove_all(staging);
+    fs::create_directories(staging);
+  }
+  world.barrier()->wait();
+  write_safetensors(staging / shard_name(world.rank()), tensors, {{"format", kFormat}, {"step", std::to_string(meta.step)}});
+  world.barrier()->wait();
+  if (!leader) {
+    world.barrier()->wait();  // until rank 0 has published it
+    return;
+  }
+  nlohmann::json files = nlohmann::json::object();
+  for (int r = 0; r < world.size(); ++r) {
+    const fs::path shard = staging / shard_name(r);
+    files[shard_name(r)] = {{"bytes", fs::file_size(shard)}, {"sha256", sha256_file(shard)}};
+  }
+  nlohmann::json manifest = {{"format", kFormat},
+                             {"step", meta.step},
+                             {"config_hash", meta.config_hash},
+                             {"world_size", meta.world_size},
+                             {"files", files}};
   write_text_durably(staging / "manifest.json", manifest.dump(2) + "\n");
   fsync_dir(staging);
 
@@ -96,6 +114,7 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
 
   std::vector<fs::path> dirs = step_dirs_newest_first(checkpoints_dir);
   for (size_t i = static_cast<size_t>(keep); i < dirs.size(); ++i) fs::remove_all(dirs[i]);
+  world.barrier()->wait();
 }
 
 std::optional<std::string> checkpoint_problem(const fs::path& dir) {
@@ -119,7 +138,7 @@ std::optional<std::string> checkpoint_problem(const fs::path& dir) {
   return std::nullopt;
 }
 
-LoadedCheckpoint load_checkpoint(const fs::path& dir) {
+LoadedCheckpoint load_checkpoint(const fs::path& dir, int rank) {
   if (auto problem = checkpoint_problem(dir)) throw UserError("checkpoint " + dir.string() + ": " + *problem);
   nlohmann::json manifest = read_manifest(dir);
   LoadedCheckpoint loaded;
@@ -130,18 +149,18 @@ LoadedCheckpoint load_checkpoint(const fs::path& dir) {
     throw UserError("checkpoint " + dir.string() + ": manifest.json lacks step, config_hash or world_size");
   }
   loaded.path = dir;
-  for (const auto& [file, info] : manifest["files"].items()) {
-    NamedTensors shard = read_safetensors(dir / file);
-    loaded.tensors.insert(loaded.tensors.end(), shard.begin(), shard.end());
-  }
+  if (!manifest["files"].contains(shard_name(rank)))
+    throw UserError("checkpoint " + dir.string() + " has no shard for rank " + std::to_string(rank) + " (it was saved by " +
+                    std::to_string(loaded.meta.world_size) + " ranks)");
+  loaded.tensors = read_safetensors(dir / shard_name(rank));
   return loaded;
 }
 
-std::optional<LoadedCheckpoint> load_newest_valid_checkpoint(const fs::path& checkpoints_dir,
+std::optional<LoadedCheckpoint> load_newest_valid_checkpoint(const fs::path& checkpoints_dir, int rank,
                                                              const std::function<void(const std::string&)>& warn) {
   for (const auto& dir : step_dirs_newest_first(checkpoints_dir)) {
     try {
-      return load_checkpoint(dir);
+      return load_checkpoint(dir, rank);
     } catch (const UserError& e) {
       warn(std::string("skipping ") + e.what());
     }

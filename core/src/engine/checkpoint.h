@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "strata/comm.h"
 #include "strata/optimizer.h"
 
 namespace strata::engine {
@@ -18,9 +19,11 @@ struct CheckpointMeta {
   int64_t world_size = 1;
 };
 
-// `tensors` are the states of one rank, named "<state key>/<tensor name>".
+// Collective over `world`: every rank writes its own state (`tensors`, named
+// "<state key>/<tensor name>") as rank_NNNNN.safetensors; rank 0 writes the manifest and
+// publishes the checkpoint once all shards are on disk.
 void save_checkpoint(const std::filesystem::path& checkpoints_dir, const CheckpointMeta& meta,
-                     const NamedTensors& tensors, int64_t keep);
+                     const NamedTensors& tensors, int64_t keep, Communicator& world);
 
 struct LoadedCheckpoint {
   CheckpointMeta meta;
@@ -28,13 +31,14 @@ struct LoadedCheckpoint {
   NamedTensors tensors;
 };
 
-// The newest checkpoint that passes every check. Each one that does not is reported through
-// `warn` with the reason, and skipped.
-std::optional<LoadedCheckpoint> load_newest_valid_checkpoint(const std::filesystem::path& checkpoints_dir,
+// The newest checkpoint that passes every check, with the shard of `rank`. Each one that does
+// not is reported through `warn` with the reason, and skipped.
+std::optional<LoadedCheckpoint> load_newest_valid_checkpoint(const std::filesystem::path& checkpoints_dir, int rank,
                                                              const std::function<void(const std::string&)>& warn);
 
-// Loads one checkpoint directory after verifying it; any problem is a UserError.
-LoadedCheckpoint load_checkpoint(const std::filesystem::path& dir);
+// Loads the shard of `rank` from one checkpoint directory after verifying every file; any
+// problem is a UserError.
+LoadedCheckpoint load_checkpoint(const std::filesystem::path& dir, int rank);
 
 // Verifies a checkpoint directory; returns the reason it is unusable, or nullopt.
 std::optional<std::string> checkpoint_problem(const std::filesystem::path& dir);

@@ -25,9 +25,9 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
 
   std::optional<engine::LoadedCheckpoint> checkpoint;
   if (is_checkpoint) {
-    checkpoint = engine::load_checkpoint(source);
+    checkpoint = engine::load_checkpoint(source, 0);
   } else {
-    checkpoint = engine::load_newest_valid_checkpoint(run_dir / "checkpoints", [](const std::string& m) { log::warn(m); });
+    checkpoint = engine::load_newest_valid_checkpoint(run_dir / "checkpoints", 0, [](const std::string& m) { log::warn(m); });
     if (!checkpoint) throw UserError("no valid checkpoint in " + (run_dir / "checkpoints").string());
   }
 

@@ -74,12 +74,13 @@ void MetricsFile::write(const StepRecord& r) {
   out_.flush();
 }
 
-Console::Console(int64_t total_steps, int64_t log_every, double flops_per_token, double peak_tflops)
+Console::Console(int64_t total_steps, int64_t log_every, double flops_per_token, double peak_tflops, bool to_stdout)
     : total_(total_steps),
       log_every_(log_every),
       flops_per_token_(flops_per_token),
       peak_flops_(peak_tflops * 1e12),
-      tty_(::isatty(STDOUT_FILENO) != 0),
+      stdout_(to_stdout),
+      tty_(to_stdout && ::isatty(STDOUT_FILENO) != 0),
       start_(std::chrono::steady_clock::now()) {}
 
 void Console::clear_bar() {
@@ -135,6 +136,7 @@ void Console::step(const StepRecord& r) {
 
 void Console::message(const std::string& line) {
   log::record(line);
+  if (!stdout_) return;
   clear_bar();
   std::cout << line << "\n" << std::flush;
   draw_bar();

@@ -33,7 +33,8 @@ class MetricsFile {
 
 class Console {
  public:
-  Console(int64_t total_steps, int64_t log_every, double flops_per_token, double peak_tflops);
+  // Lines always go to the log files; to standard output only when `to_stdout` (rank 0).
+  Console(int64_t total_steps, int64_t log_every, double flops_per_token, double peak_tflops, bool to_stdout);
   void step(const StepRecord& record);
   void message(const std::string& line);
   void finish();
@@ -44,7 +45,7 @@ class Console {
 
   int64_t total_, log_every_;
   double flops_per_token_, peak_flops_;
-  bool tty_;
+  bool stdout_, tty_;
   bool bar_shown_ = false;
   int64_t step_ = 0, first_step_ = -1;
   std::chrono::steady_clock::time_point start_;

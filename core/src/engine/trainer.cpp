@@ -16,6 +16,8 @@
 #include "metrics.h"
 #include "sampler.h"
 #include "schedule.h"
+#include "../local_communicator.h"
+#include "strata/core/launch_env.h"
 #include "strata/core/log.h"
 #include "strata/core/operator_table.h"
 #include "strata/data.h"
@@ -179,23 +181,50 @@ std::string config_hash(const ResolvedStrategy& plan) {
   return hash.hex_digest();
 }
 
+// The topology of [parallel] over this process's rank, with its communicators: the configured
+// backend's when there are several ranks, a local one otherwise.
+std::shared_ptr<Topology> make_topology(const ResolvedStrategy& plan, const ComponentRegistry& registry, const LaunchEnv& env) {
+  const ParallelLayout& l = plan.layout;
+  if (l.world_size != env.world_size)
+    throw UserError("the plan is for " + std::to_string(l.world_size) + " ranks but " + std::to_string(env.world_size) +
+                    " were started (" + env.launcher + ")");
+  std::vector<Dim> order;
+  for (const auto& name : l.order)
+    order.push_back(name == "tensor" ? Dim::Tensor : name == "context" ? Dim::Context : name == "pipeline" ? Dim::Pipeline : Dim::Data);
+  auto topology = std::make_shared<Topology>(
+      std::map<Dim, int>{{Dim::Data, static_cast<int>(l.data)}, {Dim::Tensor, static_cast<int>(l.tensor)},
+                         {Dim::Pipeline, static_cast<int>(l.pipeline)}, {Dim::Context, static_cast<int>(l.context)}},
+      order, env.rank);
+  if (env.world_size == 1) {
+    topology->attach(local_communicator());
+    return topology;
+  }
+  const std::string& name = plan.parallel.get_string("backend");
+  const auto* backend = static_cast<const CommunicatorBackend*>(registry.find(ComponentKind::Communicator, name));
+  if (!backend) throw UserError("[parallel] backend \"" + name + "\" is not a registered communicator (see `strata plugins`)");
+  if (env.launcher == "torchrun" && name == "mpi")
+    throw UserError("started by torchrun, but the mpi backend needs mpirun or srun; use strata run -n N or mpirun");
+  topology->attach(backend->world());
+  return topology;
+}
+
 }  // namespace
 
 RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>& order, const ComponentRegistry& registry,
                         const RunOptions& options) {
   const Config& job_cfg = plan.job;
+  const LaunchEnv env = detect_launch_env();
   const fs::path out_dir = options.out_dir.empty() ? fs::path(job_cfg.get_string("run_dir")) : options.out_dir;
   const fs::path checkpoints_dir = out_dir / "checkpoints";
+  const bool leader = env.rank == 0;
   fs::create_directories(out_dir / "logs");
-  log::add_file((out_dir / "logs" / "rank_0.log").string());
-  {
-    std::ofstream strategy(out_dir / "strategy.toml");
-    strategy << resolved_strategy_toml(plan);
-  }
-  if (plan.layout.world_size != 1) throw UserError("multi-rank training is not built yet; run with one rank");
+  log::add_file((out_dir / "logs" / ("rank_" + std::to_string(env.rank) + ".log")).string());
+  if (leader) std::ofstream(out_dir / "strategy.toml") << resolved_strategy_toml(plan);
 
+  auto topology = make_topology(plan, registry, env);
   const int64_t threads = job_cfg.get_int("threads");
-  at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency())));
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, cores / static_cast<unsigned>(env.local_size))));
   const c10::Device device = parse_device(job_cfg.get_string("device"));
   // Denormal floats make CPU arithmetic many times slower (seen: PyTorch eager's backward 3.7x
   // slower by the fourth step of a GPT); flushing them to zero changes results only below 1e-38.
@@ -205,6 +234,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   OperatorTable::global().install(registry);
 
   Job job(plan.job, plan.model, plan.data, plan.optimizer, device);
+  job.topology = topology;
   job.model = static_cast<const ModelFactory*>(plan.model_component)->create(plan.model);
   job.model->to(device);
   auto dataset = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{fs::current_path()});
@@ -215,6 +245,9 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   job.make_optimizer = [&](std::vector<ParamGroup> groups) { return optimizer_factory->create(std::move(groups), plan.optimizer); };
 
   for (size_t i : order) plan.passes[i].pass->apply(job, plan.passes[i].config);
+  if (topology->size(Dim::Data) > 1 && job.gradient_sync_pass.empty())
+    throw UserError("[parallel] has " + std::to_string(topology->size(Dim::Data)) +
+                    " data-parallel ranks but no pass keeps them in step; enable ddp (or zero1, zero2, fsdp)");
 
   std::unique_ptr<Optimizer> optimizer = job.make_optimizer(parameter_groups(*job.model, plan.optimizer));
   BatchSampler sampler(*dataset, job.model->seq_len(), static_cast<uint64_t>(seed), job_cfg.get_bool("shuffle"));
@@ -223,26 +256,36 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   job.register_state("data", std::make_shared<DataState>(sampler));
   job.register_state("rng", std::make_shared<RngState>());
 
+  // Every data-parallel rank reads the same global batch and trains on its own slice of it, so
+  // the samples of a step do not depend on the world size.
   const int64_t global_batch = job_cfg.get_int("global_batch");
-  const int64_t micro_batch = job_cfg.get_int("micro_batch") > 0 ? job_cfg.get_int("micro_batch") : global_batch;
-  if (global_batch % micro_batch != 0)
-    throw UserError("[job] global_batch " + std::to_string(global_batch) + " is not a multiple of micro_batch " +
-                    std::to_string(micro_batch));
-  const int64_t micro_count = global_batch / micro_batch;
+  const int64_t dp = topology->size(Dim::Data), dp_rank = topology->rank_in(Dim::Data);
+  if (global_batch % dp != 0)
+    throw UserError("[job] global_batch " + std::to_string(global_batch) + " does not split over " + std::to_string(dp) +
+                    " data-parallel ranks");
+  const int64_t local_batch = global_batch / dp;
+  const int64_t micro_batch = job_cfg.get_int("micro_batch") > 0 ? job_cfg.get_int("micro_batch") : local_batch;
+  if (local_batch % micro_batch != 0)
+    throw UserError("[job] global_batch " + std::to_string(global_batch) + " / " + std::to_string(dp) +
+                    " data-parallel ranks is not a multiple of micro_batch " + std::to_string(micro_batch));
+  const int64_t micro_count = local_batch / micro_batch;
   const int64_t steps = job_cfg.get_int("steps"), seq_len = job.model->seq_len(), vocab = job.model->vocab_size();
   const engine::LrSchedule schedule{plan.optimizer.get_float("lr"), plan.optimizer.get_string("schedule"),
                                     plan.optimizer.get_int("warmup_steps"), steps, plan.optimizer.get_float("min_lr_ratio")};
 
   engine::Console console(steps, job_cfg.get_int("log_every"), job.model->training_flops_per_token(),
-                          job_cfg.get_float("peak_tflops"));
+                          job_cfg.get_float("peak_tflops"), /*to_stdout=*/leader);
   int64_t start_step = 0;
   if (options.resume) {
-    auto loaded = engine::load_newest_valid_checkpoint(checkpoints_dir, [&](const std::string& m) { log::warn(m); });
+    auto loaded = engine::load_newest_valid_checkpoint(checkpoints_dir, env.rank, [&](const std::string& m) { log::warn(m); });
     if (loaded) {
       if (loaded->meta.config_hash != config_hash(plan))
         throw UserError("checkpoint " + loaded->path.string() +
                         " was saved with another model, data, optimizer or pass configuration; resume with the strategy.toml "
                         "saved in " + out_dir.string());
+      if (loaded->meta.world_size != env.world_size)
+        throw UserError("checkpoint " + loaded->path.string() + " was saved by " + std::to_string(loaded->meta.world_size) +
+                        " ranks; resume it with the same number of ranks");
       restore_state(job, loaded->tensors);
       start_step = loaded->meta.step;
       console.message("resumed from " + loaded->path.string() + " at step " + std::to_string(start_step));
@@ -250,11 +293,12 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
       console.message("no valid checkpoint in " + checkpoints_dir.string() + "; starting from step 0");
     }
   }
-  engine::MetricsFile metrics(out_dir / "metrics.jsonl", start_step);
+  std::optional<engine::MetricsFile> metrics;
+  if (leader) metrics.emplace(out_dir / "metrics.jsonl", start_step);
   const int64_t checkpoint_every = job_cfg.get_int("checkpoint_every"), eval_every = job_cfg.get_int("eval_every");
   auto save = [&](int64_t step) {
     engine::save_checkpoint(checkpoints_dir, {step, config_hash(plan), plan.layout.world_size}, gather_state(job),
-                            job_cfg.get_int("keep_checkpoints"));
+                            job_cfg.get_int("keep_checkpoints"), topology->world());
   };
   auto evaluate = [&]() {
     at::NoGradGuard no_grad;
@@ -283,7 +327,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     double loss_sum = 0;
     for (int64_t micro = 0; micro < micro_count; ++micro) {
       context.micro = micro;
-      at::Tensor batch = sampler.next_train(micro_batch).to(device);
+      at::Tensor batch = sampler.next_train(micro_batch * dp).narrow(0, dp_rank * micro_batch, micro_batch).to(device);
       job.run_hooks(HookPoint::BeforeForward, context);
       at::Tensor logits = job.model->forward(batch.narrow(1, 0, seq_len));
       context.loss = ops::cross_entropy(logits.reshape({-1, vocab}), batch.narrow(1, 1, seq_len).reshape(-1));
@@ -298,15 +342,17 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     if (!context.skip_step) optimizer->step(lr);
     job.run_hooks(HookPoint::AfterStep, context);
 
+    at::Tensor mean_loss = at::tensor(loss_sum / static_cast<double>(micro_count), at::kDouble);
+    topology->group(Dim::Data).all_reduce(mean_loss, ReduceOp::Avg)->wait();
     engine::StepRecord record;
     record.step = step;
-    record.loss = loss_sum / static_cast<double>(micro_count);
+    record.loss = mean_loss.item<double>();
     record.grad_norm = grad_norm;
     record.lr = lr;
     record.tokens = global_batch * seq_len;
     record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     if (eval_every > 0 && (step % eval_every == 0 || step == steps)) record.val_loss = evaluate();
-    metrics.write(record);
+    if (metrics) metrics->write(record);
     console.step(record);
     if ((checkpoint_every > 0 && step % checkpoint_every == 0) || step == steps) save(step);
     summary.last_step = step;

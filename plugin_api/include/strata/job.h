@@ -13,6 +13,7 @@
 #include "strata/config.h"
 #include "strata/model.h"
 #include "strata/optimizer.h"
+#include "strata/topology.h"
 
 namespace strata {
 
@@ -51,7 +52,12 @@ class STRATA_API Job {
   const Config& optimizer_config() const { return optimizer_config_; }
   c10::Device device() const { return device_; }
 
+  // Ranks, groups and communicators of this job (a one-rank topology in a single process).
+  std::shared_ptr<Topology> topology;
   std::shared_ptr<nn::Model> model;
+  // Set by the pass that keeps data-parallel replicas in step (ddp, zero, fsdp); training with
+  // more than one data-parallel rank and no such pass is refused.
+  std::string gradient_sync_pass;
   // Builds the optimizer once passes are applied; a pass may wrap it (sharding, WSAM).
   std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>)> make_optimizer;
 

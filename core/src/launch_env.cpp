@@ -1,0 +1,49 @@
+#include "strata/core/launch_env.h"
+
+#include <cstdlib>
+
+#include "strata/errors.h"
+
+namespace strata {
+
+namespace {
+
+bool read_int(const char* name, int& out) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return false;
+  char* end = nullptr;
+  long parsed = std::strtol(value, &end, 10);
+  if (*end != '\0' || parsed < 0) throw UserError(std::string("environment variable ") + name + "=" + value + " is not a rank number");
+  out = static_cast<int>(parsed);
+  return true;
+}
+
+}  // namespace
+
+LaunchEnv detect_launch_env() {
+  LaunchEnv env;
+  if (read_int("OMPI_COMM_WORLD_RANK", env.rank) && read_int("OMPI_COMM_WORLD_SIZE", env.world_size)) {
+    env.launcher = "openmpi";
+    read_int("OMPI_COMM_WORLD_LOCAL_RANK", env.local_rank);
+    read_int("OMPI_COMM_WORLD_LOCAL_SIZE", env.local_size);
+  } else if (read_int("SLURM_PROCID", env.rank) && read_int("SLURM_NTASKS", env.world_size)) {
+    env.launcher = "slurm";
+    read_int("SLURM_LOCALID", env.local_rank);
+    env.local_size = env.world_size;
+    read_int("SLURM_NTASKS_PER_NODE", env.local_size);
+  } else if (read_int("PMI_RANK", env.rank) && read_int("PMI_SIZE", env.world_size)) {
+    env.launcher = "pmi";
+    env.local_size = env.world_size;
+  } else if (read_int("RANK", env.rank) && read_int("WORLD_SIZE", env.world_size)) {
+    env.launcher = "torchrun";
+    read_int("LOCAL_RANK", env.local_rank);
+    env.local_size = env.world_size;
+    read_int("LOCAL_WORLD_SIZE", env.local_size);
+  }
+  if (env.rank >= env.world_size)
+    throw UserError("launcher environment gives rank " + std::to_string(env.rank) + " of a world of " +
+                    std::to_string(env.world_size));
+  return env;
+}
+
+}  // namespace strata
