@@ -1,6 +1,8 @@
 // Data parallel: parameters broadcast from rank 0, then gradients averaged over the
 // data-parallel group in buckets, each launched asynchronously as soon as all of its gradients
 // are final during the last micro-batch's backward, so communication overlaps computation.
+#include <chrono>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -79,8 +81,9 @@ class Reducer {
   }
 
   // After the last backward: reduce what never got a gradient, wait, and write averages back.
-  void finish() {
-    if (!syncing_) return;
+  // Returns the milliseconds spent waiting for communication that backward did not hide.
+  double finish() {
+    if (!syncing_) return 0.0;
     std::vector<std::string> unused;
     for (size_t i = 0; i < params_.size(); ++i)
       if (!ready_[i]) unused.push_back(names_[i]);
@@ -95,6 +98,7 @@ class Reducer {
         params_[i].mutable_grad() = at::zeros_like(params_[i]);
         gradient_ready(i);
       }
+    const auto waiting = std::chrono::steady_clock::now();
     for (auto& b : buckets_) {
       b.work->wait();
       int64_t offset = 0;
@@ -105,6 +109,7 @@ class Reducer {
       }
     }
     syncing_ = false;
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
   }
 
  private:
@@ -151,7 +156,9 @@ class DdpPass final : public Pass {
     }
     reducer->install_hooks();
     job.add_hook(HookPoint::BeforeForward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.micro + 1 == c.micro_count); });
-    job.add_hook(HookPoint::AfterBackward, [reducer](StepContext&) { reducer->finish(); });
+    job.add_hook(HookPoint::AfterBackward, [reducer](StepContext& c) {
+      if (c.micro + 1 == c.micro_count) c.metrics.emplace_back("ddp_exposed_comm_ms", reducer->finish());
+    });
     job.gradient_sync_pass = "ddp";
   }
 };

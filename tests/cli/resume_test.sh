@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
-# resume_test.sh STRATA STRATEGY WORKDIR
+# resume_test.sh STRATA STRATEGY WORKDIR [RANKS]
 # Trains 12 steps uninterrupted; then "interrupts" a copy after its step-4 checkpoint (removing
 # the later ones), corrupts one later checkpoint in a second copy, resumes both, and requires
 # every step's loss in metrics.jsonl to equal the uninterrupted run's, bit for bit.
 set -euo pipefail
-strata=$1 strategy=$2 work=$3
+strata=$1 strategy=$2 work=$3 ranks=${4:-1}
+run() { "$strata" run -n "$ranks" "$@"; }
 rm -rf "$work" && mkdir -p "$work"
 small=(--set job.steps=12 --set job.checkpoint_every=4 --set job.eval_every=6 --set job.log_every=4
        --set job.global_batch=4 --set job.micro_batch=2 --set job.threads=1
        --set model.n_layer=1 --set model.seq_len=32 --set model.dropout=0.1)
-"$strata" run "$strategy" --out "$work/full" "${small[@]}"
+run "$strategy" --out "$work/full" "${small[@]}"
 losses() { sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1"; }
 
 cp -r "$work/full" "$work/cut"
 rm -rf "$work/cut/checkpoints/step_00000008" "$work/cut/checkpoints/step_00000012"
-"$strata" run "$work/cut/strategy.toml" --out "$work/cut" --resume | tee "$work/cut.log"
+run "$work/cut/strategy.toml" --out "$work/cut" --resume | tee "$work/cut.log"
 grep -q "resumed from .*step_00000004 at step 4" "$work/cut.log"
 diff <(losses "$work/full/metrics.jsonl") <(losses "$work/cut/metrics.jsonl")
 
 cp -r "$work/full" "$work/corrupt"
 rm -rf "$work/corrupt/checkpoints/step_00000012"
 printf 'XXXX' | dd of="$work/corrupt/checkpoints/step_00000008/rank_00000.safetensors" bs=1 seek=100 conv=notrunc 2>/dev/null
-"$strata" run "$work/corrupt/strategy.toml" --out "$work/corrupt" --resume > "$work/corrupt.log" 2>&1
+run "$work/corrupt/strategy.toml" --out "$work/corrupt" --resume > "$work/corrupt.log" 2>&1
 grep -q "skipping checkpoint .*step_00000008: rank_00000.safetensors fails its SHA-256 checksum" "$work/corrupt.log"
 grep -q "resumed from .*step_00000004 at step 4" "$work/corrupt.log"
 diff <(losses "$work/full/metrics.jsonl") <(losses "$work/corrupt/metrics.jsonl")
-echo "resume: 12 losses identical after interruption and after skipping a corrupt checkpoint"
+echo "resume on $ranks rank(s): 12 losses identical after interruption and after skipping a corrupt checkpoint"

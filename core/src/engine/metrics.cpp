@@ -70,6 +70,7 @@ void MetricsFile::write(const StepRecord& r) {
   out_ << "{\"step\":" << r.step << ",\"loss\":" << format_number(r.loss) << ",\"grad_norm\":" << format_number(r.grad_norm)
        << ",\"lr\":" << format_number(r.lr) << ",\"tokens\":" << r.tokens << ",\"step_ms\":" << fixed3(r.step_ms);
   if (r.val_loss) out_ << ",\"val_loss\":" << format_number(*r.val_loss);
+  for (const auto& [name, value] : r.extra) out_ << ",\"" << name << "\":" << fixed3(value);
   out_ << "}\n";
   out_.flush();
 }

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace strata::engine {
 
@@ -19,6 +21,7 @@ struct StepRecord {
   int64_t tokens = 0;  // tokens this step consumed
   double step_ms = 0;
   std::optional<double> val_loss;
+  std::vector<std::pair<std::string, double>> extra;  // reported by passes
 };
 
 class MetricsFile {

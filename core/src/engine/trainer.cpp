@@ -350,6 +350,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     record.grad_norm = grad_norm;
     record.lr = lr;
     record.tokens = global_batch * seq_len;
+    record.extra = context.metrics;
     record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     if (eval_every > 0 && (step % eval_every == 0 || step == steps)) record.val_loss = evaluate();
     if (metrics) metrics->write(record);

@@ -26,6 +26,8 @@ struct StepContext {
   int64_t micro_count = 1;   // micro-batches per step (gradient accumulation)
   at::Tensor loss;           // the micro-batch loss, set from AfterForward on
   bool skip_step = false;    // set by a hook to skip the optimizer update (e.g. non-finite grads)
+  // Per-step figures a pass reports; they go into the step's metrics.jsonl object.
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 using StepHook = std::function<void(StepContext&)>;
