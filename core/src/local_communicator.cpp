@@ -1,4 +1,4 @@
-#include "local_communicator.h"
+#include "strata/core/local_communicator.h"
 
 #include <ATen/ATen.h>
 

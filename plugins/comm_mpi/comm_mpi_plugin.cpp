@@ -8,7 +8,7 @@ namespace {
 class MpiBackend final : public CommunicatorBackend {
  public:
   MpiBackend() : CommunicatorBackend({ComponentKind::Communicator, "mpi", "OpenMPI collectives on host tensors, run on a dedicated thread", {}}) {}
-  std::shared_ptr<Communicator> world() const override { return mpi_world(); }
+  std::shared_ptr<Communicator> world(Communicator&) const override { return mpi_world(); }
 };
 
 void register_components(Registry& registry) { registry.add(std::make_unique<MpiBackend>()); }

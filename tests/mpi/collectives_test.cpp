@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "strata/comm.h"
+#include "strata/core/local_communicator.h"
 #include "strata/core/plugin_loader.h"
 #include "strata/topology.h"
 
@@ -14,7 +15,8 @@ std::shared_ptr<Communicator> world() {
   static std::shared_ptr<Communicator> instance = [] {
     static ComponentRegistry registry;
     PluginLoader(registry).load_search_path({installed_plugin_dir()});
-    return static_cast<const CommunicatorBackend*>(registry.find(ComponentKind::Communicator, "mpi"))->world();
+    auto* backend = static_cast<const CommunicatorBackend*>(registry.find(ComponentKind::Communicator, "mpi"));
+    return backend->world(*local_communicator());  // mpi needs no bootstrap
   }();
   return instance;
 }

@@ -16,7 +16,7 @@
 #include "metrics.h"
 #include "sampler.h"
 #include "schedule.h"
-#include "../local_communicator.h"
+#include "strata/core/local_communicator.h"
 #include "strata/core/launch_env.h"
 #include "strata/core/log.h"
 #include "strata/core/operator_table.h"
@@ -195,16 +195,24 @@ std::shared_ptr<Topology> make_topology(const ResolvedStrategy& plan, const Comp
       std::map<Dim, int>{{Dim::Data, static_cast<int>(l.data)}, {Dim::Tensor, static_cast<int>(l.tensor)},
                          {Dim::Pipeline, static_cast<int>(l.pipeline)}, {Dim::Context, static_cast<int>(l.context)}},
       order, env.rank);
-  if (env.world_size == 1) {
-    topology->attach(local_communicator());
-    return topology;
-  }
   const std::string& name = plan.parallel.get_string("backend");
-  const auto* backend = static_cast<const CommunicatorBackend*>(registry.find(ComponentKind::Communicator, name));
-  if (!backend) throw UserError("[parallel] backend \"" + name + "\" is not a registered communicator (see `strata plugins`)");
-  if (env.launcher == "torchrun" && name == "mpi")
-    throw UserError("started by torchrun, but the mpi backend needs mpirun or srun; use strata run -n N or mpirun");
-  topology->attach(backend->world());
+  auto backend_named = [&](const std::string& n) {
+    const auto* b = static_cast<const CommunicatorBackend*>(registry.find(ComponentKind::Communicator, n));
+    if (!b) throw UserError("[parallel] backend \"" + n + "\" is not a registered communicator (see `strata plugins`)");
+    return b;
+  };
+  // One host rank needs no MPI; several are bootstrapped by the mpi backend.
+  std::shared_ptr<Communicator> bootstrap = local_communicator();
+  if (env.world_size > 1) {
+    if (env.launcher == "torchrun")
+      throw UserError("started by torchrun, but the mpi bootstrap needs mpirun or srun; use strata run -n N or mpirun");
+    bootstrap = backend_named("mpi")->world(*bootstrap);
+  }
+  // A host-tensor job on one rank keeps the local communicator; device backends always start.
+  if (env.world_size == 1 && name == "mpi")
+    topology->attach(bootstrap);
+  else
+    topology->attach(name == "mpi" ? bootstrap : backend_named(name)->world(*bootstrap));
   return topology;
 }
 

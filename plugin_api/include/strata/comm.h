@@ -54,8 +54,10 @@ class STRATA_API CommunicatorBackend : public Component {
  public:
   using Component::Component;
   ~CommunicatorBackend() override;
-  // The communicator over all ranks of this job; called once per process.
-  virtual std::shared_ptr<Communicator> world() const = 0;
+  // The communicator over all ranks of this job; called once per process. `bootstrap` is a
+  // working communicator over the same ranks (the mpi backend's, or a one-rank local one) for
+  // backends that need to exchange setup data; the mpi backend ignores it.
+  virtual std::shared_ptr<Communicator> world(Communicator& bootstrap) const = 0;
 };
 
 }  // namespace strata

@@ -5,6 +5,6 @@
 
 namespace strata {
 
-std::shared_ptr<Communicator> local_communicator();
+STRATA_API std::shared_ptr<Communicator> local_communicator();
 
 }  // namespace strata
