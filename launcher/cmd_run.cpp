@@ -45,7 +45,13 @@ namespace {
 int run_train(const Args& args) {
   allow_only(args, {"--set", "--disable", "--out", "--resume", "-n", "--ranks"});
   const LaunchEnv env = detect_launch_env();
-  if (args.ranks > 1 && env.world_size == 1) relaunch_under_mpirun(args.argc, args.argv, args.ranks);
+  if (args.ranks > 1 && env.world_size == 1) {
+    // Check the strategy once here, so that bad input is reported once and starts no ranks.
+    ComponentRegistry registry;
+    LoadedPlan checked;
+    if (!load_plan(args, args.ranks, registry, checked)) return 2;
+    relaunch_under_mpirun(args.argc, args.argv, args.ranks);
+  }
   if (args.ranks > 1 && args.ranks != env.world_size)
     throw UserError("-n " + std::to_string(args.ranks) + " but the launcher started " + std::to_string(env.world_size) + " ranks");
   ComponentRegistry registry;
