@@ -126,10 +126,9 @@ class Tokens final : public DatasetFactory {
     } else {
       std::tie(train, val) = split_tail(map(path), c.get_float("val_fraction"));
     }
-    int64_t vocab = c.get_int("vocab_size");
-    auto data = std::make_unique<FixedWidthTokens>(width, vocab, train, val);
-    if (vocab == 0) vocab = scan_vocab(*data);
-    return std::make_unique<FixedWidthTokens>(width, vocab, train, val);
+    auto data = std::make_unique<FixedWidthTokens>(width, c.get_int("vocab_size"), train, val);
+    if (c.get_int("vocab_size") == 0) data = std::make_unique<FixedWidthTokens>(width, scan_vocab(*data), train, val);
+    return data;
   }
 
  private:
