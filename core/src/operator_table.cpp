@@ -84,6 +84,10 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
   return pick<CrossEntropy>(logits)(logits, targets);
 }
+void agd_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_diff_sq,
+                const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z, const AgdHyper& hyper) {
+  pick<AgdUpdate>(param)(param, grad, exp_avg, exp_avg_diff_sq, max_exp_avg_diff_sq, z, hyper);
+}
 
 }  // namespace ops
 }  // namespace strata

@@ -58,6 +58,44 @@ at::Tensor cross_entropy_reference(const at::Tensor& logits, const at::Tensor& t
   return at::cross_entropy_loss(logits.to(at::kFloat), targets);
 }
 
+// Written step for step from the formulas, one ATen operation each; the fused implementations
+// are tested against it.
+void agd_update_reference(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                          const at::Tensor& exp_avg_diff_sq, const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z,
+                          const ops::AgdHyper& h) {
+  at::NoGradGuard no_grad;
+  const double t = static_cast<double>(h.step);
+  const double c1 = 1.0 - std::pow(h.beta1, t), c1_prev = 1.0 - std::pow(h.beta1, t - 1), c2 = 1.0 - std::pow(h.beta2, t);
+  at::Tensor g = grad;
+  if (!h.win && h.weight_decay != 0) {
+    if (h.weight_decouple)
+      param.mul_(1.0 - (h.fixed_decay ? 1.0 : h.lr) * h.weight_decay);
+    else
+      g = grad + h.weight_decay * param;
+  }
+  at::Tensor m_prev = exp_avg.clone();
+  exp_avg.mul_(h.beta1).add_(g, 1.0 - h.beta1);
+  at::Tensor s = exp_avg * (1.0 / c1);
+  if (h.step > 1) s.sub_(m_prev * (1.0 / c1_prev));
+  exp_avg_diff_sq.mul_(h.beta2).addcmul_(s, s, 1.0 - h.beta2);
+  at::Tensor b = exp_avg_diff_sq;
+  if (h.amsgrad) {
+    at::Tensor running_max = max_exp_avg_diff_sq;
+    at::maximum_out(running_max, running_max, exp_avg_diff_sq);
+    b = max_exp_avg_diff_sq;
+  }
+  at::Tensor u = exp_avg / b.sqrt().clamp_min_(h.delta * std::sqrt(c2));
+  if (h.clip > 0) u.clamp_(-h.clip, h.clip);
+  const double a = h.lr * std::sqrt(c2) / c1;
+  if (!h.win) {
+    param.sub_(u, a);
+    return;
+  }
+  z.sub_(u, a).div_(1.0 + h.weight_decay * a);
+  const double tau = 1.0 / (3.0 + 2.0 * a * h.weight_decay);
+  param.mul_(tau).sub_(u, 2.0 * tau * a).add_(z, 2.0 * tau);
+}
+
 template <class Op>
 const ops::OperatorImplBase* reference(const char* summary, typename Op::Fn fn) {
   static const ops::OperatorImpl<Op> impl(std::string(Op::name) + ".reference", summary, fn, {}, 0);
@@ -84,6 +122,7 @@ void OperatorTable::reset() {
            reference<ops::SwiGlu>("silu(gate) * up", swiglu_reference),
            reference<ops::Rope>("rotary embedding, rotate-half layout", rope_reference),
            reference<ops::CrossEntropy>("mean cross entropy in fp32", cross_entropy_reference),
+           reference<ops::AgdUpdate>("AGD step, one ATen operation per formula line", agd_update_reference),
        })
     table_[impl->op()].push_back(impl);
 }

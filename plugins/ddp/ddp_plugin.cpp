@@ -155,9 +155,11 @@ class DdpPass final : public Pass {
       for (auto& b : job.model->buffers()) comm.broadcast(b, 0)->wait();
     }
     reducer->install_hooks();
-    job.add_hook(HookPoint::BeforeForward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.micro + 1 == c.micro_count); });
+    job.add_hook(HookPoint::BeforeForward, [reducer](StepContext& c) {
+      reducer->begin_micro_batch(c.sync_gradients && c.micro + 1 == c.micro_count);
+    });
     job.add_hook(HookPoint::AfterBackward, [reducer](StepContext& c) {
-      if (c.micro + 1 == c.micro_count) c.metrics.emplace_back("ddp_exposed_comm_ms", reducer->finish());
+      if (c.sync_gradients && c.micro + 1 == c.micro_count) c.metrics.emplace_back("ddp_exposed_comm_ms", reducer->finish());
     });
     job.gradient_sync_pass = "ddp";
   }

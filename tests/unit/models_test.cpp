@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "strata/core/plugin_loader.h"
+#include "bundled_plugins.h"
 #include "strata/errors.h"
 #include "strata/interchange.h"
 #include "strata/safetensors.h"
@@ -17,24 +17,8 @@
 namespace strata {
 namespace {
 
-const ComponentRegistry& bundled() {
-  static ComponentRegistry* registry = [] {
-    auto* r = new ComponentRegistry();
-    PluginLoader(*r).load_search_path({installed_plugin_dir()});
-    return r;
-  }();
-  return *registry;
-}
-
-// The component's defaults with some keys replaced.
-Config config_for(const Component& component, const std::map<std::string, Value>& values) {
-  Config config;
-  for (const auto& spec : component.info().schema.keys()) {
-    auto it = values.find(spec.key);
-    config.set(spec.key, Config::Entry{it != values.end() ? it->second : *spec.default_value, Origin::Default, {}});
-  }
-  return config;
-}
+using test::bundled;
+using test::config_for;
 
 std::shared_ptr<nn::Model> make(const std::string& name, const std::map<std::string, Value>& values) {
   const auto* factory = dynamic_cast<const ModelFactory*>(bundled().find(ComponentKind::Model, name));

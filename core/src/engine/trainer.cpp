@@ -252,6 +252,22 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   const auto* optimizer_factory = static_cast<const OptimizerFactory*>(plan.optimizer_component);
   job.make_optimizer = [&](std::vector<ParamGroup> groups) { return optimizer_factory->create(std::move(groups), plan.optimizer); };
 
+  job.compute_gradients = [&job, seq_len = job.model->seq_len(), vocab = job.model->vocab_size()](StepContext& context) {
+    double loss_sum = 0;
+    const int64_t micro_count = static_cast<int64_t>(context.batches.size());
+    for (int64_t micro = 0; micro < micro_count; ++micro) {
+      context.micro = micro;
+      const at::Tensor& batch = context.batches[static_cast<size_t>(micro)];
+      job.run_hooks(HookPoint::BeforeForward, context);
+      at::Tensor logits = job.model->forward(batch.narrow(1, 0, seq_len));
+      context.loss = ops::cross_entropy(logits.reshape({-1, vocab}), batch.narrow(1, 1, seq_len).reshape(-1));
+      job.run_hooks(HookPoint::AfterForward, context);
+      (context.loss / static_cast<double>(micro_count)).backward();
+      job.run_hooks(HookPoint::AfterBackward, context);
+      loss_sum += context.loss.item<double>();
+    }
+    return loss_sum / static_cast<double>(micro_count);
+  };
   for (size_t i : order) plan.passes[i].pass->apply(job, plan.passes[i].config);
   if (topology->size(Dim::Data) > 1 && job.gradient_sync_pass.empty())
     throw UserError("[parallel] has " + std::to_string(topology->size(Dim::Data)) +
@@ -332,25 +348,17 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     StepContext context;
     context.step = step;
     context.micro_count = micro_count;
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < micro_count; ++micro) {
-      context.micro = micro;
-      at::Tensor batch = sampler.next_train(micro_batch * dp).narrow(0, dp_rank * micro_batch, micro_batch).to(device);
-      job.run_hooks(HookPoint::BeforeForward, context);
-      at::Tensor logits = job.model->forward(batch.narrow(1, 0, seq_len));
-      context.loss = ops::cross_entropy(logits.reshape({-1, vocab}), batch.narrow(1, 1, seq_len).reshape(-1));
-      job.run_hooks(HookPoint::AfterForward, context);
-      (context.loss / static_cast<double>(micro_count)).backward();
-      job.run_hooks(HookPoint::AfterBackward, context);
-      loss_sum += context.loss.item<double>();
-    }
+    for (int64_t micro = 0; micro < micro_count; ++micro)
+      context.batches.push_back(sampler.next_train(micro_batch * dp).narrow(0, dp_rank * micro_batch, micro_batch).to(device));
+    const double local_loss = job.compute_gradients(context);
     const double grad_norm = clip_gradients(params, plan.optimizer.get_float("grad_clip"));
     const double lr = schedule.at(step);
+    context.lr = lr;
     job.run_hooks(HookPoint::BeforeStep, context);
     if (!context.skip_step) optimizer->step(lr);
     job.run_hooks(HookPoint::AfterStep, context);
 
-    at::Tensor mean_loss = at::tensor(loss_sum / static_cast<double>(micro_count), at::kDouble);
+    at::Tensor mean_loss = at::tensor(local_loss, at::kDouble);
     topology->group(Dim::Data).all_reduce(mean_loss, ReduceOp::Avg)->wait();
     engine::StepRecord record;
     record.step = step;

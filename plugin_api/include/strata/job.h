@@ -26,6 +26,13 @@ struct StepContext {
   int64_t micro_count = 1;   // micro-batches per step (gradient accumulation)
   at::Tensor loss;           // the micro-batch loss, set from AfterForward on
   bool skip_step = false;    // set by a hook to skip the optimizer update (e.g. non-finite grads)
+  // This rank's micro-batches of the step ([micro_batch, seq_len + 1] tokens each, on the job's
+  // device), read before the gradients are computed so a pass may run them more than once.
+  std::vector<at::Tensor> batches;
+  // False while a pass computes gradients it will synchronise itself (WSAM's local gradient);
+  // the gradient-sync pass then leaves this backward alone.
+  bool sync_gradients = true;
+  double lr = 0.0;  // the step's learning rate, set from BeforeStep on
   // Per-step figures a pass reports; they go into the step's metrics.jsonl object.
   std::vector<std::pair<std::string, double>> metrics;
 };
@@ -62,6 +69,11 @@ class STRATA_API Job {
   std::string gradient_sync_pass;
   // Builds the optimizer once passes are applied; a pass may wrap it (sharding, WSAM).
   std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>)> make_optimizer;
+
+  // Computes the step's gradients: forward and backward over context.batches with the hooks, and
+  // returns this rank's mean loss. Core sets it before passes apply; a pass that changes the step
+  // program wraps it (WSAM runs it twice).
+  std::function<double(StepContext&)> compute_gradients;
 
   void add_hook(HookPoint point, StepHook hook);
   void run_hooks(HookPoint point, StepContext& context) const;

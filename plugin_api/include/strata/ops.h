@@ -48,6 +48,21 @@ struct CrossEntropy {  // logits [N, V], targets [N] int64 -> mean loss (fp32)
   using Fn = at::Tensor (*)(const at::Tensor& logits, const at::Tensor& targets);
 };
 
+// Hyperparameters of one AGD update (docs/optimizers.md has the rule). clip <= 0: no clamp.
+struct AgdHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, delta = 1e-5, weight_decay = 0.0, clip = 0.0;
+  int64_t step = 1;  // t, counted from 1
+  bool weight_decouple = true, fixed_decay = false, amsgrad = false, win = false;
+};
+// One AGD step of one parameter, in place. max_exp_avg_diff_sq is used with amsgrad and z with
+// win; pass undefined tensors otherwise. All tensors have the parameter's shape and dtype.
+struct AgdUpdate {
+  static constexpr const char* name = "agd_update";
+  using Fn = void (*)(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_diff_sq, const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z,
+                      const AgdHyper& hyper);
+};
+
 STRATA_API at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                 const std::optional<at::Tensor>& additive_mask = std::nullopt);
 STRATA_API at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -58,6 +73,9 @@ STRATA_API at::Tensor gelu(const at::Tensor& x);
 STRATA_API at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 STRATA_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 STRATA_API at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
+STRATA_API void agd_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                           const at::Tensor& exp_avg_diff_sq, const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z,
+                           const AgdHyper& hyper);
 
 // Where an implementation applies. Empty lists mean "any".
 struct Support {
