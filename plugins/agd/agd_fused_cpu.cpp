@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 
 namespace strata::agd {
 namespace {
@@ -18,7 +20,7 @@ template <class T>
 struct Coefficients {
   T decay, coupled_decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_c1, inv_c1_prev, floor, clip, a, z_divisor,
       tau, two_tau_a, two_tau;
-  bool first, coupled, amsgrad, win, clipped;
+  bool coupled, clipped;
 
   explicit Coefficients(const ops::AgdHyper& h) {
     const double t = static_cast<double>(h.step);
@@ -32,15 +34,12 @@ struct Coefficients {
     beta2 = static_cast<T>(h.beta2);
     one_minus_beta2 = static_cast<T>(1.0 - h.beta2);
     inv_c1 = static_cast<T>(1.0 / c1);
-    first = h.step <= 1;
-    inv_c1_prev = static_cast<T>(first ? 0.0 : 1.0 / c1_prev);
+    inv_c1_prev = static_cast<T>(h.step <= 1 ? 0.0 : 1.0 / c1_prev);  // m_prev is zero at t = 1
     floor = static_cast<T>(h.delta * std::sqrt(c2));
     clipped = h.clip > 0;
     clip = static_cast<T>(h.clip);
     const double step_size = h.lr * std::sqrt(c2) / c1;
     a = static_cast<T>(step_size);
-    amsgrad = h.amsgrad;
-    win = h.win;
     z_divisor = static_cast<T>(1.0 + h.weight_decay * step_size);
     const double t_win = 1.0 / (3.0 + 2.0 * step_size * h.weight_decay);
     tau = static_cast<T>(t_win);
@@ -49,33 +48,43 @@ struct Coefficients {
   }
 };
 
-template <class T>
-void update_range(T* p, const T* g, T* m, T* b, T* b_max, T* z, int64_t begin, int64_t end, const Coefficients<T>& c) {
+// Options that would otherwise branch per element are template arguments; the others are
+// folded into constants that leave the arithmetic exact (a zero coupled decay adds 0, an
+// infinite clip clamps nothing), so the loop body is branch-free and vectorises.
+template <class T, bool Amsgrad, bool Win>
+void update_range(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict b, T* __restrict b_max,
+                  T* __restrict z, int64_t begin, int64_t end, const Coefficients<T>& c) {
+  const T coupled_decay = c.coupled ? c.coupled_decay : T(0);
+  const T clip = c.clipped ? c.clip : std::numeric_limits<T>::infinity();
   for (int64_t i = begin; i < end; ++i) {
-    T grad = g[i];
     T param = p[i];
-    if (c.coupled) grad = grad + c.coupled_decay * param;
+    const T grad = g[i] + coupled_decay * param;
     param = param * c.decay;
     const T m_prev = m[i];
     const T m_new = m_prev * c.beta1 + c.one_minus_beta1 * grad;
-    T s = m_new * c.inv_c1;
-    if (!c.first) s = s - m_prev * c.inv_c1_prev;
+    const T s = m_new * c.inv_c1 - m_prev * c.inv_c1_prev;
     const T b_new = b[i] * c.beta2 + c.one_minus_beta2 * (s * s);
     m[i] = m_new;
     b[i] = b_new;
     T b_used = b_new;
-    if (c.amsgrad) b_used = b_max[i] = std::max(b_max[i], b_new);
-    T u = m_new / std::max(std::sqrt(b_used), c.floor);
-    if (c.clipped) u = std::min(std::max(u, -c.clip), c.clip);
-    if (c.win) {
+    if constexpr (Amsgrad) b_used = b_max[i] = std::max(b_max[i], b_new);
+    const T root = std::sqrt(b_used);
+    const T u = std::min(std::max(m_new / std::max(root, c.floor), -clip), clip);
+    if constexpr (Win) {
       const T z_new = (z[i] - c.a * u) / c.z_divisor;
       z[i] = z_new;
-      param = param * c.tau - c.two_tau_a * u + c.two_tau * z_new;
+      p[i] = param * c.tau - c.two_tau_a * u + c.two_tau * z_new;
     } else {
-      param = param - c.a * u;
+      p[i] = param - c.a * u;
     }
-    p[i] = param;
   }
+}
+
+template <class T, bool Amsgrad, bool Win>
+void update_all(T* p, const T* g, T* m, T* b, T* b_max, T* z, int64_t n, const Coefficients<T>& c) {
+  at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) {
+    update_range<T, Amsgrad, Win>(p, g, m, b, b_max, z, begin, end, c);
+  });
 }
 
 template <class T>
@@ -85,7 +94,11 @@ void update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& m
   auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
   T *p = ptr(param), *mp = ptr(m), *bp = ptr(b), *bmp = ptr(b_max), *zp = ptr(z);
   const T* gp = ptr(grad);
-  at::parallel_for(0, param.numel(), 32768, [&](int64_t begin, int64_t end) { update_range(p, gp, mp, bp, bmp, zp, begin, end, c); });
+  const int64_t n = param.numel();
+  if (hyper.amsgrad)
+    hyper.win ? update_all<T, true, true>(p, gp, mp, bp, bmp, zp, n, c) : update_all<T, true, false>(p, gp, mp, bp, bmp, zp, n, c);
+  else
+    hyper.win ? update_all<T, false, true>(p, gp, mp, bp, bmp, zp, n, c) : update_all<T, false, false>(p, gp, mp, bp, bmp, zp, n, c);
 }
 
 }  // namespace

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# resume_test.sh STRATA STRATEGY WORKDIR [RANKS]
+# resume_test.sh STRATA STRATEGY WORKDIR [RANKS [EXTRA --set ...]]
 # Trains 12 steps uninterrupted; then "interrupts" a copy after its step-4 checkpoint (removing
 # the later ones), corrupts one later checkpoint in a second copy, resumes both, and requires
 # every step's loss in metrics.jsonl to equal the uninterrupted run's, bit for bit.
 set -euo pipefail
 strata=$1 strategy=$2 work=$3 ranks=${4:-1}
+shift $(( $# < 4 ? $# : 4 ))
 run() { "$strata" run -n "$ranks" "$@"; }
 rm -rf "$work" && mkdir -p "$work"
 small=(--set job.steps=12 --set job.checkpoint_every=4 --set job.eval_every=6 --set job.log_every=4
        --set job.global_batch=4 --set job.micro_batch=2 --set job.threads=1
-       --set model.n_layer=1 --set model.seq_len=32 --set model.dropout=0.1)
+       --set model.n_layer=1 --set model.seq_len=32 --set model.dropout=0.1 "$@")
 run "$strategy" --out "$work/full" "${small[@]}"
 losses() { sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1"; }
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# compare_runs.sh STRATA WORKDIR MODE TOLERANCE -- RUN_A_ARGS... -- RUN_B_ARGS...
+# Runs `strata run` twice (each with its own --out) and compares the per-step losses in
+# metrics.jsonl. MODE "same": every step's relative difference must be <= TOLERANCE (0 = bit
+# for bit). MODE "differ": the trajectories must differ by more than TOLERANCE somewhere (to show
+# that an option changes training at all).
+set -euo pipefail
+strata=$1 work=$2 mode=$3 tolerance=$4
+shift 4
+[[ $1 == -- ]] || { echo "usage: compare_runs.sh STRATA WORKDIR MODE TOL -- A... -- B..." >&2; exit 2; }
+shift
+a=() b=()
+while [[ $# -gt 0 && $1 != -- ]]; do a+=("$1"); shift; done
+shift
+b=("$@")
+rm -rf "$work" && mkdir -p "$work"
+"$strata" run "${a[@]}" --out "$work/a" > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
+"$strata" run "${b[@]}" --out "$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
+losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$1/metrics.jsonl"; }
+paste <(losses "$work/a") <(losses "$work/b") | awk -v mode="$mode" -v tol="$tolerance" '
+  { d = $1 - $2; if (d < 0) d = -d; rel = d / ($1 < 0 ? -$1 : $1); if (rel > worst) worst = rel; n++ }
+  END { printf "%d steps, worst relative loss difference %.3e (%s, tolerance %g)\n", n, worst, mode, tol;
+        if (n < 5) exit 1
+        if (mode == "same" && worst > tol) exit 1
+        if (mode == "differ" && worst <= tol) exit 1 }'
