@@ -1,9 +1,14 @@
 # strata_add_plugin(NAME SOURCES file... [OUTPUT_DIRECTORY dir])
 #
-# Builds strata_plugin_NAME.so, the file name the loader looks for. Symbols are hidden except
-# the entry point the STRATA_PLUGIN macro declares; undefined symbols fail the link instead of
-# the load. Inside the Strata tree it links strata_core; elsewhere Strata::core from
-# find_package(Strata).
+# Builds strata_plugin_NAME.so, the file name the loader looks for, as a module that links
+# Strata's core and libtorch (C++20, position-independent). Symbols are hidden except the entry
+# point that STRATA_PLUGIN(...) defines; that macro stamps the descriptor with the plugin ABI,
+# libtorch and C++ ABI versions this build sees, which the loader checks before anything else.
+# Undefined symbols fail the link instead of the load.
+#
+# Inside the Strata tree it links strata_core, reuses the libtorch precompiled header, and
+# installs bundled plugins (those without OUTPUT_DIRECTORY) next to the core library; elsewhere
+# it links Strata::core from find_package(Strata) and installs nothing.
 function(strata_add_plugin name)
   cmake_parse_arguments(ARG "" "OUTPUT_DIRECTORY" "SOURCES" ${ARGN})
   if(NOT ARG_SOURCES)
@@ -14,6 +19,10 @@ function(strata_add_plugin name)
   if(TARGET strata_core)
     target_link_libraries(${target} PRIVATE strata_core)
     strata_use_torch_pch(${target})
+    if(NOT ARG_OUTPUT_DIRECTORY)
+      install(TARGETS ${target} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/strata/plugins)
+      set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/../..")
+    endif()
   else()
     target_link_libraries(${target} PRIVATE Strata::core)
   endif()
@@ -27,6 +36,7 @@ function(strata_add_plugin name)
   set_target_properties(${target} PROPERTIES
     PREFIX ""
     OUTPUT_NAME strata_plugin_${name}
+    POSITION_INDEPENDENT_CODE ON
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON
     LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIRECTORY})

@@ -1,0 +1,72 @@
+// Helpers for testing a plugin against an installed Strata (target Strata::testing): load
+// plugins into a registry, build configs for components, and train a small strategy in process.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/component_registry.h"
+#include "strata/core/operator_table.h"
+#include "strata/core/pass_manager.h"
+#include "strata/core/plugin_loader.h"
+#include "strata/core/strategy.h"
+#include "strata/core/trainer.h"
+#include "strata/errors.h"
+
+namespace strata::testing {
+
+// Strata's bundled plugins, then every plugin library found in `dirs` (a directory or a file).
+inline std::unique_ptr<ComponentRegistry> load_plugins(const std::vector<std::filesystem::path>& dirs) {
+  auto registry = std::make_unique<ComponentRegistry>();
+  std::vector<std::filesystem::path> path{installed_plugin_dir()};
+  path.insert(path.end(), dirs.begin(), dirs.end());
+  PluginLoader(*registry).load_search_path(path);
+  return registry;
+}
+
+// The component registered under `name`, as its interface type; a UserError if it is missing.
+template <class T>
+const T& component(const ComponentRegistry& registry, ComponentKind kind, const std::string& name) {
+  const auto* found = dynamic_cast<const T*>(registry.find(kind, name));
+  if (!found) throw UserError(std::string(component_kind_name(kind)) + " '" + name + "' is not registered");
+  return *found;
+}
+
+// A config for `c` holding its schema's defaults with `values` replacing some of them. Keys
+// without a default (required ones) must be given.
+inline Config config_for(const Component& c, const std::map<std::string, Value>& values = {}) {
+  Config config;
+  for (const auto& spec : c.info().schema.keys()) {
+    auto it = values.find(spec.key);
+    if (it == values.end() && !spec.default_value) throw UserError("config_for: required key '" + spec.key + "' not given");
+    config.set(spec.key, Config::Entry{it != values.end() ? it->second : *spec.default_value, Origin::Default, {}});
+  }
+  for (const auto& [key, value] : values)
+    if (!c.info().schema.find(key)) throw UserError("config_for: '" + c.name() + "' has no key '" + key + "'");
+  return config;
+}
+
+// Trains `strategy_toml` (the text of a strategy file) in this process, as `strata run --out
+// out_dir --set ...` would on one rank. Plugins in `plugin_dirs` are loaded as with plugin_path.
+inline RunSummary train(const std::string& strategy_toml, const std::filesystem::path& out_dir,
+                        const std::vector<std::filesystem::path>& plugin_dirs = {}, const StringList& sets = {},
+                        const StringList& disables = {}) {
+  Diagnostics diagnostics;
+  RawStrategy raw = parse_strategy_text(strategy_toml, "<test strategy>", diagnostics);
+  if (diagnostics.ok()) apply_overrides(raw, sets, disables, diagnostics);
+  if (!diagnostics.ok()) throw UserError(diagnostics.str());
+  auto registry = load_plugins(plugin_dirs);
+  ResolvedStrategy plan = resolve_strategy(raw, *registry, 1, diagnostics);
+  std::vector<size_t> order = diagnostics.ok() ? order_passes(plan.passes, diagnostics) : std::vector<size_t>{};
+  if (!diagnostics.ok()) throw UserError(diagnostics.str());
+  // Training installs the registry's operators in the process-wide table; they die with it.
+  struct ResetOperators {
+    ~ResetOperators() { OperatorTable::global().reset(); }
+  } reset;
+  return run_training(plan, order, *registry, RunOptions{out_dir, false});
+}
+
+}  // namespace strata::testing

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# out_of_tree_test.sh BUILD_DIR SOURCE_DIR WORK
+# What a third party does: install Strata into a fresh prefix, copy sdk/template elsewhere,
+# build it with find_package(Strata), train with it loaded, then with it switched off; build
+# the sdk/examples the same way and run their tests (which use Strata::testing).
+set -euo pipefail
+build=$1 src=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+strata=$work/prefix/bin/strata
+launcher=()
+command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+build_plugin() {  # DIR: configure and build against the installed prefix only
+  local dir=$1
+  cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" "${launcher[@]}" \
+    > "$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+  cmake --build "$dir/build" > "$dir.build.log" 2>&1 || { cat "$dir.build.log"; exit 1; }
+}
+
+cp -r "$src/sdk/template" "$work/template"
+build_plugin "$work/template"
+cd "$work/template"
+"$strata" plugins | grep -q "template 0.1.0" && { echo "the template plugin must not be on the default path"; exit 1; }
+"$strata" run strategy.toml --out runs/on > on.log
+grep -q '"param_norm":' runs/on/metrics.jsonl || { echo "template pass did not run"; cat on.log; exit 1; }
+"$strata" plan strategy.toml --set pass.template_pass.enabled=false | grep -q "^Disabled: template_pass"
+"$strata" run strategy.toml --out runs/off --set pass.template_pass.enabled=false > off.log
+if grep -q '"param_norm":' runs/off/metrics.jsonl; then echo "disabled template pass still ran"; exit 1; fi
+echo "template: built out of tree, trained with it on (param_norm reported) and off"
+
+for example in ema fast_gelu; do
+  cp -r "$src/sdk/examples/$example" "$work/$example"
+  build_plugin "$work/$example"
+  ctest --test-dir "$work/$example/build" --output-on-failure > "$work/$example.test.log" 2>&1 || { cat "$work/$example.test.log"; exit 1; }
+  echo "example $example: built out of tree, its tests pass"
+done
