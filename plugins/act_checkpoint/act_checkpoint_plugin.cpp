@@ -1,9 +1,86 @@
-// Activation checkpointing: recompute selected blocks in backward instead of storing activations.
-#include "strata/not_built.h"
+// Activation checkpointing: selected blocks run without keeping their intermediate activations;
+// backward runs the block's forward again (with the random number generators rewound, so
+// dropout draws the same masks) and differentiates that. Only each block's input is kept.
+#include <atomic>
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
 #include "strata/plugin.h"
 
 namespace strata::act_checkpoint {
 namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The generators a block may draw from on `device`: the CPU one, and the device's own.
+std::vector<at::Generator> generators_for(const c10::Device& device) {
+  std::vector<at::Generator> out{at::globalContext().defaultGenerator(c10::Device(c10::kCPU))};
+  if (!device.is_cpu()) out.push_back(at::globalContext().defaultGenerator(device));
+  return out;
+}
+
+std::vector<at::Tensor> trainable_parameters(nn::Block& block) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : block.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+class Recompute : public torch::autograd::Function<Recompute> {
+ public:
+  // `params` are the block's parameters: passed as a TensorList, each one is an input of this
+  // node, so their gradients flow through it.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, nn::Block* block, std::atomic<int64_t>* recomputed,
+                            at::TensorList params) {
+    ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
+    ctx->saved_data["recomputed"] = reinterpret_cast<int64_t>(recomputed);
+    std::vector<at::Tensor> states;
+    for (auto& generator : generators_for(x.device())) states.push_back(generator.get_state());
+    ctx->saved_data["rng"] = c10::List<at::Tensor>(states);
+    ctx->save_for_backward({x});
+    return block->forward(x);  // autograd is off inside Function::forward: nothing is recorded
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    auto* block = reinterpret_cast<nn::Block*>(ctx->saved_data["block"].toInt());
+    std::vector<at::Generator> generators = generators_for(x.device());
+    const auto saved_states = ctx->saved_data["rng"].toTensorList();
+    // Replay the forward's random numbers, then leave the generators where backward found them.
+    std::vector<at::Tensor> now;
+    for (size_t i = 0; i < generators.size(); ++i) {
+      now.push_back(generators[i].get_state());
+      generators[i].set_state(saved_states.get(i));
+    }
+    at::Tensor input = x.detach().requires_grad_(x.requires_grad());
+    at::Tensor output;
+    {
+      at::AutoGradMode enable(true);
+      output = block->forward(input);
+    }
+    for (size_t i = 0; i < generators.size(); ++i) generators[i].set_state(now[i]);
+    ++*reinterpret_cast<std::atomic<int64_t>*>(ctx->saved_data["recomputed"].toInt());
+
+    variable_list wrt;
+    if (input.requires_grad()) wrt.push_back(input);
+    std::vector<at::Tensor> params = trainable_parameters(*block);
+    for (const auto& p : params) wrt.push_back(p);
+    variable_list grads = torch::autograd::grad({output}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
+                                                /*create_graph=*/false, /*allow_unused=*/true);
+    // One gradient per forward input: x, the block and counter pointers (none), each parameter.
+    variable_list out;
+    size_t next = 0;
+    out.push_back(input.requires_grad() ? grads[next++] : at::Tensor());
+    out.push_back(at::Tensor());
+    out.push_back(at::Tensor());
+    for (size_t i = 0; i < params.size(); ++i) out.push_back(grads[next++]);
+    return out;
+  }
+};
 
 class ActCheckpointPass final : public Pass {
  public:
@@ -15,7 +92,31 @@ class ActCheckpointPass final : public Pass {
                   .integer("every", 1, "Checkpoint every k-th matching block", at_least(1))},
              {Phase::Wrapping, {}, {}, {}, {"fsdp", "ddp", "zero1", "zero2"}}) {}
 
-  void apply(Job&, const Config&) const override { fail_not_built("pass 'act_checkpoint'"); }
+  void apply(Job& job, const Config& config) const override {
+    std::vector<size_t> matching = job.model->find_blocks(config.get_strings("blocks"));
+    if (matching.empty())
+      throw UserError("pass 'act_checkpoint': no block of the model matches blocks = [" + join(config.get_strings("blocks")) + "]");
+    const auto every = static_cast<size_t>(config.get_int("every"));
+    // Counts recomputations, reported per step as "recomputed_blocks" in metrics.jsonl.
+    auto recomputed = std::make_shared<std::atomic<int64_t>>(0);
+    for (size_t k = 0; k < matching.size(); k += every)
+      job.model->set_executor(matching[k], [recomputed](nn::Block& block, const at::Tensor& x) {
+        // Nothing to save memory for without autograd (evaluation) or without parameters.
+        if (!at::GradMode::is_enabled()) return block.forward(x);
+        const std::vector<at::Tensor> params = trainable_parameters(block);
+        return Recompute::apply(x, &block, recomputed.get(), at::TensorList(params));
+      });
+    job.add_hook(HookPoint::AfterStep, [recomputed](StepContext& context) {
+      context.metrics.emplace_back("recomputed_blocks", static_cast<double>(recomputed->exchange(0)));
+    });
+  }
+
+ private:
+  static std::string join(const StringList& list) {
+    std::string out;
+    for (const auto& s : list) out += (out.empty() ? "\"" : ", \"") + s + "\"";
+    return out;
+  }
 };
 
 void register_components(Registry& registry) { registry.add(std::make_unique<ActCheckpointPass>()); }
@@ -23,4 +124,4 @@ void register_components(Registry& registry) { registry.add(std::make_unique<Act
 }  // namespace
 }  // namespace strata::act_checkpoint
 
-STRATA_PLUGIN("act_checkpoint", "0.1.0", strata::act_checkpoint::register_components)
+STRATA_PLUGIN("act_checkpoint", "0.2.0", strata::act_checkpoint::register_components)

@@ -3,7 +3,8 @@
 # Runs `strata run` twice (each with its own --out) and compares the per-step losses in
 # metrics.jsonl. MODE "same": every step's relative difference must be <= TOLERANCE (0 = bit
 # for bit). MODE "differ": the trajectories must differ by more than TOLERANCE somewhere (to show
-# that an option changes training at all).
+# that an option changes training at all). With B_METRICS_MATCH set, every line of run B's
+# metrics.jsonl must also match that extended regex (to show that B really used its option).
 set -euo pipefail
 strata=$1 work=$2 mode=$3 tolerance=$4
 shift 4
@@ -23,3 +24,7 @@ paste <(losses "$work/a") <(losses "$work/b") | awk -v mode="$mode" -v tol="$tol
         if (n < 5) exit 1
         if (mode == "same" && worst > tol) exit 1
         if (mode == "differ" && worst <= tol) exit 1 }'
+if [[ -n ${B_METRICS_MATCH:-} ]]; then
+  bad=$(grep -cvE -- "$B_METRICS_MATCH" "$work/b/metrics.jsonl" || true)
+  [[ $bad == 0 ]] || { echo "$bad lines of run B's metrics.jsonl do not match $B_METRICS_MATCH"; exit 1; }
+fi
