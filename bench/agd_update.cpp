@@ -16,6 +16,7 @@
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
 #include "strata/optimizer.h"
+#include "strata/testing.h"
 
 namespace {
 
@@ -27,15 +28,6 @@ std::vector<std::vector<int64_t>> gpt_shapes(int64_t layers, int64_t d, int64_t 
     for (auto s : std::vector<std::vector<int64_t>>{{d}, {d}, {3 * d, d}, {3 * d}, {d, d}, {d}, {d}, {d}, {4 * d, d}, {4 * d}, {d, 4 * d}, {d}})
       shapes.push_back(s);
   return shapes;
-}
-
-Config defaults(const Component& c, const std::map<std::string, Value>& values = {}) {
-  Config config;
-  for (const auto& spec : c.info().schema.keys()) {
-    auto it = values.find(spec.key);
-    config.set(spec.key, Config::Entry{it != values.end() ? it->second : *spec.default_value, Origin::Default, {}});
-  }
-  return config;
 }
 
 double median_step_ms(Optimizer& optimizer, int steps) {
@@ -78,7 +70,7 @@ int main(int argc, char** argv) {
     OperatorTable::global().reset();
     if (fused) OperatorTable::global().install(registry);
     const auto* factory = static_cast<const OptimizerFactory*>(registry.find(ComponentKind::Optimizer, optimizer_name));
-    auto optimizer = factory->create({group}, defaults(*factory, keys));
+    auto optimizer = factory->create({group}, testing::config_for(*factory, keys));
     median_step_ms(*optimizer, 3);  // warm up: first-touch of the state pages
     std::printf("{\"impl\": \"%s\", \"params\": %lld, \"tensors\": %zu, \"median_ms\": %.4f}\n", label.c_str(),
                 static_cast<long long>(numel), group.params.size(), median_step_ms(*optimizer, steps));
