@@ -4,24 +4,17 @@
 #include <atomic>
 
 #include <ATen/ATen.h>
-#include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "strata/plugin.h"
+#include "strata/rng.h"
 
 namespace strata::act_checkpoint {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The generators a block may draw from on `device`: the CPU one, and the device's own.
-std::vector<at::Generator> generators_for(const c10::Device& device) {
-  std::vector<at::Generator> out{at::globalContext().defaultGenerator(c10::Device(c10::kCPU))};
-  if (!device.is_cpu()) out.push_back(at::globalContext().defaultGenerator(device));
-  return out;
-}
 
 std::vector<at::Tensor> trainable_parameters(nn::Block& block) {
   std::vector<at::Tensor> out;
@@ -38,9 +31,7 @@ class Recompute : public torch::autograd::Function<Recompute> {
                             at::TensorList params) {
     ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
     ctx->saved_data["recomputed"] = reinterpret_cast<int64_t>(recomputed);
-    std::vector<at::Tensor> states;
-    for (auto& generator : generators_for(x.device())) states.push_back(generator.get_state());
-    ctx->saved_data["rng"] = c10::List<at::Tensor>(states);
+    ctx->saved_data["rng"] = c10::List<at::Tensor>(RngSnapshot(x.device()).states());
     ctx->save_for_backward({x});
     return block->forward(x);  // autograd is off inside Function::forward: nothing is recorded
   }
@@ -48,21 +39,16 @@ class Recompute : public torch::autograd::Function<Recompute> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor x = ctx->get_saved_variables()[0];
     auto* block = reinterpret_cast<nn::Block*>(ctx->saved_data["block"].toInt());
-    std::vector<at::Generator> generators = generators_for(x.device());
-    const auto saved_states = ctx->saved_data["rng"].toTensorList();
     // Replay the forward's random numbers, then leave the generators where backward found them.
-    std::vector<at::Tensor> now;
-    for (size_t i = 0; i < generators.size(); ++i) {
-      now.push_back(generators[i].get_state());
-      generators[i].set_state(saved_states.get(i));
-    }
+    const RngSnapshot now(x.device());
+    RngSnapshot(x.device(), ctx->saved_data["rng"].toTensorVector()).restore();
     at::Tensor input = x.detach().requires_grad_(x.requires_grad());
     at::Tensor output;
     {
       at::AutoGradMode enable(true);
       output = block->forward(input);
     }
-    for (size_t i = 0; i < generators.size(); ++i) generators[i].set_state(now[i]);
+    now.restore();
     ++*reinterpret_cast<std::atomic<int64_t>*>(ctx->saved_data["recomputed"].toInt());
 
     variable_list wrt;

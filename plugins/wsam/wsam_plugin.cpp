@@ -2,9 +2,9 @@
 // following ../shared/specs/optimizers.md as written up in docs/optimizers.md. It wraps the
 // job's gradient computation, so any registered optimizer is its base.
 #include <ATen/ATen.h>
-#include <ATen/Context.h>
 
 #include "strata/plugin.h"
+#include "strata/rng.h"
 
 namespace strata::wsam {
 namespace {
@@ -51,10 +51,7 @@ class Wsam {
   double compute(StepContext& context, const std::function<double(StepContext&)>& gradients_of) {
     // The second pass replays the first one's random numbers (dropout masks), so it measures the
     // same stochastic loss at the perturbed point and rho = 0 reproduces the base run exactly.
-    std::vector<at::Generator> generators{at::globalContext().defaultGenerator(c10::Device(c10::kCPU))};
-    if (!device_.is_cpu()) generators.push_back(at::globalContext().defaultGenerator(device_));
-    std::vector<at::Tensor> rng_states;
-    for (auto& generator : generators) rng_states.push_back(generator.get_state());
+    const RngSnapshot rng(device_);
     context.sync_gradients = !settings_.local;
     const double loss = gradients_of(context);
     context.sync_gradients = true;
@@ -76,7 +73,7 @@ class Wsam {
     at::Tensor flat;
     WorkPtr pending = settings_.local && group_.size() > 1 ? average(group_, g, flat) : nullptr;
 
-    for (size_t i = 0; i < generators.size(); ++i) generators[i].set_state(rng_states[i]);
+    rng.restore();
     {
       at::AutoGradMode enable(true);
       context.metrics.emplace_back("wsam_perturbed_loss", gradients_of(context));

@@ -1,4 +1,4 @@
-// The plugins built with Strata, loaded once per test binary, and configs for their components.
+// The plugins built with Strata, loaded once per test binary; configs come from strata/testing.h.
 #pragma once
 
 #include <map>
@@ -6,6 +6,7 @@
 
 #include "strata/core/component_registry.h"
 #include "strata/core/plugin_loader.h"
+#include "strata/testing.h"
 
 namespace strata::test {
 
@@ -18,14 +19,6 @@ inline const ComponentRegistry& bundled() {
   return *registry;
 }
 
-// The component's defaults with some keys replaced.
-inline Config config_for(const Component& component, const std::map<std::string, Value>& values) {
-  Config config;
-  for (const auto& spec : component.info().schema.keys()) {
-    auto it = values.find(spec.key);
-    config.set(spec.key, Config::Entry{it != values.end() ? it->second : *spec.default_value, Origin::Default, {}});
-  }
-  return config;
-}
+using testing::config_for;
 
 }  // namespace strata::test
