@@ -33,4 +33,10 @@ void Job::register_state(const std::string& key, std::shared_ptr<Stateful> state
     throw std::logic_error("state key '" + key + "' is registered twice");
 }
 
+void Job::replace_state(const std::string& key, std::shared_ptr<Stateful> state) {
+  auto it = states_.find(key);
+  if (it == states_.end()) throw std::logic_error("state key '" + key + "' is replaced before it is registered");
+  it->second = std::move(state);
+}
+
 }  // namespace strata

@@ -134,6 +134,7 @@ class Gpt final : public ModelFactory {
       model->add_block("h" + std::to_string(i), block);
     }
     model->add_block("head", std::make_shared<Head>(d, bias, embed->wte));
+    model->mark_shared("embed.wte.weight");
     model->set_attention_shape(n_layer, heads, d / heads);
     init_from(*model, *this, c);
     return model;

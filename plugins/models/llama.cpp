@@ -155,6 +155,7 @@ class Llama final : public ModelFactory {
     for (int64_t i = 0; i < n_layer; ++i) model->add_block("layers" + std::to_string(i), std::make_shared<DecoderLayer>(c, hidden));
     model->add_block("head", std::make_shared<Head>(d, vocab, c.get_float("norm_eps"),
                                                     c.get_bool("tie_embeddings") ? embed->embed_tokens : nullptr));
+    if (c.get_bool("tie_embeddings")) model->mark_shared("embed.embed_tokens.weight");
     model->set_attention_shape(n_layer, c.get_int("n_head"), d / c.get_int("n_head"));
     init_from(*model, *this, c);
     return model;

@@ -143,9 +143,10 @@ class WsamPass final : public Pass {
                           "Gradient the perturbation follows: each rank's own (m-sharpness, the paper's) or the data-parallel "
                           "average (then any rank count matches one process)",
                           {"local", "global"})},
-             // Sharded gradients never exist whole on a rank, and pipeline schedules run their
-             // own forward/backward, so neither can run WSAM's second pass.
-             {Phase::Schedule, {}, {"zero2", "fsdp"}, {"ddp"}, {}}) {}
+             // The sharding passes reduce every backward into buffers the base optimizer reads
+             // (and zero2/fsdp never hold whole gradients), and pipeline schedules run their own
+             // forward/backward, so none of them can run WSAM's second pass.
+             {Phase::Schedule, {}, {"zero1", "zero2", "fsdp"}, {"ddp"}, {}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("gamma") >= 1.0) diagnostics.error(section, "pass 'wsam': gamma must be below 1 (alpha = gamma / (1 - gamma))");

@@ -1,23 +1,112 @@
-// ZeRO stages 1 and 2: optimizer states (and gradients) sharded across the data-parallel group.
-#include "strata/not_built.h"
+// ZeRO stages 1 and 2: parameters grouped into buckets (flat units); in the last micro-batch's
+// backward each bucket's gradients are reduced as soon as they are all final, overlapping
+// backward. Each rank's optimizer updates only its chunk of every bucket, then the chunks are
+// all-gathered. Stage 1 all-reduces (every rank keeps the averaged gradient); stage 2
+// reduce-scatters (every rank keeps only its chunk of it).
+#include <chrono>
+
+#include <ATen/ATen.h>
+
+#include "../sharding/sharded_training.h"
 #include "strata/plugin.h"
 
 namespace strata::zero {
 namespace {
 
+using sharding::FlatUnit;
+using sharding::Units;
+
+// Buckets of at most `bucket_mb`, filled from the last parameter backwards (the order gradients
+// arrive in), one dtype each.
+Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, sharding::GradReduce reduce) {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const auto& p : model.named_parameters())
+    if (p.value().requires_grad()) params.emplace_back(p.key(), p.value());
+  const auto limit = static_cast<int64_t>(bucket_mb * 1024 * 1024);
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> groups;
+  int64_t bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    const at::Tensor& p = params[i].second;
+    const auto size = static_cast<int64_t>(p.nbytes());
+    if (groups.empty() || (bytes > 0 && bytes + size > limit) || groups.back().front().second.scalar_type() != p.scalar_type()) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(params[i]);
+    bytes += size;
+  }
+  Units units;
+  for (auto& group : groups)
+    units.push_back(std::make_shared<FlatUnit>("bucket" + std::to_string(units.size()), std::move(group), comm, reduce,
+                                               /*persistent_params=*/true));
+  return units;
+}
+
+// Reduces each bucket as soon as backward has finished all of its gradients.
+class BucketReducer {
+ public:
+  explicit BucketReducer(Units units) : units_(std::move(units)) {}
+
+  void begin_micro_batch(bool last) {
+    syncing_ = last;
+    if (last)
+      for (auto& unit : units_) unit->begin_backward();
+  }
+
+  void gradient_ready(size_t unit, size_t param) {
+    if (syncing_ && units_[unit]->mark_ready(param)) units_[unit]->start_reduce();
+  }
+
+  // Returns the milliseconds spent waiting for communication that backward did not hide.
+  double finish() {
+    for (auto& unit : units_)
+      if (!unit->complete()) {
+        unit->fill_missing_gradients();
+        unit->start_reduce();
+      }
+    const auto waiting = std::chrono::steady_clock::now();
+    for (auto& unit : units_) unit->wait_reduced();
+    syncing_ = false;
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
+  }
+
+ private:
+  Units units_;
+  bool syncing_ = false;
+};
+
 class ZeroPass final : public Pass {
  public:
   ZeroPass(int stage, std::string summary)
       : Pass({ComponentKind::Pass, "zero" + std::to_string(stage), std::move(summary),
-              Schema().real("bucket_mb", 25.0, "Communication bucket size in MiB", at_least(0.001))},
-             {Phase::Wrapping, {}, conflicts(stage), {}, {}}) {}
+              Schema().real("bucket_mb", 25.0, "Bucket size in MiB: the unit of gradient reduction and of sharding", at_least(0.001))},
+             {Phase::Wrapping, {}, conflicts(stage), {}, {}}),
+        stage_(stage) {}
 
-  void apply(Job&, const Config&) const override { fail_not_built("pass '" + name() + "'"); }
+  void apply(Job& job, const Config& config) const override {
+    Communicator& comm = job.topology->group(Dim::Data);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : job.model->parameters()) comm.broadcast(p, 0)->wait();
+      for (auto& b : job.model->buffers()) comm.broadcast(b, 0)->wait();
+    }
+    Units units = make_buckets(*job.model, comm, config.get_float("bucket_mb"),
+                               stage_ == 1 ? sharding::GradReduce::AllReduce : sharding::GradReduce::ReduceScatter);
+    auto reducer = std::make_shared<BucketReducer>(units);
+    sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
+    job.add_hook(HookPoint::BeforeForward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.micro + 1 == c.micro_count); });
+    job.add_hook(HookPoint::AfterBackward, [reducer](StepContext& c) {
+      if (c.micro + 1 == c.micro_count) c.metrics.emplace_back("zero_exposed_comm_ms", reducer->finish());
+    });
+    sharding::shard_training_state(job, units);
+    job.gradient_sync_pass = name();
+  }
 
  private:
   static StringList conflicts(int stage) {
     return stage == 1 ? StringList{"ddp", "zero2", "fsdp"} : StringList{"ddp", "zero1", "fsdp"};
   }
+  int stage_;
 };
 
 void register_components(Registry& registry) {
@@ -28,4 +117,4 @@ void register_components(Registry& registry) {
 }  // namespace
 }  // namespace strata::zero
 
-STRATA_PLUGIN("zero", "0.1.0", strata::zero::register_components)
+STRATA_PLUGIN("zero", "0.2.0", strata::zero::register_components)

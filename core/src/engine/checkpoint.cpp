@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
+#include <c10/util/accumulate.h>
 #include <nlohmann/json.hpp>
 
 #include "../sha256.h"
@@ -76,8 +78,8 @@ std::string shard_name(int rank) {
   return buf;
 }
 
-void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta, const NamedTensors& tensors, int64_t keep,
-                     Communicator& world) {
+void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta, const NamedTensors& tensors,
+                     const Slices& slices, int64_t keep, Communicator& world) {
   const std::string name = step_dir_name(meta.step);
   const fs::path staging = checkpoints_dir / (".tmp-" + name);
   const bool leader = world.rank() == 0;
@@ -87,7 +89,10 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
     fs::create_directories(staging);
   }
   world.barrier()->wait();
-  write_safetensors(staging / shard_name(world.rank()), tensors, {{"format", kFormat}, {"step", std::to_string(meta.step)}});
+  nlohmann::json slice_json = nlohmann::json::object();
+  for (const auto& [name, slice] : slices) slice_json[name] = {{"shape", slice.shape}, {"offset", slice.offset}};
+  write_safetensors(staging / shard_name(world.rank()), tensors,
+                    {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"slices", slice_json.dump()}});
   world.barrier()->wait();
   if (!leader) {
     world.barrier()->wait();  // until rank 0 has published it
@@ -100,7 +105,7 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
   }
   nlohmann::json manifest = {{"format", kFormat},
                              {"step", meta.step},
-                             {"config_hash", meta.config_hash},
+                             {"state_hash", meta.state_hash},
                              {"world_size", meta.world_size},
                              {"files", files}};
   write_text_durably(staging / "manifest.json", manifest.dump(2) + "\n");
@@ -138,29 +143,164 @@ std::optional<std::string> checkpoint_problem(const fs::path& dir) {
   return std::nullopt;
 }
 
-LoadedCheckpoint load_checkpoint(const fs::path& dir, int rank) {
-  if (auto problem = checkpoint_problem(dir)) throw UserError("checkpoint " + dir.string() + ": " + *problem);
-  nlohmann::json manifest = read_manifest(dir);
-  LoadedCheckpoint loaded;
+namespace {
+
+// One rank's file, read whole: its tensors and which of them are slices.
+struct RankFile {
+  NamedTensors tensors;
+  Slices slices;
+};
+
+RankFile read_rank_file(const fs::path& path) {
+  Metadata metadata;
+  RankFile file{read_safetensors(path, &metadata), {}};
+  auto it = metadata.find("slices");
+  if (it == metadata.end()) return file;
   try {
-    loaded.meta = {manifest.at("step").get<int64_t>(), manifest.at("config_hash").get<std::string>(),
-                   manifest.at("world_size").get<int64_t>()};
+    const nlohmann::json slices = nlohmann::json::parse(it->second);
+    for (const auto& [name, info] : slices.items())
+      file.slices[name] = Slice{info.at("shape").get<std::vector<int64_t>>(), info.at("offset").get<int64_t>()};
   } catch (const nlohmann::json::exception& e) {
-    throw UserError("checkpoint " + dir.string() + ": manifest.json lacks step, config_hash or world_size");
+    throw UserError(path.string() + ": its slices metadata is malformed: " + e.what());
   }
-  loaded.path = dir;
-  if (!manifest["files"].contains(shard_name(rank)))
-    throw UserError("checkpoint " + dir.string() + " has no shard for rank " + std::to_string(rank) + " (it was saved by " +
-                    std::to_string(loaded.meta.world_size) + " ranks)");
-  loaded.tensors = read_safetensors(dir / shard_name(rank));
-  return loaded;
+  for (const auto& [name, tensor] : file.tensors) {
+    auto s = file.slices.find(name);
+    if (s == file.slices.end()) continue;
+    const int64_t whole = c10::multiply_integers(s->second.shape);
+    if (s->second.offset < 0 || s->second.offset + tensor.numel() > whole)
+      throw UserError(path.string() + ": tensor '" + name + "' claims elements past the end of its whole tensor");
+  }
+  return file;
 }
 
-std::optional<LoadedCheckpoint> load_newest_valid_checkpoint(const fs::path& checkpoints_dir, int rank,
-                                                             const std::function<void(const std::string&)>& warn) {
+std::string shape_text(c10::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// Element ranges [begin, end) of the flattened whole tensor that a request has received.
+class Coverage {
+ public:
+  void add(int64_t begin, int64_t end) {
+    ranges_.emplace_back(begin, end);
+    std::sort(ranges_.begin(), ranges_.end());
+    std::vector<std::pair<int64_t, int64_t>> merged;
+    for (const auto& r : ranges_)
+      if (!merged.empty() && r.first <= merged.back().second)
+        merged.back().second = std::max(merged.back().second, r.second);
+      else
+        merged.push_back(r);
+    ranges_ = std::move(merged);
+  }
+  bool covers(int64_t begin, int64_t end) const {
+    return begin == end || (ranges_.size() == 1 && ranges_[0].first <= begin && ranges_[0].second >= end);
+  }
+  int64_t covered() const {
+    int64_t n = 0;
+    for (const auto& r : ranges_) n += r.second - r.first;
+    return n;
+  }
+
+ private:
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+};
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const fs::path& dir) {
+  if (auto problem = checkpoint_problem(dir)) throw UserError("checkpoint " + dir.string() + ": " + *problem);
+  nlohmann::json manifest = read_manifest(dir);
+  Checkpoint checkpoint;
+  try {
+    checkpoint.meta_ = {manifest.at("step").get<int64_t>(), manifest.at("state_hash").get<std::string>(),
+                        manifest.at("world_size").get<int64_t>()};
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("checkpoint " + dir.string() + ": manifest.json lacks step, state_hash or world_size");
+  }
+  checkpoint.dir_ = dir;
+  for (int r = 0; r < checkpoint.meta_.world_size; ++r) {
+    if (!manifest["files"].contains(shard_name(r)))
+      throw UserError("checkpoint " + dir.string() + ": manifest.json lists no " + shard_name(r) + " though " +
+                      std::to_string(checkpoint.meta_.world_size) + " ranks saved it");
+    checkpoint.ranks_.push_back(r);
+  }
+  return checkpoint;
+}
+
+void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
+  std::vector<int> order{std::find(ranks_.begin(), ranks_.end(), prefer) != ranks_.end() ? prefer : 0};
+  for (int r : ranks_)
+    if (r != order.front()) order.push_back(r);
+  std::vector<Coverage> coverage(requests.size());
+  auto range_of = [](const TensorRequest& q) {
+    const int64_t begin = q.slice ? q.slice->offset : 0;
+    return std::pair<int64_t, int64_t>(begin, begin + q.target.numel());
+  };
+  auto complete = [&](size_t i) {
+    auto [begin, end] = range_of(requests[i]);
+    return coverage[i].covers(begin, end);
+  };
+  at::NoGradGuard no_grad;
+  for (int rank : order) {
+    bool all = true;
+    for (size_t i = 0; i < requests.size() && all; ++i) all = complete(i);
+    if (all) break;
+    const fs::path path = dir_ / shard_name(rank);
+    const RankFile file = read_rank_file(path);
+    for (const auto& [name, stored] : file.tensors) {
+      auto slice = file.slices.find(name);
+      const std::vector<int64_t> whole_shape = slice != file.slices.end() ? slice->second.shape : stored.sizes().vec();
+      const int64_t stored_begin = slice != file.slices.end() ? slice->second.offset : 0;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        TensorRequest& q = requests[i];
+        if (q.name != name || complete(i)) continue;
+        const std::vector<int64_t> wanted_shape = q.slice ? q.slice->shape : q.target.sizes().vec();
+        if (wanted_shape != whole_shape || stored.scalar_type() != q.target.scalar_type())
+          throw UserError("checkpoint " + dir_.string() + " holds '" + name + "' as " + std::string(c10::toString(stored.scalar_type())) +
+                          " " + shape_text(whole_shape) + " but the job's is " + std::string(c10::toString(q.target.scalar_type())) +
+                          " " + shape_text(wanted_shape));
+        auto [begin, end] = range_of(q);
+        const int64_t from = std::max(begin, stored_begin), to = std::min(end, stored_begin + stored.numel());
+        if (from >= to) continue;
+        q.target.view(-1).narrow(0, from - begin, to - from).copy_(stored.reshape(-1).narrow(0, from - stored_begin, to - from));
+        coverage[i].add(from, to);
+      }
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (complete(i)) continue;
+    auto [begin, end] = range_of(requests[i]);
+    if (coverage[i].covered() == 0)
+      throw UserError("checkpoint " + dir_.string() + " has no tensor '" + requests[i].name + "'");
+    throw UserError("checkpoint " + dir_.string() + " holds only " + std::to_string(coverage[i].covered()) + " of the " +
+                    std::to_string(end - begin) + " elements of '" + requests[i].name + "' this rank needs");
+  }
+}
+
+std::vector<StoredTensorInfo> Checkpoint::describe() const {
+  std::vector<StoredTensorInfo> out;
+  std::map<std::string, size_t> index;
+  for (int rank : ranks_) {
+    const RankFile file = read_rank_file(dir_ / shard_name(rank));
+    for (const auto& [name, stored] : file.tensors) {
+      auto slice = file.slices.find(name);
+      auto [it, added] = index.emplace(name, out.size());
+      if (added)
+        out.push_back({name, stored.scalar_type(), slice != file.slices.end() ? slice->second.shape : stored.sizes().vec(), {}, {}, 0});
+      StoredTensorInfo& info = out[it->second];
+      (slice != file.slices.end() ? info.pieces_in : info.whole_in).push_back(rank);
+      info.stored_elements += stored.numel();
+    }
+  }
+  return out;
+}
+
+std::optional<Checkpoint> open_newest_valid_checkpoint(const fs::path& checkpoints_dir,
+                                                       const std::function<void(const std::string&)>& warn) {
   for (const auto& dir : step_dirs_newest_first(checkpoints_dir)) {
     try {
-      return load_checkpoint(dir, rank);
+      return Checkpoint::open(dir);
     } catch (const UserError& e) {
       warn(std::string("skipping ") + e.what());
     }

@@ -1,5 +1,6 @@
-// Checkpoints: a directory per step holding per-rank safetensors shards and manifest.json (step,
-// config hash, world layout, size and SHA-256 of every file). Written under a temporary name,
+// Checkpoints: a directory per step holding per-rank safetensors files and manifest.json (step,
+// state hash, world size, size and SHA-256 of every file). A file's metadata records which of
+// its tensors are slices of larger ones, so any number of ranks can reassemble what they need. Written under a temporary name,
 // fsynced and renamed, and only then recorded in `latest`; the newest `keep` are kept.
 #pragma once
 
@@ -15,30 +16,63 @@ namespace strata::engine {
 
 struct CheckpointMeta {
   int64_t step = 0;
-  std::string config_hash;
+  std::string state_hash;
   int64_t world_size = 1;
 };
 
 // Collective over `world`: every rank writes its own state (`tensors`, named
-// "<state key>/<tensor name>") as rank_NNNNN.safetensors; rank 0 writes the manifest and
-// publishes the checkpoint once all shards are on disk.
+// "<state key>/<tensor name>", with the slices among them) as rank_NNNNN.safetensors; rank 0
+// writes the manifest and publishes the checkpoint once all files are on disk.
 void save_checkpoint(const std::filesystem::path& checkpoints_dir, const CheckpointMeta& meta,
-                     const NamedTensors& tensors, int64_t keep, Communicator& world);
+                     const NamedTensors& tensors, const Slices& slices, int64_t keep, Communicator& world);
 
-struct LoadedCheckpoint {
-  CheckpointMeta meta;
-  std::filesystem::path path;
-  NamedTensors tensors;
+// One tensor a rank wants from a checkpoint: `target` (on the CPU) receives the whole tensor
+// `name`, or with `slice` set the piece of it that the slice names.
+struct TensorRequest {
+  std::string name;
+  at::Tensor target;
+  std::optional<Slice> slice;
 };
 
-// The newest checkpoint that passes every check, with the shard of `rank`. Each one that does
-// not is reported through `warn` with the reason, and skipped.
-std::optional<LoadedCheckpoint> load_newest_valid_checkpoint(const std::filesystem::path& checkpoints_dir, int rank,
-                                                             const std::function<void(const std::string&)>& warn);
+// What a checkpoint holds under one name, over all its files.
+struct StoredTensorInfo {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;   // of the whole tensor
+  std::vector<int> whole_in;    // ranks whose file holds all of it
+  std::vector<int> pieces_in;   // ranks whose file holds a slice of it
+  int64_t stored_elements = 0;  // summed over files
+};
 
-// Loads the shard of `rank` from one checkpoint directory after verifying every file; any
-// problem is a UserError.
-LoadedCheckpoint load_checkpoint(const std::filesystem::path& dir, int rank);
+// A verified checkpoint directory, read by tensor name whatever number of ranks and whatever
+// sharding saved it.
+class Checkpoint {
+ public:
+  // Verifies the manifest and every file's size and SHA-256; any problem is a UserError.
+  static Checkpoint open(const std::filesystem::path& dir);
+
+  const CheckpointMeta& meta() const { return meta_; }
+  const std::filesystem::path& path() const { return dir_; }
+  const std::vector<int>& ranks() const { return ranks_; }
+
+  // Fills every request, reading rank `prefer`'s file first (per-rank state such as the RNG
+  // comes from it) and other files only for what it lacks. A tensor the checkpoint lacks, holds
+  // with another whole shape or dtype, or covers only in part is a UserError naming it.
+  void fill(std::vector<TensorRequest>& requests, int prefer) const;
+
+  // Every name in the checkpoint, in file order of the lowest rank holding it.
+  std::vector<StoredTensorInfo> describe() const;
+
+ private:
+  CheckpointMeta meta_;
+  std::filesystem::path dir_;
+  std::vector<int> ranks_;
+};
+
+// The newest checkpoint that passes every check. Each one that does not is reported through
+// `warn` with the reason, and skipped.
+std::optional<Checkpoint> open_newest_valid_checkpoint(const std::filesystem::path& checkpoints_dir,
+                                                       const std::function<void(const std::string&)>& warn);
 
 // Verifies a checkpoint directory; returns the reason it is unusable, or nullopt.
 std::optional<std::string> checkpoint_problem(const std::filesystem::path& dir);

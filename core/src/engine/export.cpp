@@ -23,11 +23,11 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   if (!diagnostics.ok()) throw UserError("cannot read the run's strategy: " + diagnostics.items().front().pos.str() + ": " +
                                          diagnostics.items().front().message);
 
-  std::optional<engine::LoadedCheckpoint> checkpoint;
+  std::optional<engine::Checkpoint> checkpoint;
   if (is_checkpoint) {
-    checkpoint = engine::load_checkpoint(source, 0);
+    checkpoint = engine::Checkpoint::open(source);
   } else {
-    checkpoint = engine::load_newest_valid_checkpoint(run_dir / "checkpoints", 0, [](const std::string& m) { log::warn(m); });
+    checkpoint = engine::open_newest_valid_checkpoint(run_dir / "checkpoints", [](const std::string& m) { log::warn(m); });
     if (!checkpoint) throw UserError("no valid checkpoint in " + (run_dir / "checkpoints").string());
   }
 
@@ -35,15 +35,18 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   Config config = plan.model;
   if (config.has("init_from")) config.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
   auto model = factory->create(config);
+  std::vector<engine::TensorRequest> requests;
+  for (const auto& p : model->named_parameters())
+    requests.push_back({"model/" + p.key(), at::empty_like(p.value(), at::MemoryFormat::Contiguous), std::nullopt});
+  checkpoint->fill(requests, 0);
   NamedTensors weights;
-  for (const auto& [name, tensor] : checkpoint->tensors)
-    if (name.rfind("model/", 0) == 0) weights.emplace_back(name.substr(6), tensor);
-  load_parameters(*model, weights, "checkpoint " + checkpoint->path.string());
+  for (auto& q : requests) weights.emplace_back(q.name.substr(6), q.target);
+  load_parameters(*model, weights, "checkpoint " + checkpoint->path().string());
 
   fs::create_directories(out);
   write_safetensors(out / "model.safetensors", factory->to_hf(*model, config), {{"format", "pt"}});
   std::ofstream(out / "config.json") << factory->hf_config_json(config);
-  return checkpoint->path;
+  return checkpoint->path();
 }
 
 }  // namespace strata

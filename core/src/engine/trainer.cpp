@@ -5,6 +5,9 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <set>
+
+#include <sys/resource.h>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -68,6 +71,7 @@ class OptimizerState final : public Stateful {
   explicit OptimizerState(Optimizer& optimizer) : optimizer_(optimizer) {}
   NamedTensors save() const override { return optimizer_.state_tensors(); }
   void load(const NamedTensors& tensors) override { ModelState::copy_into(optimizer_.state_tensors(), tensors, "optimizer"); }
+  Slices slices() const override { return optimizer_.state_slices(); }
 
  private:
   Optimizer& optimizer_;
@@ -101,19 +105,46 @@ class RngState final : public Stateful {
   }
 };
 
-NamedTensors gather_state(const Job& job) {
-  NamedTensors out;
-  for (const auto& [key, state] : job.states())
-    for (auto& [name, tensor] : state->save()) out.emplace_back(key + "/" + name, tensor.detach().to(at::kCPU));
+struct SavedState {
+  NamedTensors tensors;
+  Slices slices;
+};
+
+SavedState gather_state(const Job& job) {
+  SavedState out;
+  for (const auto& [key, state] : job.states()) {
+    for (auto& [name, tensor] : state->save()) {
+      at::Tensor cpu = tensor.detach().to(at::kCPU);
+      // Pieces of one flat buffer share its storage; the file needs each on its own.
+      if (cpu.storage().nbytes() != cpu.nbytes()) cpu = cpu.clone(at::MemoryFormat::Contiguous);
+      out.tensors.emplace_back(key + "/" + name, cpu);
+    }
+    for (auto& [name, slice] : state->slices()) out.slices.emplace(key + "/" + name, slice);
+  }
   return out;
 }
 
-void restore_state(const Job& job, const NamedTensors& tensors) {
+// Every state asks the checkpoint for exactly the tensors (and slices) it saves itself, so a
+// checkpoint saved by any number of ranks under any sharding loads here.
+void restore_state(const Job& job, const engine::Checkpoint& checkpoint, int rank) {
+  std::vector<engine::TensorRequest> requests;
+  std::vector<std::pair<size_t, size_t>> ranges;  // per state: its requests
+  for (const auto& [key, state] : job.states()) {
+    const Slices slices = state->slices();
+    const size_t first = requests.size();
+    for (const auto& [name, tensor] : state->save()) {
+      auto slice = slices.find(name);
+      requests.push_back({key + "/" + name, at::empty(tensor.sizes(), tensor.options().device(at::kCPU)),
+                          slice == slices.end() ? std::nullopt : std::optional<Slice>(slice->second)});
+    }
+    ranges.emplace_back(first, requests.size());
+  }
+  checkpoint.fill(requests, rank);
+  size_t index = 0;
   for (const auto& [key, state] : job.states()) {
     NamedTensors mine;
-    const std::string prefix = key + "/";
-    for (const auto& [name, tensor] : tensors)
-      if (name.compare(0, prefix.size(), prefix) == 0) mine.emplace_back(name.substr(prefix.size()), tensor);
+    const auto [first, last] = ranges[index++];
+    for (size_t i = first; i < last; ++i) mine.emplace_back(requests[i].name.substr(key.size() + 1), requests[i].target);
     state->load(mine);
   }
 }
@@ -133,21 +164,64 @@ std::vector<ParamGroup> parameter_groups(const nn::Model& model, const Config& o
 }
 
 // torch.nn.utils.clip_grad_norm_'s rule: scale by max_norm / (norm + 1e-6) when that is below 1.
-double clip_gradients(const std::vector<at::Tensor>& params, double max_norm) {
+// Sharded gradients contribute their squared norms to a sum over the data-parallel group.
+double clip_gradients(const Job& job, double max_norm) {
+  const std::vector<at::Tensor> grads = job.local_gradients();
   std::vector<at::Tensor> norms;
-  for (const auto& p : params)
-    if (p.grad().defined()) norms.push_back(p.grad().detach().to(at::kFloat).norm());
-  if (norms.empty()) return 0.0;
-  const double total = at::stack(norms).norm().item<double>();
-  if (max_norm > 0 && std::isfinite(total)) {
-    const double coefficient = max_norm / (total + 1e-6);
+  for (const auto& g : grads)
+    if (g.defined()) norms.push_back(g.detach().to(at::kFloat).norm());
+  at::Tensor total = norms.empty() ? at::zeros({}, at::kFloat) : at::stack(norms).norm();
+  if (job.gradients_sharded) {
+    at::Tensor squared = total.square().to(at::kDouble).cpu();
+    job.topology->group(Dim::Data).all_reduce(squared, ReduceOp::Sum)->wait();
+    total = squared.sqrt();
+  } else if (norms.empty()) {
+    return 0.0;
+  }
+  const double norm = total.item<double>();
+  if (max_norm > 0 && std::isfinite(norm)) {
+    const double coefficient = max_norm / (norm + 1e-6);
     if (coefficient < 1.0) {
       at::NoGradGuard no_grad;
-      for (const auto& p : params)
-        if (p.grad().defined()) p.grad().mul_(coefficient);
+      for (const auto& g : grads)
+        if (g.defined()) g.mul_(coefficient);
     }
   }
-  return total;
+  return norm;
+}
+
+// Bytes held in model states, each storage counted once (views of one flat buffer, parameters
+// freed between uses), and the process's peak resident memory.
+struct MemoryFigures {
+  double params = 0, grads = 0, optimizer = 0, peak = 0;
+};
+
+double storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::set<const void*> seen;
+  double bytes = 0;
+  for (const auto& t : tensors)
+    if (t.defined() && t.has_storage() && seen.insert(t.storage().unsafeGetStorageImpl()).second)
+      bytes += static_cast<double>(t.storage().nbytes());
+  return bytes;
+}
+
+std::vector<at::Tensor> tensors_of(const Stateful& state) {
+  std::vector<at::Tensor> out;
+  for (auto& [name, tensor] : state.save()) out.push_back(tensor);
+  return out;
+}
+
+MemoryFigures memory_figures(const Job& job) {
+  std::vector<at::Tensor> params = tensors_of(*job.states().at("model"));
+  for (const auto& p : job.model->parameters()) params.push_back(p);
+  MemoryFigures m;
+  m.params = storage_bytes(params);
+  m.grads = storage_bytes(job.local_gradients());
+  m.optimizer = storage_bytes(tensors_of(*job.states().at("optimizer")));
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  m.peak = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  return m;
 }
 
 c10::Device parse_device(const std::string& text) {
@@ -160,22 +234,20 @@ c10::Device parse_device(const std::string& text) {
   }
 }
 
-// Identifies what shapes the state a checkpoint holds and the sequence of batches, so a resume
-// with another model, data, optimizer or pass setup is refused. Steps, logging and paths may change.
-std::string config_hash(const ResolvedStrategy& plan) {
+// Identifies what shapes the saved state and the sequence of batches: a resume with another
+// model, data or optimizer is refused. Ranks, parallel layout, passes, steps, logging and paths
+// may change; state a pass keeps is checked when it loads.
+std::string state_hash(const ResolvedStrategy& plan) {
   std::string text;
   auto add = [&](const std::string& section, const Config& config) {
     for (const auto& [key, entry] : config.entries()) text += section + "." + key + "=" + value_to_toml(entry.value) + "\n";
   };
   Config job;
-  for (const char* key : {"model", "dataset", "global_batch", "micro_batch", "seed", "shuffle", "device"})
-    job.set(key, plan.job.entry(key));
+  for (const char* key : {"model", "dataset", "global_batch", "seed", "shuffle"}) job.set(key, plan.job.entry(key));
   add("job", job);
   add("model", plan.model);
   add("data", plan.data);
   add("optimizer", plan.optimizer);
-  add("parallel", plan.parallel);
-  for (const auto& pass : plan.passes) add("pass." + pass.pass->name() + (pass.enabled ? "" : ".disabled"), pass.config);
   Sha256 hash;
   hash.update(text.data(), text.size());
   return hash.hex_digest();
@@ -268,6 +340,12 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     }
     return loss_sum / static_cast<double>(micro_count);
   };
+  job.local_gradients = [&job] {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : job.model->parameters()) grads.push_back(p.grad());
+    return grads;
+  };
+  job.register_state("model", std::make_shared<ModelState>(job.model));
   for (size_t i : order) plan.passes[i].pass->apply(job, plan.passes[i].config);
   if (topology->size(Dim::Data) > 1 && job.gradient_sync_pass.empty())
     throw UserError("[parallel] has " + std::to_string(topology->size(Dim::Data)) +
@@ -275,7 +353,6 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
 
   std::unique_ptr<Optimizer> optimizer = job.make_optimizer(parameter_groups(*job.model, plan.optimizer));
   BatchSampler sampler(*dataset, job.model->seq_len(), static_cast<uint64_t>(seed), job_cfg.get_bool("shuffle"));
-  job.register_state("model", std::make_shared<ModelState>(job.model));
   job.register_state("optimizer", std::make_shared<OptimizerState>(*optimizer));
   job.register_state("data", std::make_shared<DataState>(sampler));
   job.register_state("rng", std::make_shared<RngState>());
@@ -301,18 +378,18 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
                           job_cfg.get_float("peak_tflops"), /*to_stdout=*/leader);
   int64_t start_step = 0;
   if (options.resume) {
-    auto loaded = engine::load_newest_valid_checkpoint(checkpoints_dir, env.rank, [&](const std::string& m) { log::warn(m); });
-    if (loaded) {
-      if (loaded->meta.config_hash != config_hash(plan))
-        throw UserError("checkpoint " + loaded->path.string() +
-                        " was saved with another model, data, optimizer or pass configuration; resume with the strategy.toml "
+    auto checkpoint = engine::open_newest_valid_checkpoint(checkpoints_dir, [&](const std::string& m) { log::warn(m); });
+    if (checkpoint) {
+      if (checkpoint->meta().state_hash != state_hash(plan))
+        throw UserError("checkpoint " + checkpoint->path().string() +
+                        " was saved with another model, data or optimizer configuration; resume with the strategy.toml "
                         "saved in " + out_dir.string());
-      if (loaded->meta.world_size != env.world_size)
-        throw UserError("checkpoint " + loaded->path.string() + " was saved by " + std::to_string(loaded->meta.world_size) +
-                        " ranks; resume it with the same number of ranks");
-      restore_state(job, loaded->tensors);
-      start_step = loaded->meta.step;
-      console.message("resumed from " + loaded->path.string() + " at step " + std::to_string(start_step));
+      restore_state(job, *checkpoint, env.rank);
+      start_step = checkpoint->meta().step;
+      console.message("resumed from " + checkpoint->path().string() + " at step " + std::to_string(start_step) +
+                      (checkpoint->meta().world_size != env.world_size
+                           ? " (saved by " + std::to_string(checkpoint->meta().world_size) + " ranks)"
+                           : std::string()));
     } else {
       console.message("no valid checkpoint in " + checkpoints_dir.string() + "; starting from step 0");
     }
@@ -321,7 +398,8 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   if (leader) metrics.emplace(out_dir / "metrics.jsonl", start_step);
   const int64_t checkpoint_every = job_cfg.get_int("checkpoint_every"), eval_every = job_cfg.get_int("eval_every");
   auto save = [&](int64_t step) {
-    engine::save_checkpoint(checkpoints_dir, {step, config_hash(plan), plan.layout.world_size}, gather_state(job),
+    const SavedState state = gather_state(job);
+    engine::save_checkpoint(checkpoints_dir, {step, state_hash(plan), plan.layout.world_size}, state.tensors, state.slices,
                             job_cfg.get_int("keep_checkpoints"), topology->world());
   };
   auto evaluate = [&]() {
@@ -351,15 +429,19 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     for (int64_t micro = 0; micro < micro_count; ++micro)
       context.batches.push_back(sampler.next_train(micro_batch * dp).narrow(0, dp_rank * micro_batch, micro_batch).to(device));
     const double local_loss = job.compute_gradients(context);
-    const double grad_norm = clip_gradients(params, plan.optimizer.get_float("grad_clip"));
+    const double grad_norm = clip_gradients(job, plan.optimizer.get_float("grad_clip"));
     const double lr = schedule.at(step);
     context.lr = lr;
     job.run_hooks(HookPoint::BeforeStep, context);
+    const MemoryFigures memory = memory_figures(job);
     if (!context.skip_step) optimizer->step(lr);
     job.run_hooks(HookPoint::AfterStep, context);
 
     at::Tensor mean_loss = at::tensor(local_loss, at::kDouble);
     topology->group(Dim::Data).all_reduce(mean_loss, ReduceOp::Avg)->wait();
+    // The largest figure of any rank: what the busiest one needs.
+    at::Tensor memory_max = at::tensor(std::vector<double>{memory.params, memory.grads, memory.optimizer, memory.peak}, at::kDouble);
+    topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
     engine::StepRecord record;
     record.step = step;
     record.loss = mean_loss.item<double>();
@@ -367,6 +449,8 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     record.lr = lr;
     record.tokens = global_batch * seq_len;
     record.extra = context.metrics;
+    const char* memory_names[] = {"mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_peak_bytes"};
+    for (int i = 0; i < 4; ++i) record.extra.emplace_back(memory_names[i], memory_max[i].item<double>());
     record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     if (eval_every > 0 && (step % eval_every == 0 || step == steps)) record.val_loss = evaluate();
     if (metrics) metrics->write(record);

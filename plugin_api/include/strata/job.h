@@ -44,8 +44,11 @@ class STRATA_API Stateful {
  public:
   virtual ~Stateful();
   virtual NamedTensors save() const = 0;
-  // Receives exactly the names save() produced; a missing or mis-shaped tensor is an error.
+  // Receives exactly the names and shapes save() produced; a missing or mis-shaped tensor is an
+  // error. Loading is collective: every rank loads every state, in key order.
   virtual void load(const NamedTensors& tensors) = 0;
+  // The save() tensors that are slices of larger ones; checkpoints reassemble them on load.
+  virtual Slices slices() const { return {}; }
 };
 
 class STRATA_API Job {
@@ -75,11 +78,20 @@ class STRATA_API Job {
   // program wraps it (WSAM runs it twice).
   std::function<double(StepContext&)> compute_gradients;
 
+  // The gradients the optimizer is about to apply, as this rank holds them (clipping and
+  // non-finite checks read and scale these). Core's default returns every parameter's .grad();
+  // a sharding pass returns its gradient shards and sets gradients_sharded, so that norms are
+  // summed over the data-parallel group.
+  std::function<std::vector<at::Tensor>()> local_gradients;
+  bool gradients_sharded = false;
+
   void add_hook(HookPoint point, StepHook hook);
   void run_hooks(HookPoint point, StepContext& context) const;
 
   // Registers state under `key` ("model", "optimizer", "data", "rng", or a pass's name).
   void register_state(const std::string& key, std::shared_ptr<Stateful> state);
+  // Replaces a registered state: a sharding pass saves "model" as its shards.
+  void replace_state(const std::string& key, std::shared_ptr<Stateful> state);
   const std::map<std::string, std::shared_ptr<Stateful>>& states() const { return states_; }
 
  private:

@@ -64,6 +64,7 @@ class STRATA_API Block : public torch::nn::Module {
 
 // How a block is run; passes replace it to wrap the call (gather parameters, recompute, ...).
 using BlockExecutor = std::function<at::Tensor(Block& block, const at::Tensor& x)>;
+// Pre-forward hooks receive the block's input, post-forward hooks its output.
 using BlockHook = std::function<void(Block& block, const at::Tensor& x)>;
 
 class STRATA_API Model : public torch::nn::Module {
@@ -81,6 +82,11 @@ class STRATA_API Model : public torch::nn::Module {
   void set_executor(size_t i, BlockExecutor executor);
   void add_pre_forward_hook(size_t i, BlockHook hook);
   void add_post_forward_hook(size_t i, BlockHook hook);
+
+  // Declares a parameter that blocks other than its owner also read (tied weights), so passes
+  // that free a block's parameters between uses (fsdp) keep it.
+  void mark_shared(const std::string& parameter_name) { shared_.push_back(parameter_name); }
+  const std::vector<std::string>& shared_parameters() const { return shared_; }
 
   // tokens [B, T] int64 -> logits [B, T, vocab]
   at::Tensor forward(const at::Tensor& tokens);
@@ -103,6 +109,7 @@ class STRATA_API Model : public torch::nn::Module {
     std::vector<BlockHook> pre, post;
   };
   std::vector<Entry> blocks_;
+  std::vector<std::string> shared_;
   int64_t vocab_size_, seq_len_;
   int64_t layers_ = 0, heads_ = 0, head_dim_ = 0;
 };

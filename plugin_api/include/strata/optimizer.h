@@ -2,6 +2,7 @@
 // tensor, so checkpoints (and sharding passes) handle any optimizer the same way.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,6 +22,16 @@ struct ParamGroup {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// Where a saved tensor sits in the whole tensor of the same name, for state a pass shards: it
+// holds elements [offset, offset + numel) of the row-major flattening of a tensor of `shape`.
+// Checkpoints record it, so state saved under one sharding loads under any other.
+struct Slice {
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+};
+// By tensor name; a name without an entry is a whole tensor.
+using Slices = std::map<std::string, Slice>;
+
 class STRATA_API Optimizer {
  public:
   virtual ~Optimizer();
@@ -29,6 +40,8 @@ class STRATA_API Optimizer {
   // The optimizer's state, by stable names. A checkpoint saves these and loading copies values
   // back into the same tensors, so they must exist from construction on.
   virtual NamedTensors state_tensors() = 0;
+  // Slices of state_tensors() that are pieces of larger tensors (a sharding pass's optimizer).
+  virtual Slices state_slices() { return {}; }
 };
 
 class STRATA_API OptimizerFactory : public Component {

@@ -1,0 +1,157 @@
+#include "flat_unit.h"
+
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+
+namespace strata::sharding {
+
+namespace {
+
+// Full parameters come and go while the parameter tensors (and the autograd graph that saved
+// them) stay: the storage they share is emptied and refilled in place.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+}  // namespace
+
+FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm,
+                   GradReduce reduce, bool persistent_params)
+    : name_(std::move(name)), params_(std::move(params)), comm_(comm), reduce_(reduce), persistent_(persistent_params) {
+  if (params_.empty()) throw std::logic_error("flat unit '" + name_ + "' has no parameters");
+  const at::TensorOptions options = params_.front().second.options().requires_grad(false);
+  for (const auto& [pname, p] : params_) {
+    if (p.scalar_type() != options.dtype() || p.device() != options.device())
+      throw std::invalid_argument("flat unit '" + name_ + "': parameter '" + pname + "' has another dtype or device than '" +
+                                  params_.front().first + "'");
+    offsets_.push_back(numel_);
+    numel_ += p.numel();
+  }
+  const int64_t ranks = comm_.size();
+  padded_ = (numel_ + ranks - 1) / ranks * ranks;
+  chunk_ = padded_ / ranks;
+  chunk_begin_ = chunk_ * comm_.rank();
+
+  at::NoGradGuard no_grad;
+  full_ = at::zeros({padded_}, options);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i].second;
+    at::Tensor view = full_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
+    view.copy_(p);
+    p.set_data(view);
+  }
+  if (!persistent_) shard_ = full_.narrow(0, chunk_begin_, chunk_).clone();
+  if (reduce_ == GradReduce::AllReduce)
+    full_grad_ = at::zeros({padded_}, options);
+  else
+    grad_chunk_ = at::zeros({chunk_}, options);
+
+  const at::Tensor data = data_chunk(), grad = grad_chunk();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& [pname, p] = params_[i];
+    Piece piece{pname, {}, {}, Slice{p.sizes().vec(), 0}};
+    const int64_t begin = std::max(offsets_[i], chunk_begin_), end = std::min(offsets_[i] + p.numel(), chunk_begin_ + chunk_);
+    if (begin < end) {
+      piece.data = data.narrow(0, begin - chunk_begin_, end - begin);
+      piece.grad = grad.narrow(0, begin - chunk_begin_, end - begin);
+      piece.slice.offset = begin - offsets_[i];
+    }
+    pieces_.push_back(std::move(piece));
+  }
+  ready_.assign(params_.size(), true);
+  if (!persistent_) release();
+}
+
+at::Tensor FlatUnit::data_chunk() const { return persistent_ ? full_.narrow(0, chunk_begin_, chunk_) : shard_; }
+
+at::Tensor FlatUnit::grad_chunk() const {
+  return reduce_ == GradReduce::AllReduce ? full_grad_.narrow(0, chunk_begin_, chunk_) : grad_chunk_;
+}
+
+void FlatUnit::start_gather() {
+  if (persistent_ || state_ != State::Released) return;
+  allocate_storage(full_);
+  gather_work_ = comm_.all_gather(full_, shard_);
+  state_ = State::Gathering;
+}
+
+void FlatUnit::wait_gathered() {
+  if (state_ == State::Released) start_gather();
+  if (state_ == State::Gathering) {
+    gather_work_->wait();
+    gather_work_.reset();
+    state_ = State::Gathered;
+  }
+}
+
+void FlatUnit::release() {
+  if (persistent_ || state_ == State::Released) return;
+  if (state_ == State::Gathering) wait_gathered();
+  free_storage(full_);
+  state_ = State::Released;
+}
+
+void FlatUnit::begin_backward() {
+  ready_.assign(params_.size(), false);
+  pending_ = params_.size();
+}
+
+bool FlatUnit::mark_ready(size_t param_index) {
+  if (ready_[param_index]) return false;
+  ready_[param_index] = true;
+  return --pending_ == 0;
+}
+
+void FlatUnit::fill_missing_gradients() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    at::Tensor& p = params_[i].second;
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros(p.sizes(), p.options().requires_grad(false));
+    mark_ready(i);
+  }
+}
+
+void FlatUnit::start_reduce() {
+  at::NoGradGuard no_grad;
+  if (reduce_ == GradReduce::ReduceScatter) full_grad_ = at::zeros({padded_}, grad_chunk_.options());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i].second;
+    full_grad_.narrow(0, offsets_[i], p.numel()).copy_(p.grad().reshape(-1));
+    if (reduce_ == GradReduce::ReduceScatter) p.mutable_grad() = at::Tensor();
+  }
+  reduce_work_ = reduce_ == GradReduce::AllReduce ? comm_.all_reduce(full_grad_, ReduceOp::Avg)
+                                                  : comm_.reduce_scatter(grad_chunk_, full_grad_, ReduceOp::Avg);
+}
+
+void FlatUnit::wait_reduced() {
+  if (!reduce_work_) return;
+  reduce_work_->wait();
+  reduce_work_.reset();
+  if (reduce_ == GradReduce::ReduceScatter) {
+    full_grad_ = at::Tensor();
+    return;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i].second;
+    p.mutable_grad() = full_grad_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
+  }
+}
+
+WorkPtr FlatUnit::start_refresh() {
+  if (!persistent_) return nullptr;
+  // The all-gather's input must not alias its output.
+  return comm_.all_gather(full_, data_chunk().clone());
+}
+
+}  // namespace strata::sharding

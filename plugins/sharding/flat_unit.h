@@ -1,0 +1,93 @@
+// A flat unit: parameters laid end to end in one flat buffer, padded to a multiple of the
+// data-parallel group size, so that rank r owns chunk r of it. zero1, zero2 and fsdp are all
+// built from units; they differ in how gradients are reduced and whether full parameters stay
+// allocated between uses.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "strata/comm.h"
+#include "strata/optimizer.h"
+
+namespace strata::sharding {
+
+enum class GradReduce {
+  AllReduce,      // every rank keeps the whole averaged gradient (zero1)
+  ReduceScatter,  // every rank keeps only its chunk of it (zero2, fsdp)
+};
+
+// The part of one parameter that lies in this rank's chunk.
+struct Piece {
+  std::string name;
+  at::Tensor data;  // view of this rank's parameter chunk; undefined when the chunk holds none of it
+  at::Tensor grad;  // the same view of the gradient chunk
+  Slice slice;      // where `data` sits in the whole parameter
+};
+
+class FlatUnit {
+ public:
+  // Moves the parameters' data into the unit's flat buffer (they become views of it). With
+  // `persistent_params` false (fsdp) this rank keeps its chunk apart and the full buffer is freed
+  // until gather() is called.
+  FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm,
+           GradReduce reduce, bool persistent_params);
+
+  const std::string& name() const { return name_; }
+  const std::vector<std::pair<std::string, at::Tensor>>& params() const { return params_; }
+  int64_t numel() const { return numel_; }
+
+  // Full parameters (fsdp): start_gather() launches the all-gather into a freshly allocated
+  // buffer, wait_gathered() completes it, release() frees the buffer.
+  bool gathered() const { return state_ != State::Released; }
+  bool gathering() const { return state_ == State::Gathering; }
+  void start_gather();
+  void wait_gathered();
+  void release();
+
+  // Gradients: count parameters whose gradient is final in this backward; the last one makes
+  // the unit complete.
+  void begin_backward();
+  bool mark_ready(size_t param_index);
+  bool complete() const { return pending_ == 0; }
+  // Gives parameters without a gradient a zero one, so the unit can be reduced.
+  void fill_missing_gradients();
+  // Launches the reduction of the parameters' (accumulated) gradients; ReduceScatter frees them.
+  void start_reduce();
+  // Completes it; AllReduce makes each parameter's .grad() a view of the averaged buffer.
+  void wait_reduced();
+
+  // This rank's chunk of the gradient, what the optimizer applies.
+  at::Tensor grad_chunk() const;
+  // Where the optimizer updates parameters: views of this rank's chunk.
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  // After the optimizer (or a checkpoint) changed this rank's chunk: all-gather it into the full
+  // parameters that persist (zero1, zero2). Units that gather before use need nothing.
+  WorkPtr start_refresh();
+
+ private:
+  enum class State { Released, Gathering, Gathered };
+  at::Tensor data_chunk() const;
+
+  std::string name_;
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<int64_t> offsets_;
+  Communicator& comm_;
+  GradReduce reduce_;
+  bool persistent_;
+  int64_t numel_ = 0, padded_ = 0, chunk_ = 0, chunk_begin_ = 0;
+  at::Tensor full_;        // [padded]: the parameters are views of it
+  at::Tensor shard_;       // [chunk]: this rank's parameters when they do not persist
+  at::Tensor full_grad_;   // [padded]: AllReduce's averaged gradients, or ReduceScatter's staging
+  at::Tensor grad_chunk_;  // [chunk]: ReduceScatter's result
+  std::vector<Piece> pieces_;
+  State state_ = State::Gathered;
+  WorkPtr gather_work_, reduce_work_;
+  std::vector<bool> ready_;
+  size_t pending_ = 0;
+};
+
+}  // namespace strata::sharding

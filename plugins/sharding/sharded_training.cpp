@@ -1,0 +1,149 @@
+#include "sharded_training.h"
+
+#include <map>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "strata/errors.h"
+
+namespace strata::sharding {
+
+namespace {
+
+std::map<std::string, Piece> pieces_by_name(const Units& units) {
+  std::map<std::string, Piece> out;
+  for (const auto& unit : units)
+    for (const auto& piece : unit->pieces()) out.emplace(piece.name, piece);
+  return out;
+}
+
+// The base optimizer updates this rank's pieces (views of its chunks) in place; the units then
+// all-gather what changed.
+class ShardedOptimizer final : public Optimizer {
+ public:
+  ShardedOptimizer(std::unique_ptr<Optimizer> inner, std::map<std::string, Piece> pieces, Units units)
+      : inner_(std::move(inner)), pieces_(std::move(pieces)), units_(std::move(units)) {}
+
+  void step(double lr) override {
+    inner_->step(lr);
+    refresh_all(units_);
+  }
+
+  NamedTensors state_tensors() override { return inner_->state_tensors(); }
+
+  // State named "<parameter>.<slot>" and shaped like that parameter's piece is a slice of the
+  // whole state tensor; anything else (step counters) is whole.
+  Slices state_slices() override {
+    Slices out;
+    for (const auto& [name, tensor] : inner_->state_tensors()) {
+      for (size_t dot = name.rfind('.'); dot != std::string::npos && dot > 0; dot = name.rfind('.', dot - 1)) {
+        auto it = pieces_.find(name.substr(0, dot));
+        if (it == pieces_.end()) continue;
+        if (it->second.data.defined() && tensor.sizes() == it->second.data.sizes()) out.emplace(name, it->second.slice);
+        break;
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<Optimizer> inner_;
+  std::map<std::string, Piece> pieces_;
+  Units units_;
+};
+
+// The model as this rank holds it: its pieces of every parameter.
+class ShardedModelState final : public Stateful {
+ public:
+  explicit ShardedModelState(Units units) : units_(std::move(units)) {}
+
+  NamedTensors save() const override {
+    NamedTensors out;
+    for (const auto& unit : units_)
+      for (const auto& piece : unit->pieces())
+        if (piece.data.defined()) out.emplace_back(piece.name, piece.data);
+    return out;
+  }
+
+  Slices slices() const override {
+    Slices out;
+    for (const auto& unit : units_)
+      for (const auto& piece : unit->pieces())
+        if (piece.data.defined()) out.emplace(piece.name, piece.slice);
+    return out;
+  }
+
+  void load(const NamedTensors& tensors) override {
+    std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
+    at::NoGradGuard no_grad;
+    for (const auto& unit : units_)
+      for (const auto& piece : unit->pieces()) {
+        if (!piece.data.defined()) continue;
+        auto it = by_name.find(piece.name);
+        if (it == by_name.end() || it->second.sizes() != piece.data.sizes())
+          throw UserError("checkpoint model state lacks this rank's piece of '" + piece.name + "'");
+        piece.data.copy_(it->second);
+      }
+    refresh_all(units_);
+  }
+
+ private:
+  Units units_;
+};
+
+}  // namespace
+
+void refresh_all(const Units& units) {
+  std::vector<WorkPtr> works;
+  for (const auto& unit : units)
+    if (auto work = unit->start_refresh()) works.push_back(std::move(work));
+  for (auto& work : works) work->wait();
+}
+
+void shard_training_state(Job& job, const Units& units) {
+  const std::map<std::string, Piece> pieces = pieces_by_name(units);
+  for (const auto& p : job.model->named_parameters())
+    if (p.value().requires_grad() && !pieces.count(p.key()))
+      throw std::logic_error("sharding: parameter '" + p.key() + "' is in no unit");
+
+  job.make_optimizer = [base = job.make_optimizer, pieces, units](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
+    std::vector<ParamGroup> local;
+    for (const auto& group : groups) {
+      ParamGroup mine{{}, {}, group.weight_decay};
+      for (const auto& name : group.names) {
+        const Piece& piece = pieces.at(name);
+        if (!piece.data.defined()) continue;
+        at::Tensor data = piece.data;
+        data.mutable_grad() = piece.grad;
+        mine.names.push_back(name);
+        mine.params.push_back(data);
+      }
+      local.push_back(std::move(mine));
+    }
+    return std::make_unique<ShardedOptimizer>(base(std::move(local)), pieces, units);
+  };
+  job.replace_state("model", std::make_shared<ShardedModelState>(units));
+  job.local_gradients = [units] {
+    std::vector<at::Tensor> grads;
+    for (const auto& unit : units) grads.push_back(unit->grad_chunk());
+    return grads;
+  };
+  job.gradients_sharded = true;
+}
+
+void on_gradient_accumulated(const Units& units, std::function<void(size_t unit, size_t param)> ready) {
+  struct Hook final : torch::autograd::PostAccumulateGradHook {
+    std::shared_ptr<std::function<void(size_t, size_t)>> ready;
+    size_t unit, param;
+    Hook(std::shared_ptr<std::function<void(size_t, size_t)>> r, size_t u, size_t p) : ready(std::move(r)), unit(u), param(p) {}
+    void operator()(const torch::autograd::Variable&) override { (*ready)(unit, param); }
+  };
+  auto shared = std::make_shared<std::function<void(size_t, size_t)>>(std::move(ready));
+  for (size_t u = 0; u < units.size(); ++u)
+    for (size_t i = 0; i < units[u]->params().size(); ++i)
+      torch::autograd::impl::set_post_acc_grad_hooks(units[u]->params()[i].second, std::make_unique<Hook>(shared, u, i));
+}
+
+}  // namespace strata::sharding

@@ -1,0 +1,27 @@
+// Wires flat units into a training job: any registered optimizer runs on this rank's pieces of
+// the parameters, checkpoints save those pieces as slices, clipping sees the gradient chunks,
+// and backward reports each parameter whose gradient is final.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "flat_unit.h"
+#include "strata/job.h"
+
+namespace strata::sharding {
+
+using Units = std::vector<std::shared_ptr<FlatUnit>>;
+
+// Replaces the job's optimizer construction, its "model" state and its local gradients with
+// sharded ones. The units must hold every trainable parameter between them.
+void shard_training_state(Job& job, const Units& units);
+
+// Calls `ready(unit, param)` each time backward has accumulated a parameter's gradient.
+void on_gradient_accumulated(const Units& units, std::function<void(size_t unit, size_t param)> ready);
+
+// Launches every unit's refresh (all-gather of the updated chunk), then waits for them all.
+void refresh_all(const Units& units);
+
+}  // namespace strata::sharding
