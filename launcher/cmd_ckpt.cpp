@@ -16,7 +16,16 @@ int run_ckpt(const Args& args) {
     std::cout << "exported " << used.string() << " to " << args.positional[2] << " (model.safetensors, config.json)\n";
     return 0;
   }
-  throw UserError("usage: strata ckpt export RUN_DIR|CHECKPOINT_DIR OUT_DIR; see strata ckpt --help");
+  if (args.positional.size() == 3 && args.positional[0] == "consolidate") {
+    auto used = consolidate_checkpoint(args.positional[1], args.positional[2]);
+    std::cout << "consolidated " << used.string() << " into " << args.positional[2] << "\n";
+    return 0;
+  }
+  if (args.positional.size() == 2 && args.positional[0] == "info") {
+    std::cout << describe_checkpoint(args.positional[1]);
+    return 0;
+  }
+  throw UserError("usage: strata ckpt export|consolidate|info ...; see strata ckpt --help");
 }
 
 }  // namespace strata::cli

@@ -44,11 +44,17 @@ const std::vector<Command>& commands() {
        "those plugins register), their priorities and what they support, and which one a CPU\n"
        "float32 and bfloat16 call dispatches to.\n",
        run_ops},
-      {"ckpt", "Work with checkpoints: export to Hugging Face format",
-       "usage: strata ckpt export RUN_DIR|CHECKPOINT_DIR OUT_DIR\n\n"
-       "Writes OUT_DIR/model.safetensors and OUT_DIR/config.json in the layout transformers loads\n"
-       "(GPT2LMHeadModel, LlamaForCausalLM), from the newest valid checkpoint of a run or from one\n"
-       "checkpoint directory. [model] init_from reads such a directory back.\n",
+      {"ckpt", "Work with checkpoints: export to Hugging Face format, consolidate, describe",
+       "usage: strata ckpt export RUN_DIR|CHECKPOINT_DIR OUT_DIR\n"
+       "       strata ckpt consolidate RUN_DIR|CHECKPOINT_DIR OUT.safetensors\n"
+       "       strata ckpt info RUN_DIR|CHECKPOINT_DIR\n\n"
+       "A RUN_DIR stands for its newest valid checkpoint. Checkpoints saved by any number of ranks\n"
+       "under any sharding (zero1, zero2, fsdp) are reassembled.\n\n"
+       "  export       OUT_DIR/model.safetensors and OUT_DIR/config.json in the layout transformers\n"
+       "               loads (GPT2LMHeadModel, LlamaForCausalLM); [model] init_from reads it back\n"
+       "  consolidate  every tensor (model/, optimizer/, data/, rng/ and pass state) whole in one\n"
+       "               safetensors file; per-rank state comes from rank 0\n"
+       "  info         step, ranks, size, and each tensor's dtype, whole shape and how it is stored\n",
        run_ckpt},
       {"docs", "Print the strategy file reference generated from the declared keys",
        "usage: strata docs [-o FILE]\n\n"

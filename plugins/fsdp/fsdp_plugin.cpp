@@ -1,9 +1,165 @@
-// Fully sharded data parallel (ZeRO-3) with ATorch's wrapping options.
-#include "strata/not_built.h"
+// Fully sharded data parallel (ZeRO-3) with ATorch's wrapping options. Each wrapped unit (a
+// run of blocks) keeps only this rank's chunk of its parameters; the full parameters are
+// all-gathered before the unit's forward and again before its backward, freed after each, and
+// its gradients are reduce-scattered once its backward is done. Parameters of no unit form the
+// root unit, gathered for the whole forward and backward; ignored blocks keep full parameters
+// and are reduced like zero1.
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
+#include <ATen/ATen.h>
+
+#include "../sharding/sharded_training.h"
 #include "strata/plugin.h"
 
 namespace strata::fsdp {
 namespace {
+
+using sharding::FlatUnit;
+using sharding::GradReduce;
+using sharding::Units;
+using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct Options {
+  bool reshard_after_forward;
+  bool forward_prefetch;
+  int64_t limit_all_gathers;
+};
+
+// Blocks [first, last] of the model that form one wrapped unit.
+struct BlockRun {
+  size_t first, last;
+};
+
+// Runs of blocks to wrap: named or typed blocks one each, then with min_params > 0 the remaining
+// consecutive blocks grouped in model order until each group has at least min_params parameters
+// (a smaller remainder stays in the root unit).
+std::vector<BlockRun> wrapped_runs(const nn::Model& model, const Config& config, const std::vector<size_t>& ignored) {
+  auto is_ignored = [&](size_t b) { return std::find(ignored.begin(), ignored.end(), b) != ignored.end(); };
+  std::vector<bool> taken(model.num_blocks(), false);
+  std::vector<BlockRun> runs;
+  for (size_t b : model.find_blocks(config.get_strings("wrap")))
+    if (!is_ignored(b)) runs.push_back({b, b}), taken[b] = true;
+  if (const int64_t min_params = config.get_int("min_params"); min_params > 0) {
+    std::optional<size_t> start;
+    int64_t count = 0;
+    for (size_t b = 0; b < model.num_blocks(); ++b) {
+      if (taken[b] || is_ignored(b)) {
+        start.reset(), count = 0;
+        continue;
+      }
+      if (!start) start = b;
+      for (const auto& p : model.block(b).parameters()) count += p.numel();
+      if (count >= min_params) runs.push_back({*start, b}), start.reset(), count = 0;
+    }
+  }
+  std::sort(runs.begin(), runs.end(), [](const BlockRun& a, const BlockRun& b) { return a.first < b.first; });
+  return runs;
+}
+
+NamedParams block_params(const nn::Model& model, size_t b) {
+  NamedParams out;
+  for (const auto& p : model.block(b).named_parameters())
+    if (p.value().requires_grad()) out.emplace_back(model.block_name(b) + "." + p.key(), p.value());
+  return out;
+}
+
+// Gathers and frees units around their uses and reduces their gradients.
+class Sharder {
+ public:
+  Sharder(Units wrapped, std::shared_ptr<FlatUnit> root, std::shared_ptr<FlatUnit> ignored, Options options)
+      : wrapped_(std::move(wrapped)), root_(std::move(root)), ignored_(std::move(ignored)), options_(options) {
+    for (auto& u : wrapped_) all_.push_back(u);
+    if (root_) all_.push_back(root_);
+    if (ignored_) all_.push_back(ignored_);
+  }
+  const Units& all_units() const { return all_; }
+
+  // Forward of wrapped unit `u`: its parameters, and the next unit's when prefetching.
+  void before_unit(size_t u) {
+    gather(*wrapped_[u]);
+    wrapped_[u]->wait_gathered();
+    if (options_.forward_prefetch && u + 1 < wrapped_.size() && !wrapped_[u + 1]->gathered() &&
+        in_flight() < options_.limit_all_gathers)
+      gather(*wrapped_[u + 1]);
+  }
+
+  void after_unit(size_t u, const at::Tensor& output) {
+    FlatUnit* unit = wrapped_[u].get();
+    const bool backward_follows = at::GradMode::is_enabled() && output.requires_grad();
+    // The gradient of the unit's output arrives just before backward enters the unit.
+    if (backward_follows && options_.reshard_after_forward)
+      output.register_hook([this, unit](const at::Tensor&) {
+        gather(*unit);
+        unit->wait_gathered();
+      });
+    if (!backward_follows || options_.reshard_after_forward) unit->release();
+  }
+
+  void before_model() {
+    if (!root_) return;
+    gather(*root_);
+    root_->wait_gathered();
+  }
+
+  void after_model() {
+    if (at::GradMode::is_enabled()) return;  // training keeps the root until its backward is done
+    for (auto& unit : all_) unit->release();
+  }
+
+  void begin_micro_batch(bool last) {
+    last_ = last;
+    for (auto& unit : all_) unit->begin_backward();
+  }
+
+  void gradient_ready(size_t unit, size_t param) {
+    if (all_[unit]->mark_ready(param)) unit_backward_done(*all_[unit]);
+  }
+
+  // After each micro-batch's backward: units some parameters of which got no gradient finish
+  // here; after the last, all reductions complete. Returns the milliseconds spent waiting.
+  double after_backward() {
+    for (auto& unit : all_)
+      if (!unit->complete()) {
+        if (last_) unit->fill_missing_gradients();
+        unit_backward_done(*unit);
+      }
+    if (!last_) return 0.0;
+    const auto waiting = std::chrono::steady_clock::now();
+    for (auto& unit : all_) unit->wait_reduced(), unit->release();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
+  }
+
+  int64_t take_all_gathers() { return std::exchange(all_gathers_, 0); }
+
+ private:
+  void gather(FlatUnit& unit) {
+    if (unit.gathered()) return;
+    unit.start_gather();
+    ++all_gathers_;
+  }
+
+  int64_t in_flight() const {
+    int64_t n = 0;
+    for (const auto& unit : all_) n += unit->gathering() ? 1 : 0;
+    return n;
+  }
+
+  // Gradients are reduced only in the last micro-batch (earlier ones accumulate locally); full
+  // parameters are freed unless the next micro-batch reuses them without resharding.
+  void unit_backward_done(FlatUnit& unit) {
+    if (last_) unit.start_reduce();
+    const bool keep = !last_ && (&unit == root_.get() || !options_.reshard_after_forward);
+    if (!keep) unit.release();
+  }
+
+  Units wrapped_, all_;
+  std::shared_ptr<FlatUnit> root_, ignored_;
+  Options options_;
+  bool last_ = true;
+  int64_t all_gathers_ = 0;
+};
 
 class FsdpPass final : public Pass {
  public:
@@ -12,7 +168,7 @@ class FsdpPass final : public Pass {
               Schema()
                   .strings("wrap", {"block"}, "Block types or names that become sharded units")
                   .integer("min_params", 0, "Size-based wrapping: smallest unit in parameters; 0 = wrap by name only", at_least(0))
-                  .strings("ignored", {}, "Block names left unsharded")
+                  .strings("ignored", {}, "Block types or names whose parameters stay whole (gradients all-reduced, optimizer state sharded)")
                   .boolean("reshard_after_forward", true, "Free full parameters after a unit's forward")
                   .boolean("forward_prefetch", false, "All-gather the next unit during the current forward")
                   .integer("limit_all_gathers", 2, "Most all-gathers in flight at once", at_least(1))
@@ -24,7 +180,84 @@ class FsdpPass final : public Pass {
       diagnostics.error(section, "pass 'fsdp' needs blocks to wrap: set wrap or min_params");
   }
 
-  void apply(Job&, const Config&) const override { fail_not_built("pass 'fsdp'"); }
+  void apply(Job& job, const Config& config) const override {
+    nn::Model& model = *job.model;
+    Communicator& comm = job.topology->group(Dim::Data);
+    if (config.get_bool("sync_module_states")) {
+      at::NoGradGuard no_grad;
+      for (auto& p : model.parameters()) comm.broadcast(p, 0)->wait();
+      for (auto& b : model.buffers()) comm.broadcast(b, 0)->wait();
+    }
+    const std::vector<size_t> ignored_blocks = model.find_blocks(config.get_strings("ignored"));
+    const std::vector<BlockRun> runs = wrapped_runs(model, config, ignored_blocks);
+    if (runs.empty())
+      throw UserError("pass 'fsdp': no block of the model is wrapped (wrap = " + join(config.get_strings("wrap")) +
+                      ", min_params = " + std::to_string(config.get_int("min_params")) + ")");
+    const std::vector<std::string>& shared = model.shared_parameters();
+    auto is_shared = [&](const std::string& n) { return std::find(shared.begin(), shared.end(), n) != shared.end(); };
+
+    // Tied parameters are read by several blocks, so they live in the root unit.
+    std::vector<int> owner(model.num_blocks(), -1);  // wrapped run index, -2 ignored
+    for (size_t b : ignored_blocks) owner[b] = -2;
+    for (size_t r = 0; r < runs.size(); ++r)
+      for (size_t b = runs[r].first; b <= runs[r].last; ++b) owner[b] = static_cast<int>(r);
+    std::vector<NamedParams> run_params(runs.size());
+    NamedParams root_params, ignored_params;
+    for (size_t b = 0; b < model.num_blocks(); ++b)
+      for (auto& np : block_params(model, b)) {
+        if (owner[b] == -2)
+          ignored_params.push_back(np);
+        else if (owner[b] >= 0 && !is_shared(np.first))
+          run_params[static_cast<size_t>(owner[b])].push_back(np);
+        else
+          root_params.push_back(np);
+      }
+
+    Units wrapped;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      if (run_params[r].empty()) continue;  // nothing to shard; its blocks run as they are
+      wrapped.push_back(std::make_shared<FlatUnit>(model.block_name(runs[r].first), std::move(run_params[r]), comm,
+                                                   GradReduce::ReduceScatter, /*persistent_params=*/false));
+    }
+    auto root = root_params.empty() ? nullptr
+                                    : std::make_shared<FlatUnit>("root", std::move(root_params), comm, GradReduce::ReduceScatter,
+                                                                 /*persistent_params=*/false);
+    auto ignored = ignored_params.empty() ? nullptr
+                                          : std::make_shared<FlatUnit>("ignored", std::move(ignored_params), comm,
+                                                                       GradReduce::AllReduce, /*persistent_params=*/true);
+    const Options options{config.get_bool("reshard_after_forward"), config.get_bool("forward_prefetch"),
+                          config.get_int("limit_all_gathers")};
+    auto sharder = std::make_shared<Sharder>(wrapped, root, ignored, options);
+
+    size_t next = 0;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      if (next >= wrapped.size() || wrapped[next]->name() != model.block_name(runs[r].first)) continue;
+      const size_t u = next++;
+      model.add_pre_forward_hook(runs[r].first, [sharder, u](nn::Block&, const at::Tensor&) { sharder->before_unit(u); });
+      model.add_post_forward_hook(runs[r].last, [sharder, u](nn::Block&, const at::Tensor& out) { sharder->after_unit(u, out); });
+    }
+    model.add_pre_forward_hook(0, [sharder](nn::Block&, const at::Tensor&) { sharder->before_model(); });
+    model.add_post_forward_hook(model.num_blocks() - 1, [sharder](nn::Block&, const at::Tensor&) { sharder->after_model(); });
+
+    sharding::on_gradient_accumulated(sharder->all_units(), [sharder](size_t unit, size_t param) { sharder->gradient_ready(unit, param); });
+    job.add_hook(HookPoint::BeforeForward, [sharder](StepContext& c) { sharder->begin_micro_batch(c.micro + 1 == c.micro_count); });
+    job.add_hook(HookPoint::AfterBackward, [sharder](StepContext& c) {
+      const double waited = sharder->after_backward();
+      if (c.micro + 1 == c.micro_count) c.metrics.emplace_back("fsdp_exposed_comm_ms", waited);
+    });
+    job.add_hook(HookPoint::AfterStep, [sharder](StepContext& c) {
+      c.metrics.emplace_back("fsdp_all_gathers", static_cast<double>(sharder->take_all_gathers()));
+    });
+    sharding::shard_training_state(job, sharder->all_units());
+    job.gradient_sync_pass = "fsdp";
+  }
+
+ private:
+  static std::string join(const StringList& list) {
+    std::string out = "[";
+    for (const auto& s : list) out += (out.size() > 1 ? ", \"" : "\"") + s + "\"";
+    return out + "]";
+  }
 };
 
 void register_components(Registry& registry) { registry.add(std::make_unique<FsdpPass>()); }
@@ -32,4 +265,4 @@ void register_components(Registry& registry) { registry.add(std::make_unique<Fsd
 }  // namespace
 }  // namespace strata::fsdp
 
-STRATA_PLUGIN("fsdp", "0.1.0", strata::fsdp::register_components)
+STRATA_PLUGIN("fsdp", "0.2.0", strata::fsdp::register_components)

@@ -1,5 +1,9 @@
-// strata ckpt export: a checkpoint's model weights as a Hugging Face checkpoint.
+// strata ckpt: export a checkpoint's model to Hugging Face layout, consolidate it, describe it.
 #include <fstream>
+#include <map>
+#include <sstream>
+
+#include <c10/util/accumulate.h>
 
 #include "checkpoint.h"
 #include "strata/core/log.h"
@@ -13,23 +17,41 @@ namespace strata {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A checkpoint directory sits in RUN/checkpoints/; a run directory holds strategy.toml.
+bool is_checkpoint_dir(const fs::path& source) { return fs::exists(source / "manifest.json"); }
+
+engine::Checkpoint open_source(const fs::path& source) {
+  if (is_checkpoint_dir(source)) return engine::Checkpoint::open(source);
+  if (!fs::is_directory(source)) throw UserError(source.string() + " is neither a run directory nor a checkpoint directory");
+  auto checkpoint = engine::open_newest_valid_checkpoint(source / "checkpoints", [](const std::string& m) { log::warn(m); });
+  if (!checkpoint) throw UserError("no valid checkpoint in " + (source / "checkpoints").string());
+  return *checkpoint;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+}  // namespace
+
 fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry) {
-  // A checkpoint directory sits in RUN/checkpoints/; the run directory holds strategy.toml.
-  const bool is_checkpoint = fs::exists(source / "manifest.json");
-  const fs::path run_dir = is_checkpoint ? source.parent_path().parent_path() : source;
+  const fs::path run_dir = is_checkpoint_dir(source) ? source.parent_path().parent_path() : source;
   Diagnostics diagnostics;
   RawStrategy raw = load_strategy_file(run_dir / "strategy.toml", diagnostics);
   ResolvedStrategy plan = resolve_strategy(raw, registry, 1, diagnostics);
   if (!diagnostics.ok()) throw UserError("cannot read the run's strategy: " + diagnostics.items().front().pos.str() + ": " +
                                          diagnostics.items().front().message);
-
-  std::optional<engine::Checkpoint> checkpoint;
-  if (is_checkpoint) {
-    checkpoint = engine::Checkpoint::open(source);
-  } else {
-    checkpoint = engine::open_newest_valid_checkpoint(run_dir / "checkpoints", [](const std::string& m) { log::warn(m); });
-    if (!checkpoint) throw UserError("no valid checkpoint in " + (run_dir / "checkpoints").string());
-  }
+  const engine::Checkpoint checkpoint = open_source(source);
 
   const auto* factory = static_cast<const ModelFactory*>(plan.model_component);
   Config config = plan.model;
@@ -38,15 +60,64 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   std::vector<engine::TensorRequest> requests;
   for (const auto& p : model->named_parameters())
     requests.push_back({"model/" + p.key(), at::empty_like(p.value(), at::MemoryFormat::Contiguous), std::nullopt});
-  checkpoint->fill(requests, 0);
+  checkpoint.fill(requests, 0);
   NamedTensors weights;
   for (auto& q : requests) weights.emplace_back(q.name.substr(6), q.target);
-  load_parameters(*model, weights, "checkpoint " + checkpoint->path().string());
+  load_parameters(*model, weights, "checkpoint " + checkpoint.path().string());
 
   fs::create_directories(out);
   write_safetensors(out / "model.safetensors", factory->to_hf(*model, config), {{"format", "pt"}});
   std::ofstream(out / "config.json") << factory->hf_config_json(config);
-  return checkpoint->path();
+  return checkpoint.path();
+}
+
+fs::path consolidate_checkpoint(const fs::path& source, const fs::path& out) {
+  const engine::Checkpoint checkpoint = open_source(source);
+  std::vector<engine::TensorRequest> requests;
+  for (const auto& info : checkpoint.describe())
+    requests.push_back({info.name, at::empty(info.shape, at::TensorOptions().dtype(info.dtype)), std::nullopt});
+  checkpoint.fill(requests, 0);
+  NamedTensors tensors;
+  for (auto& q : requests) tensors.emplace_back(q.name, q.target);
+  if (out.has_parent_path()) fs::create_directories(out.parent_path());
+  write_safetensors(out, tensors,
+                    {{"format", "strata-consolidated-1"},
+                     {"step", std::to_string(checkpoint.meta().step)},
+                     {"state_hash", checkpoint.meta().state_hash},
+                     {"saved_by_ranks", std::to_string(checkpoint.meta().world_size)}});
+  return checkpoint.path();
+}
+
+std::string describe_checkpoint(const fs::path& source) {
+  const engine::Checkpoint checkpoint = open_source(source);
+  const auto infos = checkpoint.describe();
+  std::uintmax_t bytes = 0;
+  for (const auto& entry : fs::directory_iterator(checkpoint.path()))
+    if (entry.is_regular_file()) bytes += entry.file_size();
+  std::ostringstream text;
+  text << "checkpoint " << checkpoint.path().string() << "\n"
+       << "  step " << checkpoint.meta().step << ", saved by " << checkpoint.meta().world_size << " rank(s), "
+       << infos.size() << " tensors, " << bytes << " bytes on disk, state hash " << checkpoint.meta().state_hash.substr(0, 16)
+       << "\n";
+  std::map<std::string, std::pair<int, int64_t>> per_state;  // tensors, elements
+  for (const auto& info : infos) {
+    auto& entry = per_state[info.name.substr(0, info.name.find('/'))];
+    entry.first += 1;
+    entry.second += c10::multiply_integers(info.shape);
+  }
+  for (const auto& [key, entry] : per_state)
+    text << "  " << key << ": " << entry.first << " tensors, " << entry.second << " elements\n";
+  for (const auto& info : infos) {
+    const int64_t whole = c10::multiply_integers(info.shape);
+    text << "  " << info.name << "  " << c10::toString(info.dtype) << " " << shape_text(info.shape) << "  ";
+    if (info.pieces_in.empty())
+      text << "whole on rank(s) " << ranks_text(info.whole_in);
+    else
+      text << "sliced over rank(s) " << ranks_text(info.pieces_in) << " (" << info.stored_elements << " of " << whole
+           << " elements stored)";
+    text << "\n";
+  }
+  return text.str();
 }
 
 }  // namespace strata

@@ -172,7 +172,7 @@ double clip_gradients(const Job& job, double max_norm) {
     if (g.defined()) norms.push_back(g.detach().to(at::kFloat).norm());
   at::Tensor total = norms.empty() ? at::zeros({}, at::kFloat) : at::stack(norms).norm();
   if (job.gradients_sharded) {
-    at::Tensor squared = total.square().to(at::kDouble).cpu();
+    at::Tensor squared = total.square().to(job.device(), at::kDouble);
     job.topology->group(Dim::Data).all_reduce(squared, ReduceOp::Sum)->wait();
     total = squared.sqrt();
   } else if (norms.empty()) {
@@ -437,10 +437,12 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     if (!context.skip_step) optimizer->step(lr);
     job.run_hooks(HookPoint::AfterStep, context);
 
-    at::Tensor mean_loss = at::tensor(local_loss, at::kDouble);
+    // Scalars go through the communicator on the job's device (nccl takes device tensors only).
+    at::Tensor mean_loss = at::tensor(local_loss, at::kDouble).to(device);
     topology->group(Dim::Data).all_reduce(mean_loss, ReduceOp::Avg)->wait();
     // The largest figure of any rank: what the busiest one needs.
-    at::Tensor memory_max = at::tensor(std::vector<double>{memory.params, memory.grads, memory.optimizer, memory.peak}, at::kDouble);
+    at::Tensor memory_max =
+        at::tensor(std::vector<double>{memory.params, memory.grads, memory.optimizer, memory.peak}, at::kDouble).to(device);
     topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
     engine::StepRecord record;
     record.step = step;
@@ -450,6 +452,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     record.tokens = global_batch * seq_len;
     record.extra = context.metrics;
     const char* memory_names[] = {"mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_peak_bytes"};
+    memory_max = memory_max.cpu();
     for (int i = 0; i < 4; ++i) record.extra.emplace_back(memory_names[i], memory_max[i].item<double>());
     record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     if (eval_every > 0 && (step % eval_every == 0 || step == steps)) record.val_loss = evaluate();

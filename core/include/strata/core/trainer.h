@@ -31,9 +31,18 @@ STRATA_API std::string resolved_strategy_toml(const ResolvedStrategy& plan);
 
 namespace strata {
 
-// Writes OUT/model.safetensors and OUT/config.json in Hugging Face layout from a run directory
-// (its newest valid checkpoint) or one checkpoint directory inside it. Returns the checkpoint used.
+// Checkpoint tools. SOURCE is a run directory (its newest valid checkpoint is used) or one
+// checkpoint directory inside it; each returns the checkpoint directory it used.
+
+// Writes OUT/model.safetensors and OUT/config.json in Hugging Face layout.
 STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
                                            const ComponentRegistry& registry);
+
+// Writes every tensor of the checkpoint, reassembled whole, to the safetensors file OUT. Per-rank
+// state (the RNG) comes from rank 0.
+STRATA_API std::filesystem::path consolidate_checkpoint(const std::filesystem::path& source, const std::filesystem::path& out);
+
+// A human-readable account of what the checkpoint holds, one line per tensor.
+STRATA_API std::string describe_checkpoint(const std::filesystem::path& source);
 
 }  // namespace strata

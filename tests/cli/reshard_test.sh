@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# reshard_test.sh STRATA STRATEGY WORKDIR FROM_RANKS FROM_PASS TO_RANKS TO_PASS [EXTRA --set ...]
+# Trains 12 steps on FROM_RANKS ranks with FROM_PASS (ddp, zero1, zero2, fsdp, or none for one
+# process without passes), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
+# on TO_RANKS ranks with TO_PASS. Every later step's loss must match the uninterrupted run within
+# a relative 1e-5 (the tolerance of data-parallel parity: the sums run in another order).
+set -euo pipefail
+strata=$1 strategy=$2 work=$3 from_ranks=$4 from_pass=$5 to_ranks=$6 to_pass=$7
+shift 7
+pass_flags() {
+  case $1 in
+    ddp) ;;
+    none) echo --disable ddp ;;
+    *) echo --disable ddp --set "pass.$1.enabled=true" ;;
+  esac
+}
+common=(--set job.steps=12 --set job.checkpoint_every=4 --set job.keep_checkpoints=3 --set job.micro_batch=1 "$@")
+rm -rf "$work" && mkdir -p "$work"
+"$strata" run -n "$from_ranks" "$strategy" --out "$work/full" $(pass_flags "$from_pass") "${common[@]}" > "$work/full.log" 2>&1 ||
+  { cat "$work/full.log"; exit 1; }
+cp -r "$work/full" "$work/cut"
+rm -rf "$work/cut/checkpoints/step_00000008" "$work/cut/checkpoints/step_00000012"
+"$strata" run -n "$to_ranks" "$strategy" --out "$work/cut" --resume $(pass_flags "$to_pass") "${common[@]}" > "$work/cut.log" 2>&1 ||
+  { cat "$work/cut.log"; exit 1; }
+grep -q "resumed from .*step_00000004 at step 4" "$work/cut.log" || { cat "$work/cut.log"; exit 1; }
+losses() { sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1/metrics.jsonl"; }
+paste <(losses "$work/full") <(losses "$work/cut") | awk -v what="$from_pass@$from_ranks -> $to_pass@$to_ranks" '
+  $1 != $3 { print "step mismatch: " $0; exit 1 }
+  $1 > 4 { d = $2 - $4; if (d < 0) d = -d; rel = d / $2; if (rel > worst) worst = rel; n++ }
+  END { printf "%s: resumed at step 4, %d later steps, worst relative loss difference %.2e\n", what, n, worst;
+        if (n != 8 || worst > 1e-5) exit 1 }'
