@@ -1,9 +1,62 @@
-// Automatic mixed precision: autocast to fp16/bf16 with fp32 master weights.
-#include "strata/not_built.h"
+// Automatic mixed precision: the forward (and loss) runs under libtorch's autocast in fp16 or
+// bf16 while parameters, gradients and optimizer state stay fp32 (the master weights). fp16
+// gradients are protected by a dynamic loss scaler: backward runs on loss x scale, gradients are
+// unscaled before clipping, a step with any non-finite gradient is skipped and the scale backs
+// off, and after growth_interval clean steps it grows. bf16 needs no scaling; it can skip
+// non-finite steps on request.
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+
 #include "strata/plugin.h"
 
 namespace strata::amp {
 namespace {
+
+// The scaler's state, checkpointed as amp/scale, amp/growth_tracker, amp/skipped_steps.
+class Scaler final : public Stateful {
+ public:
+  explicit Scaler(double init_scale) : scale(init_scale) {}
+
+  NamedTensors save() const override {
+    return {{"scale", at::tensor(scale, at::kDouble)},
+            {"growth_tracker", at::tensor(growth_tracker, at::kLong)},
+            {"skipped_steps", at::tensor(skipped_steps, at::kLong)}};
+  }
+
+  void load(const NamedTensors& tensors) override {
+    for (const auto& [name, t] : tensors) {
+      if (name == "scale") scale = t.item<double>();
+      else if (name == "growth_tracker") growth_tracker = t.item<int64_t>();
+      else if (name == "skipped_steps") skipped_steps = t.item<int64_t>();
+    }
+  }
+
+  double scale;
+  int64_t growth_tracker = 0;
+  int64_t skipped_steps = 0;
+};
+
+struct Settings {
+  at::ScalarType dtype;
+  bool scaling;  // fp16
+  bool check_nonfinite;
+  double growth_factor, backoff_factor;
+  int64_t growth_interval;
+};
+
+// Unscales the gradients in place and tells whether any of them, on any data-parallel rank, is
+// not finite (every rank must take the same decision).
+bool unscale_and_check(const Job& job, double inv_scale) {
+  at::NoGradGuard no_grad;
+  at::Tensor bad = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(job.device()));
+  for (auto& g : job.local_gradients()) {
+    if (!g.defined()) continue;
+    if (inv_scale != 1.0) g.mul_(inv_scale);
+    bad.add_(at::logical_not(at::isfinite(g)).any().to(at::kFloat));
+  }
+  job.topology->group(Dim::Data).all_reduce(bad, ReduceOp::Max)->wait();
+  return bad.item<float>() > 0;
+}
 
 class AmpPass final : public Pass {
  public:
@@ -16,15 +69,61 @@ class AmpPass final : public Pass {
                   .real("backoff_factor", 0.5, "fp16: scale multiplier after a non-finite step", between(0, 1))
                   .integer("growth_interval", 2000, "fp16: clean steps before the scale grows", at_least(1))
                   .boolean("skip_if_nonfinite", false, "bf16: skip steps whose gradients are not finite")
-                  .string("reduce_dtype", "fp32", "Dtype gradients are reduced in under sharded passes", {"fp32", "bf16", "fp16"})},
+                  .string("reduce_dtype", "fp32", "Dtype gradients are reduced in under sharded passes (only fp32 is built)",
+                          {"fp32", "bf16", "fp16"})},
              {Phase::Precision, {}, {"half"}, {}, {}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("backoff_factor") <= 0 || config.get_float("backoff_factor") >= 1)
       diagnostics.error(section, "pass 'amp' backoff_factor must be strictly between 0 and 1");
+    if (config.get_string("reduce_dtype") != "fp32")
+      diagnostics.error(section, "pass 'amp' reduce_dtype = \"" + config.get_string("reduce_dtype") +
+                                     "\" is not built yet; gradients are reduced in fp32");
   }
 
-  void apply(Job&, const Config&) const override { fail_not_built("pass 'amp'"); }
+  void apply(Job& job, const Config& config) const override {
+    const bool fp16 = config.get_string("dtype") == "fp16";
+    const Settings settings{fp16 ? at::kHalf : at::kBFloat16,
+                            fp16,
+                            fp16 || config.get_bool("skip_if_nonfinite"),
+                            config.get_float("growth_factor"),
+                            config.get_float("backoff_factor"),
+                            config.get_int("growth_interval")};
+    const c10::DeviceType device = job.device().type();
+    auto scaler = std::make_shared<Scaler>(fp16 ? config.get_float("init_scale") : 1.0);
+    job.register_state("amp", scaler);
+
+    // Autocast covers the forward and the loss; backward follows the dtypes autocast recorded.
+    job.add_hook(HookPoint::BeforeForward, [device, settings](StepContext&) {
+      at::autocast::set_autocast_dtype(device, settings.dtype);
+      at::autocast::set_autocast_enabled(device, true);
+    });
+    job.add_hook(HookPoint::AfterForward, [device](StepContext&) {
+      at::autocast::set_autocast_enabled(device, false);
+      at::autocast::clear_cache();
+    });
+
+    job.compute_gradients = [inner = job.compute_gradients, &job, scaler, settings](StepContext& context) {
+      const double scale = scaler->scale;
+      context.loss_scale = scale;
+      const double loss = inner(context);
+      context.loss_scale = 1.0;
+      bool skipped = false;
+      if (settings.check_nonfinite) skipped = unscale_and_check(job, 1.0 / scale);
+      if (skipped) {
+        context.skip_step = true;
+        ++scaler->skipped_steps;
+        if (settings.scaling) scaler->scale = scale * settings.backoff_factor, scaler->growth_tracker = 0;
+      } else if (settings.scaling && ++scaler->growth_tracker == settings.growth_interval) {
+        scaler->scale = scale * settings.growth_factor;
+        scaler->growth_tracker = 0;
+      }
+      if (settings.scaling) context.metrics.emplace_back("amp_loss_scale", scale);
+      context.metrics.emplace_back("amp_skipped", skipped ? 1.0 : 0.0);
+      context.metrics.emplace_back("amp_skipped_steps", static_cast<double>(scaler->skipped_steps));
+      return loss;
+    };
+  }
 };
 
 void register_components(Registry& registry) { registry.add(std::make_unique<AmpPass>()); }
@@ -32,4 +131,4 @@ void register_components(Registry& registry) { registry.add(std::make_unique<Amp
 }  // namespace
 }  // namespace strata::amp
 
-STRATA_PLUGIN("amp", "0.1.0", strata::amp::register_components)
+STRATA_PLUGIN("amp", "0.2.0", strata::amp::register_components)

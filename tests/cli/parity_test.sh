@@ -3,7 +3,8 @@
 # The single-process fp32 baseline (no passes) against the data-parallel pass NAME (default ddp;
 # zero1, zero2 and fsdp are listed disabled in the strategy and switched on in place of ddp) at
 # 1, 2 and 4 ranks (oversubscribed on small machines): every step's loss must agree within a
-# relative 1e-5 (observed: about 1e-7, from the different order of floating-point sums).
+# relative 1e-5 (observed: about 1e-7, from the different order of floating-point sums; PARITY_TOL
+# overrides it for reduced precision).
 set -euo pipefail
 strata=$1 strategy=$2 work=$3
 shift 3
@@ -17,8 +18,8 @@ losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$1/metrics.jsonl"; }
 for ranks in 1 2 4; do
   "$strata" run -n "$ranks" "$strategy" --out "$work/$pass$ranks" "${select[@]}" "$@" > "$work/$pass$ranks.log" 2>&1 ||
     { cat "$work/$pass$ranks.log"; exit 1; }
-  paste <(losses "$work/baseline") <(losses "$work/$pass$ranks") | awk -v r="$ranks" -v p="$pass" '
+  paste <(losses "$work/baseline") <(losses "$work/$pass$ranks") | awk -v r="$ranks" -v p="$pass" -v tol="${PARITY_TOL:-1e-5}" '
     { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel; n++ }
     END { printf "%s on %d ranks: %d steps, worst relative loss difference %.2e\n", p, r, n, worst;
-          if (n < 10 || worst > 1e-5) exit 1 }'
+          if (n < 10 || worst > tol) exit 1 }'
 done

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -13,6 +14,7 @@
 namespace strata::engine {
 
 std::string format_number(double value) {
+  if (!std::isfinite(value)) return "null";  // JSON has no inf or nan (e.g. the norm of a skipped step)
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.17g", value);
   return buf;
@@ -36,6 +38,7 @@ double resident_mib() {
 
 // Timings vary run to run; three decimals are plenty.
 std::string fixed3(double value) {
+  if (!std::isfinite(value)) return "null";
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.3f", value);
   return buf;

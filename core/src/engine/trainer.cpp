@@ -334,7 +334,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
       at::Tensor logits = job.model->forward(batch.narrow(1, 0, seq_len));
       context.loss = ops::cross_entropy(logits.reshape({-1, vocab}), batch.narrow(1, 1, seq_len).reshape(-1));
       job.run_hooks(HookPoint::AfterForward, context);
-      (context.loss / static_cast<double>(micro_count)).backward();
+      (context.loss * (context.loss_scale / static_cast<double>(micro_count))).backward();
       job.run_hooks(HookPoint::AfterBackward, context);
       loss_sum += context.loss.item<double>();
     }

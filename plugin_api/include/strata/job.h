@@ -33,6 +33,8 @@ struct StepContext {
   // the gradient-sync pass then leaves this backward alone.
   bool sync_gradients = true;
   double lr = 0.0;  // the step's learning rate, set from BeforeStep on
+  // Backward runs on loss * loss_scale (amp's fp16 loss scaler); reported losses are unscaled.
+  double loss_scale = 1.0;
   // Per-step figures a pass reports; they go into the step's metrics.jsonl object.
   std::vector<std::pair<std::string, double>> metrics;
 };

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# amp_inject_test.sh STRATA PYTHON INJECT_PLUGIN_DIR STRATEGY WORKDIR
+# fp16 amp with ddp on 2 ranks; the inject_nonfinite test pass makes one gradient element on rank
+# 1 infinite at step 3. Requires: step 3 and only step 3 is skipped (on both ranks: their
+# parameters stay identical, and the optimizer took 7 of 8 steps), the loss scale halves after
+# it, and the skip is counted.
+set -euo pipefail
+strata=$1 python=$2 plugins=$3 strategy=$4 work=$5
+rm -rf "$work" && mkdir -p "$work"
+{ cat "$strategy"; printf '\n[[pass]]\nname = "inject_nonfinite"\nstep = 3\nrank = 1\n'; } > "$work/strategy.toml"
+STRATA_PLUGIN_PATH=$plugins "$strata" run -n 2 "$work/strategy.toml" --out "$work/run" --set 'pass.amp.dtype="fp16"' \
+  --set job.steps=8 --set job.eval_every=0 > "$work/run.log" 2>&1 || { cat "$work/run.log"; exit 1; }
+m=$work/run/metrics.jsonl
+value() { grep "\"step\":$1," "$m" | sed -E "s/.*\"$2\":([^,}]*).*/\\1/"; }
+[[ $(grep -c '"amp_skipped":1\.' "$m") == 1 ]] || { echo "expected exactly one skipped step"; cat "$m"; exit 1; }
+[[ $(value 3 amp_skipped) == 1.000 ]] || { echo "step 3 was not the skipped one"; cat "$m"; exit 1; }
+[[ $(value 3 amp_loss_scale) == 65536.000 && $(value 4 amp_loss_scale) == 32768.000 ]] || { echo "no backoff after step 3"; cat "$m"; exit 1; }
+[[ $(value 8 amp_skipped_steps) == 1.000 ]] || { echo "skipped steps not counted"; cat "$m"; exit 1; }
+"$python" - "$work/run/checkpoints/step_00000008" <<'PY'
+import sys
+from safetensors.torch import load_file
+a, b = (load_file(f"{sys.argv[1]}/rank_0000{r}.safetensors") for r in (0, 1))
+assert a["optimizer/step"].item() == 7, f"optimizer took {a['optimizer/step'].item()} steps, expected 7"
+for name, t in a.items():
+    if name.startswith("model/"):
+        assert b[name].equal(t), f"ranks disagree on {name}: one of them stepped"
+print("step 3 skipped on both ranks, scale backed off 65536 -> 32768, optimizer took 7 of 8 steps")
+PY
