@@ -183,11 +183,7 @@ class FsdpPass final : public Pass {
   void apply(Job& job, const Config& config) const override {
     nn::Model& model = *job.model;
     Communicator& comm = job.topology->group(Dim::Data);
-    if (config.get_bool("sync_module_states")) {
-      at::NoGradGuard no_grad;
-      for (auto& p : model.parameters()) comm.broadcast(p, 0)->wait();
-      for (auto& b : model.buffers()) comm.broadcast(b, 0)->wait();
-    }
+    if (config.get_bool("sync_module_states")) sharding::broadcast_model_state(model, comm);
     const std::vector<size_t> ignored_blocks = model.find_blocks(config.get_strings("ignored"));
     const std::vector<BlockRun> runs = wrapped_runs(model, config, ignored_blocks);
     if (runs.empty())

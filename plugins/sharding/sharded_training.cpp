@@ -95,6 +95,12 @@ class ShardedModelState final : public Stateful {
 
 }  // namespace
 
+void broadcast_model_state(nn::Model& model, Communicator& comm) {
+  at::NoGradGuard no_grad;
+  for (auto& p : model.parameters()) comm.broadcast(p, 0)->wait();
+  for (auto& b : model.buffers()) comm.broadcast(b, 0)->wait();
+}
+
 void refresh_all(const Units& units) {
   std::vector<WorkPtr> works;
   for (const auto& unit : units)

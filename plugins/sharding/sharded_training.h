@@ -14,6 +14,9 @@ namespace strata::sharding {
 
 using Units = std::vector<std::shared_ptr<FlatUnit>>;
 
+// Broadcasts parameters and buffers from rank 0 of `comm`, so replicas start equal.
+void broadcast_model_state(nn::Model& model, Communicator& comm);
+
 // Replaces the job's optimizer construction, its "model" state and its local gradients with
 // sharded ones. The units must hold every trainable parameter between them.
 void shard_training_state(Job& job, const Units& units);

@@ -85,11 +85,7 @@ class ZeroPass final : public Pass {
 
   void apply(Job& job, const Config& config) const override {
     Communicator& comm = job.topology->group(Dim::Data);
-    {
-      at::NoGradGuard no_grad;
-      for (auto& p : job.model->parameters()) comm.broadcast(p, 0)->wait();
-      for (auto& b : job.model->buffers()) comm.broadcast(b, 0)->wait();
-    }
+    sharding::broadcast_model_state(*job.model, comm);
     Units units = make_buckets(*job.model, comm, config.get_float("bucket_mb"),
                                stage_ == 1 ? sharding::GradReduce::AllReduce : sharding::GradReduce::ReduceScatter);
     auto reducer = std::make_shared<BucketReducer>(units);

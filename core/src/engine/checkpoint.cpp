@@ -173,12 +173,6 @@ RankFile read_rank_file(const fs::path& path) {
   return file;
 }
 
-std::string shape_text(c10::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // Element ranges [begin, end) of the flattened whole tensor that a request has received.
 class Coverage {
  public:
@@ -207,6 +201,12 @@ class Coverage {
 };
 
 }  // namespace
+
+std::string shape_text(c10::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
 
 Checkpoint Checkpoint::open(const fs::path& dir) {
   if (auto problem = checkpoint_problem(dir)) throw UserError("checkpoint " + dir.string() + ": " + *problem);

@@ -74,6 +74,9 @@ class Checkpoint {
 std::optional<Checkpoint> open_newest_valid_checkpoint(const std::filesystem::path& checkpoints_dir,
                                                        const std::function<void(const std::string&)>& warn);
 
+// "[2, 3]": how messages and `strata ckpt info` write a shape.
+std::string shape_text(c10::IntArrayRef shape);
+
 // Verifies a checkpoint directory; returns the reason it is unusable, or nullopt.
 std::optional<std::string> checkpoint_problem(const std::filesystem::path& dir);
 

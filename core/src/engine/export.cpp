@@ -30,12 +30,6 @@ engine::Checkpoint open_source(const fs::path& source) {
   return *checkpoint;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string out;
   for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
@@ -109,7 +103,7 @@ std::string describe_checkpoint(const fs::path& source) {
     text << "  " << key << ": " << entry.first << " tensors, " << entry.second << " elements\n";
   for (const auto& info : infos) {
     const int64_t whole = c10::multiply_integers(info.shape);
-    text << "  " << info.name << "  " << c10::toString(info.dtype) << " " << shape_text(info.shape) << "  ";
+    text << "  " << info.name << "  " << c10::toString(info.dtype) << " " << engine::shape_text(info.shape) << "  ";
     if (info.pieces_in.empty())
       text << "whole on rank(s) " << ranks_text(info.whole_in);
     else
