@@ -1,9 +1,11 @@
 // Activation checkpointing: selected blocks run without keeping their intermediate activations;
 // backward runs the block's forward again (with the random number generators rewound, so
-// dropout draws the same masks) and differentiates that. Only each block's input is kept.
+// dropout draws the same masks, and under the autocast state the forward saw, so amp recomputes
+// in the same dtypes) and differentiates that. Only each block's input is kept.
 #include <atomic>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -23,6 +25,26 @@ std::vector<at::Tensor> trainable_parameters(nn::Block& block) {
   return out;
 }
 
+// Restores a device's autocast switch and dtype when it goes out of scope, and drops the casts
+// autocast cached meanwhile: they hold parameter values the next optimizer step makes stale.
+class AutocastState {
+ public:
+  explicit AutocastState(c10::DeviceType device)
+      : device_(device), enabled_(at::autocast::is_autocast_enabled(device)), dtype_(at::autocast::get_autocast_dtype(device)) {}
+  ~AutocastState() {
+    at::autocast::set_autocast_enabled(device_, enabled_);
+    at::autocast::set_autocast_dtype(device_, dtype_);
+    at::autocast::clear_cache();
+  }
+  AutocastState(const AutocastState&) = delete;
+  AutocastState& operator=(const AutocastState&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool enabled_;
+  at::ScalarType dtype_;
+};
+
 class Recompute : public torch::autograd::Function<Recompute> {
  public:
   // `params` are the block's parameters: passed as a TensorList, each one is an input of this
@@ -32,6 +54,8 @@ class Recompute : public torch::autograd::Function<Recompute> {
     ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
     ctx->saved_data["recomputed"] = reinterpret_cast<int64_t>(recomputed);
     ctx->saved_data["rng"] = c10::List<at::Tensor>(RngSnapshot(x.device()).states());
+    ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(x.device().type());
+    ctx->saved_data["autocast_dtype"] = at::autocast::get_autocast_dtype(x.device().type());
     ctx->save_for_backward({x});
     return block->forward(x);  // autograd is off inside Function::forward: nothing is recorded
   }
@@ -45,6 +69,10 @@ class Recompute : public torch::autograd::Function<Recompute> {
     at::Tensor input = x.detach().requires_grad_(x.requires_grad());
     at::Tensor output;
     {
+      const c10::DeviceType device = x.device().type();
+      const AutocastState outside(device);
+      at::autocast::set_autocast_enabled(device, ctx->saved_data["autocast"].toBool());
+      at::autocast::set_autocast_dtype(device, ctx->saved_data["autocast_dtype"].toScalarType());
       at::AutoGradMode enable(true);
       output = block->forward(input);
     }

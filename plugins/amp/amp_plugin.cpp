@@ -3,7 +3,9 @@
 // gradients are protected by a dynamic loss scaler: backward runs on loss x scale, gradients are
 // unscaled before clipping, a step with any non-finite gradient is skipped and the scale backs
 // off, and after growth_interval clean steps it grows. bf16 needs no scaling; it can skip
-// non-finite steps on request.
+// non-finite steps on request. The gradient-sync pass reduces gradients in reduce_dtype, and
+// fsdp gathers full parameters in the compute dtype (gather_dtype) so that only the shards it
+// keeps for the optimizer are fp32. Evaluation runs under the same autocast.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
@@ -58,6 +60,10 @@ bool unscale_and_check(const Job& job, double inv_scale) {
   return bad.item<float>() > 0;
 }
 
+at::ScalarType dtype_named(const std::string& name) {
+  return name == "bf16" ? at::kBFloat16 : name == "fp16" ? at::kHalf : at::kFloat;
+}
+
 class AmpPass final : public Pass {
  public:
   AmpPass()
@@ -69,21 +75,21 @@ class AmpPass final : public Pass {
                   .real("backoff_factor", 0.5, "fp16: scale multiplier after a non-finite step", between(0, 1))
                   .integer("growth_interval", 2000, "fp16: clean steps before the scale grows", at_least(1))
                   .boolean("skip_if_nonfinite", false, "bf16: skip steps whose gradients are not finite")
-                  .string("reduce_dtype", "fp32", "Dtype gradients are reduced in under sharded passes (only fp32 is built)",
-                          {"fp32", "bf16", "fp16"})},
+                  .string("reduce_dtype", "fp32", "Dtype the data-parallel pass (ddp, zero, fsdp) averages gradients in",
+                          {"fp32", "bf16", "fp16"})
+                  .string("gather_dtype", "compute",
+                          "fsdp: dtype full parameters are gathered and computed in (compute = dtype; fp32 = the master weights)",
+                          {"compute", "fp32"})},
              {Phase::Precision, {}, {"half"}, {}, {}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("backoff_factor") <= 0 || config.get_float("backoff_factor") >= 1)
       diagnostics.error(section, "pass 'amp' backoff_factor must be strictly between 0 and 1");
-    if (config.get_string("reduce_dtype") != "fp32")
-      diagnostics.error(section, "pass 'amp' reduce_dtype = \"" + config.get_string("reduce_dtype") +
-                                     "\" is not built yet; gradients are reduced in fp32");
   }
 
   void apply(Job& job, const Config& config) const override {
     const bool fp16 = config.get_string("dtype") == "fp16";
-    const Settings settings{fp16 ? at::kHalf : at::kBFloat16,
+    const Settings settings{dtype_named(config.get_string("dtype")),
                             fp16,
                             fp16 || config.get_bool("skip_if_nonfinite"),
                             config.get_float("growth_factor"),
@@ -92,16 +98,22 @@ class AmpPass final : public Pass {
     const c10::DeviceType device = job.device().type();
     auto scaler = std::make_shared<Scaler>(fp16 ? config.get_float("init_scale") : 1.0);
     job.register_state("amp", scaler);
+    job.reduce_dtype = dtype_named(config.get_string("reduce_dtype"));
+    if (config.get_string("gather_dtype") == "compute") job.gather_dtype = settings.dtype;
 
     // Autocast covers the forward and the loss; backward follows the dtypes autocast recorded.
-    job.add_hook(HookPoint::BeforeForward, [device, settings](StepContext&) {
+    const StepHook autocast_on = [device, settings](StepContext&) {
       at::autocast::set_autocast_dtype(device, settings.dtype);
       at::autocast::set_autocast_enabled(device, true);
-    });
-    job.add_hook(HookPoint::AfterForward, [device](StepContext&) {
+    };
+    const StepHook autocast_off = [device](StepContext&) {
       at::autocast::set_autocast_enabled(device, false);
       at::autocast::clear_cache();
-    });
+    };
+    job.add_hook(HookPoint::BeforeForward, autocast_on);
+    job.add_hook(HookPoint::AfterForward, autocast_off);
+    job.add_hook(HookPoint::BeforeEvaluate, autocast_on);
+    job.add_hook(HookPoint::AfterEvaluate, autocast_off);
 
     job.compute_gradients = [inner = job.compute_gradients, &job, scaler, settings](StepContext& context) {
       const double scale = scaler->scale;

@@ -1,7 +1,9 @@
 // Data parallel: parameters broadcast from rank 0, then gradients averaged over the
 // data-parallel group in buckets, each launched asynchronously as soon as all of its gradients
 // are final during the last micro-batch's backward, so communication overlaps computation.
+// Buckets travel in amp's reduce_dtype when one is set.
 #include <chrono>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -22,7 +24,8 @@ struct Bucket {
 // Tracks which gradients are final and reduces buckets as they fill.
 class Reducer {
  public:
-  Reducer(std::shared_ptr<nn::Model> model, Communicator& comm, double bucket_mb, bool ignore_unused)
+  Reducer(std::shared_ptr<nn::Model> model, Communicator& comm, double bucket_mb, bool ignore_unused,
+          std::optional<at::ScalarType> reduce_dtype)
       : model_(std::move(model)), comm_(comm), ignore_unused_(ignore_unused) {
     for (const auto& p : model_->named_parameters())
       if (p.value().requires_grad()) names_.push_back(p.key()), params_.push_back(p.value());
@@ -43,7 +46,8 @@ class Reducer {
     for (auto& b : buckets_) {
       int64_t n = 0;
       for (size_t i : b.params) n += params_[i].numel();
-      b.flat = at::empty({n}, params_[b.params.front()].options());
+      const at::TensorOptions options = params_[b.params.front()].options().requires_grad(false);
+      b.flat = at::empty({n}, reduce_dtype ? options.dtype(*reduce_dtype) : options);
     }
     ready_.assign(params_.size(), false);
   }
@@ -148,7 +152,7 @@ class DdpPass final : public Pass {
   void apply(Job& job, const Config& config) const override {
     Communicator& comm = job.topology->group(Dim::Data);
     auto reducer = std::make_shared<Reducer>(job.model, comm, config.get_float("bucket_mb"),
-                                             config.get_string("unused_parameters") == "ignore");
+                                             config.get_string("unused_parameters") == "ignore", job.reduce_dtype);
     reducer->broadcast_parameters();
     if (config.get_bool("broadcast_buffers")) {
       at::NoGradGuard no_grad;

@@ -3,7 +3,8 @@
 // all-gathered before the unit's forward and again before its backward, freed after each, and
 // its gradients are reduce-scattered once its backward is done. Parameters of no unit form the
 // root unit, gathered for the whole forward and backward; ignored blocks keep full parameters
-// and are reduced like zero1.
+// and are reduced like zero1. Under amp, full parameters are gathered in the compute dtype (the
+// fp32 shards stay the optimizer's master weights) and gradients reduced in amp's reduce_dtype.
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -131,13 +132,19 @@ class Sharder {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
   }
 
-  int64_t take_all_gathers() { return std::exchange(all_gathers_, 0); }
+  // This step's collectives: how many all-gathers, and the bytes of the full buffers gathered and
+  // reduced.
+  struct Traffic {
+    int64_t all_gathers = 0, gather_bytes = 0, reduce_bytes = 0;
+  };
+  Traffic take_traffic() { return std::exchange(traffic_, Traffic{}); }
 
  private:
   void gather(FlatUnit& unit) {
     if (unit.gathered()) return;
     unit.start_gather();
-    ++all_gathers_;
+    ++traffic_.all_gathers;
+    traffic_.gather_bytes += unit.gather_bytes();
   }
 
   int64_t in_flight() const {
@@ -149,7 +156,7 @@ class Sharder {
   // Gradients are reduced only in the last micro-batch (earlier ones accumulate locally); full
   // parameters are freed unless the next micro-batch reuses them without resharding.
   void unit_backward_done(FlatUnit& unit) {
-    if (last_) unit.start_reduce();
+    if (last_) unit.start_reduce(), traffic_.reduce_bytes += unit.reduce_bytes();
     const bool keep = !last_ && (&unit == root_.get() || !options_.reshard_after_forward);
     if (!keep) unit.release();
   }
@@ -158,7 +165,7 @@ class Sharder {
   std::shared_ptr<FlatUnit> root_, ignored_;
   Options options_;
   bool last_ = true;
-  int64_t all_gathers_ = 0;
+  Traffic traffic_;
 };
 
 class FsdpPass final : public Pass {
@@ -209,18 +216,21 @@ class FsdpPass final : public Pass {
           root_params.push_back(np);
       }
 
+    // Wrapped and root units gather in the compute dtype; the ignored unit keeps its parameters
+    // whole, in their own dtype.
+    const sharding::UnitDtypes gathered{job.gather_dtype, job.reduce_dtype}, whole{std::nullopt, job.reduce_dtype};
     Units wrapped;
     for (size_t r = 0; r < runs.size(); ++r) {
       if (run_params[r].empty()) continue;  // nothing to shard; its blocks run as they are
       wrapped.push_back(std::make_shared<FlatUnit>(model.block_name(runs[r].first), std::move(run_params[r]), comm,
-                                                   GradReduce::ReduceScatter, /*persistent_params=*/false));
+                                                   GradReduce::ReduceScatter, /*persistent_params=*/false, gathered));
     }
     auto root = root_params.empty() ? nullptr
                                     : std::make_shared<FlatUnit>("root", std::move(root_params), comm, GradReduce::ReduceScatter,
-                                                                 /*persistent_params=*/false);
+                                                                 /*persistent_params=*/false, gathered);
     auto ignored = ignored_params.empty() ? nullptr
                                           : std::make_shared<FlatUnit>("ignored", std::move(ignored_params), comm,
-                                                                       GradReduce::AllReduce, /*persistent_params=*/true);
+                                                                       GradReduce::AllReduce, /*persistent_params=*/true, whole);
     const Options options{config.get_bool("reshard_after_forward"), config.get_bool("forward_prefetch"),
                           config.get_int("limit_all_gathers")};
     auto sharder = std::make_shared<Sharder>(wrapped, root, ignored, options);
@@ -242,7 +252,10 @@ class FsdpPass final : public Pass {
       if (c.micro + 1 == c.micro_count) c.metrics.emplace_back("fsdp_exposed_comm_ms", waited);
     });
     job.add_hook(HookPoint::AfterStep, [sharder](StepContext& c) {
-      c.metrics.emplace_back("fsdp_all_gathers", static_cast<double>(sharder->take_all_gathers()));
+      const Sharder::Traffic traffic = sharder->take_traffic();
+      c.metrics.emplace_back("fsdp_all_gathers", static_cast<double>(traffic.all_gathers));
+      c.metrics.emplace_back("fsdp_gather_bytes", static_cast<double>(traffic.gather_bytes));
+      c.metrics.emplace_back("fsdp_reduce_bytes", static_cast<double>(traffic.reduce_bytes));
     });
     sharding::shard_training_state(job, sharder->all_units());
     job.gradient_sync_pass = "fsdp";

@@ -27,12 +27,19 @@ void allocate_storage(const at::Tensor& t) {
 }  // namespace
 
 FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm,
-                   GradReduce reduce, bool persistent_params)
+                   GradReduce reduce, bool persistent_params, UnitDtypes dtypes)
     : name_(std::move(name)), params_(std::move(params)), comm_(comm), reduce_(reduce), persistent_(persistent_params) {
   if (params_.empty()) throw std::logic_error("flat unit '" + name_ + "' has no parameters");
   const at::TensorOptions options = params_.front().second.options().requires_grad(false);
+  master_dtype_ = params_.front().second.scalar_type();
+  gather_dtype_ = dtypes.gather.value_or(master_dtype_);
+  reduce_dtype_ = dtypes.reduce.value_or(gather_dtype_);
+  // Persistent parameters are what the optimizer updates, and AllReduce hands each parameter a
+  // view of the averaged gradient: both need the parameters in their own dtype.
+  if (gather_dtype_ != master_dtype_ && (persistent_ || reduce_ == GradReduce::AllReduce))
+    throw std::logic_error("flat unit '" + name_ + "': only units that gather before use and reduce-scatter change dtype");
   for (const auto& [pname, p] : params_) {
-    if (p.scalar_type() != options.dtype() || p.device() != options.device())
+    if (p.scalar_type() != master_dtype_ || p.device() != options.device())
       throw std::invalid_argument("flat unit '" + name_ + "': parameter '" + pname + "' has another dtype or device than '" +
                                   params_.front().first + "'");
     offsets_.push_back(numel_);
@@ -44,14 +51,15 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
   chunk_begin_ = chunk_ * comm_.rank();
 
   at::NoGradGuard no_grad;
-  full_ = at::zeros({padded_}, options);
+  at::Tensor master = at::zeros({padded_}, options);
+  for (size_t i = 0; i < params_.size(); ++i)
+    master.narrow(0, offsets_[i], params_[i].second.numel()).copy_(params_[i].second.reshape(-1));
+  if (!persistent_) shard_ = master.narrow(0, chunk_begin_, chunk_).clone();
+  full_ = master.to(gather_dtype_);
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i].second;
-    at::Tensor view = full_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
-    view.copy_(p);
-    p.set_data(view);
+    p.set_data(full_.narrow(0, offsets_[i], p.numel()).view(p.sizes()));
   }
-  if (!persistent_) shard_ = full_.narrow(0, chunk_begin_, chunk_).clone();
   if (reduce_ == GradReduce::AllReduce)
     full_grad_ = at::zeros({padded_}, options);
   else
@@ -73,6 +81,10 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
   if (!persistent_) release();
 }
 
+int64_t FlatUnit::gather_bytes() const { return padded_ * static_cast<int64_t>(c10::elementSize(gather_dtype_)); }
+
+int64_t FlatUnit::reduce_bytes() const { return padded_ * static_cast<int64_t>(c10::elementSize(reduce_dtype_)); }
+
 at::Tensor FlatUnit::data_chunk() const { return persistent_ ? full_.narrow(0, chunk_begin_, chunk_) : shard_; }
 
 at::Tensor FlatUnit::grad_chunk() const {
@@ -82,7 +94,8 @@ at::Tensor FlatUnit::grad_chunk() const {
 void FlatUnit::start_gather() {
   if (persistent_ || state_ != State::Released) return;
   allocate_storage(full_);
-  gather_work_ = comm_.all_gather(full_, shard_);
+  gather_input_ = shard_.to(gather_dtype_);
+  gather_work_ = comm_.all_gather(full_, gather_input_);
   state_ = State::Gathering;
 }
 
@@ -91,6 +104,7 @@ void FlatUnit::wait_gathered() {
   if (state_ == State::Gathering) {
     gather_work_->wait();
     gather_work_.reset();
+    gather_input_ = at::Tensor();
     state_ = State::Gathered;
   }
 }
@@ -124,28 +138,37 @@ void FlatUnit::fill_missing_gradients() {
 
 void FlatUnit::start_reduce() {
   at::NoGradGuard no_grad;
-  if (reduce_ == GradReduce::ReduceScatter) full_grad_ = at::zeros({padded_}, grad_chunk_.options());
+  const at::TensorOptions options = at::TensorOptions().dtype(reduce_dtype_).device(full_.device());
+  const bool in_place = reduce_ == GradReduce::AllReduce && reduce_dtype_ == master_dtype_;
+  staging_ = in_place ? full_grad_ : at::zeros({padded_}, options);
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i].second;
-    full_grad_.narrow(0, offsets_[i], p.numel()).copy_(p.grad().reshape(-1));
+    staging_.narrow(0, offsets_[i], p.numel()).copy_(p.grad().reshape(-1));
     if (reduce_ == GradReduce::ReduceScatter) p.mutable_grad() = at::Tensor();
   }
-  reduce_work_ = reduce_ == GradReduce::AllReduce ? comm_.all_reduce(full_grad_, ReduceOp::Avg)
-                                                  : comm_.reduce_scatter(grad_chunk_, full_grad_, ReduceOp::Avg);
+  if (reduce_ == GradReduce::AllReduce) {
+    reduce_work_ = comm_.all_reduce(staging_, ReduceOp::Avg);
+    return;
+  }
+  reduced_ = reduce_dtype_ == master_dtype_ ? grad_chunk_ : at::empty({chunk_}, options);
+  reduce_work_ = comm_.reduce_scatter(reduced_, staging_, ReduceOp::Avg);
 }
 
 void FlatUnit::wait_reduced() {
   if (!reduce_work_) return;
   reduce_work_->wait();
   reduce_work_.reset();
+  at::NoGradGuard no_grad;
   if (reduce_ == GradReduce::ReduceScatter) {
-    full_grad_ = at::Tensor();
-    return;
+    if (!reduced_.is_same(grad_chunk_)) grad_chunk_.copy_(reduced_);
+  } else {
+    if (!staging_.is_same(full_grad_)) full_grad_.copy_(staging_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor& p = params_[i].second;
+      p.mutable_grad() = full_grad_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
+    }
   }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i].second;
-    p.mutable_grad() = full_grad_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
-  }
+  staging_ = reduced_ = at::Tensor();
 }
 
 WorkPtr FlatUnit::start_refresh() {

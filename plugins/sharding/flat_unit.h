@@ -4,6 +4,7 @@
 // allocated between uses.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,14 @@ enum class GradReduce {
   ReduceScatter,  // every rank keeps only its chunk of it (zero2, fsdp)
 };
 
+// Dtypes a unit works in besides its parameters' own (the master weights the optimizer updates).
+struct UnitDtypes {
+  // Full parameters, and so the forward, backward and gradients (units that gather before use).
+  std::optional<at::ScalarType> gather;
+  // Gradient communication; unset: the gradients' dtype.
+  std::optional<at::ScalarType> reduce;
+};
+
 // The part of one parameter that lies in this rank's chunk.
 struct Piece {
   std::string name;
@@ -31,14 +40,18 @@ struct Piece {
 class FlatUnit {
  public:
   // Moves the parameters' data into the unit's flat buffer (they become views of it). With
-  // `persistent_params` false (fsdp) this rank keeps its chunk apart and the full buffer is freed
-  // until gather() is called.
+  // `persistent_params` false (fsdp) this rank keeps its chunk apart, in the parameters' dtype,
+  // and the full buffer, in dtypes.gather, is freed until gather() is called. Persistent units
+  // and AllReduce units keep parameters in their own dtype.
   FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm,
-           GradReduce reduce, bool persistent_params);
+           GradReduce reduce, bool persistent_params, UnitDtypes dtypes = {});
 
   const std::string& name() const { return name_; }
   const std::vector<std::pair<std::string, at::Tensor>>& params() const { return params_; }
   int64_t numel() const { return numel_; }
+  // Size of the full buffer each all-gather fills and each gradient reduction sends.
+  int64_t gather_bytes() const;
+  int64_t reduce_bytes() const;
 
   // Full parameters (fsdp): start_gather() launches the all-gather into a freshly allocated
   // buffer, wait_gathered() completes it, release() frees the buffer.
@@ -78,11 +91,15 @@ class FlatUnit {
   Communicator& comm_;
   GradReduce reduce_;
   bool persistent_;
+  at::ScalarType master_dtype_, gather_dtype_, reduce_dtype_;
   int64_t numel_ = 0, padded_ = 0, chunk_ = 0, chunk_begin_ = 0;
-  at::Tensor full_;        // [padded]: the parameters are views of it
-  at::Tensor shard_;       // [chunk]: this rank's parameters when they do not persist
-  at::Tensor full_grad_;   // [padded]: AllReduce's averaged gradients, or ReduceScatter's staging
-  at::Tensor grad_chunk_;  // [chunk]: ReduceScatter's result
+  at::Tensor full_;          // [padded], gather dtype: the parameters are views of it
+  at::Tensor shard_;         // [chunk], master dtype: this rank's parameters when they do not persist
+  at::Tensor gather_input_;  // shard_ in the gather dtype while an all-gather reads it
+  at::Tensor full_grad_;     // [padded], master dtype: AllReduce's averaged gradients
+  at::Tensor grad_chunk_;    // [chunk], master dtype: ReduceScatter's result
+  at::Tensor staging_;       // [padded], reduce dtype: the gradients a reduction sends
+  at::Tensor reduced_;       // [chunk], reduce dtype: what a reduce-scatter receives
   std::vector<Piece> pieces_;
   State state_ = State::Gathered;
   WorkPtr gather_work_, reduce_work_;

@@ -1,6 +1,8 @@
 // WSAM (weighted sharpness-aware minimisation, KDD 2023) as a change of the step program,
 // following ../shared/specs/optimizers.md as written up in docs/optimizers.md. It wraps the
 // job's gradient computation, so any registered optimizer is its base.
+#include <optional>
+
 #include <ATen/ATen.h>
 
 #include "strata/plugin.h"
@@ -25,11 +27,13 @@ void clip(const std::vector<at::Tensor>& grads, double max_norm) {
     for (const auto& g : grads) g.mul_(coefficient);
 }
 
-// Averages tensors over a group with one all-reduce of their concatenation.
-WorkPtr average(Communicator& group, const std::vector<at::Tensor>& tensors, at::Tensor& flat) {
+// Averages tensors over a group with one all-reduce of their concatenation, in `dtype` if set.
+WorkPtr average(Communicator& group, const std::vector<at::Tensor>& tensors, std::optional<at::ScalarType> dtype,
+                at::Tensor& flat) {
   std::vector<at::Tensor> views;
   for (const auto& t : tensors) views.push_back(t.reshape(-1));
   flat = at::cat(views);
+  if (dtype) flat = flat.to(*dtype);
   return group.all_reduce(flat, ReduceOp::Avg);
 }
 
@@ -43,7 +47,8 @@ void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
 
 class Wsam {
  public:
-  Wsam(Job& job, Settings settings) : settings_(settings), device_(job.device()), group_(job.topology->group(Dim::Data)) {
+  Wsam(Job& job, Settings settings)
+      : settings_(settings), device_(job.device()), group_(job.topology->group(Dim::Data)), reduce_dtype_(job.reduce_dtype) {
     for (const auto& p : job.model->parameters())
       if (p.requires_grad()) params_.push_back(p);
   }
@@ -71,7 +76,7 @@ class Wsam {
     }
     // The local gradient is averaged while the second pass runs.
     at::Tensor flat;
-    WorkPtr pending = settings_.local && group_.size() > 1 ? average(group_, g, flat) : nullptr;
+    WorkPtr pending = settings_.local && group_.size() > 1 ? average(group_, g, reduce_dtype_, flat) : nullptr;
 
     rng.restore();
     {
@@ -123,6 +128,7 @@ class Wsam {
   Settings settings_;
   c10::Device device_;
   Communicator& group_;
+  std::optional<at::ScalarType> reduce_dtype_;
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> sharpness_;
 };

@@ -2,8 +2,10 @@
 // backward each bucket's gradients are reduced as soon as they are all final, overlapping
 // backward. Each rank's optimizer updates only its chunk of every bucket, then the chunks are
 // all-gathered. Stage 1 all-reduces (every rank keeps the averaged gradient); stage 2
-// reduce-scatters (every rank keeps only its chunk of it).
+// reduce-scatters (every rank keeps only its chunk of it). Gradients travel in amp's
+// reduce_dtype when one is set.
 #include <chrono>
+#include <optional>
 
 #include <ATen/ATen.h>
 
@@ -18,7 +20,8 @@ using sharding::Units;
 
 // Buckets of at most `bucket_mb`, filled from the last parameter backwards (the order gradients
 // arrive in), one dtype each.
-Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, sharding::GradReduce reduce) {
+Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, sharding::GradReduce reduce,
+                   std::optional<at::ScalarType> reduce_dtype) {
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& p : model.named_parameters())
     if (p.value().requires_grad()) params.emplace_back(p.key(), p.value());
@@ -38,7 +41,7 @@ Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, shard
   Units units;
   for (auto& group : groups)
     units.push_back(std::make_shared<FlatUnit>("bucket" + std::to_string(units.size()), std::move(group), comm, reduce,
-                                               /*persistent_params=*/true));
+                                               /*persistent_params=*/true, sharding::UnitDtypes{std::nullopt, reduce_dtype}));
   return units;
 }
 
@@ -87,7 +90,8 @@ class ZeroPass final : public Pass {
     Communicator& comm = job.topology->group(Dim::Data);
     sharding::broadcast_model_state(*job.model, comm);
     Units units = make_buckets(*job.model, comm, config.get_float("bucket_mb"),
-                               stage_ == 1 ? sharding::GradReduce::AllReduce : sharding::GradReduce::ReduceScatter);
+                               stage_ == 1 ? sharding::GradReduce::AllReduce : sharding::GradReduce::ReduceScatter,
+                               job.reduce_dtype);
     auto reducer = std::make_shared<BucketReducer>(units);
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
     job.add_hook(HookPoint::BeforeForward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.micro + 1 == c.micro_count); });

@@ -3,23 +3,13 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "strata/comm.h"
-#include "strata/core/local_communicator.h"
-#include "strata/core/plugin_loader.h"
+#include "mpi_world.h"
 #include "strata/topology.h"
 
 namespace strata {
 namespace {
 
-std::shared_ptr<Communicator> world() {
-  static std::shared_ptr<Communicator> instance = [] {
-    static ComponentRegistry registry;
-    PluginLoader(registry).load_search_path({installed_plugin_dir()});
-    auto* backend = static_cast<const CommunicatorBackend*>(registry.find(ComponentKind::Communicator, "mpi"));
-    return backend->world(*local_communicator());  // mpi needs no bootstrap
-  }();
-  return instance;
-}
+std::shared_ptr<Communicator> world() { return testing::mpi_world(); }
 
 // A value that differs per rank and element, exact in every dtype used.
 at::Tensor rank_tensor(int rank, int64_t n, at::ScalarType type) {

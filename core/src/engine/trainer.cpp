@@ -402,9 +402,12 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     engine::save_checkpoint(checkpoints_dir, {step, state_hash(plan), plan.layout.world_size}, state.tensors, state.slices,
                             job_cfg.get_int("keep_checkpoints"), topology->world());
   };
-  auto evaluate = [&]() {
+  auto evaluate = [&](int64_t step) {
     at::NoGradGuard no_grad;
     job.model->eval();
+    StepContext context;
+    context.step = step;
+    job.run_hooks(HookPoint::BeforeEvaluate, context);
     double total = 0;
     const int64_t batches = job_cfg.get_int("eval_batches");
     for (int64_t b = 0; b < batches; ++b) {
@@ -412,6 +415,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
       at::Tensor logits = job.model->forward(batch.narrow(1, 0, seq_len));
       total += ops::cross_entropy(logits.reshape({-1, vocab}), batch.narrow(1, 1, seq_len).reshape(-1)).item<double>();
     }
+    job.run_hooks(HookPoint::AfterEvaluate, context);
     job.model->train();
     return total / static_cast<double>(batches);
   };
@@ -455,7 +459,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     memory_max = memory_max.cpu();
     for (int i = 0; i < 4; ++i) record.extra.emplace_back(memory_names[i], memory_max[i].item<double>());
     record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-    if (eval_every > 0 && (step % eval_every == 0 || step == steps)) record.val_loss = evaluate();
+    if (eval_every > 0 && (step % eval_every == 0 || step == steps)) record.val_loss = evaluate(step);
     if (metrics) metrics->write(record);
     console.step(record);
     if ((checkpoint_every > 0 && step % checkpoint_every == 0) || step == steps) save(step);

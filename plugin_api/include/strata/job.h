@@ -5,10 +5,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include "strata/config.h"
 #include "strata/model.h"
@@ -17,8 +19,9 @@
 
 namespace strata {
 
-// Hook points of one optimizer step, in the order they run.
-enum class HookPoint { BeforeForward, AfterForward, AfterBackward, BeforeStep, AfterStep };
+// Hook points of one optimizer step, in the order they run, then those around an evaluation
+// (forward passes over validation batches without gradients; the context carries the step).
+enum class HookPoint { BeforeForward, AfterForward, AfterBackward, BeforeStep, AfterStep, BeforeEvaluate, AfterEvaluate };
 
 struct StepContext {
   int64_t step = 0;          // optimizer step being computed, from 1
@@ -86,6 +89,12 @@ class STRATA_API Job {
   // summed over the data-parallel group.
   std::function<std::vector<at::Tensor>()> local_gradients;
   bool gradients_sharded = false;
+
+  // The precision of data-parallel communication, set by a precision pass (amp, phase Precision)
+  // for the gradient-sync pass (phase Wrapping, so it applies later). Gradients are averaged in
+  // reduce_dtype; a pass that gathers full parameters before use (fsdp) gathers them, and so
+  // computes with them and their gradients, in gather_dtype. Unset: the parameters' own dtype.
+  std::optional<at::ScalarType> reduce_dtype, gather_dtype;
 
   void add_hook(HookPoint point, StepHook hook);
   void run_hooks(HookPoint point, StepContext& context) const;
