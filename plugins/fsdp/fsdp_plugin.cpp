@@ -257,6 +257,8 @@ class FsdpPass final : public Pass {
       c.metrics.emplace_back("fsdp_gather_bytes", static_cast<double>(traffic.gather_bytes));
       c.metrics.emplace_back("fsdp_reduce_bytes", static_cast<double>(traffic.reduce_bytes));
     });
+    // Step metrics count the training step's collectives, not an evaluation's.
+    job.add_hook(HookPoint::AfterEvaluate, [sharder](StepContext&) { sharder->take_traffic(); });
     sharding::shard_training_state(job, sharder->all_units());
     job.gradient_sync_pass = "fsdp";
   }
