@@ -92,6 +92,9 @@ class Reducer {
     for (size_t i = 0; i < params_.size(); ++i)
       if (!ready_[i]) unused.push_back(names_[i]);
     if (!unused.empty() && !ignore_unused_) {
+      // No collective may be left in flight while the error unwinds: every rank fails here alike.
+      for (auto& b : buckets_)
+        if (b.work) b.work->wait();
       std::string list;
       for (const auto& n : unused) list += (list.empty() ? "" : ", ") + n;
       throw UserError("pass 'ddp': parameters got no gradient this step: " + list +

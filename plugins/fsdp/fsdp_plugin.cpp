@@ -23,6 +23,7 @@ using sharding::Units;
 using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
 
 struct Options {
+  bool ignore_unused;
   bool reshard_after_forward;
   bool forward_prefetch;
   int64_t limit_all_gathers;
@@ -121,6 +122,7 @@ class Sharder {
   // After each micro-batch's backward: units some parameters of which got no gradient finish
   // here; after the last, all reductions complete. Returns the milliseconds spent waiting.
   double after_backward() {
+    if (last_) sharding::check_unused_parameters("fsdp", options_.ignore_unused, all_);
     for (auto& unit : all_)
       if (!unit->complete()) {
         if (last_) unit->fill_missing_gradients();
@@ -172,14 +174,14 @@ class FsdpPass final : public Pass {
  public:
   FsdpPass()
       : Pass({ComponentKind::Pass, "fsdp", "Parameters, gradients and optimizer states sharded per wrapped unit",
-              Schema()
+              sharding::add_unused_parameters_key(Schema()
                   .strings("wrap", {"block"}, "Block types or names that become sharded units")
                   .integer("min_params", 0, "Size-based wrapping: smallest unit in parameters; 0 = wrap by name only", at_least(0))
                   .strings("ignored", {}, "Block types or names whose parameters stay whole (gradients all-reduced, optimizer state sharded)")
                   .boolean("reshard_after_forward", true, "Free full parameters after a unit's forward")
                   .boolean("forward_prefetch", false, "All-gather the next unit during the current forward")
                   .integer("limit_all_gathers", 2, "Most all-gathers in flight at once", at_least(1))
-                  .boolean("sync_module_states", true, "Broadcast initial parameters from rank 0")},
+                  .boolean("sync_module_states", true, "Broadcast initial parameters from rank 0"))},
              {Phase::Wrapping, {}, {"ddp", "zero1", "zero2"}, {}, {}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
@@ -231,7 +233,7 @@ class FsdpPass final : public Pass {
     auto ignored = ignored_params.empty() ? nullptr
                                           : std::make_shared<FlatUnit>("ignored", std::move(ignored_params), comm,
                                                                        GradReduce::AllReduce, /*persistent_params=*/true, whole);
-    const Options options{config.get_bool("reshard_after_forward"), config.get_bool("forward_prefetch"),
+    const Options options{sharding::ignores_unused_parameters(config), config.get_bool("reshard_after_forward"), config.get_bool("forward_prefetch"),
                           config.get_int("limit_all_gathers")};
     auto sharder = std::make_shared<Sharder>(wrapped, root, ignored, options);
 

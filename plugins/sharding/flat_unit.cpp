@@ -127,6 +127,13 @@ bool FlatUnit::mark_ready(size_t param_index) {
   return --pending_ == 0;
 }
 
+std::vector<std::string> FlatUnit::missing_gradients() const {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!ready_[i]) names.push_back(params_[i].first);
+  return names;
+}
+
 void FlatUnit::fill_missing_gradients() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (ready_[i]) continue;

@@ -66,6 +66,8 @@ class FlatUnit {
   void begin_backward();
   bool mark_ready(size_t param_index);
   bool complete() const { return pending_ == 0; }
+  // Names of the parameters that got no gradient in this backward so far.
+  std::vector<std::string> missing_gradients() const;
   // Gives parameters without a gradient a zero one, so the unit can be reduced.
   void fill_missing_gradients();
   // Launches the reduction of the parameters' (accumulated) gradients; ReduceScatter frees them.

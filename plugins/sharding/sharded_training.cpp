@@ -101,6 +101,25 @@ void broadcast_model_state(nn::Model& model, Communicator& comm) {
   for (auto& b : model.buffers()) comm.broadcast(b, 0)->wait();
 }
 
+Schema add_unused_parameters_key(Schema schema) {
+  return schema.string("unused_parameters", "error", "Parameters that get no gradient: report them by name, or reduce zeros",
+                       {"error", "ignore"});
+}
+
+bool ignores_unused_parameters(const Config& config) { return config.get_string("unused_parameters") == "ignore"; }
+
+void check_unused_parameters(const std::string& pass, bool ignore, const Units& units) {
+  if (ignore) return;
+  std::string list;
+  for (const auto& unit : units)
+    for (const auto& name : unit->missing_gradients()) list += (list.empty() ? "" : ", ") + name;
+  if (list.empty()) return;
+  // No collective may be left in flight while the error unwinds: every rank fails here alike.
+  for (const auto& unit : units) unit->wait_reduced();
+  throw UserError("pass '" + pass + "': parameters got no gradient this step: " + list +
+                  "; set unused_parameters = \"ignore\" if that is expected");
+}
+
 void refresh_all(const Units& units) {
   std::vector<WorkPtr> works;
   for (const auto& unit : units)

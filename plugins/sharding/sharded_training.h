@@ -24,6 +24,13 @@ void shard_training_state(Job& job, const Units& units);
 // Calls `ready(unit, param)` each time backward has accumulated a parameter's gradient.
 void on_gradient_accumulated(const Units& units, std::function<void(size_t unit, size_t param)> ready);
 
+// The `unused_parameters` key zero and fsdp share with ddp ("error" or "ignore"), and its check
+// at the end of a backward that reduces: unless ignored, parameters that got no gradient are an
+// error naming them.
+Schema add_unused_parameters_key(Schema schema);
+bool ignores_unused_parameters(const Config& config);
+void check_unused_parameters(const std::string& pass, bool ignore, const Units& units);
+
 // Launches every unit's refresh (all-gather of the updated chunk), then waits for them all.
 void refresh_all(const Units& units);
 

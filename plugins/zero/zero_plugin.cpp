@@ -48,7 +48,8 @@ Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, shard
 // Reduces each bucket as soon as backward has finished all of its gradients.
 class BucketReducer {
  public:
-  explicit BucketReducer(Units units) : units_(std::move(units)) {}
+  BucketReducer(std::string pass, Units units, bool ignore_unused)
+      : pass_(std::move(pass)), units_(std::move(units)), ignore_unused_(ignore_unused) {}
 
   void begin_micro_batch(bool last) {
     syncing_ = last;
@@ -62,6 +63,7 @@ class BucketReducer {
 
   // Returns the milliseconds spent waiting for communication that backward did not hide.
   double finish() {
+    sharding::check_unused_parameters(pass_, ignore_unused_, units_);
     for (auto& unit : units_)
       if (!unit->complete()) {
         unit->fill_missing_gradients();
@@ -74,7 +76,9 @@ class BucketReducer {
   }
 
  private:
+  std::string pass_;
   Units units_;
+  bool ignore_unused_;
   bool syncing_ = false;
 };
 
@@ -82,7 +86,8 @@ class ZeroPass final : public Pass {
  public:
   ZeroPass(int stage, std::string summary)
       : Pass({ComponentKind::Pass, "zero" + std::to_string(stage), std::move(summary),
-              Schema().real("bucket_mb", 25.0, "Bucket size in MiB: the unit of gradient reduction and of sharding", at_least(0.001))},
+              sharding::add_unused_parameters_key(
+                  Schema().real("bucket_mb", 25.0, "Bucket size in MiB: the unit of gradient reduction and of sharding", at_least(0.001)))},
              {Phase::Wrapping, {}, conflicts(stage), {}, {}}),
         stage_(stage) {}
 
@@ -92,7 +97,7 @@ class ZeroPass final : public Pass {
     Units units = make_buckets(*job.model, comm, config.get_float("bucket_mb"),
                                stage_ == 1 ? sharding::GradReduce::AllReduce : sharding::GradReduce::ReduceScatter,
                                job.reduce_dtype);
-    auto reducer = std::make_shared<BucketReducer>(units);
+    auto reducer = std::make_shared<BucketReducer>(name(), units, sharding::ignores_unused_parameters(config));
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
     job.add_hook(HookPoint::BeforeForward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.micro + 1 == c.micro_count); });
     job.add_hook(HookPoint::AfterBackward, [reducer](StepContext& c) {
