@@ -4,10 +4,10 @@ gathers, bf16 gathers, and bf16 gathers with bf16 reductions, next to fsdp in fp
 usage: python bench/fsdp_precision.py [--strata build/bin/strata] [--out bench/results/fsdp_precision_cpu.md]
 
 Each configuration is one `strata run -n N` (GPT, 8 layers, d_model 512, seq 128, synthetic
-tokens, 4 steps, AdamW, 1 thread per rank) at 2 and 4 ranks. The figures come from Strata's
+tokens, 3 steps, AdamW, 1 thread per rank) at 2 and 4 ranks. The figures come from Strata's
 metrics.jsonl: `fsdp_gather_bytes` and `fsdp_reduce_bytes` (the full buffers a rank's all-gathers
 filled and its reductions sent in one step), `mem_peak_bytes` (peak RSS, maximum over ranks) and
-the median `step_ms` of steps 2 to 4.
+the median `step_ms` of steps 2 and 3.
 """
 import argparse
 import json
@@ -17,28 +17,11 @@ import statistics
 import subprocess
 import tempfile
 
+import sharding_memory
+
 RANKS = [2, 4]
-STRATEGY = """
-[job]
-model = "gpt"
-dataset = "synthetic"
-steps = 4
-global_batch = 8
-log_every = 100
-eval_every = 0
-checkpoint_every = 0
-threads = 1
-[model]
-n_layer = 8
-n_head = 8
-d_model = 512
-vocab_size = 256
-seq_len = 128
-[data]
-vocab_size = 256
-[[pass]]
-name = "fsdp"
-"""
+# The model and run of sharding_memory.py, under fsdp.
+STRATEGY = sharding_memory.STRATEGY.format(name="fsdp")
 AMP = """
 [[pass]]
 name = "amp"
@@ -89,10 +72,10 @@ def main():
                        f"({gathers[3] / fp32[3]:.2f}x); with bf16 reductions too, peak RSS {both[2] / mib:.0f} MiB.")
     lines = [f"# fsdp under amp: gathers and reductions in reduced precision (CPU, {platform.machine()})", "",
              "Command: `~/.local/share/strata/venv/bin/python bench/fsdp_precision.py`.",
-             "GPT 8 layers, d_model 512, seq 128 (25.4M parameters), synthetic tokens, global batch 8, 4 steps, AdamW,",
+             "GPT 8 layers, d_model 512, seq 128 (25.4M parameters), synthetic tokens, global batch 8, 3 steps, AdamW,",
              "one thread per rank, mpi communicator. Bytes are per step and rank (`fsdp_gather_bytes`, `fsdp_reduce_bytes`);",
-             "peak RSS is the whole process, maximum over ranks; step time is the median of steps 2 to 4.", "",
-             "| configuration | ranks | gathered MiB | reduced MiB | peak RSS MiB | step ms | loss at step 4 |",
+             "peak RSS is the whole process, maximum over ranks; step time is the median of steps 2 and 3.", "",
+             "| configuration | ranks | gathered MiB | reduced MiB | peak RSS MiB | step ms | loss at step 3 |",
              "|---|---|---|---|---|---|---|"] + rows + ["", "Reading:"] + reading + [
              "",
              "The mpi communicator sums half-precision reductions in fp32 on the host: bf16 reductions round like NCCL's",
