@@ -10,11 +10,9 @@ filled and its reductions sent in one step), `mem_peak_bytes` (peak RSS, maximum
 the median `step_ms` of steps 2 and 3.
 """
 import argparse
-import json
 import pathlib
 import platform
 import statistics
-import subprocess
 import tempfile
 
 import sharding_memory
@@ -38,12 +36,8 @@ CONFIGS = [
 
 
 def run(strata, work, index, dtypes, ranks):
-    strategy = work / f"config{index}.toml"
-    strategy.write_text(STRATEGY + (AMP.format(gather=dtypes[0], reduce=dtypes[1]) if dtypes else ""))
-    out = work / f"config{index}_{ranks}"
-    subprocess.run([strata, "run", "-n", str(ranks), str(strategy), "--out", str(out)], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    text = STRATEGY + (AMP.format(gather=dtypes[0], reduce=dtypes[1]) if dtypes else "")
+    return sharding_memory.run_strategy(strata, work, f"config{index}", text, ranks)[1]
 
 
 def main():

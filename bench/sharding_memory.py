@@ -55,13 +55,19 @@ def formula(name, psi, n):
     return params, grads, optimizer
 
 
-def run(strata, work, name, ranks):
-    strategy = work / f"{name}.toml"
-    strategy.write_text(STRATEGY.format(name=name))
-    out = work / f"{name}_{ranks}"
+def run_strategy(strata, work, label, text, ranks):
+    """Trains strategy `text` on `ranks` ranks; returns the run directory and its metrics records."""
+    strategy = work / f"{label}.toml"
+    strategy.write_text(text)
+    out = work / f"{label}_{ranks}"
     subprocess.run([strata, "run", "-n", str(ranks), str(strategy), "--out", str(out)], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return out, json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    return out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def run(strata, work, name, ranks):
+    out, records = run_strategy(strata, work, name, STRATEGY.format(name=name), ranks)
+    return out, records[-1]
 
 
 def parameter_count(strata, run_dir):
