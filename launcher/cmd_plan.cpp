@@ -3,6 +3,8 @@
 #include <iostream>
 
 #include "commands.h"
+#include "strata/core/step_plan.h"
+#include "strata/pass.h"
 #include "common.h"
 #include "strategy_input.h"
 
@@ -51,6 +53,16 @@ toml::table config_json(const Config& config) {
   return table;
 }
 
+toml::table step_program_json(const StepProgram& program) {
+  toml::table out;
+  for (Stage stage : kAllStages) {
+    toml::array wrappers;
+    for (const auto& w : program.wrappers(stage)) wrappers.push_back(w);
+    out.insert(stage_name(stage), toml::table{{"provider", program.provider(stage)}, {"wrappers", std::move(wrappers)}});
+  }
+  return out;
+}
+
 void print_json_plan(const ResolvedStrategy& plan, const std::vector<size_t>& order) {
   const ParallelLayout& l = plan.layout;
   toml::array layout_order;
@@ -74,7 +86,8 @@ void print_json_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
       {"optimizer", config_json(plan.optimizer)},
       {"parallel", config_json(plan.parallel)},
       {"passes", std::move(passes)},
-      {"disabled_passes", std::move(disabled)}});
+      {"disabled_passes", std::move(disabled)},
+      {"step_program", step_program_json(planned_step_program(plan, order))}});
 }
 
 void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& order, const ComponentRegistry& registry) {
@@ -102,6 +115,19 @@ void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
   }
   for (const auto& p : plan.passes)
     if (!p.enabled) std::cout << "Disabled: " << p.pass->name() << " (" << p.pos.str() << ")\n";
+
+  std::cout << "\nMesh dimensions and the passes that claim them:\n";
+  for (Dim dim : {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context}) {
+    std::string claimant;
+    for (size_t i : order)
+      for (Dim d : plan.passes[i].pass->claims().dims)
+        if (d == dim) claimant = plan.passes[i].pass->name();
+    const int64_t size = dim == Dim::Data ? l.data : dim == Dim::Tensor ? l.tensor : dim == Dim::Pipeline ? l.pipeline : l.context;
+    std::cout << "  " << dim_name(dim) << std::string(10 - std::string(dim_name(dim)).size(), ' ') << size << "  "
+              << (claimant.empty() ? (size > 1 ? "UNCLAIMED" : "-") : "pass " + claimant) << "\n";
+  }
+  std::cout << "\nStep program (stages in the order one optimizer step runs them; evaluate every [job] eval_every):\n"
+            << describe_step_program(planned_step_program(plan, order));
 }
 
 }  // namespace

@@ -1,10 +1,16 @@
 // strata run: train with a strategy, here or on N local ranks started through mpirun.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,10 +23,57 @@ namespace strata::cli {
 
 namespace {
 
-// Replaces this process with `mpirun -np N strata run ...` (the same arguments but -n). Local
+namespace fs = std::filesystem;
+
+// Forwards mpirun's standard error line by line, except its closing report (a block framed by
+// dashed lines) when the ranks said what went wrong themselves: that report repeats it once per
+// rank with mpirun's advice around it. Without rank reports (a rank killed by a signal) the
+// block is what names the rank, so it is printed.
+class StderrFilter {
+ public:
+  void line(const std::string& text) {
+    if (text.rfind("-----", 0) == 0) in_block_ = !in_block_, held_.push_back(text);
+    else if (in_block_ || !held_.empty()) held_.push_back(text);
+    else std::cerr << text << "\n";
+  }
+  void finish(bool ranks_reported) {
+    if (!ranks_reported)
+      for (const auto& l : held_) std::cerr << l << "\n";
+  }
+
+ private:
+  bool in_block_ = false;
+  std::vector<std::string> held_;
+};
+
+// The errors ranks wrote to `dir` (see main.cpp), each distinct message once with the ranks
+// that reported it. Returns the exit status they call for: 2 for bad input, 1 otherwise, 0 for none.
+int report_rank_errors(const fs::path& dir, int64_t ranks) {
+  std::map<std::string, std::set<int>> by_message;  // "kind\tmessage" -> ranks
+  for (int64_t r = 0; r < ranks; ++r) {
+    std::ifstream in(dir / ("rank_" + std::to_string(r)));
+    std::string kind, message;
+    if (in && std::getline(in, kind) && std::getline(in, message)) by_message[kind + "\t" + message].insert(static_cast<int>(r));
+  }
+  int status = 0;
+  for (const auto& [key, who] : by_message) {
+    const std::string kind = key.substr(0, key.find('\t')), message = key.substr(key.find('\t') + 1);
+    std::string where;
+    if (static_cast<int64_t>(who.size()) != ranks) {
+      for (int r : who) where += (where.empty() ? " (rank " : ",") + std::to_string(r);
+      where += ")";
+    }
+    std::cerr << "strata: " << (kind == "user" ? "error" : "internal error") << where << ": " << message << "\n";
+    status = std::max(status, kind == "user" ? 2 : 1);
+  }
+  return status;
+}
+
+// Runs `mpirun -np N strata run ...` (the same arguments but -n) and waits for it. Local
 // launches oversubscribe (more ranks than cores is fine for tests) and do not bind ranks to
-// cores; as root, mpirun needs to be told that is intended.
-[[noreturn]] void relaunch_under_mpirun(int argc, char** argv, int64_t ranks) {
+// cores; as root, mpirun needs to be told that is intended. Ranks write their errors to a
+// directory instead of standard error, so an error every rank hits is reported once.
+int run_under_mpirun(int argc, char** argv, int64_t ranks) {
   std::vector<std::string> words{"mpirun", "-np", std::to_string(ranks), "--oversubscribe", "--bind-to", "none"};
   if (::geteuid() == 0) words.push_back("--allow-run-as-root");
   words.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
@@ -36,8 +89,48 @@ namespace {
   std::vector<char*> exec_args;
   for (auto& w : words) exec_args.push_back(w.data());
   exec_args.push_back(nullptr);
-  ::execvp("mpirun", exec_args.data());
-  throw UserError("cannot start mpirun (is openmpi-bin installed?): " + std::string(std::strerror(errno)));
+
+  char pattern[] = "/tmp/strata-errors-XXXXXX";
+  if (!::mkdtemp(pattern)) throw UserError("cannot create a temporary directory: " + std::string(std::strerror(errno)));
+  const fs::path errors(pattern);
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) throw UserError("cannot create a pipe: " + std::string(std::strerror(errno)));
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::dup2(pipe_fds[1], STDERR_FILENO);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    ::setenv("STRATA_ERROR_DIR", errors.c_str(), 1);
+    ::execvp("mpirun", exec_args.data());
+    std::fprintf(stderr, "strata: error: cannot start mpirun (is openmpi-bin installed?): %s\n", std::strerror(errno));
+    ::_exit(2);
+  }
+  ::close(pipe_fds[1]);
+  // Ctrl-C reaches mpirun too (same process group); it stops the ranks and exits, and we report.
+  ::signal(SIGINT, SIG_IGN);
+  StderrFilter filter;
+  std::string pending;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof buffer)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    pending.append(buffer, static_cast<size_t>(n));
+    for (size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1)) filter.line(pending.substr(0, end));
+  }
+  if (!pending.empty()) filter.line(pending);
+  ::close(pipe_fds[0]);
+  int wait_status = 0;
+  while (::waitpid(child, &wait_status, 0) < 0 && errno == EINTR) {
+  }
+  const int reported = report_rank_errors(errors, ranks);
+  filter.finish(reported != 0);
+  std::error_code ignored;
+  fs::remove_all(errors, ignored);
+  if (reported) return reported;
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  return 1;
 }
 
 }  // namespace
@@ -50,7 +143,7 @@ int run_train(const Args& args) {
     ComponentRegistry registry;
     LoadedPlan checked;
     if (!load_plan(args, args.ranks, registry, checked)) return 2;
-    relaunch_under_mpirun(args.argc, args.argv, args.ranks);
+    return run_under_mpirun(args.argc, args.argv, args.ranks);
   }
   if (args.ranks > 1 && args.ranks != env.world_size)
     throw UserError("-n " + std::to_string(args.ranks) + " but the launcher started " + std::to_string(env.world_size) + " ranks");

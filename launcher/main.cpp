@@ -1,5 +1,8 @@
 // The strata command.
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <iostream>
 
 #include "commands.h"
@@ -106,14 +109,33 @@ int dispatch(int argc, char** argv) {
 }  // namespace
 }  // namespace strata::cli
 
+namespace {
+
+// A rank started by `strata run -n N` reports its error to the launcher, which prints each
+// distinct message once (cmd_run.cpp); anywhere else the error goes to standard error.
+void report(const char* kind, const char* message) {
+  const char* dir = std::getenv("STRATA_ERROR_DIR");
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (dir && rank) {
+    if (std::FILE* f = std::fopen((std::string(dir) + "/rank_" + rank).c_str(), "w")) {
+      std::fprintf(f, "%s\n%s\n", kind, message);
+      std::fclose(f);
+      return;
+    }
+  }
+  std::fprintf(stderr, "strata: %s: %s\n", std::string(kind) == "user" ? "error" : "internal error", message);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   try {
     return strata::cli::dispatch(argc, argv);
   } catch (const strata::UserError& e) {
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    report("user", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "strata: internal error: %s\n", e.what());
+    report("internal", e.what());
     return 1;
   }
 }

@@ -18,6 +18,7 @@ bool load_plan(const Args& args, int64_t world_size, ComponentRegistry& registry
     load_plugins(registry, strategy_plugin_path(raw));
     out.plan = resolve_strategy(raw, registry, world_size, diagnostics);
     out.order = order_passes(out.plan.passes, diagnostics);
+    check_claims(out.plan, registry, diagnostics);
   }
   if (diagnostics.ok()) return true;
   std::cerr << diagnostics.str();

@@ -44,9 +44,28 @@ ComponentInfo as_pass(ComponentInfo info) {
 }
 }  // namespace
 
-Pass::Pass(ComponentInfo info, PassOrdering ordering)
-    : Component(as_pass(std::move(info))), ordering_(std::move(ordering)) {}
+Pass::Pass(ComponentInfo info, PassOrdering ordering, Claims claims)
+    : Component(as_pass(std::move(info))), ordering_(std::move(ordering)), claims_(std::move(claims)) {}
 Pass::~Pass() = default;
+
+bool Pass::claims_stage(Stage stage, StageUse use) const {
+  for (const auto& c : claims_.stages)
+    if (c.stage == stage && c.use == use) return true;
+  return false;
+}
+
+const char* stage_name(Stage stage) {
+  switch (stage) {
+    case Stage::PrepareBatches: return "prepare_batches";
+    case Stage::Gradients: return "gradients";
+    case Stage::ForwardBackward: return "forward_backward";
+    case Stage::SyncGradients: return "sync_gradients";
+    case Stage::ClipGradients: return "clip_gradients";
+    case Stage::OptimizerStep: return "optimizer_step";
+    case Stage::Evaluate: return "evaluate";
+  }
+  return "?";
+}
 
 Registry::~Registry() = default;
 

@@ -5,6 +5,8 @@
 #include <queue>
 #include <set>
 
+#include "strata/pass.h"
+
 namespace strata {
 
 namespace {
@@ -109,6 +111,69 @@ std::vector<size_t> order_passes(const std::vector<PassEntry>& passes, Diagnosti
   }
   if (diagnostics.items().size() != before) return {};
   return order;
+}
+
+namespace {
+
+bool declares_conflict(const Pass& a, const Pass& b) {
+  auto has = [](const StringList& list, const std::string& name) { return std::find(list.begin(), list.end(), name) != list.end(); };
+  return has(a.ordering().conflicts_with, b.name()) || has(b.ordering().conflicts_with, a.name());
+}
+
+int64_t layout_size(const ParallelLayout& layout, Dim dim) {
+  switch (dim) {
+    case Dim::Data: return layout.data;
+    case Dim::Tensor: return layout.tensor;
+    case Dim::Pipeline: return layout.pipeline;
+    case Dim::Context: return layout.context;
+  }
+  return 1;
+}
+
+}  // namespace
+
+void check_claims(const ResolvedStrategy& plan, const ComponentRegistry& registry, Diagnostics& diagnostics) {
+  std::vector<const PassEntry*> enabled;
+  for (const auto& p : plan.passes)
+    if (p.enabled) enabled.push_back(&p);
+  const SourcePos parallel_pos = plan.parallel.has("data") && plan.parallel.entry("data").pos.line ? plan.parallel.entry("data").pos
+                                                                                                    : SourcePos{plan.file, 0, 0};
+  for (Dim dim : {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context}) {
+    std::vector<const PassEntry*> claimants;
+    for (const PassEntry* p : enabled) {
+      const auto& dims = p->pass->claims().dims;
+      if (std::find(dims.begin(), dims.end(), dim) != dims.end()) claimants.push_back(p);
+    }
+    for (size_t a = 0; a < claimants.size(); ++a)
+      for (size_t b = a + 1; b < claimants.size(); ++b)
+        if (!declares_conflict(*claimants[a]->pass, *claimants[b]->pass))
+          diagnostics.error(claimants[b]->pos, "pass '" + claimants[b]->pass->name() + "' and pass '" + claimants[a]->pass->name() +
+                                                   "' (at " + claimants[a]->pos.str() + ") both claim the " + dim_name(dim) +
+                                                   " dimension; enable only one of them");
+    const int64_t size = layout_size(plan.layout, dim);
+    if (size <= 1 || !claimants.empty()) continue;
+    std::string candidates;
+    for (const Component* c : registry.components(ComponentKind::Pass)) {
+      const auto& dims = static_cast<const Pass*>(c)->claims().dims;
+      if (std::find(dims.begin(), dims.end(), dim) != dims.end()) candidates += (candidates.empty() ? "" : ", ") + c->name();
+    }
+    const std::string key = dim_name(dim);
+    const SourcePos pos = plan.parallel.has(key) && plan.parallel.entry(key).pos.line ? plan.parallel.entry(key).pos : parallel_pos;
+    diagnostics.error(pos, "[parallel] " + key + " = " + std::to_string(size) + " but no enabled pass claims the " + key +
+                               " dimension, so its ranks would repeat each other's work; " +
+                               (candidates.empty() ? "no registered pass implements it yet (see `strata plugins`)"
+                                                   : "enable one of: " + candidates));
+  }
+  for (Stage stage : kAllStages) {
+    const PassEntry* owner = nullptr;
+    for (const PassEntry* p : enabled) {
+      if (!p->pass->claims_stage(stage, StageUse::Own)) continue;
+      if (owner && !declares_conflict(*owner->pass, *p->pass))
+        diagnostics.error(p->pos, "pass '" + p->pass->name() + "' and pass '" + owner->pass->name() + "' (at " + owner->pos.str() +
+                                      ") both own the step stage '" + stage_name(stage) + "'; enable only one of them");
+      if (!owner) owner = p;
+    }
+  }
 }
 
 }  // namespace strata

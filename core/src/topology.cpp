@@ -1,5 +1,6 @@
 #include "strata/topology.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace strata {
@@ -27,24 +28,46 @@ Topology::Topology(std::map<Dim, int> sizes, std::vector<Dim> order, int rank)
   if (rank < 0 || rank >= world_size_) throw std::invalid_argument("rank outside the topology");
 }
 
-std::vector<int> Topology::group_ranks(Dim dim, int rank) const {
-  const int stride = stride_.at(dim), size = sizes_.at(dim);
-  const int base = rank - (rank / stride % size) * stride;
-  std::vector<int> out;
-  for (int k = 0; k < size; ++k) out.push_back(base + k * stride);
+int Topology::size(const std::vector<Dim>& dims) const {
+  int n = 1;
+  for (Dim d : dims) n *= sizes_.at(d);
+  return n;
+}
+
+std::vector<int> Topology::group_ranks(const std::vector<Dim>& dims, int rank) const {
+  // Walk every combination of coordinates along `dims`, keeping the others of `rank`.
+  int base = rank;
+  for (Dim d : dims) base -= (rank / stride_.at(d) % sizes_.at(d)) * stride_.at(d);
+  std::vector<int> out{base};
+  for (Dim d : dims) {
+    std::vector<int> grown;
+    for (int r : out)
+      for (int k = 0; k < sizes_.at(d); ++k) grown.push_back(r + k * stride_.at(d));
+    out = std::move(grown);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
 int Topology::rank_in(Dim dim) const { return rank_ / stride_.at(dim) % sizes_.at(dim); }
 
-int Topology::next_pipeline_rank() const {
-  auto ranks = group_ranks(Dim::Pipeline);
-  return ranks[static_cast<size_t>((rank_in(Dim::Pipeline) + 1) % size(Dim::Pipeline))];
+int Topology::rank_in(const std::vector<Dim>& dims) const {
+  const std::vector<int> ranks = group_ranks(dims, rank_);
+  return static_cast<int>(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
 }
 
-int Topology::previous_pipeline_rank() const {
-  auto ranks = group_ranks(Dim::Pipeline);
-  return ranks[static_cast<size_t>((rank_in(Dim::Pipeline) + size(Dim::Pipeline) - 1) % size(Dim::Pipeline))];
+int Topology::neighbour(Dim dim, int offset) const {
+  const int n = size(dim);
+  const int position = ((rank_in(dim) + offset) % n + n) % n;
+  return group_ranks(dim)[static_cast<size_t>(position)];
+}
+
+unsigned Topology::effective_mask(const std::vector<Dim>& dims) const {
+  unsigned mask = 0;
+  for (Dim d : dims)
+    if (sizes_.at(d) > 1) mask |= 1u << static_cast<unsigned>(d);
+  return mask;
 }
 
 void Topology::attach(std::shared_ptr<Communicator> world) {
@@ -52,8 +75,17 @@ void Topology::attach(std::shared_ptr<Communicator> world) {
     throw std::invalid_argument("the communicator has " + std::to_string(world->size()) + " ranks, the topology " +
                                 std::to_string(world_size_));
   world_ = std::move(world);
-  // Every rank creates its groups in the same order, as split() is collective.
-  for (Dim d : {Dim::Tensor, Dim::Context, Dim::Pipeline, Dim::Data}) groups_[d] = world_->split(group_ranks(d));
+  // One communicator per distinct set of dimensions larger than one; every rank creates them in
+  // the same (ascending mask) order, as split() is collective.
+  const std::vector<Dim> all{Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context};
+  const unsigned full = effective_mask(all);
+  for (unsigned mask = 0; mask <= full; ++mask) {
+    if ((mask & full) != mask) continue;
+    std::vector<Dim> dims;
+    for (Dim d : all)
+      if (mask & (1u << static_cast<unsigned>(d))) dims.push_back(d);
+    groups_[mask] = mask == full ? world_ : world_->split(group_ranks(dims, rank_));
+  }
 }
 
 Communicator& Topology::world() const {
@@ -61,9 +93,9 @@ Communicator& Topology::world() const {
   return *world_;
 }
 
-Communicator& Topology::group(Dim dim) const {
+Communicator& Topology::group(const std::vector<Dim>& dims) const {
   if (!world_) throw std::logic_error("no communicator attached to the topology");
-  return *groups_.at(dim);
+  return *groups_.at(effective_mask(dims));
 }
 
 }  // namespace strata

@@ -36,6 +36,12 @@ class Scaler final : public Stateful {
   double scale;
   int64_t growth_tracker = 0;
   int64_t skipped_steps = 0;
+  // Within one step (not saved): the step, the scale its backward passes used, and whether any
+  // of them had a non-finite gradient. A pass that runs the gradients twice (WSAM) calls the
+  // wrapper twice; the scale still updates once per step.
+  int64_t step = -1;
+  double step_scale = 1.0;
+  bool found_nonfinite = false;
 };
 
 struct Settings {
@@ -80,7 +86,7 @@ class AmpPass final : public Pass {
                   .string("gather_dtype", "compute",
                           "fsdp: dtype full parameters are gathered and computed in (compute = dtype; fp32 = the master weights)",
                           {"compute", "fp32"})},
-             {Phase::Precision, {}, {"half"}, {}, {}}) {}
+             {Phase::Precision, {}, {"half"}, {}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("backoff_factor") <= 0 || config.get_float("backoff_factor") >= 1)
@@ -115,15 +121,22 @@ class AmpPass final : public Pass {
     job.add_hook(HookPoint::BeforeEvaluate, autocast_on);
     job.add_hook(HookPoint::AfterEvaluate, autocast_off);
 
-    job.compute_gradients = [inner = job.compute_gradients, &job, scaler, settings](StepContext& context) {
-      const double scale = scaler->scale;
+    // Each computation of the gradients: backward on the scaled loss, then gradients unscaled
+    // and checked before anything (clipping, WSAM) reads them.
+    job.program.wrap(Stage::Gradients, [&job, scaler, settings](StepContext& context, const StageFn& inner) {
+      if (scaler->step != context.step) scaler->step = context.step, scaler->step_scale = scaler->scale, scaler->found_nonfinite = false;
+      const double scale = scaler->step_scale;
       context.loss_scale = scale;
-      const double loss = inner(context);
+      inner(context);
       context.loss_scale = 1.0;
-      bool skipped = false;
-      if (settings.check_nonfinite) skipped = unscale_and_check(job, 1.0 / scale);
+      if (settings.check_nonfinite && unscale_and_check(job, 1.0 / scale)) scaler->found_nonfinite = true;
+      if (scaler->found_nonfinite) context.skip_step = true;
+    });
+    // Once per step: the scale backs off after a non-finite step and grows after clean ones.
+    job.add_hook(HookPoint::AfterStep, [scaler, settings](StepContext& context) {
+      const bool skipped = scaler->found_nonfinite;
+      const double scale = scaler->step_scale;
       if (skipped) {
-        context.skip_step = true;
         ++scaler->skipped_steps;
         if (settings.scaling) scaler->scale = scale * settings.backoff_factor, scaler->growth_tracker = 0;
       } else if (settings.scaling && ++scaler->growth_tracker == settings.growth_interval) {
@@ -133,8 +146,7 @@ class AmpPass final : public Pass {
       if (settings.scaling) context.metrics.emplace_back("amp_loss_scale", scale);
       context.metrics.emplace_back("amp_skipped", skipped ? 1.0 : 0.0);
       context.metrics.emplace_back("amp_skipped_steps", static_cast<double>(scaler->skipped_steps));
-      return loss;
-    };
+    });
   }
 };
 

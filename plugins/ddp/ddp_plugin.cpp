@@ -69,7 +69,7 @@ class Reducer {
     }
   }
 
-  // Only the last micro-batch of a step reduces; earlier ones just accumulate locally.
+  // Only the last backward of a step reduces; earlier ones just accumulate locally.
   void begin_micro_batch(bool last) {
     syncing_ = last;
     if (!last) return;
@@ -84,7 +84,8 @@ class Reducer {
     if (--b.pending == 0) launch(b);
   }
 
-  // After the last backward: reduce what never got a gradient, wait, and write averages back.
+  // After the last backward (sync_gradients): reduce what never got a gradient, wait, and write
+  // averages back.
   // Returns the milliseconds spent waiting for communication that backward did not hide.
   double finish() {
     if (!syncing_) return 0.0;
@@ -150,7 +151,8 @@ class DdpPass final : public Pass {
                   .string("unused_parameters", "error", "Parameters that get no gradient: report them by name, or reduce zeros",
                           {"error", "ignore"})
                   .boolean("broadcast_buffers", true, "Broadcast buffers from rank 0 at start")},
-             {Phase::Wrapping, {}, {"zero1", "zero2", "fsdp"}, {}, {}}) {}
+             {Phase::Wrapping, {}, {"zero1", "zero2", "fsdp"}, {}, {}},
+             {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}) {}
 
   void apply(Job& job, const Config& config) const override {
     Communicator& comm = job.topology->group(Dim::Data);
@@ -162,13 +164,11 @@ class DdpPass final : public Pass {
       for (auto& b : job.model->buffers()) comm.broadcast(b, 0)->wait();
     }
     reducer->install_hooks();
-    job.add_hook(HookPoint::BeforeForward, [reducer](StepContext& c) {
-      reducer->begin_micro_batch(c.sync_gradients && c.micro + 1 == c.micro_count);
+    // Buckets launch from autograd hooks during the step's last backward; the stage waits for them.
+    job.add_hook(HookPoint::BeforeBackward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.sync_gradients && c.last_backward); });
+    job.program.own(Stage::SyncGradients, [reducer](StepContext& c) {
+      if (c.sync_gradients) c.metrics.emplace_back("ddp_exposed_comm_ms", reducer->finish());
     });
-    job.add_hook(HookPoint::AfterBackward, [reducer](StepContext& c) {
-      if (c.sync_gradients && c.micro + 1 == c.micro_count) c.metrics.emplace_back("ddp_exposed_comm_ms", reducer->finish());
-    });
-    job.gradient_sync_pass = "ddp";
   }
 };
 

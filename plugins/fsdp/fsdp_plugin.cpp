@@ -119,16 +119,19 @@ class Sharder {
     if (all_[unit]->mark_ready(param)) unit_backward_done(*all_[unit]);
   }
 
-  // After each micro-batch's backward: units some parameters of which got no gradient finish
-  // here; after the last, all reductions complete. Returns the milliseconds spent waiting.
-  double after_backward() {
+  // After each backward: units some parameters of which got no gradient finish here.
+  void after_backward() {
     if (last_) sharding::check_unused_parameters("fsdp", options_.ignore_unused, all_);
     for (auto& unit : all_)
       if (!unit->complete()) {
         if (last_) unit->fill_missing_gradients();
         unit_backward_done(*unit);
       }
-    if (!last_) return 0.0;
+  }
+
+  // sync_gradients, after the last backward: every reduction completes. Returns the milliseconds
+  // spent waiting.
+  double finish() {
     const auto waiting = std::chrono::steady_clock::now();
     for (auto& unit : all_) unit->wait_reduced(), unit->release();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
@@ -182,7 +185,7 @@ class FsdpPass final : public Pass {
                   .boolean("forward_prefetch", false, "All-gather the next unit during the current forward")
                   .integer("limit_all_gathers", 2, "Most all-gathers in flight at once", at_least(1))
                   .boolean("sync_module_states", true, "Broadcast initial parameters from rank 0"))},
-             {Phase::Wrapping, {}, {"ddp", "zero1", "zero2"}, {}, {}}) {}
+             {Phase::Wrapping, {}, {"ddp", "zero1", "zero2"}, {}, {}}, {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_strings("wrap").empty() && config.get_int("min_params") == 0)
@@ -248,11 +251,9 @@ class FsdpPass final : public Pass {
     model.add_post_forward_hook(model.num_blocks() - 1, [sharder](nn::Block&, const at::Tensor&) { sharder->after_model(); });
 
     sharding::on_gradient_accumulated(sharder->all_units(), [sharder](size_t unit, size_t param) { sharder->gradient_ready(unit, param); });
-    job.add_hook(HookPoint::BeforeForward, [sharder](StepContext& c) { sharder->begin_micro_batch(c.micro + 1 == c.micro_count); });
-    job.add_hook(HookPoint::AfterBackward, [sharder](StepContext& c) {
-      const double waited = sharder->after_backward();
-      if (c.micro + 1 == c.micro_count) c.metrics.emplace_back("fsdp_exposed_comm_ms", waited);
-    });
+    job.add_hook(HookPoint::BeforeBackward, [sharder](StepContext& c) { sharder->begin_micro_batch(c.last_backward); });
+    job.add_hook(HookPoint::AfterBackward, [sharder](StepContext&) { sharder->after_backward(); });
+    job.program.own(Stage::SyncGradients, [sharder](StepContext& c) { c.metrics.emplace_back("fsdp_exposed_comm_ms", sharder->finish()); });
     job.add_hook(HookPoint::AfterStep, [sharder](StepContext& c) {
       const Sharder::Traffic traffic = sharder->take_traffic();
       c.metrics.emplace_back("fsdp_all_gathers", static_cast<double>(traffic.all_gathers));
@@ -262,7 +263,6 @@ class FsdpPass final : public Pass {
     // Step metrics count the training step's collectives, not an evaluation's.
     job.add_hook(HookPoint::AfterEvaluate, [sharder](StepContext&) { sharder->take_traffic(); });
     sharding::shard_training_state(job, sharder->all_units());
-    job.gradient_sync_pass = "fsdp";
   }
 
  private:

@@ -16,17 +16,6 @@ struct Settings {
   bool adaptive, decouple, local;
 };
 
-// torch.nn.utils.clip_grad_norm_'s rule, applied to one set of gradients.
-void clip(const std::vector<at::Tensor>& grads, double max_norm) {
-  if (max_norm <= 0) return;
-  std::vector<at::Tensor> norms;
-  for (const auto& g : grads) norms.push_back(g.to(at::kFloat).norm());
-  const double total = at::stack(norms).norm().item<double>();
-  const double coefficient = max_norm / (total + 1e-6);
-  if (coefficient < 1.0)
-    for (const auto& g : grads) g.mul_(coefficient);
-}
-
 // Averages tensors over a group with one all-reduce of their concatenation, in `dtype` if set.
 WorkPtr average(Communicator& group, const std::vector<at::Tensor>& tensors, std::optional<at::ScalarType> dtype,
                 at::Tensor& flat) {
@@ -53,12 +42,14 @@ class Wsam {
       if (p.requires_grad()) params_.push_back(p);
   }
 
-  double compute(StepContext& context, const std::function<double(StepContext&)>& gradients_of) {
+  // Wraps the gradients stage (forward_backward, then sync_gradients) and runs it twice.
+  void compute(StepContext& context, const StageFn& gradients_of) {
     // The second pass replays the first one's random numbers (dropout masks), so it measures the
     // same stochastic loss at the perturbed point and rho = 0 reproduces the base run exactly.
     const RngSnapshot rng(device_);
     context.sync_gradients = !settings_.local;
-    const double loss = gradients_of(context);
+    gradients_of(context);
+    const double loss = context.local_loss;
     context.sync_gradients = true;
 
     at::NoGradGuard no_grad;
@@ -81,7 +72,9 @@ class Wsam {
     rng.restore();
     {
       at::AutoGradMode enable(true);
-      context.metrics.emplace_back("wsam_perturbed_loss", gradients_of(context));
+      gradients_of(context);
+      context.metrics.emplace_back("wsam_perturbed_loss", context.local_loss);
+      context.local_loss = loss;
     }
     std::vector<at::Tensor> perturbed = take_gradients();
     for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(saved[i]);
@@ -89,8 +82,10 @@ class Wsam {
       pending->wait();
       unflatten(flat, g);
     }
-    clip(g, settings_.max_norm);
-    clip(perturbed, settings_.max_norm);
+    if (settings_.max_norm > 0) {
+      clip_gradient_norm(g, settings_.max_norm, nullptr);
+      clip_gradient_norm(perturbed, settings_.max_norm, nullptr);
+    }
 
     for (size_t i = 0; i < params_.size(); ++i) {
       at::Tensor difference = perturbed[i].sub_(g[i]);
@@ -101,7 +96,6 @@ class Wsam {
         params_[i].mutable_grad() = g[i].add_(difference, settings_.alpha);
       }
     }
-    return loss;
   }
 
   // The decoupled sharpness step after the base optimizer's: w <- w - lr * alpha * (g~ - g).
@@ -152,7 +146,7 @@ class WsamPass final : public Pass {
              // The sharding passes reduce every backward into buffers the base optimizer reads
              // (and zero2/fsdp never hold whole gradients), and pipeline schedules run their own
              // forward/backward, so none of them can run WSAM's second pass.
-             {Phase::Schedule, {}, {"zero1", "zero2", "fsdp"}, {"ddp"}, {}}) {}
+             {Phase::Schedule, {}, {"zero1", "zero2", "fsdp"}, {"ddp"}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("gamma") >= 1.0) diagnostics.error(section, "pass 'wsam': gamma must be below 1 (alpha = gamma / (1 - gamma))");
@@ -165,7 +159,7 @@ class WsamPass final : public Pass {
     auto wsam = std::make_shared<Wsam>(
         job, Settings{config.get_float("rho"), gamma / (1.0 - gamma), config.get_float("eps"), config.get_float("max_norm"),
                       config.get_bool("adaptive"), config.get_bool("decouple"), config.get_string("perturbation") == "local"});
-    job.compute_gradients = [wsam, base = job.compute_gradients](StepContext& c) { return wsam->compute(c, base); };
+    job.program.wrap(Stage::Gradients, [wsam](StepContext& c, const StageFn& inner) { wsam->compute(c, inner); });
     job.add_hook(HookPoint::AfterStep, [wsam](StepContext& c) { wsam->after_step(c); });
   }
 };

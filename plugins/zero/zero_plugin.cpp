@@ -88,7 +88,7 @@ class ZeroPass final : public Pass {
       : Pass({ComponentKind::Pass, "zero" + std::to_string(stage), std::move(summary),
               sharding::add_unused_parameters_key(
                   Schema().real("bucket_mb", 25.0, "Bucket size in MiB: the unit of gradient reduction and of sharding", at_least(0.001)))},
-             {Phase::Wrapping, {}, conflicts(stage), {}, {}}),
+             {Phase::Wrapping, {}, conflicts(stage), {}, {}}, {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}),
         stage_(stage) {}
 
   void apply(Job& job, const Config& config) const override {
@@ -99,12 +99,9 @@ class ZeroPass final : public Pass {
                                job.reduce_dtype);
     auto reducer = std::make_shared<BucketReducer>(name(), units, sharding::ignores_unused_parameters(config));
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
-    job.add_hook(HookPoint::BeforeForward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.micro + 1 == c.micro_count); });
-    job.add_hook(HookPoint::AfterBackward, [reducer](StepContext& c) {
-      if (c.micro + 1 == c.micro_count) c.metrics.emplace_back("zero_exposed_comm_ms", reducer->finish());
-    });
+    job.add_hook(HookPoint::BeforeBackward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.last_backward); });
+    job.program.own(Stage::SyncGradients, [reducer](StepContext& c) { c.metrics.emplace_back("zero_exposed_comm_ms", reducer->finish()); });
     sharding::shard_training_state(job, units);
-    job.gradient_sync_pass = name();
   }
 
  private:

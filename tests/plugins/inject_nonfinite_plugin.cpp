@@ -19,12 +19,12 @@ class InjectNonfinite final : public Pass {
                   .integer("step", 1, "Optimizer step whose gradient is made infinite", at_least(1))
                   .integer("rank", 0, "Data-parallel rank that gets it", at_least(0))},
              // Before amp, so amp's check sees the injected value.
-             {Phase::Topology, {}, {}, {}, {}}) {}
+             {Phase::Topology, {}, {}, {}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void apply(Job& job, const Config& config) const override {
     const int64_t step = config.get_int("step"), rank = config.get_int("rank");
-    job.compute_gradients = [inner = job.compute_gradients, &job, step, rank](StepContext& context) {
-      const double loss = inner(context);
+    job.program.wrap(Stage::Gradients, [&job, step, rank](StepContext& context, const StageFn& inner) {
+      inner(context);
       if (context.step == step && job.topology->rank_in(Dim::Data) == rank)
         for (auto& g : job.local_gradients())
           if (g.defined() && g.numel() > 0) {
@@ -32,8 +32,7 @@ class InjectNonfinite final : public Pass {
             g.view(-1)[0].fill_(std::numeric_limits<double>::infinity());
             break;
           }
-      return loss;
-    };
+    });
   }
 };
 

@@ -13,8 +13,8 @@ namespace strata::test {
 
 class FakePass final : public Pass {
  public:
-  FakePass(std::string name, PassOrdering ordering, Schema schema = {})
-      : Pass({ComponentKind::Pass, std::move(name), "fake pass", std::move(schema)}, std::move(ordering)) {}
+  FakePass(std::string name, PassOrdering ordering, Schema schema = {}, Claims claims = {})
+      : Pass({ComponentKind::Pass, std::move(name), "fake pass", std::move(schema)}, std::move(ordering), std::move(claims)) {}
   void apply(Job&, const Config&) const override {}
 };
 

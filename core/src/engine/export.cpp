@@ -40,12 +40,14 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry) {
   const fs::path run_dir = is_checkpoint_dir(source) ? source.parent_path().parent_path() : source;
+  const engine::Checkpoint checkpoint = open_source(source);
   Diagnostics diagnostics;
   RawStrategy raw = load_strategy_file(run_dir / "strategy.toml", diagnostics);
-  ResolvedStrategy plan = resolve_strategy(raw, registry, 1, diagnostics);
+  // Resolved for the world size that saved the checkpoint, so fixed [parallel] sizes (data = 2,
+  // tensor = 2) resolve as they did in training; only [model] is used here.
+  ResolvedStrategy plan = resolve_strategy(raw, registry, checkpoint.meta().world_size, diagnostics);
   if (!diagnostics.ok()) throw UserError("cannot read the run's strategy: " + diagnostics.items().front().pos.str() + ": " +
                                          diagnostics.items().front().message);
-  const engine::Checkpoint checkpoint = open_source(source);
 
   const auto* factory = static_cast<const ModelFactory*>(plan.model_component);
   Config config = plan.model;

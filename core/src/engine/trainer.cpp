@@ -23,6 +23,7 @@
 #include "strata/core/launch_env.h"
 #include "strata/core/log.h"
 #include "strata/core/operator_table.h"
+#include "strata/core/step_plan.h"
 #include "strata/data.h"
 #include "strata/errors.h"
 #include "strata/job.h"
@@ -163,33 +164,6 @@ std::vector<ParamGroup> parameter_groups(const nn::Model& model, const Config& o
   return {with_decay, without_decay};
 }
 
-// torch.nn.utils.clip_grad_norm_'s rule: scale by max_norm / (norm + 1e-6) when that is below 1.
-// Sharded gradients contribute their squared norms to a sum over the data-parallel group.
-double clip_gradients(const Job& job, double max_norm) {
-  const std::vector<at::Tensor> grads = job.local_gradients();
-  std::vector<at::Tensor> norms;
-  for (const auto& g : grads)
-    if (g.defined()) norms.push_back(g.detach().to(at::kFloat).norm());
-  at::Tensor total = norms.empty() ? at::zeros({}, at::kFloat) : at::stack(norms).norm();
-  if (job.gradients_sharded) {
-    at::Tensor squared = total.square().to(job.device(), at::kDouble);
-    job.topology->group(Dim::Data).all_reduce(squared, ReduceOp::Sum)->wait();
-    total = squared.sqrt();
-  } else if (norms.empty()) {
-    return 0.0;
-  }
-  const double norm = total.item<double>();
-  if (max_norm > 0 && std::isfinite(norm)) {
-    const double coefficient = max_norm / (norm + 1e-6);
-    if (coefficient < 1.0) {
-      at::NoGradGuard no_grad;
-      for (const auto& g : grads)
-        if (g.defined()) g.mul_(coefficient);
-    }
-  }
-  return norm;
-}
-
 // Bytes held in model states, each storage counted once (views of one flat buffer, parameters
 // freed between uses), and the process's peak resident memory.
 struct MemoryFigures {
@@ -224,10 +198,14 @@ MemoryFigures memory_figures(const Job& job) {
   return m;
 }
 
-c10::Device parse_device(const std::string& text) {
+// "cuda" without an index means this rank's device: the local rank's, round robin over the
+// node's devices, so that the ranks of a node do not all use cuda:0.
+c10::Device parse_device(const std::string& text, int local_rank) {
   try {
     c10::Device device(text);
     if (device.is_cuda() && !at::hasCUDA()) throw UserError("[job] device = \"" + text + "\" but no CUDA device is available");
+    if (device.is_cuda() && !device.has_index())
+      device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % std::max<int>(1, at::getNumGPUs())));
     return device;
   } catch (const c10::Error&) {
     throw UserError("[job] device \"" + text + "\" is not a device name (cpu, cuda, cuda:N)");
@@ -305,7 +283,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   const int64_t threads = job_cfg.get_int("threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, cores / static_cast<unsigned>(env.local_size))));
-  const c10::Device device = parse_device(job_cfg.get_string("device"));
+  const c10::Device device = parse_device(job_cfg.get_string("device"), env.local_rank);
   // Denormal floats make CPU arithmetic many times slower (seen: PyTorch eager's backward 3.7x
   // slower by the fourth step of a GPT); flushing them to zero changes results only below 1e-38.
   at::globalContext().setFlushDenormal(true);
@@ -324,41 +302,8 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   const auto* optimizer_factory = static_cast<const OptimizerFactory*>(plan.optimizer_component);
   job.make_optimizer = [&](std::vector<ParamGroup> groups) { return optimizer_factory->create(std::move(groups), plan.optimizer); };
 
-  job.compute_gradients = [&job, seq_len = job.model->seq_len(), vocab = job.model->vocab_size()](StepContext& context) {
-    double loss_sum = 0;
-    const int64_t micro_count = static_cast<int64_t>(context.batches.size());
-    for (int64_t micro = 0; micro < micro_count; ++micro) {
-      context.micro = micro;
-      const at::Tensor& batch = context.batches[static_cast<size_t>(micro)];
-      job.run_hooks(HookPoint::BeforeForward, context);
-      at::Tensor logits = job.model->forward(batch.narrow(1, 0, seq_len));
-      context.loss = ops::cross_entropy(logits.reshape({-1, vocab}), batch.narrow(1, 1, seq_len).reshape(-1));
-      job.run_hooks(HookPoint::AfterForward, context);
-      (context.loss * (context.loss_scale / static_cast<double>(micro_count))).backward();
-      job.run_hooks(HookPoint::AfterBackward, context);
-      loss_sum += context.loss.item<double>();
-    }
-    return loss_sum / static_cast<double>(micro_count);
-  };
-  job.local_gradients = [&job] {
-    std::vector<at::Tensor> grads;
-    for (const auto& p : job.model->parameters()) grads.push_back(p.grad());
-    return grads;
-  };
-  job.register_state("model", std::make_shared<ModelState>(job.model));
-  for (size_t i : order) plan.passes[i].pass->apply(job, plan.passes[i].config);
-  if (topology->size(Dim::Data) > 1 && job.gradient_sync_pass.empty())
-    throw UserError("[parallel] has " + std::to_string(topology->size(Dim::Data)) +
-                    " data-parallel ranks but no pass keeps them in step; enable ddp (or zero1, zero2, fsdp)");
-
-  std::unique_ptr<Optimizer> optimizer = job.make_optimizer(parameter_groups(*job.model, plan.optimizer));
-  BatchSampler sampler(*dataset, job.model->seq_len(), static_cast<uint64_t>(seed), job_cfg.get_bool("shuffle"));
-  job.register_state("optimizer", std::make_shared<OptimizerState>(*optimizer));
-  job.register_state("data", std::make_shared<DataState>(sampler));
-  job.register_state("rng", std::make_shared<RngState>());
-
-  // Every data-parallel rank reads the same global batch and trains on its own slice of it, so
-  // the samples of a step do not depend on the world size.
+  // Core's step program. Passes own or wrap stages below (their Claims say which); the loop at
+  // the end runs the stages in order, so this block and the plan's "Step program" are the step.
   const int64_t global_batch = job_cfg.get_int("global_batch");
   const int64_t dp = topology->size(Dim::Data), dp_rank = topology->rank_in(Dim::Data);
   if (global_batch % dp != 0)
@@ -370,7 +315,94 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     throw UserError("[job] global_batch " + std::to_string(global_batch) + " / " + std::to_string(dp) +
                     " data-parallel ranks is not a multiple of micro_batch " + std::to_string(micro_batch));
   const int64_t micro_count = local_batch / micro_batch;
-  const int64_t steps = job_cfg.get_int("steps"), seq_len = job.model->seq_len(), vocab = job.model->vocab_size();
+  const int64_t steps = job_cfg.get_int("steps"), seq_len = job.model->seq_len();
+  BatchSampler sampler(*dataset, seq_len, static_cast<uint64_t>(seed), job_cfg.get_bool("shuffle"));
+  std::unique_ptr<Optimizer> optimizer;  // built once passes are applied
+
+  job.loss = [vocab = job.model->vocab_size()](const at::Tensor& logits, const at::Tensor& targets) {
+    return ops::cross_entropy(logits.reshape({-1, vocab}), targets.reshape(-1));
+  };
+  job.reduce_loss = [&job](double local_loss) {
+    // Scalars go through the communicator on the job's device (nccl takes device tensors only).
+    at::Tensor mean = at::tensor(local_loss, at::kDouble).to(job.device());
+    job.topology->group(Dim::Data).all_reduce(mean, ReduceOp::Avg)->wait();
+    return mean.item<double>();
+  };
+  // The loss of one batch of [B, seq_len + 1] tokens: what training and evaluation both run.
+  auto batch_loss = [&job, seq_len](const at::Tensor& batch) {
+    return job.loss(job.model->forward(batch.narrow(1, 0, seq_len)), batch.narrow(1, 1, seq_len));
+  };
+  job.local_gradients = [&job] {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : job.model->parameters()) grads.push_back(p.grad());
+    return grads;
+  };
+
+  StepProgram& program = job.program;
+  // Every data-parallel rank reads the same global batch and trains on its own slice of it, so
+  // the samples of a step do not depend on the world size.
+  program.provide(Stage::PrepareBatches, core_stage_description(Stage::PrepareBatches),
+                  [&, dp, dp_rank, micro_batch, micro_count](StepContext& context) {
+                    context.batches.clear();
+                    for (int64_t micro = 0; micro < micro_count; ++micro)
+                      context.batches.push_back(
+                          sampler.next_train(micro_batch * dp).narrow(0, dp_rank * micro_batch, micro_batch).to(device));
+                  });
+  program.provide(Stage::Gradients, core_stage_description(Stage::Gradients), [&program](StepContext& context) {
+    program.run(Stage::ForwardBackward, context);
+    program.run(Stage::SyncGradients, context);
+  });
+  program.provide(Stage::ForwardBackward, core_stage_description(Stage::ForwardBackward),
+                  [&job, batch_loss](StepContext& context) {
+                    double loss_sum = 0;
+                    const int64_t count = static_cast<int64_t>(context.batches.size());
+                    for (int64_t micro = 0; micro < count; ++micro) {
+                      context.micro = micro;
+                      job.run_hooks(HookPoint::BeforeForward, context);
+                      context.loss = batch_loss(context.batches[static_cast<size_t>(micro)]);
+                      job.run_hooks(HookPoint::AfterForward, context);
+                      context.last_backward = micro + 1 == count;
+                      job.run_hooks(HookPoint::BeforeBackward, context);
+                      (context.loss * (context.loss_scale / static_cast<double>(count))).backward();
+                      job.run_hooks(HookPoint::AfterBackward, context);
+                      context.last_backward = false;
+                      loss_sum += context.loss.item<double>();
+                    }
+                    context.local_loss = loss_sum / static_cast<double>(count);
+                  });
+  program.provide(Stage::SyncGradients, core_stage_description(Stage::SyncGradients), [](StepContext&) {});
+  program.provide(Stage::ClipGradients, core_stage_description(Stage::ClipGradients),
+                  [&job, max_norm = plan.optimizer.get_float("grad_clip")](StepContext& context) {
+                    // Sharded gradients contribute their squared norms to a sum over the data group.
+                    context.grad_norm = clip_gradient_norm(job.local_gradients(), max_norm,
+                                                           job.gradients_sharded ? &job.topology->group(Dim::Data) : nullptr);
+                  });
+  program.provide(Stage::OptimizerStep, core_stage_description(Stage::OptimizerStep), [&optimizer](StepContext& context) {
+    if (!context.skip_step) optimizer->step(context.lr);
+  });
+  program.provide(Stage::Evaluate, core_stage_description(Stage::Evaluate),
+                  [&, micro_batch](StepContext& context) {
+                    double total = 0;
+                    const int64_t batches = job_cfg.get_int("eval_batches");
+                    for (int64_t b = 0; b < batches; ++b)
+                      total += batch_loss(sampler.val_batch(b * micro_batch, micro_batch).to(device)).item<double>();
+                    context.val_loss = total / static_cast<double>(batches);
+                  });
+
+  job.register_state("model", std::make_shared<ModelState>(job.model));
+  for (size_t i : order) {
+    const Pass& pass = *plan.passes[i].pass;
+    program.begin_pass(pass.name(), pass.claims());
+    pass.apply(job, plan.passes[i].config);
+    program.end_pass();
+  }
+  log::record("step program:\n" + describe_step_program(program));  // the rank log keeps what ran
+
+  optimizer = job.make_optimizer(parameter_groups(*job.model, plan.optimizer));
+  job.register_state("optimizer", std::make_shared<OptimizerState>(*optimizer));
+  job.register_state("data", std::make_shared<DataState>(sampler));
+  job.register_state("rng", std::make_shared<RngState>());
+
   const engine::LrSchedule schedule{plan.optimizer.get_float("lr"), plan.optimizer.get_string("schedule"),
                                     plan.optimizer.get_int("warmup_steps"), steps, plan.optimizer.get_float("min_lr_ratio")};
 
@@ -408,16 +440,10 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     StepContext context;
     context.step = step;
     job.run_hooks(HookPoint::BeforeEvaluate, context);
-    double total = 0;
-    const int64_t batches = job_cfg.get_int("eval_batches");
-    for (int64_t b = 0; b < batches; ++b) {
-      at::Tensor batch = sampler.val_batch(b * micro_batch, micro_batch).to(device);
-      at::Tensor logits = job.model->forward(batch.narrow(1, 0, seq_len));
-      total += ops::cross_entropy(logits.reshape({-1, vocab}), batch.narrow(1, 1, seq_len).reshape(-1)).item<double>();
-    }
+    program.run(Stage::Evaluate, context);
     job.run_hooks(HookPoint::AfterEvaluate, context);
     job.model->train();
-    return total / static_cast<double>(batches);
+    return context.val_loss;
   };
 
   std::vector<at::Tensor> params;
@@ -430,29 +456,24 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     StepContext context;
     context.step = step;
     context.micro_count = micro_count;
-    for (int64_t micro = 0; micro < micro_count; ++micro)
-      context.batches.push_back(sampler.next_train(micro_batch * dp).narrow(0, dp_rank * micro_batch, micro_batch).to(device));
-    const double local_loss = job.compute_gradients(context);
-    const double grad_norm = clip_gradients(job, plan.optimizer.get_float("grad_clip"));
-    const double lr = schedule.at(step);
-    context.lr = lr;
+    program.run(Stage::PrepareBatches, context);
+    program.run(Stage::Gradients, context);
+    program.run(Stage::ClipGradients, context);
+    context.lr = schedule.at(step);
     job.run_hooks(HookPoint::BeforeStep, context);
     const MemoryFigures memory = memory_figures(job);
-    if (!context.skip_step) optimizer->step(lr);
+    program.run(Stage::OptimizerStep, context);
     job.run_hooks(HookPoint::AfterStep, context);
 
-    // Scalars go through the communicator on the job's device (nccl takes device tensors only).
-    at::Tensor mean_loss = at::tensor(local_loss, at::kDouble).to(device);
-    topology->group(Dim::Data).all_reduce(mean_loss, ReduceOp::Avg)->wait();
     // The largest figure of any rank: what the busiest one needs.
     at::Tensor memory_max =
         at::tensor(std::vector<double>{memory.params, memory.grads, memory.optimizer, memory.peak}, at::kDouble).to(device);
-    topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
     engine::StepRecord record;
+    record.loss = job.reduce_loss(context.local_loss);
+    topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
     record.step = step;
-    record.loss = mean_loss.item<double>();
-    record.grad_norm = grad_norm;
-    record.lr = lr;
+    record.grad_norm = context.grad_norm;
+    record.lr = context.lr;
     record.tokens = global_batch * seq_len;
     record.extra = context.metrics;
     const char* memory_names[] = {"mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_peak_bytes"};

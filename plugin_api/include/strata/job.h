@@ -1,5 +1,5 @@
-// The training job that passes transform: model, optimizer construction, step program hooks
-// and the state that checkpoints carry.
+// The training job that passes transform: mesh, model, optimizer construction, the step program
+// with its hooks, the loss, and the state that checkpoints carry.
 #pragma once
 
 #include <functional>
@@ -15,34 +15,10 @@
 #include "strata/config.h"
 #include "strata/model.h"
 #include "strata/optimizer.h"
+#include "strata/step_program.h"
 #include "strata/topology.h"
 
 namespace strata {
-
-// Hook points of one optimizer step, in the order they run, then those around an evaluation
-// (forward passes over validation batches without gradients; the context carries the step).
-enum class HookPoint { BeforeForward, AfterForward, AfterBackward, BeforeStep, AfterStep, BeforeEvaluate, AfterEvaluate };
-
-struct StepContext {
-  int64_t step = 0;          // optimizer step being computed, from 1
-  int64_t micro = 0;         // micro-batch index within the step
-  int64_t micro_count = 1;   // micro-batches per step (gradient accumulation)
-  at::Tensor loss;           // the micro-batch loss, set from AfterForward on
-  bool skip_step = false;    // set by a hook to skip the optimizer update (e.g. non-finite grads)
-  // This rank's micro-batches of the step ([micro_batch, seq_len + 1] tokens each, on the job's
-  // device), read before the gradients are computed so a pass may run them more than once.
-  std::vector<at::Tensor> batches;
-  // False while a pass computes gradients it will synchronise itself (WSAM's local gradient);
-  // the gradient-sync pass then leaves this backward alone.
-  bool sync_gradients = true;
-  double lr = 0.0;  // the step's learning rate, set from BeforeStep on
-  // Backward runs on loss * loss_scale (amp's fp16 loss scaler); reported losses are unscaled.
-  double loss_scale = 1.0;
-  // Per-step figures a pass reports; they go into the step's metrics.jsonl object.
-  std::vector<std::pair<std::string, double>> metrics;
-};
-
-using StepHook = std::function<void(StepContext&)>;
 
 // Something that owns state a checkpoint must carry; keys are stable across runs.
 class STRATA_API Stateful {
@@ -72,16 +48,20 @@ class STRATA_API Job {
   // Ranks, groups and communicators of this job (a one-rank topology in a single process).
   std::shared_ptr<Topology> topology;
   std::shared_ptr<nn::Model> model;
-  // Set by the pass that keeps data-parallel replicas in step (ddp, zero, fsdp); training with
-  // more than one data-parallel rank and no such pass is refused.
-  std::string gradient_sync_pass;
   // Builds the optimizer once passes are applied; a pass may wrap it (sharding, WSAM).
   std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>)> make_optimizer;
 
-  // Computes the step's gradients: forward and backward over context.batches with the hooks, and
-  // returns this rank's mean loss. Core sets it before passes apply; a pass that changes the step
-  // program wraps it (WSAM runs it twice).
-  std::function<double(StepContext&)> compute_gradients;
+  // One training step as named stages (strata/step_program.h). Core provides every stage before
+  // passes apply; a pass owns or wraps the stages its Claims declare.
+  StepProgram program;
+
+  // The loss of one micro-batch: logits [B, T, V] (as the model returns them) and targets [B, T]
+  // -> mean loss over tokens. Core's is cross entropy; a pass replaces it (vocab-parallel loss).
+  std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)> loss;
+  // This rank's mean loss -> the loss the step reports, identical on every rank. Core's averages
+  // over the data group; a pass that splits a sample's tokens over ranks (context parallel)
+  // replaces it.
+  std::function<double(double local_loss)> reduce_loss;
 
   // The gradients the optimizer is about to apply, as this rank holds them (clipping and
   // non-finite checks read and scale these). Core's default returns every parameter's .grad();
@@ -96,6 +76,7 @@ class STRATA_API Job {
   // computes with them and their gradients, in gather_dtype. Unset: the parameters' own dtype.
   std::optional<at::ScalarType> reduce_dtype, gather_dtype;
 
+  // Hooks run inside the stages (strata/step_program.h says where).
   void add_hook(HookPoint point, StepHook hook);
   void run_hooks(HookPoint point, StepContext& context) const;
 
@@ -111,5 +92,11 @@ class STRATA_API Job {
   std::map<HookPoint, std::vector<StepHook>> hooks_;
   std::map<std::string, std::shared_ptr<Stateful>> states_;
 };
+
+// torch.nn.utils.clip_grad_norm_'s rule, the one clipping of Strata: the 2-norm of `grads`
+// (squared norms summed over `sum_over` when each rank holds a shard of them), and when
+// max_norm > 0 and the norm is finite, every gradient scaled by max_norm / (norm + 1e-6) if that
+// is below 1. Returns the norm before clipping; undefined tensors are skipped.
+STRATA_API double clip_gradient_norm(const std::vector<at::Tensor>& grads, double max_norm, Communicator* sum_over);
 
 }  // namespace strata

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "strata/claims.h"
 #include "strata/component.h"
 
 namespace strata {
@@ -24,16 +25,20 @@ struct PassOrdering {
 
 class STRATA_API Pass : public Component {
  public:
-  // info.kind is forced to ComponentKind::Pass.
-  Pass(ComponentInfo info, PassOrdering ordering);
+  // info.kind is forced to ComponentKind::Pass. `claims`: the mesh dimensions and step stages
+  // the pass takes over (strata/claims.h).
+  Pass(ComponentInfo info, PassOrdering ordering, Claims claims = {});
   ~Pass() override;
 
   const PassOrdering& ordering() const { return ordering_; }
+  const Claims& claims() const { return claims_; }
+  bool claims_stage(Stage stage, StageUse use) const;
 
   virtual void apply(Job& job, const Config& config) const = 0;
 
  private:
   PassOrdering ordering_;
+  Claims claims_;
 };
 
 }  // namespace strata

@@ -7,12 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "strata/claims.h"
 #include "strata/comm.h"
 
 namespace strata {
-
-enum class Dim { Data, Tensor, Pipeline, Context };
-STRATA_API const char* dim_name(Dim dim);
 
 class STRATA_API Topology {
  public:
@@ -22,27 +20,41 @@ class STRATA_API Topology {
   int world_size() const { return world_size_; }
   int rank() const { return rank_; }
   int size(Dim dim) const { return sizes_.at(dim); }
-  // Ranks (global) of the group along `dim` that contains `rank`, in group order.
-  std::vector<int> group_ranks(Dim dim, int rank) const;
+  // The product of the sizes of `dims`.
+  int size(const std::vector<Dim>& dims) const;
+  // Ranks (global, ascending) of the group spanning `dims` that contains `rank`: the ranks whose
+  // coordinates agree with it on every other dimension. Several dims give a flattened group
+  // (data x context reduces gradients).
+  std::vector<int> group_ranks(const std::vector<Dim>& dims, int rank) const;
+  std::vector<int> group_ranks(Dim dim, int rank) const { return group_ranks(std::vector<Dim>{dim}, rank); }
   std::vector<int> group_ranks(Dim dim) const { return group_ranks(dim, rank_); }
-  int rank_in(Dim dim) const;  // position of this rank in its `dim` group
+  int rank_in(Dim dim) const;  // this rank's coordinate along `dim` (its position in that group)
+  int rank_in(const std::vector<Dim>& dims) const;  // its position in the flattened group
+  // The global rank `offset` steps along `dim` from this one, wrapping within the group
+  // (ring neighbours: +1 and -1).
+  int neighbour(Dim dim, int offset) const;
   bool first_pipeline_stage() const { return rank_in(Dim::Pipeline) == 0; }
   bool last_pipeline_stage() const { return rank_in(Dim::Pipeline) == size(Dim::Pipeline) - 1; }
-  int next_pipeline_rank() const;  // wraps around
-  int previous_pipeline_rank() const;
+  int next_pipeline_rank() const { return neighbour(Dim::Pipeline, 1); }
+  int previous_pipeline_rank() const { return neighbour(Dim::Pipeline, -1); }
 
-  // The communicator of this rank's group along `dim`; world communicator when attached.
+  // Creates the communicator of every group (collective: every rank attaches in step).
   void attach(std::shared_ptr<Communicator> world);
   Communicator& world() const;
-  Communicator& group(Dim dim) const;
+  // The communicator of this rank's group along `dim`, or spanning several dims.
+  Communicator& group(Dim dim) const { return group(std::vector<Dim>{dim}); }
+  Communicator& group(const std::vector<Dim>& dims) const;
 
  private:
+  // Dimensions of size > 1 among `dims`, as a bit set: groups over equal sets are the same.
+  unsigned effective_mask(const std::vector<Dim>& dims) const;
+
   std::map<Dim, int> sizes_;
   std::vector<Dim> order_;
   std::map<Dim, int> stride_;
   int world_size_, rank_;
   std::shared_ptr<Communicator> world_;
-  std::map<Dim, std::shared_ptr<Communicator>> groups_;
+  std::map<unsigned, std::shared_ptr<Communicator>> groups_;  // by effective mask
 };
 
 }  // namespace strata

@@ -1,0 +1,101 @@
+// One training step as data: named stages (strata/claims.h), each provided by core or by the
+// one pass that owns it and wrapped by any passes that wrap it, plus hook points inside the
+// micro-batch schedule. `strata plan` prints the composition before anything runs; the trainer
+// runs exactly what it prints.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "strata/claims.h"
+
+namespace strata {
+
+// Hook points inside a step, in the order they run for one micro-batch under the sequential
+// schedule (a pipeline schedule interleaves micro-batches: forwards of later micro-batches may
+// run before the backward of earlier ones, so a pass must key "last" on last_backward, not on
+// the micro-batch index), then after the update, then around an evaluation.
+enum class HookPoint {
+  BeforeForward,
+  AfterForward,
+  BeforeBackward,
+  AfterBackward,
+  BeforeStep,
+  AfterStep,
+  BeforeEvaluate,
+  AfterEvaluate,
+};
+
+struct StepContext {
+  int64_t step = 0;          // optimizer step being computed, from 1
+  int64_t micro = 0;         // micro-batch index within the step (of the forward or backward running)
+  int64_t micro_count = 1;   // micro-batches per step (gradient accumulation)
+  // True from BeforeBackward to AfterBackward of this rank's last backward of the step: where
+  // gradient synchronisation starts.
+  bool last_backward = false;
+  at::Tensor loss;           // the micro-batch loss, set from AfterForward on
+  bool skip_step = false;    // set by a hook to skip the optimizer update (e.g. non-finite grads)
+  // This rank's micro-batches of the step ([micro_batch, seq_len + 1] tokens each, on the job's
+  // device), set by prepare_batches before the gradients are computed so a pass may run them
+  // more than once.
+  std::vector<at::Tensor> batches;
+  // False while a pass computes gradients it will synchronise itself (WSAM's local gradient);
+  // the gradient-sync pass then leaves this backward alone.
+  bool sync_gradients = true;
+  double lr = 0.0;  // the step's learning rate, set from BeforeStep on
+  // Backward runs on loss * loss_scale (amp's fp16 loss scaler); reported losses are unscaled.
+  double loss_scale = 1.0;
+  // Results of stages: this rank's mean micro-batch loss (gradients), the gradient norm before
+  // clipping (clip_gradients), the validation loss (evaluate).
+  double local_loss = 0.0;
+  double grad_norm = 0.0;
+  double val_loss = 0.0;
+  // Per-step figures a pass reports; they go into the step's metrics.jsonl object.
+  std::vector<std::pair<std::string, double>> metrics;
+};
+
+using StepHook = std::function<void(StepContext&)>;
+using StageFn = std::function<void(StepContext&)>;
+// A wrapper receives the context and the stage as it was before the wrapper was added.
+using StageWrapper = std::function<void(StepContext&, const StageFn& inner)>;
+
+class STRATA_API StepProgram {
+ public:
+  // Core's implementation of a stage, with a line saying what it does.
+  void provide(Stage stage, std::string description, StageFn fn);
+  // Replaces core's implementation. Only the pass being applied may call it, for a stage it
+  // declared it owns; a second owner is an error.
+  void own(Stage stage, StageFn fn);
+  // Runs `wrapper` around the stage. Only for a stage the applying pass declared it wraps.
+  void wrap(Stage stage, StageWrapper wrapper);
+  void run(Stage stage, StepContext& context) const;
+
+  // Who provides each stage ("core: ..." or the owning pass) and its wrappers, innermost first.
+  std::string provider(Stage stage) const;
+  std::vector<std::string> wrappers(Stage stage) const;
+
+  // Set by core around each pass's apply(): the pass's name and its declared claims.
+  void begin_pass(std::string name, Claims claims);
+  void end_pass();
+
+ private:
+  struct Slot {
+    std::string provider;
+    StageFn fn;
+    std::vector<std::string> wrappers;
+    std::vector<StageWrapper> wrapper_fns;
+  };
+  Slot& slot(Stage stage);
+  void run_layer(const Slot& s, size_t layers, StepContext& context) const;
+  void require_claim(Stage stage, StageUse use) const;
+  std::map<Stage, Slot> slots_;
+  std::string applying_;
+  Claims applying_claims_;
+};
+
+}  // namespace strata
