@@ -1,5 +1,7 @@
 #include "strata/core/local_communicator.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "strata/errors.h"
@@ -26,6 +28,23 @@ class LocalCommunicator final : public Communicator, public std::enable_shared_f
   }
   WorkPtr send(at::Tensor, int peer, int) override { throw std::invalid_argument("send to rank " + std::to_string(peer) + " of a one-rank world"); }
   WorkPtr recv(at::Tensor, int peer, int) override { throw std::invalid_argument("recv from rank " + std::to_string(peer) + " of a one-rank world"); }
+  // Messages to itself: each send is matched with the next receive of the same tag.
+  WorkPtr batch_p2p(std::vector<P2POp> ops) override {
+    std::vector<const P2POp*> sends;
+    for (const auto& op : ops)
+      if (op.peer != 0) throw std::invalid_argument("message to rank " + std::to_string(op.peer) + " of a one-rank world");
+    for (const auto& op : ops)
+      if (op.kind == P2POp::Kind::Send) sends.push_back(&op);
+    for (const auto& op : ops) {
+      if (op.kind != P2POp::Kind::Recv) continue;
+      auto it = std::find_if(sends.begin(), sends.end(), [&](const P2POp* s) { return s->tag == op.tag; });
+      if (it == sends.end()) throw std::invalid_argument("receive with tag " + std::to_string(op.tag) + " has no matching send in the batch");
+      op.tensor.copy_((*it)->tensor);
+      sends.erase(it);
+    }
+    if (!sends.empty()) throw std::invalid_argument("send with tag " + std::to_string(sends.front()->tag) + " has no matching receive in the batch");
+    return done();
+  }
   WorkPtr barrier() override { return done(); }
   std::shared_ptr<Communicator> split(const std::vector<int>&) override { return shared_from_this(); }
 

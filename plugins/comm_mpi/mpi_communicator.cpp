@@ -1,6 +1,8 @@
 #include "mpi_communicator.h"
 
+#include <chrono>
 #include <exception>
+#include <limits>
 
 #include <ATen/ATen.h>
 
@@ -119,12 +121,48 @@ void MpiThread::loop() {
     std::packaged_task<void()> task;
     {
       std::unique_lock lock(mutex_);
-      ready_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      const auto has_work = [&] { return stopping_ || !tasks_.empty(); };
+      // With messages in flight, wake up often to complete them; otherwise sleep until a task.
+      if (pending_.empty())
+        ready_.wait(lock, has_work);
+      else
+        ready_.wait_for(lock, std::chrono::microseconds(50), has_work);
+      if (!tasks_.empty()) {
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      } else if (stopping_) {
+        return;
+      }
     }
-    task();
+    if (task.valid()) task();
+    poll();
+  }
+}
+
+void MpiThread::track(std::vector<MPI_Request> requests, std::function<void(const std::string&)> finished) {
+  pending_.push_back({std::move(requests), std::move(finished)});
+  poll();
+}
+
+void MpiThread::poll() {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    int complete = 0;
+    const int code = MPI_Testall(static_cast<int>(p.requests.size()), p.requests.data(), &complete, MPI_STATUSES_IGNORE);
+    if (code == MPI_SUCCESS && !complete) {
+      ++i;
+      continue;
+    }
+    std::string error;
+    if (code != MPI_SUCCESS) {
+      char text[MPI_MAX_ERROR_STRING];
+      int length = 0;
+      MPI_Error_string(code, text, &length);
+      error = "point-to-point message failed: " + std::string(text, static_cast<size_t>(length));
+    }
+    Pending done = std::move(p);
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    done.finished(error);
   }
 }
 
@@ -227,20 +265,50 @@ WorkPtr MpiCommunicator::all_to_all(at::Tensor output, at::Tensor input, std::ve
 }
 
 WorkPtr MpiCommunicator::send(at::Tensor tensor, int peer, int tag) {
-  auto buffer = std::make_shared<Buffer>(tensor, false);
-  return enqueue([this, buffer, peer, tag] {
-    check(MPI_Send(buffer->work.data_ptr(), static_cast<int>(buffer->work.nbytes()), MPI_BYTE, peer, tag, comm_), "MPI_Send");
-  });
+  return batch_p2p({P2POp{P2POp::Kind::Send, std::move(tensor), peer, tag}});
 }
 
 WorkPtr MpiCommunicator::recv(at::Tensor tensor, int peer, int tag) {
-  auto buffer = std::make_shared<Buffer>(tensor, false);
-  return enqueue([this, buffer, peer, tag] {
-    check(MPI_Recv(buffer->work.data_ptr(), static_cast<int>(buffer->work.nbytes()), MPI_BYTE, peer, tag, comm_,
-                   MPI_STATUS_IGNORE),
-          "MPI_Recv");
-    buffer->finish();
+  return batch_p2p({P2POp{P2POp::Kind::Recv, std::move(tensor), peer, tag}});
+}
+
+// Posts MPI_Isend/MPI_Irecv for every message on the MPI thread and returns at once; the thread
+// completes them between later tasks (MpiThread::poll), then the Work's wait() returns.
+WorkPtr MpiCommunicator::batch_p2p(std::vector<P2POp> ops) {
+  std::vector<std::shared_ptr<Buffer>> buffers;
+  for (const auto& op : ops) {
+    if (op.tensor.nbytes() > static_cast<size_t>(std::numeric_limits<int>::max()))
+      throw std::invalid_argument("the mpi communicator sends at most 2 GiB per message; split the tensor");
+    buffers.push_back(std::make_shared<Buffer>(op.tensor, false));
+  }
+  auto done = std::make_shared<std::promise<void>>();
+  std::shared_future<void> future = done->get_future().share();
+  std::vector<P2POp::Kind> kinds;
+  std::vector<int> peers, tags;
+  for (const auto& op : ops) kinds.push_back(op.kind), peers.push_back(op.peer), tags.push_back(op.tag);
+  thread_->submit([this, buffers, kinds, peers, tags, done] {
+    std::vector<MPI_Request> requests(buffers.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      at::Tensor& w = buffers[i]->work;
+      const int bytes = static_cast<int>(w.nbytes());
+      const int code = kinds[i] == P2POp::Kind::Send ? MPI_Isend(w.data_ptr(), bytes, MPI_BYTE, peers[i], tags[i], comm_, &requests[i])
+                                                     : MPI_Irecv(w.data_ptr(), bytes, MPI_BYTE, peers[i], tags[i], comm_, &requests[i]);
+      if (code != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int length = 0;
+        MPI_Error_string(code, text, &length);
+        done->set_exception(std::make_exception_ptr(std::runtime_error("MPI_Isend/MPI_Irecv failed: " + std::string(text, static_cast<size_t>(length)))));
+        return;
+      }
+    }
+    thread_->track(std::move(requests), [buffers, kinds, done](const std::string& error) {
+      if (!error.empty()) return done->set_exception(std::make_exception_ptr(std::runtime_error(error)));
+      for (size_t i = 0; i < buffers.size(); ++i)
+        if (kinds[i] == P2POp::Kind::Recv) buffers[i]->finish();
+      done->set_value();
+    });
   });
+  return std::make_shared<MpiWork>(future);
 }
 
 WorkPtr MpiCommunicator::barrier() {

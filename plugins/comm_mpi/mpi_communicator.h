@@ -1,6 +1,8 @@
 // Communicator over OpenMPI for host tensors. Every MPI call of the process runs on one
 // dedicated thread, in the order operations were issued, so communication overlaps the
-// caller's computation and MPI needs only MPI_THREAD_FUNNELED.
+// caller's computation and MPI needs only MPI_THREAD_FUNNELED. Point-to-point messages are
+// posted non-blocking and completed by that thread between tasks, so a blocking receive never
+// holds the thread while the matching send waits behind it.
 #pragma once
 
 #include <condition_variable>
@@ -24,9 +26,18 @@ class MpiThread {
   std::shared_future<void> submit(std::function<void()> task);
   // Runs `task` and waits for it.
   void run(std::function<void()> task) { submit(std::move(task)).get(); }
+  // Called on the MPI thread by a task that posted `requests`: `finished` runs there once all
+  // completed (or with the error text when one failed), polled between tasks.
+  void track(std::vector<MPI_Request> requests, std::function<void(const std::string& error)> finished);
 
  private:
   void loop();
+  void poll();
+  struct Pending {
+    std::vector<MPI_Request> requests;
+    std::function<void(const std::string&)> finished;
+  };
+  std::vector<Pending> pending_;  // touched on the MPI thread only
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::packaged_task<void()>> tasks_;
@@ -49,6 +60,7 @@ class MpiCommunicator final : public Communicator {
                      std::vector<int64_t> input_splits) override;
   WorkPtr send(at::Tensor tensor, int peer, int tag) override;
   WorkPtr recv(at::Tensor tensor, int peer, int tag) override;
+  WorkPtr batch_p2p(std::vector<P2POp> ops) override;
   WorkPtr barrier() override;
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks) override;
 

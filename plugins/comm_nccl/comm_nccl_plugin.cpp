@@ -128,6 +128,23 @@ class NcclCommunicator final : public Communicator {
     return run({tensor}, [&] { check(ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, comm_, stream_), "ncclRecv"); });
   }
 
+  // One NCCL group: both directions of an exchange proceed together instead of each blocking
+  // until its peer posts the matching call.
+  WorkPtr batch_p2p(std::vector<P2POp> ops) override {
+    std::vector<at::Tensor> tensors;
+    for (const auto& op : ops) tensors.push_back(op.tensor);
+    return run(tensors, [&] {
+      check(ncclGroupStart(), "ncclGroupStart");
+      for (const auto& op : ops) {
+        if (op.kind == P2POp::Kind::Send)
+          check(ncclSend(op.tensor.data_ptr(), op.tensor.nbytes(), ncclUint8, op.peer, comm_, stream_), "ncclSend");
+        else
+          check(ncclRecv(op.tensor.data_ptr(), op.tensor.nbytes(), ncclUint8, op.peer, comm_, stream_), "ncclRecv");
+      }
+      check(ncclGroupEnd(), "ncclGroupEnd");
+    });
+  }
+
   WorkPtr barrier() override { return all_reduce(at::zeros({1}, at::TensorOptions().device(at::kCUDA, device_)), ReduceOp::Sum); }
 
   std::shared_ptr<Communicator> split(const std::vector<int>& ranks) override {

@@ -23,6 +23,15 @@ class STRATA_API Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// One point-to-point message of a batch (Communicator::batch_p2p).
+struct P2POp {
+  enum class Kind { Send, Recv };
+  Kind kind;
+  at::Tensor tensor;
+  int peer;
+  int tag = 0;
+};
+
 // Ranks here are ranks within this communicator's group. fp16 and bf16 are reduced with fp32
 // accumulation. Operations are queued in call order; every rank of the group must issue the
 // same collectives in the same order.
@@ -41,8 +50,16 @@ class STRATA_API Communicator {
   // Splits are element counts of the flattened tensors per rank; empty means equal splits.
   virtual WorkPtr all_to_all(at::Tensor output, at::Tensor input, std::vector<int64_t> output_splits,
                              std::vector<int64_t> input_splits) = 0;
+  // Point-to-point messages are posted at once and complete in the background: sends and
+  // receives between two ranks complete whatever order each rank issues them in (a pipeline
+  // sends activations one way while gradients come back the other). A message matches the one
+  // with the same peer and tag; between one pair of ranks, messages with equal tags match in
+  // issue order (nccl has no tags and matches in issue order only).
   virtual WorkPtr send(at::Tensor tensor, int peer, int tag) = 0;
   virtual WorkPtr recv(at::Tensor tensor, int peer, int tag) = 0;
+  // Posts every message of the batch together; one Work waits for all of them. nccl needs this
+  // form (a group) for exchanges in both directions.
+  virtual WorkPtr batch_p2p(std::vector<P2POp> ops) = 0;
   virtual WorkPtr barrier() = 0;
 
   // A communicator over `ranks` (ranks of this communicator, ascending); collective over this
