@@ -70,6 +70,8 @@ void Model::add_post_forward_hook(size_t i, BlockHook hook) { blocks_.at(i).post
 at::Tensor Model::forward(const at::Tensor& tokens) {
   at::Tensor x = tokens;
   for (auto& entry : blocks_) {
+    // Operators called in the block (its hooks included) see which block runs: pins per block.
+    const ops::BlockScope scope(entry.name, entry.block->type());
     for (auto& hook : entry.pre) hook(*entry.block, x);
     x = entry.executor ? entry.executor(*entry.block, x) : entry.block->forward(x);
     for (auto& hook : entry.post) hook(*entry.block, x);

@@ -15,29 +15,96 @@ bool Support::accepts(const at::Tensor& probe) const {
   return has(devices, probe.device().type()) && has(dtypes, probe.scalar_type());
 }
 
-OperatorImplBase::OperatorImplBase(std::string impl_name, std::string summary, std::string op, Support support, int priority)
+OperatorImplBase::OperatorImplBase(std::string impl_name, std::string summary, std::string op, Support support, int priority,
+                                   std::string signature, bool defines)
     : Component({ComponentKind::Operator, std::move(impl_name), std::move(summary), {}}),
       op_(std::move(op)),
       support_(std::move(support)),
-      priority_(priority) {}
+      priority_(priority),
+      signature_(std::move(signature)),
+      defines_(defines) {}
 OperatorImplBase::~OperatorImplBase() = default;
+void OperatorImplBase::bind(Job&) const {}
+
+namespace {
+thread_local const std::string* current_block_name = nullptr;
+thread_local const std::string* current_block_type = nullptr;
+const std::string& or_empty(const std::string* s) {
+  static const std::string empty;
+  return s ? *s : empty;
+}
+}  // namespace
+
+BlockScope::BlockScope(const std::string& name, const std::string& type)
+    : previous_name_(current_block_name), previous_type_(current_block_type) {
+  current_block_name = &name;
+  current_block_type = &type;
+}
+BlockScope::~BlockScope() {
+  current_block_name = previous_name_;
+  current_block_type = previous_type_;
+}
+const std::string& BlockScope::name() { return or_empty(current_block_name); }
+const std::string& BlockScope::type() { return or_empty(current_block_type); }
+
+const OperatorImplBase& select(const std::string& op, const at::Tensor& probe) { return OperatorTable::global().select(op, probe); }
+void pin(const std::string& op, const std::string& impl, const std::vector<std::string>& blocks) {
+  OperatorTable::global().pin(op, impl, blocks);
+}
 
 }  // namespace ops
 
 void OperatorTable::install(const ComponentRegistry& registry) {
-  for (const Component* c : registry.components(ComponentKind::Operator)) {
+  auto plugin_name = [&](const Component* c) {
+    const PluginRecord* plugin = registry.plugin_of(c);
+    return plugin ? plugin->name : std::string("?");
+  };
+  const std::vector<const Component*> components = registry.components(ComponentKind::Operator);
+  // Definitions first, so an implementation may come from a plugin loaded before the definer.
+  for (const Component* c : components) {
+    const auto* impl = static_cast<const ops::OperatorImplBase*>(c);
+    if (!impl->defines_operator()) continue;
+    auto it = table_.find(impl->op());
+    if (it != table_.end()) {
+      if (std::find(it->second.begin(), it->second.end(), impl) != it->second.end()) continue;  // installed before
+      throw UserError("operator '" + impl->op() + "' is defined by plugin '" + plugin_name(c) + "' and by " +
+                      defined_by_.at(impl->op()) + "; operator names must be unique");
+    }
+    table_[impl->op()] = {impl};
+    defined_by_[impl->op()] = "plugin '" + plugin_name(c) + "'";
+  }
+  for (const Component* c : components) {
     const auto* impl = static_cast<const ops::OperatorImplBase*>(c);
     auto it = table_.find(impl->op());
-    if (it == table_.end()) {
-      const PluginRecord* plugin = registry.plugin_of(c);
-      throw UserError("operator implementation '" + c->name() + "' from plugin '" + (plugin ? plugin->name : "?") +
-                      "' is for unknown operator '" + impl->op() + "'");
-    }
+    if (it == table_.end())
+      throw UserError("operator implementation '" + c->name() + "' from plugin '" + plugin_name(c) + "' is for unknown operator '" +
+                      impl->op() + "'");
     auto& impls = it->second;
     if (std::find(impls.begin(), impls.end(), impl) != impls.end()) continue;
+    if (impl->signature() != impls.back()->signature())
+      throw UserError("operator implementation '" + c->name() + "' from plugin '" + plugin_name(c) + "' has another function type than operator '" +
+                      impl->op() + "' (defined by " + defined_by_.at(impl->op()) + "); rebuild it against the definer's header");
     impls.push_back(impl);
     std::stable_sort(impls.begin(), impls.end(), [](auto* a, auto* b) { return a->priority() > b->priority(); });
   }
+}
+
+void OperatorTable::bind(Job& job) const {
+  for (const auto& [op, impls] : table_)
+    for (const auto* impl : impls) impl->bind(job);
+}
+
+void OperatorTable::pin(const std::string& op, const std::string& impl, const std::vector<std::string>& blocks) {
+  auto it = table_.find(op);
+  if (it == table_.end()) throw UserError("cannot pin unknown operator '" + op + "' (see `strata ops`)");
+  for (const auto* candidate : it->second)
+    if (candidate->name() == impl) {
+      pins_.push_back({op, candidate, blocks});
+      return;
+    }
+  std::string known;
+  for (const auto* candidate : it->second) known += (known.empty() ? "" : ", ") + candidate->name();
+  throw UserError("operator '" + op + "' has no implementation '" + impl + "' (implementations: " + known + ")");
 }
 
 const std::vector<const ops::OperatorImplBase*>& OperatorTable::implementations(const std::string& op) const {
@@ -51,9 +118,23 @@ std::vector<std::string> OperatorTable::operators() const {
 }
 
 const ops::OperatorImplBase& OperatorTable::select(const std::string& op, const at::Tensor& probe) const {
-  for (const auto* impl : table_.at(op))
+  for (auto pin = pins_.rbegin(); pin != pins_.rend(); ++pin) {
+    if (pin->op != op) continue;
+    const std::string& name = ops::BlockScope::name();
+    const bool here = pin->blocks.empty() || std::find_if(pin->blocks.begin(), pin->blocks.end(), [&](const std::string& b) {
+                                               return b == name || b == ops::BlockScope::type();
+                                             }) != pin->blocks.end();
+    if (!here) continue;
+    if (!pin->impl->support().accepts(probe))
+      throw UserError("operator '" + op + "' is pinned to '" + pin->impl->name() + "'" + (name.empty() ? "" : " in block '" + name + "'") +
+                      ", which does not support " + probe.device().str() + " " + c10::toString(probe.scalar_type()) + " tensors");
+    return *pin->impl;
+  }
+  auto it = table_.find(op);
+  if (it == table_.end()) throw std::logic_error("operator '" + op + "' is not in the table");
+  for (const auto* impl : it->second)
     if (impl->support().accepts(probe)) return *impl;
-  return *table_.at(op).back();  // the reference accepts everything
+  return *it->second.back();  // the reference accepts everything
 }
 
 namespace ops {
@@ -61,8 +142,7 @@ namespace ops {
 namespace {
 // The implementation of Op chosen for a call, given a representative tensor.
 template <class Op>
-typename Op::Fn pick(const at::Tensor& probe) {
-  // Only OperatorImpl<Op> carries Op::name, so the downcast matches the signature.
+const std::function<typename Op::Fn>& pick(const at::Tensor& probe) {
   return static_cast<const OperatorImpl<Op>&>(OperatorTable::global().select(Op::name, probe)).fn();
 }
 }  // namespace

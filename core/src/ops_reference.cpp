@@ -97,8 +97,8 @@ void agd_update_reference(const at::Tensor& param, const at::Tensor& grad, const
 }
 
 template <class Op>
-const ops::OperatorImplBase* reference(const char* summary, typename Op::Fn fn) {
-  static const ops::OperatorImpl<Op> impl(std::string(Op::name) + ".reference", summary, fn, {}, 0);
+const ops::OperatorImplBase* reference(const char* summary, typename Op::Fn* fn) {
+  static const ops::OperatorImpl<Op> impl(std::string(Op::name) + ".reference", summary, fn, {}, 0, /*defines=*/true);
   return &impl;
 }
 
@@ -113,6 +113,8 @@ OperatorTable& OperatorTable::global() {
 
 void OperatorTable::reset() {
   table_.clear();
+  defined_by_.clear();
+  pins_.clear();
   for (const auto* impl : {
            reference<ops::Attention>("scaled dot-product attention (ATen), causal and additive mask, GQA by repeat", attention_reference),
            reference<ops::LayerNorm>("at::layer_norm", layer_norm_reference),
@@ -123,8 +125,10 @@ void OperatorTable::reset() {
            reference<ops::Rope>("rotary embedding, rotate-half layout", rope_reference),
            reference<ops::CrossEntropy>("mean cross entropy in fp32", cross_entropy_reference),
            reference<ops::AgdUpdate>("AGD step, one ATen operation per formula line", agd_update_reference),
-       })
+       }) {
     table_[impl->op()].push_back(impl);
+    defined_by_[impl->op()] = "core";
+  }
 }
 
 }  // namespace strata

@@ -53,6 +53,10 @@ class Recompute : public torch::autograd::Function<Recompute> {
                             at::TensorList params) {
     ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
     ctx->saved_data["recomputed"] = reinterpret_cast<int64_t>(recomputed);
+    // The running block's name and type (the model's strings, which outlive the step), so the
+    // recomputation selects the same operator implementations (pins per block) as the forward.
+    ctx->saved_data["block_name"] = reinterpret_cast<int64_t>(&ops::BlockScope::name());
+    ctx->saved_data["block_type"] = reinterpret_cast<int64_t>(&ops::BlockScope::type());
     ctx->saved_data["rng"] = c10::List<at::Tensor>(RngSnapshot(x.device()).states());
     ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(x.device().type());
     ctx->saved_data["autocast_dtype"] = at::autocast::get_autocast_dtype(x.device().type());
@@ -74,6 +78,8 @@ class Recompute : public torch::autograd::Function<Recompute> {
       at::autocast::set_autocast_enabled(device, ctx->saved_data["autocast"].toBool());
       at::autocast::set_autocast_dtype(device, ctx->saved_data["autocast_dtype"].toScalarType());
       at::AutoGradMode enable(true);
+      const ops::BlockScope scope(*reinterpret_cast<const std::string*>(ctx->saved_data["block_name"].toInt()),
+                                  *reinterpret_cast<const std::string*>(ctx->saved_data["block_type"].toInt()));
       output = block->forward(input);
     }
     now.restore();

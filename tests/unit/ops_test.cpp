@@ -137,7 +137,7 @@ void register_bf16_gelu(Registry& registry) {
 
 struct Bogus {
   static constexpr const char* name = "no_such_op";
-  using Fn = at::Tensor (*)(const at::Tensor&);
+  using Fn = at::Tensor(const at::Tensor&);
 };
 
 void register_unknown_op(Registry& registry) {
@@ -166,6 +166,84 @@ TEST(OperatorTable, ImplementationOfAnUnknownOperatorIsRefused) {
     FAIL() << "accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("'bogus.impl' from plugin 'bogus' is for unknown operator 'no_such_op'"), std::string::npos);
+  }
+  OperatorTable::global().reset();
+}
+
+// A plugin-defined operator: its reference, more implementations, pins per block.
+struct Triple {
+  static constexpr const char* name = "triple";
+  using Fn = at::Tensor(const at::Tensor&);
+};
+struct TripleOtherType {  // same name, another function type
+  static constexpr const char* name = "triple";
+  using Fn = at::Tensor(const at::Tensor&, double);
+};
+at::Tensor triple(const at::Tensor& x) { return x * 3; }
+at::Tensor triple_scaled(const at::Tensor& x, double) { return x * 3; }
+
+void register_triple(Registry& registry) {
+  registry.add(ops::define_operator<Triple>("x * 3", &triple));
+  registry.add(std::make_unique<ops::OperatorImpl<Triple>>("triple.fast", "x * 3", &triple, ops::Support{}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<Triple>>("triple.bf16_only", "x * 3", &triple,
+                                                           ops::Support{{}, {at::kBFloat16}}, 1));
+}
+void register_triple_again(Registry& registry) { registry.add(ops::define_operator<Triple>("again", &triple)); }
+void register_triple_other_type(Registry& registry) {
+  registry.add(std::make_unique<ops::OperatorImpl<TripleOtherType>>("triple.odd", "", &triple_scaled));
+}
+
+TEST(OperatorTable, PluginDefinesAnOperatorAndPinsSelectPerBlock) {
+  ComponentRegistry registry;
+  registry.register_plugin(PluginRecord{"triple", "0", "<test>", "", {}}, &register_triple);
+  OperatorTable& table = OperatorTable::global();
+  table.install(registry);
+  const at::Tensor x = at::ones({2});
+  EXPECT_EQ(table.defined_by("triple"), "plugin 'triple'");
+  EXPECT_EQ(table.select("triple", x).name(), "triple.fast");
+  EXPECT_TRUE(at::equal(ops::call<Triple>(x, x), x * 3));
+
+  ops::pin("triple", "triple.reference", {"block"});
+  const std::string block = "block", head = "head", h0 = "h.0";
+  {
+    const ops::BlockScope scope(h0, block);  // pinned by type
+    EXPECT_EQ(ops::select("triple", x).name(), "triple.reference");
+  }
+  {
+    const ops::BlockScope scope(head, head);  // not pinned
+    EXPECT_EQ(ops::select("triple", x).name(), "triple.fast");
+  }
+  ops::pin("triple", "triple.bf16_only", {"h.0"});  // newer pin, by name
+  {
+    const ops::BlockScope scope(h0, block);
+    EXPECT_EQ(ops::select("triple", x.to(at::kBFloat16)).name(), "triple.bf16_only");
+    EXPECT_THROW(ops::select("triple", x), UserError);  // pinned, unsupported: never a silent fallback
+  }
+  EXPECT_THROW(ops::pin("triple", "triple.nope"), UserError);
+  EXPECT_THROW(ops::pin("quadruple", "x"), UserError);
+  table.reset();
+  EXPECT_THROW(table.defined_by("triple"), std::out_of_range);
+}
+
+TEST(OperatorTable, OperatorDefinedTwiceOrWithAnotherTypeIsRefused) {
+  ComponentRegistry twice;
+  twice.register_plugin(PluginRecord{"triple", "0", "<test>", "", {}}, &register_triple);
+  OperatorTable::global().install(twice);
+  ComponentRegistry again;
+  again.register_plugin(PluginRecord{"again", "0", "<test>", "", {}}, &register_triple_again);
+  try {
+    OperatorTable::global().install(again);
+    FAIL() << "accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("operator 'triple' is defined by plugin 'again' and by plugin 'triple'"), std::string::npos) << e.what();
+  }
+  ComponentRegistry odd;
+  odd.register_plugin(PluginRecord{"odd", "0", "<test>", "", {}}, &register_triple_other_type);
+  try {
+    OperatorTable::global().install(odd);
+    FAIL() << "accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("'triple.odd' from plugin 'odd' has another function type"), std::string::npos) << e.what();
   }
   OperatorTable::global().reset();
 }

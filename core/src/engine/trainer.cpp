@@ -390,6 +390,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
                   });
 
   job.register_state("model", std::make_shared<ModelState>(job.model));
+  OperatorTable::global().bind(job);  // stateful operator implementations reach the job's groups
   for (size_t i : order) {
     const Pass& pass = *plan.passes[i].pass;
     program.begin_pass(pass.name(), pass.claims());

@@ -1,9 +1,19 @@
 // The operator ABI: named operators with fixed signatures. Layers call these functions; each
-// dispatches to the highest-priority registered implementation that supports the call and falls
-// back to core's reference implementation (ATen composite, autograd-correct, any device).
+// dispatches to the implementation pinned for the running block, else to the highest-priority
+// registered implementation that supports the call, and falls back to the operator's reference
+// implementation (ATen composite, autograd-correct, any device).
+//
+// The set is open: a plugin defines a new operator with a struct like those below (a name and
+// the function type `Fn` of its implementations) and registers its reference with
+// `define_operator<Op>`; any plugin may then register more implementations of it, and code
+// calls it with `call<Op>(probe, args...)`. An implementation is an object: it may keep state
+// (fp8 scales per block) and receives the job before passes apply (`bind`) to reach its groups.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
+#include <typeinfo>
 #include <string>
 #include <vector>
 
@@ -11,41 +21,45 @@
 
 #include "strata/component.h"
 
+namespace strata {
+class Job;
+}
+
 namespace strata::ops {
 
 // Each operator: its name and the function type an implementation provides.
 struct Attention {  // q, k, v: [B, H, T, D] (k/v may have fewer heads: grouped-query); -> [B, H, T, D]
   static constexpr const char* name = "attention";
-  using Fn = at::Tensor (*)(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+  using Fn = at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                             const std::optional<at::Tensor>& additive_mask);
 };
 struct LayerNorm {
   static constexpr const char* name = "layer_norm";
-  using Fn = at::Tensor (*)(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps);
+  using Fn = at::Tensor(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps);
 };
 struct RmsNorm {
   static constexpr const char* name = "rms_norm";
-  using Fn = at::Tensor (*)(const at::Tensor& x, const at::Tensor& weight, double eps);
+  using Fn = at::Tensor(const at::Tensor& x, const at::Tensor& weight, double eps);
 };
 struct Linear {
   static constexpr const char* name = "linear";
-  using Fn = at::Tensor (*)(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+  using Fn = at::Tensor(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 };
 struct Gelu {  // tanh approximation, as GPT-2
   static constexpr const char* name = "gelu";
-  using Fn = at::Tensor (*)(const at::Tensor& x);
+  using Fn = at::Tensor(const at::Tensor& x);
 };
 struct SwiGlu {  // silu(gate) * up
   static constexpr const char* name = "swiglu";
-  using Fn = at::Tensor (*)(const at::Tensor& gate, const at::Tensor& up);
+  using Fn = at::Tensor(const at::Tensor& gate, const at::Tensor& up);
 };
 struct Rope {  // x: [B, H, T, D], cos/sin: [T, D/2]; rotate-half layout (Hugging Face Llama)
   static constexpr const char* name = "rope";
-  using Fn = at::Tensor (*)(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  using Fn = at::Tensor(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 };
 struct CrossEntropy {  // logits [N, V], targets [N] int64 -> mean loss (fp32)
   static constexpr const char* name = "cross_entropy";
-  using Fn = at::Tensor (*)(const at::Tensor& logits, const at::Tensor& targets);
+  using Fn = at::Tensor(const at::Tensor& logits, const at::Tensor& targets);
 };
 
 // Hyperparameters of one AGD update (docs/optimizers.md has the rule). clip <= 0: no clamp.
@@ -58,7 +72,7 @@ struct AgdHyper {
 // win; pass undefined tensors otherwise. All tensors have the parameter's shape and dtype.
 struct AgdUpdate {
   static constexpr const char* name = "agd_update";
-  using Fn = void (*)(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+  using Fn = void(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                       const at::Tensor& exp_avg_diff_sq, const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z,
                       const AgdHyper& hyper);
 };
@@ -91,27 +105,82 @@ class STRATA_API OperatorImplBase : public Component {
   const std::string& op() const { return op_; }
   int priority() const { return priority_; }
   const Support& support() const { return support_; }
+  // The reference implementation that defines operator op() (define_operator).
+  bool defines_operator() const { return defines_; }
+  // The operator's function type, as the compiler names it: every implementation of one
+  // operator must have the definer's.
+  const std::string& signature() const { return signature_; }
+  // Called once per job, after the mesh and model exist and before passes apply. A stateful
+  // implementation keeps what it needs (groups, per-block state) in members of its own.
+  virtual void bind(Job& job) const;
 
  protected:
-  OperatorImplBase(std::string impl_name, std::string summary, std::string op, Support support, int priority);
+  OperatorImplBase(std::string impl_name, std::string summary, std::string op, Support support, int priority,
+                   std::string signature, bool defines);
 
  private:
   std::string op_;
   Support support_;
   int priority_;
+  std::string signature_;
+  bool defines_;
 };
 
-// An implementation of operator Op. Core's references have priority 0; a faster
-// implementation registers a higher priority for the devices and dtypes it handles.
+// An implementation of operator Op. References have priority 0; a faster implementation
+// registers a higher priority for the devices and dtypes it handles. `fn` may capture the
+// implementation object (derive from this class to keep state).
 template <class Op>
-class OperatorImpl final : public OperatorImplBase {
+class OperatorImpl : public OperatorImplBase {
  public:
-  OperatorImpl(std::string impl_name, std::string summary, typename Op::Fn fn, Support support = {}, int priority = 10)
-      : OperatorImplBase(std::move(impl_name), std::move(summary), Op::name, std::move(support), priority), fn_(fn) {}
-  typename Op::Fn fn() const { return fn_; }
+  OperatorImpl(std::string impl_name, std::string summary, std::function<typename Op::Fn> fn, Support support = {},
+               int priority = 10, bool defines = false)
+      : OperatorImplBase(std::move(impl_name), std::move(summary), Op::name, std::move(support), priority,
+                         typeid(typename Op::Fn).name(), defines),
+        fn_(std::move(fn)) {}
+  const std::function<typename Op::Fn>& fn() const { return fn_; }
+
+ protected:
+  std::function<typename Op::Fn> fn_;
+};
+
+// The reference implementation that defines a new operator Op, named "<op>.reference".
+template <class Op>
+std::unique_ptr<OperatorImpl<Op>> define_operator(std::string summary, std::function<typename Op::Fn> reference) {
+  return std::make_unique<OperatorImpl<Op>>(std::string(Op::name) + ".reference", std::move(summary), std::move(reference),
+                                            Support{}, 0, /*defines=*/true);
+}
+
+// The implementation of `op` that serves a call whose representative tensor is `probe`, in the
+// block running now: the one pinned there, else the best that supports the probe.
+STRATA_API const OperatorImplBase& select(const std::string& op, const at::Tensor& probe);
+
+// Calls operator Op through the table.
+template <class Op, class... Args>
+decltype(auto) call(const at::Tensor& probe, Args&&... args) {
+  // install() checks every implementation of Op::name has Op's signature, so the cast is exact.
+  return static_cast<const OperatorImpl<Op>&>(select(Op::name, probe)).fn()(std::forward<Args>(args)...);
+}
+
+// Pins operator `op` to the implementation named `impl` in the blocks whose name or type is in
+// `blocks` (empty: everywhere). The newest pin that matches a block wins. A UserError names an
+// unknown operator or implementation; a call the pinned implementation does not support is a
+// UserError too (never a silent fallback). Pins last until the table is reset (one job).
+STRATA_API void pin(const std::string& op, const std::string& impl, const std::vector<std::string>& blocks = {});
+
+// The block running now, set by nn::Model::forward around each block (its executor and hooks);
+// operator pins and stateful implementations key on it. Empty strings outside any block.
+class STRATA_API BlockScope {
+ public:
+  BlockScope(const std::string& name, const std::string& type);
+  ~BlockScope();
+  BlockScope(const BlockScope&) = delete;
+  BlockScope& operator=(const BlockScope&) = delete;
+  static const std::string& name();
+  static const std::string& type();
 
  private:
-  typename Op::Fn fn_;
+  const std::string* previous_name_;
+  const std::string* previous_type_;
 };
 
 }  // namespace strata::ops
