@@ -25,6 +25,9 @@ class Scaler final : public Stateful {
             {"skipped_steps", at::tensor(skipped_steps, at::kLong)}};
   }
 
+  // Every data rank takes the same skip and scale decisions (the non-finite check is reduced).
+  bool same_on_data_ranks() const override { return true; }
+
   void load(const NamedTensors& tensors) override {
     for (const auto& [name, t] : tensors) {
       if (name == "scale") scale = t.item<double>();

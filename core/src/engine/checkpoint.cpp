@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include <ATen/ATen.h>
 #include <c10/util/accumulate.h>
 #include <nlohmann/json.hpp>
 
@@ -79,7 +81,7 @@ std::string shard_name(int rank) {
 }
 
 void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta, const NamedTensors& tensors,
-                     const Slices& slices, int64_t keep, Communicator& world) {
+                     const Slices& slices, int64_t keep, Communicator& world, c10::Device device) {
   const std::string name = step_dir_name(meta.step);
   const fs::path staging = checkpoints_dir / (".tmp-" + name);
   const bool leader = world.rank() == 0;
@@ -91,17 +93,29 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
   world.barrier()->wait();
   nlohmann::json slice_json = nlohmann::json::object();
   for (const auto& [name, slice] : slices) slice_json[name] = {{"shape", slice.shape}, {"offset", slice.offset}};
-  write_safetensors(staging / shard_name(world.rank()), tensors,
-                    {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"slices", slice_json.dump()}});
-  world.barrier()->wait();
+  const fs::path own = staging / shard_name(world.rank());
+  write_safetensors(own, tensors, {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"slices", slice_json.dump()}});
+  // Each rank hashes what it wrote, in parallel; rank 0 collects 64 hex digits and 8 size bytes
+  // per rank rather than reading every file again.
+  constexpr int64_t kRecord = 72;
+  const std::string digest = sha256_file(own);
+  const uint64_t bytes = fs::file_size(own);
+  at::Tensor mine = at::empty({kRecord}, at::kByte);
+  std::memcpy(mine.data_ptr(), digest.data(), 64);
+  std::memcpy(static_cast<uint8_t*>(mine.data_ptr()) + 64, &bytes, 8);
+  at::Tensor all = at::empty({kRecord * world.size()}, at::TensorOptions().dtype(at::kByte).device(device));
+  world.all_gather(all, mine.to(device))->wait();
+  all = all.cpu();
   if (!leader) {
     world.barrier()->wait();  // until rank 0 has published it
     return;
   }
   nlohmann::json files = nlohmann::json::object();
   for (int r = 0; r < world.size(); ++r) {
-    const fs::path shard = staging / shard_name(r);
-    files[shard_name(r)] = {{"bytes", fs::file_size(shard)}, {"sha256", sha256_file(shard)}};
+    const auto* record = static_cast<const uint8_t*>(all.data_ptr()) + kRecord * r;
+    uint64_t size = 0;
+    std::memcpy(&size, record + 64, 8);
+    files[shard_name(r)] = {{"bytes", size}, {"sha256", std::string(reinterpret_cast<const char*>(record), 64)}};
   }
   nlohmann::json manifest = {{"format", kFormat},
                              {"step", meta.step},

@@ -21,10 +21,12 @@ struct CheckpointMeta {
 };
 
 // Collective over `world`: every rank writes its own state (`tensors`, named
-// "<state key>/<tensor name>", with the slices among them) as rank_NNNNN.safetensors; rank 0
-// writes the manifest and publishes the checkpoint once all files are on disk.
+// "<state key>/<tensor name>", with the slices among them) as rank_NNNNN.safetensors and hashes
+// its own file; the sizes and hashes are gathered (through `device`, which the communicator
+// takes), and rank 0 writes the manifest and publishes the checkpoint.
 void save_checkpoint(const std::filesystem::path& checkpoints_dir, const CheckpointMeta& meta,
-                     const NamedTensors& tensors, const Slices& slices, int64_t keep, Communicator& world);
+                     const NamedTensors& tensors, const Slices& slices, int64_t keep, Communicator& world,
+                     c10::Device device);
 
 // One tensor a rank wants from a checkpoint: `target` (on the CPU) receives the whole tensor
 // `name`, or with `slice` set the piece of it that the slice names.

@@ -46,6 +46,7 @@ class ModelState final : public Stateful {
     return out;
   }
   void load(const NamedTensors& tensors) override { copy_into(save(), tensors, "model"); }
+  bool same_on_data_ranks() const override { return true; }
 
   // Copies `from` into the same-named tensors of `into`, which must match exactly.
   static void copy_into(const NamedTensors& into, const NamedTensors& from, const std::string& what) {
@@ -73,6 +74,9 @@ class OptimizerState final : public Stateful {
   NamedTensors save() const override { return optimizer_.state_tensors(); }
   void load(const NamedTensors& tensors) override { ModelState::copy_into(optimizer_.state_tensors(), tensors, "optimizer"); }
   Slices slices() const override { return optimizer_.state_slices(); }
+  // A sharded optimizer's whole tensors (step counters) exist only on ranks that hold a piece of
+  // their parameter, so only an unsharded optimizer's state is the same on every data rank.
+  bool same_on_data_ranks() const override { return optimizer_.state_slices().empty(); }
 
  private:
   Optimizer& optimizer_;
@@ -89,6 +93,7 @@ class DataState final : public Stateful {
     ModelState::copy_into({{"position", position}}, tensors, "data");
     sampler_.set_position(position[0].item<int64_t>(), position[1].item<int64_t>());
   }
+  bool same_on_data_ranks() const override { return true; }
 
  private:
   BatchSampler& sampler_;
@@ -111,16 +116,23 @@ struct SavedState {
   Slices slices;
 };
 
+// What this rank writes. A whole tensor that every data rank holds alike is written by one of
+// them (the k-th such tensor by data rank k mod dp), so replicas write no byte twice and share
+// the writing; slices and per-rank state (the RNG) are written by their own rank.
 SavedState gather_state(const Job& job) {
   SavedState out;
+  const int dp = job.topology->size(Dim::Data), dp_rank = job.topology->rank_in(Dim::Data);
+  int64_t replicated = 0;
   for (const auto& [key, state] : job.states()) {
+    const Slices slices = state->slices();
     for (auto& [name, tensor] : state->save()) {
+      if (state->same_on_data_ranks() && !slices.count(name) && replicated++ % dp != dp_rank) continue;
       at::Tensor cpu = tensor.detach().to(at::kCPU);
       // Pieces of one flat buffer share its storage; the file needs each on its own.
       if (cpu.storage().nbytes() != cpu.nbytes()) cpu = cpu.clone(at::MemoryFormat::Contiguous);
       out.tensors.emplace_back(key + "/" + name, cpu);
+      if (auto slice = slices.find(name); slice != slices.end()) out.slices.emplace(key + "/" + name, slice->second);
     }
-    for (auto& [name, slice] : state->slices()) out.slices.emplace(key + "/" + name, slice);
   }
   return out;
 }
@@ -433,7 +445,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   auto save = [&](int64_t step) {
     const SavedState state = gather_state(job);
     engine::save_checkpoint(checkpoints_dir, {step, state_hash(plan), plan.layout.world_size}, state.tensors, state.slices,
-                            job_cfg.get_int("keep_checkpoints"), topology->world());
+                            job_cfg.get_int("keep_checkpoints"), topology->world(), device);
   };
   auto evaluate = [&](int64_t step) {
     at::NoGradGuard no_grad;

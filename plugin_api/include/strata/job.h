@@ -30,6 +30,10 @@ class STRATA_API Stateful {
   virtual void load(const NamedTensors& tensors) = 0;
   // The save() tensors that are slices of larger ones; checkpoints reassemble them on load.
   virtual Slices slices() const { return {}; }
+  // True when every data-parallel rank holds the same values in the whole (unsliced) tensors
+  // save() returns, as the gradient-sync pass keeps them: a checkpoint then stores each of them
+  // once, the writing spread over the data ranks, instead of once per rank.
+  virtual bool same_on_data_ranks() const { return false; }
 };
 
 class STRATA_API Job {
