@@ -92,7 +92,10 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
   }
   world.barrier()->wait();
   nlohmann::json slice_json = nlohmann::json::object();
-  for (const auto& [name, slice] : slices) slice_json[name] = {{"shape", slice.shape}, {"offset", slice.offset}};
+  for (const auto& [name, slice] : slices) {
+    slice_json[name] = {{"shape", slice.shape}, {"offset", slice.offset}};
+    if (!slice.block_size.empty()) slice_json[name]["block_start"] = slice.block_start, slice_json[name]["block_size"] = slice.block_size;
+  }
   const fs::path own = staging / shard_name(world.rank());
   write_safetensors(own, tensors, {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"slices", slice_json.dump()}});
   // Each rank hashes what it wrote, in parallel; rank 0 collects 64 hex digits and 8 size bytes
@@ -172,47 +175,32 @@ RankFile read_rank_file(const fs::path& path) {
   if (it == metadata.end()) return file;
   try {
     const nlohmann::json slices = nlohmann::json::parse(it->second);
-    for (const auto& [name, info] : slices.items())
-      file.slices[name] = Slice{info.at("shape").get<std::vector<int64_t>>(), info.at("offset").get<int64_t>()};
+    for (const auto& [name, info] : slices.items()) {
+      Slice slice{info.at("shape").get<std::vector<int64_t>>(), info.at("offset").get<int64_t>(), {}, {}};
+      if (info.contains("block_size")) {
+        slice.block_start = info.at("block_start").get<std::vector<int64_t>>();
+        slice.block_size = info.at("block_size").get<std::vector<int64_t>>();
+      }
+      file.slices[name] = std::move(slice);
+    }
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path.string() + ": its slices metadata is malformed: " + e.what());
   }
   for (const auto& [name, tensor] : file.tensors) {
     auto s = file.slices.find(name);
     if (s == file.slices.end()) continue;
-    const int64_t whole = c10::multiply_integers(s->second.shape);
-    if (s->second.offset < 0 || s->second.offset + tensor.numel() > whole)
+    const Slice& slice = s->second;
+    bool block_ok = slice.block_size.empty() ||
+                    (slice.block_start.size() == slice.shape.size() && slice.block_size.size() == slice.shape.size());
+    for (size_t d = 0; block_ok && d < slice.block_size.size(); ++d)
+      block_ok = slice.block_start[d] >= 0 && slice.block_size[d] >= 0 && slice.block_start[d] + slice.block_size[d] <= slice.shape[d];
+    if (!block_ok) throw UserError(path.string() + ": tensor '" + name + "' names a block outside its whole tensor");
+    const int64_t whole = c10::multiply_integers(slice.block_size.empty() ? slice.shape : slice.block_size);
+    if (slice.offset < 0 || slice.offset + tensor.numel() > whole)
       throw UserError(path.string() + ": tensor '" + name + "' claims elements past the end of its whole tensor");
   }
   return file;
 }
-
-// Element ranges [begin, end) of the flattened whole tensor that a request has received.
-class Coverage {
- public:
-  void add(int64_t begin, int64_t end) {
-    ranges_.emplace_back(begin, end);
-    std::sort(ranges_.begin(), ranges_.end());
-    std::vector<std::pair<int64_t, int64_t>> merged;
-    for (const auto& r : ranges_)
-      if (!merged.empty() && r.first <= merged.back().second)
-        merged.back().second = std::max(merged.back().second, r.second);
-      else
-        merged.push_back(r);
-    ranges_ = std::move(merged);
-  }
-  bool covers(int64_t begin, int64_t end) const {
-    return begin == end || (ranges_.size() == 1 && ranges_[0].first <= begin && ranges_[0].second >= end);
-  }
-  int64_t covered() const {
-    int64_t n = 0;
-    for (const auto& r : ranges_) n += r.second - r.first;
-    return n;
-  }
-
- private:
-  std::vector<std::pair<int64_t, int64_t>> ranges_;
-};
 
 }  // namespace
 
@@ -242,53 +230,88 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
   return checkpoint;
 }
 
+namespace {
+
+// Positions in the whole tensor's row-major flattening of the elements a piece holds, ascending
+// (a block's row-major order is the whole tensor's order restricted to it).
+at::Tensor global_indices(const std::vector<int64_t>& shape, const Slice* slice, int64_t numel) {
+  const int64_t offset = slice ? slice->offset : 0;
+  if (!slice || slice->block_size.empty()) return at::arange(offset, offset + numel, at::kLong);
+  at::Tensor index = at::zeros({}, at::kLong);
+  int64_t stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    std::vector<int64_t> view(shape.size(), 1);
+    view[d] = slice->block_size[d];
+    index = index + ((at::arange(slice->block_size[d], at::kLong) + slice->block_start[d]) * stride).view(view);
+    stride *= shape[d];
+  }
+  return index.reshape(-1).narrow(0, offset, numel);
+}
+
+bool has_block(const Slice* slice) { return slice && !slice->block_size.empty(); }
+
+}  // namespace
+
 void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
   std::vector<int> order{std::find(ranks_.begin(), ranks_.end(), prefer) != ranks_.end() ? prefer : 0};
   for (int r : ranks_)
     if (r != order.front()) order.push_back(r);
-  std::vector<Coverage> coverage(requests.size());
-  auto range_of = [](const TensorRequest& q) {
-    const int64_t begin = q.slice ? q.slice->offset : 0;
-    return std::pair<int64_t, int64_t>(begin, begin + q.target.numel());
-  };
-  auto complete = [&](size_t i) {
-    auto [begin, end] = range_of(requests[i]);
-    return coverage[i].covers(begin, end);
-  };
+  // Which elements of each request's target are filled: flat pieces mark ranges, blocks mark
+  // the elements both pieces hold.
+  std::vector<at::Tensor> filled;
+  std::vector<bool> done(requests.size(), false);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    filled.push_back(at::zeros({requests[i].target.numel()}, at::kBool));
+    done[i] = requests[i].target.numel() == 0;
+  }
+  auto all_done = [&] { return std::all_of(done.begin(), done.end(), [](bool d) { return d; }); };
   at::NoGradGuard no_grad;
   for (int rank : order) {
-    bool all = true;
-    for (size_t i = 0; i < requests.size() && all; ++i) all = complete(i);
-    if (all) break;
+    if (all_done()) break;
     const fs::path path = dir_ / shard_name(rank);
     const RankFile file = read_rank_file(path);
     for (const auto& [name, stored] : file.tensors) {
-      auto slice = file.slices.find(name);
-      const std::vector<int64_t> whole_shape = slice != file.slices.end() ? slice->second.shape : stored.sizes().vec();
-      const int64_t stored_begin = slice != file.slices.end() ? slice->second.offset : 0;
+      auto found = file.slices.find(name);
+      const Slice* stored_slice = found != file.slices.end() ? &found->second : nullptr;
+      const std::vector<int64_t> whole_shape = stored_slice ? stored_slice->shape : stored.sizes().vec();
       for (size_t i = 0; i < requests.size(); ++i) {
         TensorRequest& q = requests[i];
-        if (q.name != name || complete(i)) continue;
-        const std::vector<int64_t> wanted_shape = q.slice ? q.slice->shape : q.target.sizes().vec();
+        if (q.name != name || done[i]) continue;
+        const Slice* wanted = q.slice ? &*q.slice : nullptr;
+        const std::vector<int64_t> wanted_shape = wanted ? wanted->shape : q.target.sizes().vec();
         if (wanted_shape != whole_shape || stored.scalar_type() != q.target.scalar_type())
           throw UserError("checkpoint " + dir_.string() + " holds '" + name + "' as " + std::string(c10::toString(stored.scalar_type())) +
                           " " + shape_text(whole_shape) + " but the job's is " + std::string(c10::toString(q.target.scalar_type())) +
                           " " + shape_text(wanted_shape));
-        auto [begin, end] = range_of(q);
-        const int64_t from = std::max(begin, stored_begin), to = std::min(end, stored_begin + stored.numel());
-        if (from >= to) continue;
-        q.target.view(-1).narrow(0, from - begin, to - from).copy_(stored.reshape(-1).narrow(0, from - stored_begin, to - from));
-        coverage[i].add(from, to);
+        at::Tensor target = q.target.view(-1), source = stored.reshape(-1);
+        if (!has_block(wanted) && !has_block(stored_slice)) {
+          // Both flat ranges of the whole tensor: copy their overlap.
+          const int64_t begin = wanted ? wanted->offset : 0, stored_begin = stored_slice ? stored_slice->offset : 0;
+          const int64_t from = std::max(begin, stored_begin), to = std::min(begin + target.numel(), stored_begin + source.numel());
+          if (from >= to) continue;
+          target.narrow(0, from - begin, to - from).copy_(source.narrow(0, from - stored_begin, to - from));
+          filled[i].narrow(0, from - begin, to - from).fill_(true);
+        } else {
+          // A block on either side: match elements by their position in the whole tensor.
+          const at::Tensor want = global_indices(whole_shape, wanted, target.numel());
+          const at::Tensor have = global_indices(whole_shape, stored_slice, source.numel());
+          if (have.numel() == 0) continue;
+          const at::Tensor position = at::searchsorted(have, want).clamp_max(have.numel() - 1);
+          const at::Tensor match = have.index({position}).eq(want);
+          if (!match.any().item<bool>()) continue;
+          target.index_put_({match}, source.index({position.index({match})}));
+          filled[i].logical_or_(match);
+        }
+        done[i] = filled[i].all().item<bool>();
       }
     }
   }
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (complete(i)) continue;
-    auto [begin, end] = range_of(requests[i]);
-    if (coverage[i].covered() == 0)
-      throw UserError("checkpoint " + dir_.string() + " has no tensor '" + requests[i].name + "'");
-    throw UserError("checkpoint " + dir_.string() + " holds only " + std::to_string(coverage[i].covered()) + " of the " +
-                    std::to_string(end - begin) + " elements of '" + requests[i].name + "' this rank needs");
+    if (done[i]) continue;
+    const int64_t covered = filled[i].sum().item<int64_t>();
+    if (covered == 0) throw UserError("checkpoint " + dir_.string() + " has no tensor '" + requests[i].name + "'");
+    throw UserError("checkpoint " + dir_.string() + " holds only " + std::to_string(covered) + " of the " +
+                    std::to_string(requests[i].target.numel()) + " elements of '" + requests[i].name + "' this rank needs");
   }
 }
 

@@ -24,7 +24,7 @@ struct CheckpointMeta {
 // "<state key>/<tensor name>", with the slices among them) as rank_NNNNN.safetensors and hashes
 // its own file; the sizes and hashes are gathered (through `device`, which the communicator
 // takes), and rank 0 writes the manifest and publishes the checkpoint.
-void save_checkpoint(const std::filesystem::path& checkpoints_dir, const CheckpointMeta& meta,
+STRATA_API void save_checkpoint(const std::filesystem::path& checkpoints_dir, const CheckpointMeta& meta,
                      const NamedTensors& tensors, const Slices& slices, int64_t keep, Communicator& world,
                      c10::Device device);
 
@@ -48,7 +48,7 @@ struct StoredTensorInfo {
 
 // A verified checkpoint directory, read by tensor name whatever number of ranks and whatever
 // sharding saved it.
-class Checkpoint {
+class STRATA_API Checkpoint {
  public:
   // Verifies the manifest and every file's size and SHA-256; any problem is a UserError.
   static Checkpoint open(const std::filesystem::path& dir);

@@ -22,12 +22,16 @@ struct ParamGroup {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Where a saved tensor sits in the whole tensor of the same name, for state a pass shards: it
-// holds elements [offset, offset + numel) of the row-major flattening of a tensor of `shape`.
-// Checkpoints record it, so state saved under one sharding loads under any other.
+// Where a saved tensor sits in the whole tensor of the same name, for state a pass shards.
+// Two levels, as sharding nests: first a rectangular block of the whole tensor (a tensor-parallel
+// shard: rows or columns of a weight; `block_start`/`block_size` per dimension, empty = the whole
+// tensor), then elements [offset, offset + numel) of the block's row-major flattening (a flat
+// shard: zero, fsdp). Checkpoints record it, so state saved under one sharding loads under any
+// other, block or flat.
 struct Slice {
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // of the whole tensor
   int64_t offset = 0;
+  std::vector<int64_t> block_start, block_size;
 };
 // By tensor name; a name without an entry is a whole tensor.
 using Slices = std::map<std::string, Slice>;
