@@ -1,0 +1,38 @@
+// Differentiable collectives for model-parallel passes (tensor, sequence and context parallel):
+// each is a collective over `group` in the forward and its conjugate in the backward, recorded by
+// autograd. Every rank of the group must run the same calls in the same order, forward and
+// backward (autograd does, when every rank runs the same graph). `group` must outlive the
+// backward pass: take it from the job's topology. On a group of one rank each is the identity.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "strata/comm.h"
+
+namespace strata::dist {
+
+// Forward identity, backward all-reduce (sum): enters a tensor-parallel region whose ranks each
+// use the whole input (Megatron's "f", before a column-parallel GEMM).
+STRATA_API at::Tensor copy_to_group(const at::Tensor& x, Communicator& group);
+
+// Forward all-reduce (sum), backward identity: leaves the region (Megatron's "g", after a
+// row-parallel GEMM).
+STRATA_API at::Tensor reduce_from_group(const at::Tensor& x, Communicator& group);
+
+// Forward all-gather along `dim` (pieces concatenated in group-rank order), backward
+// reduce-scatter (sum) along `dim`: sequence parallel's entry into a column-parallel GEMM.
+STRATA_API at::Tensor gather_along(const at::Tensor& x, int64_t dim, Communicator& group);
+
+// Forward reduce-scatter (sum) along `dim` (its size divisible by the group size), backward
+// all-gather along `dim`: sequence parallel's exit from a row-parallel GEMM.
+STRATA_API at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, Communicator& group);
+
+// Forward this rank's chunk along `dim` (no communication), backward all-gather along `dim`.
+STRATA_API at::Tensor scatter_along(const at::Tensor& x, int64_t dim, Communicator& group);
+
+// Forward: x split into group-size chunks along `scatter_dim`, chunk j sent to rank j, the
+// received chunks concatenated along `gather_dim` in rank order (Ulysses: [b, s/c, h, d] ->
+// [b, s, h/c, d] with scatter_dim 2, gather_dim 1). Backward: the inverse exchange.
+STRATA_API at::Tensor all_to_all(const at::Tensor& x, int64_t scatter_dim, int64_t gather_dim, Communicator& group);
+
+}  // namespace strata::dist
