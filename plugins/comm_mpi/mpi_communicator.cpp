@@ -1,6 +1,8 @@
 #include "mpi_communicator.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 
@@ -64,6 +66,77 @@ struct Buffer {
     if (!work.is_same(original)) original.copy_(work);
   }
 };
+
+// MPI counts are int. Messages and reductions larger than this go in pieces (reductions) or as one
+// element of a derived datatype (byte moves). STRATA_MPI_MAX_COUNT lowers it, read once: a test
+// hook, so that CI exercises these paths with small tensors.
+int64_t max_count() {
+  static const int64_t limit = [] {
+    const char* text = std::getenv("STRATA_MPI_MAX_COUNT");
+    const int64_t value = text ? std::atoll(text) : 0;
+    return value > 0 ? std::min<int64_t>(value, std::numeric_limits<int>::max()) : std::numeric_limits<int>::max();
+  }();
+  return limit;
+}
+
+// `bytes` bytes as (count, datatype): MPI_BYTE when the count fits, else one element of a type
+// made of max_count()-byte blocks plus the rest, with exactly `bytes` as its extent (so that
+// consecutive elements, e.g. ranks' pieces in an all-gather, are laid out back to back).
+class ByteCount {
+ public:
+  explicit ByteCount(int64_t bytes) {
+    const int64_t limit = max_count();
+    if (bytes <= limit) {
+      count_ = static_cast<int>(bytes);
+      return;
+    }
+    const int64_t blocks = bytes / limit, rest = bytes % limit;
+    if (blocks > std::numeric_limits<int>::max())
+      throw std::invalid_argument("message of " + std::to_string(bytes) + " bytes is too large for MPI");
+    MPI_Datatype block = MPI_DATATYPE_NULL, body = MPI_DATATYPE_NULL, whole = MPI_DATATYPE_NULL;
+    MPI_Type_contiguous(static_cast<int>(limit), MPI_BYTE, &block);
+    MPI_Type_contiguous(static_cast<int>(blocks), block, &body);
+    if (rest == 0) {
+      whole = body;
+    } else {
+      int lengths[2] = {1, static_cast<int>(rest)};
+      MPI_Aint displacements[2] = {0, static_cast<MPI_Aint>(blocks * limit)};
+      MPI_Datatype types[2] = {body, MPI_BYTE};
+      MPI_Type_create_struct(2, lengths, displacements, types, &whole);
+    }
+    MPI_Type_create_resized(whole, 0, static_cast<MPI_Aint>(bytes), &type_);
+    MPI_Type_commit(&type_);
+    if (whole != body) MPI_Type_free(&whole);
+    MPI_Type_free(&body);
+    MPI_Type_free(&block);
+    owned_ = true;
+    count_ = 1;
+  }
+  ~ByteCount() {
+    if (owned_) MPI_Type_free(&type_);
+  }
+  ByteCount(const ByteCount&) = delete;
+  ByteCount& operator=(const ByteCount&) = delete;
+  int count() const { return count_; }
+  MPI_Datatype type() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_BYTE;
+  int count_ = 0;
+  bool owned_ = false;
+};
+
+// In-place all-reduce of `n` elements at `data`, in pieces of at most max_count() elements.
+void all_reduce_in_pieces(void* data, int64_t n, at::ScalarType dtype, ReduceOp op, MPI_Comm comm) {
+  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+  for (int64_t done = 0; done < n;) {
+    const int64_t piece = std::min(n - done, max_count());
+    check(MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(data) + done * element, static_cast<int>(piece), mpi_type(dtype),
+                        mpi_op(op, dtype), comm),
+          "MPI_Allreduce");
+    done += piece;
+  }
+}
 
 class MpiWork final : public Work {
  public:
@@ -192,9 +265,7 @@ WorkPtr MpiCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   const int n = size_;
   return enqueue([this, buffer, op, n] {
     at::Tensor& w = buffer->work;
-    check(MPI_Allreduce(MPI_IN_PLACE, w.data_ptr(), static_cast<int>(w.numel()), mpi_type(w.scalar_type()),
-                        mpi_op(op, w.scalar_type()), comm_),
-          "MPI_Allreduce");
+    all_reduce_in_pieces(w.data_ptr(), w.numel(), w.scalar_type(), op, comm_);
     if (op == ReduceOp::Avg) w.div_(n);
     buffer->finish();
   });
@@ -209,9 +280,18 @@ WorkPtr MpiCommunicator::reduce_scatter(at::Tensor output, at::Tensor input, Red
   auto out = std::make_shared<Buffer>(output, reduced_in_fp32(output));
   const int n = size_;
   return enqueue([this, in, out, op, n] {
-    check(MPI_Reduce_scatter_block(in->work.data_ptr(), out->work.data_ptr(), static_cast<int>(out->work.numel()),
-                                   mpi_type(in->work.scalar_type()), mpi_op(op, in->work.scalar_type()), comm_),
-          "MPI_Reduce_scatter_block");
+    const int64_t chunk = out->work.numel();
+    if (chunk <= max_count()) {
+      check(MPI_Reduce_scatter_block(in->work.data_ptr(), out->work.data_ptr(), static_cast<int>(chunk),
+                                     mpi_type(in->work.scalar_type()), mpi_op(op, in->work.scalar_type()), comm_),
+            "MPI_Reduce_scatter_block");
+    } else {
+      // Chunks over the int limit: reduce everything in pieces and keep this rank's chunk (twice
+      // the traffic of a reduce-scatter, only for chunks above 2^31 elements).
+      at::Tensor all = in->work.clone();
+      all_reduce_in_pieces(all.data_ptr(), all.numel(), all.scalar_type(), op, comm_);
+      out->work.copy_(all.view(-1).narrow(0, rank_ * chunk, chunk).view_as(out->work));
+    }
     if (op == ReduceOp::Avg) out->work.div_(n);
     out->finish();
   });
@@ -222,8 +302,9 @@ WorkPtr MpiCommunicator::all_gather(at::Tensor output, at::Tensor input) {
   auto in = std::make_shared<Buffer>(input, false);
   auto out = std::make_shared<Buffer>(output, false);
   return enqueue([this, in, out] {
-    const int bytes = static_cast<int>(in->work.nbytes());
-    check(MPI_Allgather(in->work.data_ptr(), bytes, MPI_BYTE, out->work.data_ptr(), bytes, MPI_BYTE, comm_), "MPI_Allgather");
+    const ByteCount piece(static_cast<int64_t>(in->work.nbytes()));
+    check(MPI_Allgather(in->work.data_ptr(), piece.count(), piece.type(), out->work.data_ptr(), piece.count(), piece.type(), comm_),
+          "MPI_Allgather");
     out->finish();
   });
 }
@@ -231,7 +312,8 @@ WorkPtr MpiCommunicator::all_gather(at::Tensor output, at::Tensor input) {
 WorkPtr MpiCommunicator::broadcast(at::Tensor tensor, int root) {
   auto buffer = std::make_shared<Buffer>(tensor, false);
   return enqueue([this, buffer, root] {
-    check(MPI_Bcast(buffer->work.data_ptr(), static_cast<int>(buffer->work.nbytes()), MPI_BYTE, root, comm_), "MPI_Bcast");
+    const ByteCount all(static_cast<int64_t>(buffer->work.nbytes()));
+    check(MPI_Bcast(buffer->work.data_ptr(), all.count(), all.type(), root, comm_), "MPI_Bcast");
     buffer->finish();
   });
 }
@@ -242,13 +324,14 @@ WorkPtr MpiCommunicator::all_to_all(at::Tensor output, at::Tensor input, std::ve
   auto out = std::make_shared<Buffer>(output, false);
   const int n = size_;
   const int64_t element = static_cast<int64_t>(input.element_size());
+  // Byte counts and displacements per rank, 64-bit.
   auto counts = [&](const std::vector<int64_t>& splits, int64_t total) {
-    std::vector<int> c(static_cast<size_t>(n)), d(static_cast<size_t>(n));
+    std::vector<int64_t> c(static_cast<size_t>(n)), d(static_cast<size_t>(n));
     int64_t offset = 0;
     for (int r = 0; r < n; ++r) {
-      int64_t elems = splits.empty() ? total / n : splits[static_cast<size_t>(r)];
-      c[static_cast<size_t>(r)] = static_cast<int>(elems * element);
-      d[static_cast<size_t>(r)] = static_cast<int>(offset * element);
+      const int64_t elems = splits.empty() ? total / n : splits[static_cast<size_t>(r)];
+      c[static_cast<size_t>(r)] = elems * element;
+      d[static_cast<size_t>(r)] = offset * element;
       offset += elems;
     }
     if (offset != total) throw std::invalid_argument("all_to_all: splits do not add up to the tensor's size");
@@ -256,10 +339,30 @@ WorkPtr MpiCommunicator::all_to_all(at::Tensor output, at::Tensor input, std::ve
   };
   auto [send_counts, send_displs] = counts(input_splits, input.numel());
   auto [recv_counts, recv_displs] = counts(output_splits, output.numel());
-  return enqueue([this, in, out, send_counts, send_displs, recv_counts, recv_displs] {
-    check(MPI_Alltoallv(in->work.data_ptr(), send_counts.data(), send_displs.data(), MPI_BYTE, out->work.data_ptr(),
-                        recv_counts.data(), recv_displs.data(), MPI_BYTE, comm_),
-          "MPI_Alltoallv");
+  const int64_t largest = std::max({*std::max_element(send_counts.begin(), send_counts.end()), send_displs.back(),
+                                    *std::max_element(recv_counts.begin(), recv_counts.end()), recv_displs.back()});
+  return enqueue([this, in, out, n, send_counts, send_displs, recv_counts, recv_displs, largest] {
+    char* send = static_cast<char*>(in->work.data_ptr());
+    char* recv = static_cast<char*>(out->work.data_ptr());
+    if (largest <= max_count()) {
+      auto as_int = [](const std::vector<int64_t>& v) { return std::vector<int>(v.begin(), v.end()); };
+      const std::vector<int> sc = as_int(send_counts), sd = as_int(send_displs), rc = as_int(recv_counts), rd = as_int(recv_displs);
+      check(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_), "MPI_Alltoallv");
+    } else {
+      // Counts or offsets past the int limit: one message per peer, each of any size, on a tag
+      // user messages may not use (comm.h: tags below 32767).
+      constexpr int kTag = 32767;
+      std::vector<MPI_Request> requests;
+      for (int r = 0; r < n; ++r) {
+        const size_t i = static_cast<size_t>(r);
+        const ByteCount to(send_counts[i]), from(recv_counts[i]);
+        requests.emplace_back();
+        check(MPI_Irecv(recv + recv_displs[i], from.count(), from.type(), r, kTag, comm_, &requests.back()), "MPI_Irecv");
+        requests.emplace_back();
+        check(MPI_Isend(send + send_displs[i], to.count(), to.type(), r, kTag, comm_, &requests.back()), "MPI_Isend");
+      }
+      check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    }
     out->finish();
   });
 }
@@ -276,11 +379,7 @@ WorkPtr MpiCommunicator::recv(at::Tensor tensor, int peer, int tag) {
 // completes them between later tasks (MpiThread::poll), then the Work's wait() returns.
 WorkPtr MpiCommunicator::batch_p2p(std::vector<P2POp> ops) {
   std::vector<std::shared_ptr<Buffer>> buffers;
-  for (const auto& op : ops) {
-    if (op.tensor.nbytes() > static_cast<size_t>(std::numeric_limits<int>::max()))
-      throw std::invalid_argument("the mpi communicator sends at most 2 GiB per message; split the tensor");
-    buffers.push_back(std::make_shared<Buffer>(op.tensor, false));
-  }
+  for (const auto& op : ops) buffers.push_back(std::make_shared<Buffer>(op.tensor, false));
   auto done = std::make_shared<std::promise<void>>();
   std::shared_future<void> future = done->get_future().share();
   std::vector<P2POp::Kind> kinds;
@@ -290,9 +389,11 @@ WorkPtr MpiCommunicator::batch_p2p(std::vector<P2POp> ops) {
     std::vector<MPI_Request> requests(buffers.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < buffers.size(); ++i) {
       at::Tensor& w = buffers[i]->work;
-      const int bytes = static_cast<int>(w.nbytes());
-      const int code = kinds[i] == P2POp::Kind::Send ? MPI_Isend(w.data_ptr(), bytes, MPI_BYTE, peers[i], tags[i], comm_, &requests[i])
-                                                     : MPI_Irecv(w.data_ptr(), bytes, MPI_BYTE, peers[i], tags[i], comm_, &requests[i]);
+      // A derived type may be freed once the operation is posted (MPI keeps what it needs).
+      const ByteCount bytes(static_cast<int64_t>(w.nbytes()));
+      const int code = kinds[i] == P2POp::Kind::Send
+                           ? MPI_Isend(w.data_ptr(), bytes.count(), bytes.type(), peers[i], tags[i], comm_, &requests[i])
+                           : MPI_Irecv(w.data_ptr(), bytes.count(), bytes.type(), peers[i], tags[i], comm_, &requests[i]);
       if (code != MPI_SUCCESS) {
         char text[MPI_MAX_ERROR_STRING];
         int length = 0;

@@ -46,15 +46,30 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 bool half_precision(const at::Tensor& t) { return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16; }
 
+// Throws the communicator's asynchronous error (a peer that failed, a network error), if any.
+void check_async(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return;  // cannot tell; the next call will
+  if (state != ncclSuccess && state != ncclInProgress)
+    throw std::runtime_error(std::string("NCCL communicator failed asynchronously: ") + ncclGetErrorString(state) + " (" +
+                             ncclGetLastError(comm) + ")");
+}
+
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, std::vector<at::Tensor> keep) : done_(std::move(done)), keep_(std::move(keep)) {}
-  // The caller's stream waits for the operation; the host does not.
-  void wait() override { done_->block(c10::cuda::getCurrentCUDAStream()); }
+  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, std::vector<at::Tensor> keep, ncclComm_t comm)
+      : done_(std::move(done)), keep_(std::move(keep)), comm_(comm) {}
+  // The caller's stream waits for the operation; the host does not. Errors NCCL has detected by
+  // now surface here instead of as a hang later.
+  void wait() override {
+    check_async(comm_);
+    done_->block(c10::cuda::getCurrentCUDAStream());
+  }
 
  private:
   std::shared_ptr<at::cuda::CUDAEvent> done_;
   std::vector<at::Tensor> keep_;
+  ncclComm_t comm_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -172,7 +187,7 @@ class NcclCommunicator final : public Communicator {
     for (const auto& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     auto done = std::make_shared<at::cuda::CUDAEvent>();
     done->record(stream_);
-    return std::make_shared<NcclWork>(done, std::move(tensors));
+    return std::make_shared<NcclWork>(done, std::move(tensors), comm_);
   }
 
   ncclComm_t comm_;

@@ -140,6 +140,36 @@ TEST(Topology, LayoutQueriesWithoutCommunication) {
   EXPECT_EQ(t.rank_in(Dim::Tensor), 1);
 }
 
+// Sizes above the mpi backend's count limit: run again with STRATA_MPI_MAX_COUNT=1000
+// (mpi.collectives_small_count_limit) every operation here goes in pieces or derived types.
+TEST(LargeCounts, EveryOperationAboveTheCountLimit) {
+  auto& comm = *world();
+  const int n = comm.size(), r = comm.rank();
+  const int64_t count = 10007 * n;  // not a multiple of the limit
+  at::Tensor t = at::arange(count, at::kDouble) + r;
+  comm.all_reduce(t, ReduceOp::Sum)->wait();
+  EXPECT_TRUE(at::equal(t, at::arange(count, at::kDouble) * n + n * (n - 1) / 2.0));
+
+  at::Tensor chunk = at::empty({count / n}, at::kDouble);
+  comm.reduce_scatter(chunk, at::arange(count, at::kDouble), ReduceOp::Sum)->wait();
+  EXPECT_TRUE(at::equal(chunk, at::arange(r * (count / n), (r + 1) * (count / n), at::kDouble) * n));
+
+  at::Tensor gathered = at::empty({count}, at::kFloat);
+  comm.all_gather(gathered, at::full({count / n}, static_cast<float>(r), at::kFloat))->wait();
+  for (int k = 0; k < n; ++k) EXPECT_TRUE(at::equal(gathered.narrow(0, k * (count / n), count / n), at::full({count / n}, static_cast<float>(k))));
+
+  at::Tensor b = r == 0 ? at::arange(count, at::kFloat) : at::zeros({count}, at::kFloat);
+  comm.broadcast(b, 0)->wait();
+  EXPECT_TRUE(at::equal(b, at::arange(count, at::kFloat)));
+
+  // all_to_all: rank r sends block k (value 100 r + k) to rank k.
+  const int64_t block = 3001;
+  at::Tensor send = at::empty({block * n}, at::kFloat), received = at::empty({block * n}, at::kFloat);
+  for (int k = 0; k < n; ++k) send.narrow(0, k * block, block).fill_(static_cast<float>(100 * r + k));
+  comm.all_to_all(received, send, {}, {})->wait();
+  for (int k = 0; k < n; ++k) EXPECT_TRUE(at::equal(received.narrow(0, k * block, block), at::full({block}, static_cast<float>(100 * k + r))));
+}
+
 // Every rank sends a large message to its next ring neighbour, then receives from its previous
 // one, as separate calls in that order on every rank: with blocking sends on the one MPI thread
 // this deadlocked (each send waits for a receive that is queued behind it).

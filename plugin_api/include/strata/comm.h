@@ -53,8 +53,8 @@ class STRATA_API Communicator {
   // Point-to-point messages are posted at once and complete in the background: sends and
   // receives between two ranks complete whatever order each rank issues them in (a pipeline
   // sends activations one way while gradients come back the other). A message matches the one
-  // with the same peer and tag; between one pair of ranks, messages with equal tags match in
-  // issue order (nccl has no tags and matches in issue order only).
+  // with the same peer and tag (0 to 32766); between one pair of ranks, messages with equal tags
+  // match in issue order (nccl has no tags and matches in issue order only). Sizes are 64-bit.
   virtual WorkPtr send(at::Tensor tensor, int peer, int tag) = 0;
   virtual WorkPtr recv(at::Tensor tensor, int peer, int tag) = 0;
   // Posts every message of the batch together; one Work waits for all of them. nccl needs this
