@@ -15,6 +15,13 @@ namespace strata {
 
 namespace fs = std::filesystem;
 
+std::shared_ptr<nn::Model> ModelFactory::create_shard(const Config& config, nn::TensorShard shard) const {
+  if (shard.parts != 1)
+    throw UserError("model '" + name() + "' cannot be built split over " + std::to_string(shard.parts) +
+                    " tensor-parallel ranks (its factory does not implement create_shard)");
+  return create(config);
+}
+
 NamedTensors ModelFactory::to_hf(const nn::Model&, const Config&) const {
   throw UserError("model '" + name() + "' has no Hugging Face equivalent to export to");
 }

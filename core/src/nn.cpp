@@ -14,20 +14,56 @@ namespace {
 constexpr double kInitStd = 0.02;  // GPT-2's initialisation; model factories rescale where needed
 }
 
-Linear::Linear(int64_t in, int64_t out, bool with_bias) {
-  weight = register_parameter("weight", at::empty({out, in}).normal_(0.0, kInitStd));
-  if (with_bias) bias = register_parameter("bias", at::zeros({out}));
+namespace {
+
+// This rank's piece of `whole` along `dim`, in `fused` equal sections each split on its own.
+at::Tensor piece_of(const at::Tensor& whole, int64_t dim, TensorShard shard, int64_t fused) {
+  if (shard.parts == 1) return whole;
+  const int64_t section = whole.size(dim) / fused;
+  if (whole.size(dim) % fused != 0 || section % shard.parts != 0)
+    throw UserError("a layer of size " + std::to_string(whole.size(dim)) + " along dimension " + std::to_string(dim) + " (" +
+                    std::to_string(fused) + " section(s)) does not split into " + std::to_string(shard.parts) + " equal parts");
+  const int64_t part = section / shard.parts;
+  std::vector<at::Tensor> pieces;
+  for (int64_t s = 0; s < fused; ++s) pieces.push_back(whole.narrow(dim, s * section + shard.index * part, part));
+  return at::cat(pieces, dim).contiguous();
+}
+
+void check_shard(TensorShard shard) {
+  if (shard.parts < 1 || shard.index < 0 || shard.index >= shard.parts)
+    throw std::invalid_argument("tensor shard " + std::to_string(shard.index) + " of " + std::to_string(shard.parts));
+}
+
+at::Tensor through(const std::function<at::Tensor(const at::Tensor&)>& hook, const at::Tensor& x) { return hook ? hook(x) : x; }
+
+}  // namespace
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, ParallelStyle style, TensorShard shard_, double init_std, int64_t fused)
+    : parallel_style(style), shard(style == ParallelStyle::Column || style == ParallelStyle::Row ? shard_ : TensorShard{}),
+      fused_sections(fused) {
+  check_shard(shard);
+  const int64_t dim = parallel_style == ParallelStyle::Row ? 1 : 0;
+  // The whole weight is drawn and dropped here: the one whole parameter held beyond the pieces.
+  weight = register_parameter("weight", piece_of(at::empty({out, in}).normal_(0.0, init_std), dim, shard, dim == 0 ? fused : 1));
+  if (with_bias) bias = register_parameter("bias", dim == 0 ? piece_of(at::zeros({out}), 0, shard, fused) : at::zeros({out}));
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) {
-  return ops::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+  // A row-split layer's outputs are partial sums: its bias goes in after on_output sums them.
+  const bool bias_after = bias.defined() && parallel_style == ParallelStyle::Row && shard.parts > 1;
+  at::Tensor y = ops::linear(through(hooks.on_input, x), weight,
+                             bias.defined() && !bias_after ? std::optional<at::Tensor>(bias) : std::nullopt);
+  y = through(hooks.on_output, y);
+  return bias_after ? y + bias : y;
 }
 
-Embedding::Embedding(int64_t count, int64_t dim) {
-  weight = register_parameter("weight", at::empty({count, dim}).normal_(0.0, kInitStd));
+Embedding::Embedding(int64_t count, int64_t dim, ParallelStyle style, TensorShard shard_)
+    : parallel_style(style), shard(style == ParallelStyle::Column ? shard_ : TensorShard{}) {
+  check_shard(shard);
+  weight = register_parameter("weight", piece_of(at::empty({count, dim}).normal_(0.0, kInitStd), 0, shard, 1));
 }
 
-at::Tensor Embedding::forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
+at::Tensor Embedding::forward(const at::Tensor& ids) { return through(hooks.on_output, at::embedding(weight, through(hooks.on_input, ids))); }
 
 LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_) : eps(eps_) {
   weight = register_parameter("weight", at::ones({dim}));
@@ -35,12 +71,13 @@ LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_) : eps(eps_) {
 }
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) {
-  return ops::layer_norm(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, eps);
+  return through(hooks.on_output,
+                 ops::layer_norm(through(hooks.on_input, x), weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, eps));
 }
 
 RmsNorm::RmsNorm(int64_t dim, double eps_) : eps(eps_) { weight = register_parameter("weight", at::ones({dim})); }
 
-at::Tensor RmsNorm::forward(const at::Tensor& x) { return ops::rms_norm(x, weight, eps); }
+at::Tensor RmsNorm::forward(const at::Tensor& x) { return through(hooks.on_output, ops::rms_norm(through(hooks.on_input, x), weight, eps)); }
 
 Block::~Block() = default;
 

@@ -25,36 +25,38 @@ class Embed final : public nn::Block {
   double dropout_;
 };
 
+// Under tensor parallel, c_attn is split per head (this rank's heads' rows of q, of k and of v)
+// and c_proj by its inputs; the local head count follows from c_attn's local width.
 class Attention final : public torch::nn::Module {
  public:
-  Attention(int64_t d_model, int64_t n_head, bool bias, double dropout) : n_head_(n_head), dropout_(dropout) {
-    c_attn = register_module("c_attn", std::make_shared<nn::Linear>(d_model, 3 * d_model, bias));
-    c_proj = register_module("c_proj", std::make_shared<nn::Linear>(d_model, d_model, bias));
-    c_attn->parallel_style = nn::ParallelStyle::Column;
-    c_proj->parallel_style = nn::ParallelStyle::Row;
+  Attention(int64_t d_model, int64_t n_head, bool bias, double dropout, nn::TensorShard shard, double proj_std)
+      : head_dim_(d_model / n_head), dropout_(dropout) {
+    c_attn = register_module("c_attn", std::make_shared<nn::Linear>(d_model, 3 * d_model, bias, nn::ParallelStyle::Column, shard,
+                                                                    0.02, /*fused=*/3));
+    c_proj = register_module("c_proj", std::make_shared<nn::Linear>(d_model, d_model, bias, nn::ParallelStyle::Row, shard, proj_std));
   }
   at::Tensor forward(const at::Tensor& x) {
-    const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-    auto heads = [&](const at::Tensor& y) { return y.view({b, t, n_head_, d / n_head_}).transpose(1, 2); };
-    std::vector<at::Tensor> qkv = c_attn->forward(x).split(d, -1);
+    const int64_t b = x.size(0), t = x.size(1);
+    at::Tensor fused = c_attn->forward(x);
+    const int64_t local = fused.size(-1) / 3;  // this rank's heads x head_dim
+    auto heads = [&](const at::Tensor& y) { return y.view({b, t, local / head_dim_, head_dim_}).transpose(1, 2); };
+    std::vector<at::Tensor> qkv = fused.split(local, -1);
     at::Tensor y = ops::attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true);
-    y = y.transpose(1, 2).reshape({b, t, d});
+    y = y.transpose(1, 2).reshape({b, t, local});
     return at::dropout(c_proj->forward(y), dropout_, is_training());
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;
 
  private:
-  int64_t n_head_;
+  int64_t head_dim_;
   double dropout_;
 };
 
 class Mlp final : public torch::nn::Module {
  public:
-  Mlp(int64_t d_model, bool bias, double dropout) : dropout_(dropout) {
-    c_fc = register_module("c_fc", std::make_shared<nn::Linear>(d_model, 4 * d_model, bias));
-    c_proj = register_module("c_proj", std::make_shared<nn::Linear>(4 * d_model, d_model, bias));
-    c_fc->parallel_style = nn::ParallelStyle::Column;
-    c_proj->parallel_style = nn::ParallelStyle::Row;
+  Mlp(int64_t d_model, bool bias, double dropout, nn::TensorShard shard, double proj_std) : dropout_(dropout) {
+    c_fc = register_module("c_fc", std::make_shared<nn::Linear>(d_model, 4 * d_model, bias, nn::ParallelStyle::Column, shard));
+    c_proj = register_module("c_proj", std::make_shared<nn::Linear>(4 * d_model, d_model, bias, nn::ParallelStyle::Row, shard, proj_std));
   }
   at::Tensor forward(const at::Tensor& x) {
     return at::dropout(c_proj->forward(ops::gelu(c_fc->forward(x))), dropout_, is_training());
@@ -67,11 +69,11 @@ class Mlp final : public torch::nn::Module {
 
 class TransformerBlock final : public nn::Block {
  public:
-  TransformerBlock(int64_t d_model, int64_t n_head, bool bias, double dropout) : Block("block") {
+  TransformerBlock(int64_t d_model, int64_t n_head, bool bias, double dropout, nn::TensorShard shard, double proj_std) : Block("block") {
     ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(d_model, bias));
-    attn = register_module("attn", std::make_shared<Attention>(d_model, n_head, bias, dropout));
+    attn = register_module("attn", std::make_shared<Attention>(d_model, n_head, bias, dropout, shard, proj_std));
     ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(d_model, bias));
-    mlp = register_module("mlp", std::make_shared<Mlp>(d_model, bias, dropout));
+    mlp = register_module("mlp", std::make_shared<Mlp>(d_model, bias, dropout, shard, proj_std));
   }
   at::Tensor forward(const at::Tensor& x) override {
     at::Tensor h = x + attn->forward(ln_1->forward(x));
@@ -116,8 +118,16 @@ class Gpt final : public ModelFactory {
     check_heads(config, section, diagnostics);
   }
 
-  std::shared_ptr<nn::Model> create(const Config& c) const override {
+  std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
+
+  // Attention and MLP split over the tensor ranks (whole heads each); embeddings, norms and the
+  // tied head stay whole (vocab parallel is the tensor-parallel pass's choice).
+  std::shared_ptr<nn::Model> create_shard(const Config& c, nn::TensorShard shard) const override {
     const int64_t n_layer = c.get_int("n_layer"), d = c.get_int("d_model"), heads = c.get_int("n_head");
+    if (heads % shard.parts != 0)
+      throw UserError("[model] n_head " + std::to_string(heads) + " does not split over " + std::to_string(shard.parts) + " tensor-parallel ranks");
+    if (shard.parts > 1 && !c.get_string("init_from").empty())
+      throw UserError("[model] init_from cannot load into a model split over tensor-parallel ranks yet");
     const bool bias = c.get_bool("bias");
     const double dropout = c.get_float("dropout");
     auto model = std::make_shared<nn::Model>(c.get_int("vocab_size"), c.get_int("seq_len"));
@@ -126,13 +136,8 @@ class Gpt final : public ModelFactory {
     // GPT-2 scales residual projections by 1/sqrt(2 n_layer) so the residual stream's variance
     // does not grow with depth.
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer));
-    for (int64_t i = 0; i < n_layer; ++i) {
-      auto block = std::make_shared<TransformerBlock>(d, heads, bias, dropout);
-      at::NoGradGuard no_grad;
-      block->attn->c_proj->weight.normal_(0.0, proj_std);
-      block->mlp->c_proj->weight.normal_(0.0, proj_std);
-      model->add_block("h" + std::to_string(i), block);
-    }
+    for (int64_t i = 0; i < n_layer; ++i)
+      model->add_block("h" + std::to_string(i), std::make_shared<TransformerBlock>(d, heads, bias, dropout, shard, proj_std));
     model->add_block("head", std::make_shared<Head>(d, bias, embed->wte));
     model->mark_shared("embed.wte.weight");
     model->set_attention_shape(n_layer, heads, d / heads);

@@ -18,27 +18,35 @@ class Embed final : public nn::Block {
   std::shared_ptr<nn::Embedding> embed_tokens;
 };
 
+// Under tensor parallel q and o split by heads; k and v split too when the kv heads divide by
+// the tensor size, and stay whole otherwise (each rank then picks the kv heads of its q heads).
 class Attention final : public torch::nn::Module {
  public:
-  Attention(int64_t d_model, int64_t n_head, int64_t n_kv_head, double rope_theta)
-      : n_head_(n_head), n_kv_head_(n_kv_head), head_dim_(d_model / n_head), rope_theta_(rope_theta) {
-    q_proj = register_module("q_proj", std::make_shared<nn::Linear>(d_model, n_head * head_dim_, false));
-    k_proj = register_module("k_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false));
-    v_proj = register_module("v_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false));
-    o_proj = register_module("o_proj", std::make_shared<nn::Linear>(n_head * head_dim_, d_model, false));
-    for (auto* l : {q_proj.get(), k_proj.get(), v_proj.get()}) l->parallel_style = nn::ParallelStyle::Column;
-    o_proj->parallel_style = nn::ParallelStyle::Row;
+  Attention(int64_t d_model, int64_t n_head, int64_t n_kv_head, double rope_theta, nn::TensorShard shard)
+      : n_head_(n_head), n_kv_head_(n_kv_head), head_dim_(d_model / n_head), rope_theta_(rope_theta), shard_(shard) {
+    const bool split_kv = n_kv_head % shard.parts == 0;
+    const nn::ParallelStyle kv_style = split_kv ? nn::ParallelStyle::Column : nn::ParallelStyle::None;
+    q_proj = register_module("q_proj", std::make_shared<nn::Linear>(d_model, n_head * head_dim_, false, nn::ParallelStyle::Column, shard));
+    k_proj = register_module("k_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false, kv_style, shard));
+    v_proj = register_module("v_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false, kv_style, shard));
+    o_proj = register_module("o_proj", std::make_shared<nn::Linear>(n_head * head_dim_, d_model, false, nn::ParallelStyle::Row, shard));
   }
 
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1);
-    auto heads = [&](const at::Tensor& y, int64_t n) { return y.view({b, t, n, head_dim_}).transpose(1, 2); };
+    auto heads = [&](const at::Tensor& y) { return y.view({b, t, y.size(-1) / head_dim_, head_dim_}).transpose(1, 2); };
     auto [cos, sin] = rope_tables(t, x.device());
-    at::Tensor q = ops::rope(heads(q_proj->forward(x), n_head_), cos, sin);
-    at::Tensor k = ops::rope(heads(k_proj->forward(x), n_kv_head_), cos, sin);
-    at::Tensor v = heads(v_proj->forward(x), n_kv_head_);
+    at::Tensor q = ops::rope(heads(q_proj->forward(x)), cos, sin);
+    at::Tensor k = ops::rope(heads(k_proj->forward(x)), cos, sin);
+    at::Tensor v = heads(v_proj->forward(x));
+    if (shard_.parts > 1 && k_proj->parallel_style == nn::ParallelStyle::None) {
+      // Whole kv heads: one per local q head, the one its global q head uses.
+      const int64_t local_q = q.size(1), group = n_head_ / n_kv_head_;
+      k = k.repeat_interleave(group, 1).narrow(1, shard_.index * local_q, local_q);
+      v = v.repeat_interleave(group, 1).narrow(1, shard_.index * local_q, local_q);
+    }
     at::Tensor y = ops::attention(q, k, v, /*causal=*/true);
-    return o_proj->forward(y.transpose(1, 2).reshape({b, t, n_head_ * head_dim_}));
+    return o_proj->forward(y.transpose(1, 2).reshape({b, t, q.size(1) * head_dim_}));
   }
 
   std::shared_ptr<nn::Linear> q_proj, k_proj, v_proj, o_proj;
@@ -58,17 +66,16 @@ class Attention final : public torch::nn::Module {
 
   int64_t n_head_, n_kv_head_, head_dim_;
   double rope_theta_;
+  nn::TensorShard shard_;
   at::Tensor cos_, sin_;
 };
 
 class Mlp final : public torch::nn::Module {
  public:
-  Mlp(int64_t d_model, int64_t hidden) {
-    gate_proj = register_module("gate_proj", std::make_shared<nn::Linear>(d_model, hidden, false));
-    up_proj = register_module("up_proj", std::make_shared<nn::Linear>(d_model, hidden, false));
-    down_proj = register_module("down_proj", std::make_shared<nn::Linear>(hidden, d_model, false));
-    gate_proj->parallel_style = up_proj->parallel_style = nn::ParallelStyle::Column;
-    down_proj->parallel_style = nn::ParallelStyle::Row;
+  Mlp(int64_t d_model, int64_t hidden, nn::TensorShard shard) {
+    gate_proj = register_module("gate_proj", std::make_shared<nn::Linear>(d_model, hidden, false, nn::ParallelStyle::Column, shard));
+    up_proj = register_module("up_proj", std::make_shared<nn::Linear>(d_model, hidden, false, nn::ParallelStyle::Column, shard));
+    down_proj = register_module("down_proj", std::make_shared<nn::Linear>(hidden, d_model, false, nn::ParallelStyle::Row, shard));
   }
   at::Tensor forward(const at::Tensor& x) {
     return down_proj->forward(ops::swiglu(gate_proj->forward(x), up_proj->forward(x)));
@@ -78,14 +85,14 @@ class Mlp final : public torch::nn::Module {
 
 class DecoderLayer final : public nn::Block {
  public:
-  DecoderLayer(const Config& c, int64_t hidden) : Block("block") {
+  DecoderLayer(const Config& c, int64_t hidden, nn::TensorShard shard) : Block("block") {
     const int64_t d = c.get_int("d_model");
     const double eps = c.get_float("norm_eps");
     input_layernorm = register_module("input_layernorm", std::make_shared<nn::RmsNorm>(d, eps));
     self_attn = register_module("self_attn", std::make_shared<Attention>(d, c.get_int("n_head"), c.get_int("n_kv_head"),
-                                                                         c.get_float("rope_theta")));
+                                                                         c.get_float("rope_theta"), shard));
     post_attention_layernorm = register_module("post_attention_layernorm", std::make_shared<nn::RmsNorm>(d, eps));
-    mlp = register_module("mlp", std::make_shared<Mlp>(d, hidden));
+    mlp = register_module("mlp", std::make_shared<Mlp>(d, hidden, shard));
   }
   at::Tensor forward(const at::Tensor& x) override {
     at::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
@@ -146,13 +153,23 @@ class Llama final : public ModelFactory {
       diagnostics.error(section, "[model] d_model / n_head must be even for rotary embeddings");
   }
 
-  std::shared_ptr<nn::Model> create(const Config& c) const override {
+  std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
+
+  // Attention (by heads) and MLP split over the tensor ranks; embeddings, norms and the head stay
+  // whole (vocab parallel is the tensor-parallel pass's choice).
+  std::shared_ptr<nn::Model> create_shard(const Config& c, nn::TensorShard shard) const override {
     const int64_t n_layer = c.get_int("n_layer"), d = c.get_int("d_model"), vocab = c.get_int("vocab_size");
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
+    if (c.get_int("n_head") % shard.parts != 0 || hidden % shard.parts != 0)
+      throw UserError("[model] n_head " + std::to_string(c.get_int("n_head")) + " and the SwiGLU width " + std::to_string(hidden) +
+                      " must divide by the " + std::to_string(shard.parts) + " tensor-parallel ranks");
+    if (shard.parts > 1 && !c.get_string("init_from").empty())
+      throw UserError("[model] init_from cannot load into a model split over tensor-parallel ranks yet");
     auto model = std::make_shared<nn::Model>(vocab, c.get_int("seq_len"));
     auto embed = std::make_shared<Embed>(vocab, d);
     model->add_block("embed", embed);
-    for (int64_t i = 0; i < n_layer; ++i) model->add_block("layers" + std::to_string(i), std::make_shared<DecoderLayer>(c, hidden));
+    for (int64_t i = 0; i < n_layer; ++i)
+      model->add_block("layers" + std::to_string(i), std::make_shared<DecoderLayer>(c, hidden, shard));
     model->add_block("head", std::make_shared<Head>(d, vocab, c.get_float("norm_eps"),
                                                     c.get_bool("tie_embeddings") ? embed->embed_tokens : nullptr));
     if (c.get_bool("tie_embeddings")) model->mark_shared("embed.embed_tokens.weight");

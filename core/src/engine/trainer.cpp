@@ -305,7 +305,9 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
 
   Job job(plan.job, plan.model, plan.data, plan.optimizer, device);
   job.topology = topology;
-  job.model = static_cast<const ModelFactory*>(plan.model_component)->create(plan.model);
+  // Built at this rank's local shapes: split layers hold only its tensor-parallel piece.
+  job.model = static_cast<const ModelFactory*>(plan.model_component)
+                  ->create_shard(plan.model, nn::TensorShard{topology->size(Dim::Tensor), topology->rank_in(Dim::Tensor)});
   job.model->to(device);
   auto dataset = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{fs::current_path()});
   if (dataset->vocab_size() > job.model->vocab_size())

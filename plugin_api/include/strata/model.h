@@ -17,6 +17,10 @@ class STRATA_API ModelFactory : public Component {
   ~ModelFactory() override;
   // Parameters are initialised from the current global RNG state (core seeds it).
   virtual std::shared_ptr<nn::Model> create(const Config& config) const = 0;
+  // The model as tensor-parallel rank `shard.index` of `shard.parts` builds it: split layers at
+  // their local shapes (nn.h), with exactly the values of the same pieces of create()'s model.
+  // This default builds create()'s model for one part and refuses more.
+  virtual std::shared_ptr<nn::Model> create_shard(const Config& config, nn::TensorShard shard) const;
 
   // Hugging Face interchange (transformers' names and layouts). A model without an equivalent
   // keeps these defaults, which refuse with a UserError.

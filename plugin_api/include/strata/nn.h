@@ -14,24 +14,51 @@
 
 namespace strata::nn {
 
-// Set by tensor parallel on layers it splits; None means replicated.
+// How a layer is split over the tensor-parallel group. Column splits dimension 0 of the weight
+// (a Linear's outputs, an Embedding's rows: vocab parallel), Row splits dimension 1 (a Linear's
+// inputs); None is replicated. Sequence marks norms that run on sequence-sharded activations.
 enum class ParallelStyle { None, Column, Row, Sequence };
 
+// This rank's piece of a split layer: `parts` equal pieces, this rank holds piece `index`.
+struct TensorShard {
+  int64_t parts = 1;
+  int64_t index = 0;
+};
+
+// Interception points of a layer, for passes that wrap it (tensor parallel's conjugate
+// collectives, fp8 casts): on_input runs on the input before the layer computes, on_output on
+// its output. A Row-split Linear adds its bias after on_output, so a sum over ranks adds it once.
+struct LayerHooks {
+  std::function<at::Tensor(const at::Tensor&)> on_input, on_output;
+};
+
+// Layers are built at their local shapes. Initialisation draws the whole tensor from the global
+// generator and keeps this rank's piece, one parameter at a time, so every layout holds exactly
+// the values of the unsplit model (same seed, same order of draws) and at most one whole
+// parameter beyond the rank's pieces is ever held.
 class STRATA_API Linear : public torch::nn::Module {
  public:
-  Linear(int64_t in, int64_t out, bool bias);
+  // fused: the output is `fused` sections side by side (GPT-2's c_attn: q, k, v), each split on
+  // its own, so that a piece holds whole heads of each section.
+  Linear(int64_t in, int64_t out, bool bias, ParallelStyle style = ParallelStyle::None, TensorShard shard = {},
+         double init_std = 0.02, int64_t fused = 1);
   at::Tensor forward(const at::Tensor& x);
-  at::Tensor weight;  // [out, in]
-  at::Tensor bias;    // [out] or undefined
+  at::Tensor weight;  // [out, in], or this rank's piece
+  at::Tensor bias;    // [out] (its piece when Column), or undefined
   ParallelStyle parallel_style = ParallelStyle::None;
+  TensorShard shard;
+  int64_t fused_sections = 1;
+  LayerHooks hooks;
 };
 
 class STRATA_API Embedding : public torch::nn::Module {
  public:
-  Embedding(int64_t count, int64_t dim);
+  Embedding(int64_t count, int64_t dim, ParallelStyle style = ParallelStyle::None, TensorShard shard = {});
   at::Tensor forward(const at::Tensor& ids);
-  at::Tensor weight;  // [count, dim]
+  at::Tensor weight;  // [count, dim], or this rank's rows (Column)
   ParallelStyle parallel_style = ParallelStyle::None;
+  TensorShard shard;
+  LayerHooks hooks;
 };
 
 class STRATA_API LayerNorm : public torch::nn::Module {
@@ -40,6 +67,8 @@ class STRATA_API LayerNorm : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;
   double eps;
+  ParallelStyle parallel_style = ParallelStyle::None;  // Sequence under sequence parallel
+  LayerHooks hooks;
 };
 
 class STRATA_API RmsNorm : public torch::nn::Module {
@@ -48,6 +77,8 @@ class STRATA_API RmsNorm : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
   double eps;
+  ParallelStyle parallel_style = ParallelStyle::None;
+  LayerHooks hooks;
 };
 
 // A block: the unit passes address by name and by type ("embedding", "block", "head", ...).
