@@ -24,7 +24,7 @@ void shard_training_state(Job& job, const Units& units);
 // Calls `ready(unit, param)` each time backward has accumulated a parameter's gradient.
 void on_gradient_accumulated(const Units& units, std::function<void(size_t unit, size_t param)> ready);
 
-// The `unused_parameters` key zero and fsdp share with ddp ("error" or "ignore"), and its check
+// The `unused_parameters` key ddp, zero and fsdp share ("error" or "ignore"), and its check
 // at the end of a backward that reduces: unless ignored, parameters that got no gradient are an
 // error naming them.
 Schema add_unused_parameters_key(Schema schema);

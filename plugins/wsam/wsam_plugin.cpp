@@ -108,12 +108,13 @@ class Wsam {
   }
 
  private:
-  // Moves the gradients out of the parameters (zeros where a parameter got none), so the next
-  // backward starts from nothing.
+  // Takes the gradients out of the parameters (zeros where a parameter got none), so the next
+  // backward starts from nothing. A copy: after ddp's reduction a gradient is a view of a bucket
+  // buffer that the next reduction overwrites.
   std::vector<at::Tensor> take_gradients() {
     std::vector<at::Tensor> out;
     for (auto& p : params_) {
-      out.push_back(p.grad().defined() ? p.grad() : at::zeros_like(p));
+      out.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
       p.mutable_grad() = at::Tensor();
     }
     return out;
