@@ -1,10 +1,12 @@
 #include "strata/job.h"
 
 #include <cmath>
+#include <map>
 
 #include <ATen/ATen.h>
 
 #include "strata/comm.h"
+#include "strata/topology.h"
 
 #include "strata/data.h"
 #include "strata/errors.h"
@@ -49,31 +51,39 @@ void Job::replace_state(const std::string& key, std::shared_ptr<Stateful> state)
 
 namespace strata {
 
-double clip_gradient_norm(const std::vector<at::Tensor>& grads, double max_norm, Communicator* sum_over) {
-  std::vector<at::Tensor> norms;
-  for (const auto& g : grads)
-    if (g.defined()) norms.push_back(g.detach().to(at::kFloat).norm());
-  at::Tensor total = norms.empty() ? at::zeros({}, at::kFloat) : at::stack(norms).norm();
-  if (sum_over && sum_over->size() > 1) {
-    // Every rank takes part, even one without gradients, so the collective matches.
-    at::Tensor squared = total.square().to(at::kDouble);
-    for (const auto& g : grads)
-      if (g.defined()) {
-        squared = squared.to(g.device());  // device communicators (nccl) take device tensors
-        break;
-      }
-    sum_over->all_reduce(squared, ReduceOp::Sum)->wait();
-    total = squared.sqrt();
-  } else if (norms.empty()) {
+double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology) {
+  // Per-tensor norms stay on the gradients' device (one host sync, at the end), grouped by their
+  // number of replicas; squares are summed in double.
+  std::map<double, std::vector<at::Tensor>> norms_by_replicas;
+  c10::Device device = at::kCPU;
+  for (const auto& g : grads) {
+    if (!g.grad.defined()) continue;
+    device = g.grad.device();
+    double replicas = 1;
+    if (topology) {
+      int sharded = 1;
+      for (Dim d : g.sharded_over) sharded *= topology->size(d);
+      replicas = static_cast<double>(topology->world_size()) / sharded;
+    }
+    norms_by_replicas[replicas].push_back(g.grad.detach().to(at::kFloat).norm());
+  }
+  const bool any = !norms_by_replicas.empty();
+  at::Tensor squared = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (const auto& [replicas, norms] : norms_by_replicas) squared += at::stack(norms).to(at::kDouble).square().sum() / replicas;
+  if (topology && topology->world_size() > 1) {
+    // Every rank takes part, even one without gradients, so the collective matches; device
+    // communicators (nccl) take device tensors.
+    topology->world().all_reduce(squared, ReduceOp::Sum)->wait();
+  } else if (!any) {
     return 0.0;
   }
-  const double norm = total.item<double>();
+  const double norm = std::sqrt(squared.item<double>());
   if (max_norm > 0 && std::isfinite(norm)) {
     const double coefficient = max_norm / (norm + 1e-6);
     if (coefficient < 1.0) {
       at::NoGradGuard no_grad;
       for (const auto& g : grads)
-        if (g.defined()) g.mul_(coefficient);
+        if (g.grad.defined()) g.grad.mul_(coefficient);
     }
   }
   return norm;

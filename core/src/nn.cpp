@@ -116,6 +116,20 @@ at::Tensor Model::forward(const at::Tensor& tokens) {
   return x;
 }
 
+std::vector<std::string> tensor_sharded_parameters(const Model& model) {
+  std::vector<std::string> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const std::string prefix = item.key() + ".";
+    if (const auto* linear = dynamic_cast<const Linear*>(item.value().get()); linear && linear->shard.parts > 1) {
+      out.push_back(prefix + "weight");
+      if (linear->bias.defined() && linear->parallel_style == ParallelStyle::Column) out.push_back(prefix + "bias");
+    } else if (const auto* embedding = dynamic_cast<const Embedding*>(item.value().get()); embedding && embedding->shard.parts > 1) {
+      out.push_back(prefix + "weight");
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> Model::decayed_parameter_names() const {
   std::vector<std::string> out;
   std::set<const void*> seen;

@@ -60,7 +60,7 @@ struct Settings {
 bool unscale_and_check(const Job& job, double inv_scale) {
   at::NoGradGuard no_grad;
   at::Tensor bad = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(job.device()));
-  for (auto& g : job.local_gradients()) {
+  for (auto& [g, placement] : job.local_gradients()) {
     if (!g.defined()) continue;
     if (inv_scale != 1.0) g.mul_(inv_scale);
     bad.add_(at::logical_not(at::isfinite(g)).any().to(at::kFloat));

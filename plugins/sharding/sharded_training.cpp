@@ -150,12 +150,18 @@ void shard_training_state(Job& job, const Units& units) {
     return std::make_unique<ShardedOptimizer>(base(std::move(local)), pieces, units);
   };
   job.replace_state("model", std::make_shared<ShardedModelState>(units));
-  job.local_gradients = [units] {
-    std::vector<at::Tensor> grads;
-    for (const auto& unit : units) grads.push_back(unit->grad_chunk());
+  // This rank's pieces: disjoint over the data ranks, and over tensor ranks for split layers.
+  job.local_gradients = [units, split = nn::tensor_sharded_parameters(*job.model)] {
+    std::vector<LocalGradient> grads;
+    for (const auto& unit : units)
+      for (const auto& piece : unit->pieces()) {
+        if (!piece.grad.defined()) continue;
+        const bool tensor_split = std::find(split.begin(), split.end(), piece.name) != split.end();
+        grads.push_back({piece.grad, tensor_split ? std::vector<Dim>{Dim::Data, Dim::Pipeline, Dim::Tensor}
+                                                  : std::vector<Dim>{Dim::Data, Dim::Pipeline}});
+      }
     return grads;
   };
-  job.gradients_sharded = true;
 }
 
 void on_gradient_accumulated(const Units& units, std::function<void(size_t unit, size_t param)> ready) {

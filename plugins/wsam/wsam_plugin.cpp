@@ -83,8 +83,12 @@ class Wsam {
       unflatten(flat, g);
     }
     if (settings_.max_norm > 0) {
-      clip_gradient_norm(g, settings_.max_norm, nullptr);
-      clip_gradient_norm(perturbed, settings_.max_norm, nullptr);
+      // Each of the two gradients as this rank holds it (whole: WSAM refuses sharding passes).
+      for (const auto* grads : {&g, &perturbed}) {
+        std::vector<LocalGradient> own;
+        for (const auto& t : *grads) own.push_back({t, {}});
+        clip_gradient_norm(own, settings_.max_norm, nullptr);
+      }
     }
 
     for (size_t i = 0; i < params_.size(); ++i) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "mpi_world.h"
+#include "strata/job.h"
 #include "strata/topology.h"
 
 namespace strata {
@@ -168,6 +169,30 @@ TEST(LargeCounts, EveryOperationAboveTheCountLimit) {
   for (int k = 0; k < n; ++k) send.narrow(0, k * block, block).fill_(static_cast<float>(100 * r + k));
   comm.all_to_all(received, send, {}, {})->wait();
   for (int k = 0; k < n; ++k) EXPECT_TRUE(at::equal(received.narrow(0, k * block, block), at::full({block}, static_cast<float>(100 * k + r))));
+}
+
+// clip_gradient_norm counts every whole gradient once whatever its placement: at 4 ranks as
+// data 2 x tensor 2, a replicated gradient, one split over tensor ranks and one split over all
+// four ranks give the norm of the whole gradients, and clip them alike everywhere.
+TEST(Clipping, NormCountsEveryPlacementOnce) {
+  auto world = testing::mpi_world();
+  if (world->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  Topology topology({{Dim::Data, 2}, {Dim::Tensor, 2}, {Dim::Pipeline, 1}, {Dim::Context, 1}},
+                    {Dim::Tensor, Dim::Context, Dim::Pipeline, Dim::Data}, world->rank());
+  topology.attach(world);
+  const at::Tensor replicated = at::arange(1, 4, at::kFloat);                        // [1, 2, 3] everywhere
+  const at::Tensor by_tensor = at::arange(0, 4, at::kFloat).add_(10);                // whole [10..13], halves on tensor ranks
+  const at::Tensor by_all = at::arange(0, 8, at::kFloat).add_(20);                   // whole [20..27], quarters on the 4 ranks
+  const int t = topology.rank_in(Dim::Tensor), r = world->rank();
+  std::vector<LocalGradient> grads{{replicated.clone(), {Dim::Pipeline}},
+                                   {by_tensor.narrow(0, 2 * t, 2).clone(), {Dim::Pipeline, Dim::Tensor}},
+                                   {by_all.narrow(0, 2 * r, 2).clone(), {Dim::Data, Dim::Tensor, Dim::Pipeline}}};
+  const double expected = std::sqrt(replicated.square().sum().item<double>() + by_tensor.square().sum().item<double>() +
+                                    by_all.square().sum().item<double>());
+  const double norm = clip_gradient_norm(grads, 1.0, &topology);
+  EXPECT_NEAR(norm, expected, 1e-6 * expected);  // per-tensor norms are taken in fp32
+  EXPECT_TRUE(at::allclose(grads[0].grad, replicated * (1.0 / (expected + 1e-6))));
+  EXPECT_NEAR(clip_gradient_norm(grads, 0.0, &topology), 1.0, 1e-5);  // clipped to 1 everywhere
 }
 
 // Every rank sends a large message to its next ring neighbour, then receives from its previous

@@ -26,7 +26,7 @@ class InjectNonfinite final : public Pass {
     job.program.wrap(Stage::Gradients, [&job, step, rank](StepContext& context, const StageFn& inner) {
       inner(context);
       if (context.step == step && job.topology->rank_in(Dim::Data) == rank)
-        for (auto& g : job.local_gradients())
+        for (auto& [g, placement] : job.local_gradients())
           if (g.defined() && g.numel() > 0) {
             at::NoGradGuard no_grad;
             g.view(-1)[0].fill_(std::numeric_limits<double>::infinity());

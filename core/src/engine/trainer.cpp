@@ -202,7 +202,9 @@ MemoryFigures memory_figures(const Job& job) {
   for (const auto& p : job.model->parameters()) params.push_back(p);
   MemoryFigures m;
   m.params = storage_bytes(params);
-  m.grads = storage_bytes(job.local_gradients());
+  std::vector<at::Tensor> grads;
+  for (const auto& g : job.local_gradients()) grads.push_back(g.grad);
+  m.grads = storage_bytes(grads);
   m.optimizer = storage_bytes(tensors_of(*job.states().at("optimizer")));
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
@@ -346,9 +348,13 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   auto batch_loss = [&job, seq_len](const at::Tensor& batch) {
     return job.loss(job.model->forward(batch.narrow(1, 0, seq_len)), batch.narrow(1, 1, seq_len));
   };
-  job.local_gradients = [&job] {
-    std::vector<at::Tensor> grads;
-    for (const auto& p : job.model->parameters()) grads.push_back(p.grad());
+  // Every parameter's gradient; stages hold disjoint parameters, split layers disjoint pieces.
+  job.local_gradients = [&job, split = nn::tensor_sharded_parameters(*job.model)] {
+    std::vector<LocalGradient> grads;
+    for (const auto& p : job.model->named_parameters()) {
+      const bool tensor_split = std::find(split.begin(), split.end(), p.key()) != split.end();
+      grads.push_back({p.value().grad(), tensor_split ? std::vector<Dim>{Dim::Pipeline, Dim::Tensor} : std::vector<Dim>{Dim::Pipeline}});
+    }
     return grads;
   };
 
@@ -387,9 +393,8 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   program.provide(Stage::SyncGradients, core_stage_description(Stage::SyncGradients), [](StepContext&) {});
   program.provide(Stage::ClipGradients, core_stage_description(Stage::ClipGradients),
                   [&job, max_norm = plan.optimizer.get_float("grad_clip")](StepContext& context) {
-                    // Sharded gradients contribute their squared norms to a sum over the data group.
-                    context.grad_norm = clip_gradient_norm(job.local_gradients(), max_norm,
-                                                           job.gradients_sharded ? &job.topology->group(Dim::Data) : nullptr);
+                    // Every piece counted once over the mesh, whatever its placement.
+                    context.grad_norm = clip_gradient_norm(job.local_gradients(), max_norm, job.topology.get());
                   });
   program.provide(Stage::OptimizerStep, core_stage_description(Stage::OptimizerStep), [&optimizer](StepContext& context) {
     if (!context.skip_step) optimizer->step(context.lr);

@@ -36,6 +36,14 @@ class STRATA_API Stateful {
   virtual bool same_on_data_ranks() const { return false; }
 };
 
+// A gradient as this rank holds it, and its placement on the mesh: the dimensions over which
+// ranks hold disjoint pieces of the whole gradient; over every other dimension they hold equal
+// copies (replicas).
+struct LocalGradient {
+  at::Tensor grad;
+  std::vector<Dim> sharded_over;
+};
+
 class STRATA_API Job {
  public:
   Job(Config job, Config model, Config data, Config optimizer, c10::Device device);
@@ -67,12 +75,12 @@ class STRATA_API Job {
   // replaces it.
   std::function<double(double local_loss)> reduce_loss;
 
-  // The gradients the optimizer is about to apply, as this rank holds them (clipping and
-  // non-finite checks read and scale these). Core's default returns every parameter's .grad();
-  // a sharding pass returns its gradient shards and sets gradients_sharded, so that norms are
-  // summed over the data-parallel group.
-  std::function<std::vector<at::Tensor>()> local_gradients;
-  bool gradients_sharded = false;
+  // The gradients the optimizer is about to apply, as this rank holds them, with their
+  // placements (clipping and non-finite checks read and scale these). Core's default returns
+  // every parameter's .grad(), sharded over the pipeline dimension (stages hold disjoint
+  // parameters) and over the tensor dimension for split layers; a sharding pass returns its
+  // pieces, sharded over the data dimension too.
+  std::function<std::vector<LocalGradient>()> local_gradients;
 
   // The precision of data-parallel communication, set by a precision pass (amp, phase Precision)
   // for the gradient-sync pass (phase Wrapping, so it applies later). Gradients are averaged in
@@ -97,10 +105,13 @@ class STRATA_API Job {
   std::map<std::string, std::shared_ptr<Stateful>> states_;
 };
 
-// torch.nn.utils.clip_grad_norm_'s rule, the one clipping of Strata: the 2-norm of `grads`
-// (squared norms summed over `sum_over` when each rank holds a shard of them), and when
-// max_norm > 0 and the norm is finite, every gradient scaled by max_norm / (norm + 1e-6) if that
-// is below 1. Returns the norm before clipping; undefined tensors are skipped.
-STRATA_API double clip_gradient_norm(const std::vector<at::Tensor>& grads, double max_norm, Communicator* sum_over);
+// torch.nn.utils.clip_grad_norm_'s rule, the one clipping of Strata: the 2-norm of the whole
+// gradients `grads` are pieces of, and when max_norm > 0 and the norm is finite, every gradient
+// scaled by max_norm / (norm + 1e-6) if that is below 1. With a `topology`, each rank adds its
+// pieces' squared norms divided by their number of replicas (world size over the sizes of the
+// dimensions they are sharded over), and one all-reduce over the world sums them: every whole
+// gradient counted exactly once, whatever its placement. Without one, `grads` are this rank's
+// alone. Returns the norm before clipping; undefined tensors are skipped.
+STRATA_API double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology);
 
 }  // namespace strata
