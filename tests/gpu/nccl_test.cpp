@@ -61,6 +61,15 @@ TEST_P(Nccl, EveryCollectiveOnOneRank) {
   comm.barrier()->wait();
 }
 
+// A batch that sends to and receives from this rank itself: one NCCL group, both directions.
+TEST_P(Nccl, BatchedSendAndReceiveToSelf) {
+  auto& comm = *nccl_world();
+  const auto options = at::TensorOptions().dtype(GetParam()).device(at::kCUDA);
+  at::Tensor out = at::arange(1000, options), in = at::zeros({1000}, options);
+  comm.batch_p2p({{P2POp::Kind::Send, out, 0, 0}, {P2POp::Kind::Recv, in, 0, 0}})->wait();
+  EXPECT_TRUE(at::equal(in.cpu(), out.cpu()));
+}
+
 TEST_P(Nccl, RefusesHostTensors) {
   EXPECT_THROW(nccl_world()->all_reduce(at::ones({2}, GetParam()), ReduceOp::Sum), UserError);
 }
