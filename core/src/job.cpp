@@ -1,6 +1,8 @@
 #include "strata/job.h"
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <map>
 
 #include <ATen/ATen.h>
@@ -51,28 +53,30 @@ void Job::replace_state(const std::string& key, std::shared_ptr<Stateful> state)
 
 namespace strata {
 
-double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology) {
+double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology,
+                          c10::Device device) {
   // Per-tensor norms stay on the gradients' device (one host sync, at the end), grouped by their
   // number of replicas; squares are summed in double.
   std::map<double, std::vector<at::Tensor>> norms_by_replicas;
-  c10::Device device = at::kCPU;
   for (const auto& g : grads) {
     if (!g.grad.defined()) continue;
-    device = g.grad.device();
+    if (!g.placement.partial_over.empty())
+      throw std::logic_error("clip_gradient_norm: a gradient is still partial over " +
+                             std::string(dim_name(g.placement.partial_over.front())) + " (clipping runs after the sync)");
     double replicas = 1;
     if (topology) {
       int sharded = 1;
-      for (Dim d : g.sharded_over) sharded *= topology->size(d);
+      for (Dim d : g.placement.sharded_over) sharded *= topology->size(d);
       replicas = static_cast<double>(topology->world_size()) / sharded;
     }
     norms_by_replicas[replicas].push_back(g.grad.detach().to(at::kFloat).norm());
   }
   const bool any = !norms_by_replicas.empty();
   at::Tensor squared = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
-  for (const auto& [replicas, norms] : norms_by_replicas) squared += at::stack(norms).to(at::kDouble).square().sum() / replicas;
+  for (const auto& [replicas, norms] : norms_by_replicas) squared += at::stack(norms).to(device, at::kDouble).square().sum() / replicas;
   if (topology && topology->world_size() > 1) {
     // Every rank takes part, even one without gradients, so the collective matches; device
-    // communicators (nccl) take device tensors.
+    // communicators (nccl) take device tensors, so the sum lives on the job's device.
     topology->world().all_reduce(squared, ReduceOp::Sum)->wait();
   } else if (!any) {
     return 0.0;

@@ -116,15 +116,34 @@ at::Tensor Model::forward(const at::Tensor& tokens) {
   return x;
 }
 
-std::vector<std::string> tensor_sharded_parameters(const Model& model) {
-  std::vector<std::string> out;
+namespace {
+
+// Where piece_of puts this rank's piece: a block along `dim`, in `fused` sections along dim 0.
+Placement piece_placement(const at::Tensor& piece, int64_t dim, TensorShard shard, int64_t fused) {
+  Placement p;
+  p.shape = piece.sizes().vec();
+  p.shape[dim] *= shard.parts;
+  p.block_start.assign(p.shape.size(), 0);
+  p.block_size = piece.sizes().vec();
+  p.block_start[dim] = shard.index * (piece.size(dim) / fused);
+  p.sections = dim == 0 ? fused : 1;
+  p.sharded_over = {Dim::Tensor};
+  return p;
+}
+
+}  // namespace
+
+Placements parameter_placements(const Model& model) {
+  Placements out;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const std::string prefix = item.key() + ".";
     if (const auto* linear = dynamic_cast<const Linear*>(item.value().get()); linear && linear->shard.parts > 1) {
-      out.push_back(prefix + "weight");
-      if (linear->bias.defined() && linear->parallel_style == ParallelStyle::Column) out.push_back(prefix + "bias");
+      const bool row = linear->parallel_style == ParallelStyle::Row;
+      const int64_t fused = row ? 1 : linear->fused_sections;
+      out.emplace(prefix + "weight", piece_placement(linear->weight, row ? 1 : 0, linear->shard, fused));
+      if (linear->bias.defined() && !row) out.emplace(prefix + "bias", piece_placement(linear->bias, 0, linear->shard, fused));
     } else if (const auto* embedding = dynamic_cast<const Embedding*>(item.value().get()); embedding && embedding->shard.parts > 1) {
-      out.push_back(prefix + "weight");
+      out.emplace(prefix + "weight", piece_placement(embedding->weight, 0, embedding->shard, 1));
     }
   }
   return out;

@@ -68,17 +68,25 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
   const at::Tensor data = data_chunk(), grad = grad_chunk();
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& [pname, p] = params_[i];
-    Piece piece{pname, {}, {}, Slice{p.sizes().vec(), 0}};
+    Piece piece{pname, {}, {}, Placement{}};
+    piece.placement.shape = p.sizes().vec();
+    piece.placement.sharded_over = {Dim::Data};
     const int64_t begin = std::max(offsets_[i], chunk_begin_), end = std::min(offsets_[i] + p.numel(), chunk_begin_ + chunk_);
     if (begin < end) {
       piece.data = data.narrow(0, begin - chunk_begin_, end - begin);
       piece.grad = grad.narrow(0, begin - chunk_begin_, end - begin);
-      piece.slice.offset = begin - offsets_[i];
+      piece.placement.offset = begin - offsets_[i];
     }
     pieces_.push_back(std::move(piece));
   }
   ready_.assign(params_.size(), true);
   if (!persistent_) release();
+}
+
+void FlatUnit::nest_pieces_in(const Placements& parameter_placements) {
+  for (Piece& piece : pieces_)
+    if (auto outer = parameter_placements.find(piece.name); outer != parameter_placements.end())
+      piece.placement = nest(outer->second, piece.placement.offset, piece.placement.sharded_over);
 }
 
 int64_t FlatUnit::gather_bytes() const { return padded_ * static_cast<int64_t>(c10::elementSize(gather_dtype_)); }

@@ -13,6 +13,7 @@
 
 #include "strata/comm.h"
 #include "strata/optimizer.h"
+#include "strata/placement.h"
 
 namespace strata::sharding {
 
@@ -34,7 +35,7 @@ struct Piece {
   std::string name;
   at::Tensor data;  // view of this rank's parameter chunk; undefined when the chunk holds none of it
   at::Tensor grad;  // the same view of the gradient chunk
-  Slice slice;      // where `data` sits in the whole parameter
+  Placement placement;  // where `data` sits in the whole parameter; sharded over the data ranks
 };
 
 class FlatUnit {
@@ -79,6 +80,10 @@ class FlatUnit {
   at::Tensor grad_chunk() const;
   // Where the optimizer updates parameters: views of this rank's chunk.
   const std::vector<Piece>& pieces() const { return pieces_; }
+  // Places the pieces of parameters that are themselves pieces (a tensor-parallel layer's shard,
+  // placed as `parameter_placements` says) within the whole tensor: the flat shard nests in the
+  // block.
+  void nest_pieces_in(const Placements& parameter_placements);
   // After the optimizer (or a checkpoint) changed this rank's chunk: all-gather it into the full
   // parameters that persist (zero1, zero2). Units that gather before use need nothing.
   WorkPtr start_refresh();

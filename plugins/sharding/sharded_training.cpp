@@ -33,19 +33,12 @@ class ShardedOptimizer final : public Optimizer {
 
   NamedTensors state_tensors() override { return inner_->state_tensors(); }
 
-  // State named "<parameter>.<slot>" and shaped like that parameter's piece is a slice of the
-  // whole state tensor; anything else (step counters) is whole.
-  Slices state_slices() override {
-    Slices out;
-    for (const auto& [name, tensor] : inner_->state_tensors()) {
-      for (size_t dot = name.rfind('.'); dot != std::string::npos && dot > 0; dot = name.rfind('.', dot - 1)) {
-        auto it = pieces_.find(name.substr(0, dot));
-        if (it == pieces_.end()) continue;
-        if (it->second.data.defined() && tensor.sizes() == it->second.data.sizes()) out.emplace(name, it->second.slice);
-        break;
-      }
-    }
-    return out;
+  // State that follows a parameter is placed as this rank's piece of it.
+  Placements state_placements() override {
+    std::map<std::string, at::Tensor> data;
+    Placements placements;
+    for (const auto& [name, piece] : pieces_) data.emplace(name, piece.data), placements.emplace(name, piece.placement);
+    return state_placements_by_parameter(inner_->state_tensors(), data, placements);
   }
 
  private:
@@ -67,11 +60,11 @@ class ShardedModelState final : public Stateful {
     return out;
   }
 
-  Slices slices() const override {
-    Slices out;
+  Placements placements() const override {
+    Placements out;
     for (const auto& unit : units_)
       for (const auto& piece : unit->pieces())
-        if (piece.data.defined()) out.emplace(piece.name, piece.slice);
+        if (piece.data.defined()) out.emplace(piece.name, piece.placement);
     return out;
   }
 
@@ -128,6 +121,8 @@ void refresh_all(const Units& units) {
 }
 
 void shard_training_state(Job& job, const Units& units) {
+  const Placements parameter_placements = nn::parameter_placements(*job.model);
+  for (const auto& unit : units) unit->nest_pieces_in(parameter_placements);
   const std::map<std::string, Piece> pieces = pieces_by_name(units);
   for (const auto& p : job.model->named_parameters())
     if (p.value().requires_grad() && !pieces.count(p.key()))
@@ -150,16 +145,12 @@ void shard_training_state(Job& job, const Units& units) {
     return std::make_unique<ShardedOptimizer>(base(std::move(local)), pieces, units);
   };
   job.replace_state("model", std::make_shared<ShardedModelState>(units));
-  // This rank's pieces: disjoint over the data ranks, and over tensor ranks for split layers.
-  job.local_gradients = [units, split = nn::tensor_sharded_parameters(*job.model)] {
+  // This rank's pieces, placed as their parameters' pieces; stages hold disjoint parameters.
+  job.local_gradients = [units] {
     std::vector<LocalGradient> grads;
     for (const auto& unit : units)
-      for (const auto& piece : unit->pieces()) {
-        if (!piece.grad.defined()) continue;
-        const bool tensor_split = std::find(split.begin(), split.end(), piece.name) != split.end();
-        grads.push_back({piece.grad, tensor_split ? std::vector<Dim>{Dim::Data, Dim::Pipeline, Dim::Tensor}
-                                                  : std::vector<Dim>{Dim::Data, Dim::Pipeline}});
-      }
+      for (const auto& piece : unit->pieces())
+        if (piece.grad.defined()) grads.push_back({piece.grad, nest(piece.placement, 0, {Dim::Pipeline})});
     return grads;
   };
 }

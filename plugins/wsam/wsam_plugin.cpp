@@ -87,7 +87,7 @@ class Wsam {
       for (const auto* grads : {&g, &perturbed}) {
         std::vector<LocalGradient> own;
         for (const auto& t : *grads) own.push_back({t, {}});
-        clip_gradient_norm(own, settings_.max_norm, nullptr);
+        if (!own.empty()) clip_gradient_norm(own, settings_.max_norm, nullptr, own.front().grad.device());
       }
     }
 

@@ -184,15 +184,30 @@ TEST(Clipping, NormCountsEveryPlacementOnce) {
   const at::Tensor by_tensor = at::arange(0, 4, at::kFloat).add_(10);                // whole [10..13], halves on tensor ranks
   const at::Tensor by_all = at::arange(0, 8, at::kFloat).add_(20);                   // whole [20..27], quarters on the 4 ranks
   const int t = topology.rank_in(Dim::Tensor), r = world->rank();
-  std::vector<LocalGradient> grads{{replicated.clone(), {Dim::Pipeline}},
-                                   {by_tensor.narrow(0, 2 * t, 2).clone(), {Dim::Pipeline, Dim::Tensor}},
-                                   {by_all.narrow(0, 2 * r, 2).clone(), {Dim::Data, Dim::Tensor, Dim::Pipeline}}};
+  auto sharded_over = [](std::vector<Dim> dims) {
+    Placement p;
+    p.sharded_over = std::move(dims);
+    return p;
+  };
+  std::vector<LocalGradient> grads{{replicated.clone(), sharded_over({Dim::Pipeline})},
+                                   {by_tensor.narrow(0, 2 * t, 2).clone(), sharded_over({Dim::Pipeline, Dim::Tensor})},
+                                   {by_all.narrow(0, 2 * r, 2).clone(), sharded_over({Dim::Data, Dim::Tensor, Dim::Pipeline})}};
   const double expected = std::sqrt(replicated.square().sum().item<double>() + by_tensor.square().sum().item<double>() +
                                     by_all.square().sum().item<double>());
-  const double norm = clip_gradient_norm(grads, 1.0, &topology);
+  const double norm = clip_gradient_norm(grads, 1.0, &topology, at::kCPU);
   EXPECT_NEAR(norm, expected, 1e-6 * expected);  // per-tensor norms are taken in fp32
   EXPECT_TRUE(at::allclose(grads[0].grad, replicated * (1.0 / (expected + 1e-6))));
-  EXPECT_NEAR(clip_gradient_norm(grads, 0.0, &topology), 1.0, 1e-5);  // clipped to 1 everywhere
+  EXPECT_NEAR(clip_gradient_norm(grads, 0.0, &topology, at::kCPU), 1.0, 1e-5);  // clipped to 1 everywhere
+
+  // Ranks without gradients still take part (a flat shard whose chunk only rank 0 holds).
+  std::vector<LocalGradient> only_rank0;
+  if (r == 0) only_rank0.push_back({by_all.clone(), sharded_over({Dim::Data, Dim::Tensor})});
+  const double whole = std::sqrt(by_all.square().sum().item<double>());
+  EXPECT_NEAR(clip_gradient_norm(only_rank0, 0.0, &topology, at::kCPU), whole, 1e-6 * whole);
+  // A partial gradient has no norm yet.
+  Placement partial;
+  partial.partial_over = {Dim::Data};
+  EXPECT_THROW(clip_gradient_norm({{replicated.clone(), partial}}, 1.0, &topology, at::kCPU), std::logic_error);
 }
 
 // Every rank sends a large message to its next ring neighbour, then receives from its previous

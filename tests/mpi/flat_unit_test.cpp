@@ -60,7 +60,7 @@ TEST(FlatUnitPrecision, GathersInTheComputeDtypeFromFp32Shards) {
     const sharding::Piece& piece = unit.pieces()[i];
     if (!piece.data.defined()) continue;
     EXPECT_EQ(piece.data.scalar_type(), at::kFloat);
-    EXPECT_TRUE(at::equal(piece.data, original[i].second.detach().reshape(-1).narrow(0, piece.slice.offset, piece.data.numel())));
+    EXPECT_TRUE(at::equal(piece.data, original[i].second.detach().reshape(-1).narrow(0, piece.placement.offset, piece.data.numel())));
   }
 
   unit.wait_gathered();

@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "../../core/src/engine/checkpoint.h"
 #include "mpi_world.h"
 #include "strata/dist.h"
 #include "strata/model.h"
@@ -99,6 +102,50 @@ TEST(TensorParallelModels, LlamaWithWholeKvHeadsMatchesTheWholeModel) {
   if (testing::mpi_world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   check_model("llama", {{"n_layer", int64_t{2}}, {"n_head", int64_t{8}}, {"n_kv_head", int64_t{2}}, {"d_model", int64_t{32}},
                         {"ffn_hidden", int64_t{64}}, {"vocab_size", int64_t{64}}, {"seq_len", int64_t{16}}});
+}
+
+// A model saved as tensor shards (the placements parameter_placements gives, as the trainer's
+// model state records them) loads bit-exactly at tensor sizes 1, 2 and 4: GPT's fused c_attn
+// split per head (sections), Llama's q/k/v/o and gate/up/down.
+void check_resharding(const std::string& name, const std::map<std::string, Value>& values) {
+  auto world = testing::mpi_world();
+  const int rank = world->rank(), size = world->size();
+  const Config config = testing::config_for(factory(name), values);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("strata_tp_reshard_" + name);
+  if (rank == 0) std::filesystem::remove_all(dir);
+  world->barrier()->wait();
+
+  at::manual_seed(5);
+  auto saved = factory(name).create_shard(config, {size, rank});
+  NamedTensors tensors;
+  for (const auto& p : saved->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  engine::save_checkpoint(dir, {1, "hash", size}, tensors, nn::parameter_placements(*saved), 1, *world, at::kCPU);
+  const engine::Checkpoint checkpoint = engine::Checkpoint::open(dir / "step_00000001");
+
+  for (const int64_t parts : {1, 2, 4}) {
+    at::manual_seed(5);
+    auto expected = factory(name).create_shard(config, {parts, rank % parts});
+    const Placements placements = nn::parameter_placements(*expected);
+    std::vector<engine::TensorRequest> requests;
+    for (const auto& p : expected->named_parameters()) {
+      const auto placement = placements.find(p.key());
+      requests.push_back({p.key(), at::zeros_like(p.value()),
+                          placement == placements.end() ? std::nullopt : std::optional<Placement>(placement->second)});
+    }
+    checkpoint.fill(requests, rank);
+    for (const auto& q : requests)
+      EXPECT_TRUE(at::equal(q.target, expected->named_parameters()[q.name])) << name << " at tensor size " << parts << ": " << q.name;
+  }
+}
+
+TEST(TensorParallelCheckpoints, GptShardsLoadAtTensorSizesOneTwoAndFour) {
+  check_resharding("gpt", {{"n_layer", int64_t{1}}, {"n_head", int64_t{4}}, {"d_model", int64_t{32}}, {"vocab_size", int64_t{64}},
+                           {"seq_len", int64_t{16}}});
+}
+
+TEST(TensorParallelCheckpoints, LlamaShardsLoadAtTensorSizesOneTwoAndFour) {
+  check_resharding("llama", {{"n_layer", int64_t{1}}, {"n_head", int64_t{8}}, {"n_kv_head", int64_t{4}}, {"d_model", int64_t{32}},
+                             {"ffn_hidden", int64_t{64}}, {"vocab_size", int64_t{64}}, {"seq_len", int64_t{16}}});
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ std::string shard_name(int rank) {
 }
 
 void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta, const NamedTensors& tensors,
-                     const Slices& slices, int64_t keep, Communicator& world, c10::Device device) {
+                     const Placements& placements, int64_t keep, Communicator& world, c10::Device device) {
   const std::string name = step_dir_name(meta.step);
   const fs::path staging = checkpoints_dir / (".tmp-" + name);
   const bool leader = world.rank() == 0;
@@ -91,10 +91,18 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
     fs::create_directories(staging);
   }
   world.barrier()->wait();
+  // Metadata key and fields as Strata has always written them ("slices": shape, offset, and the
+  // optional block), plus sections and the mesh dimensions the piece is sharded over.
   nlohmann::json slice_json = nlohmann::json::object();
-  for (const auto& [name, slice] : slices) {
-    slice_json[name] = {{"shape", slice.shape}, {"offset", slice.offset}};
-    if (!slice.block_size.empty()) slice_json[name]["block_start"] = slice.block_start, slice_json[name]["block_size"] = slice.block_size;
+  for (const auto& [name, p] : placements) {
+    nlohmann::json& entry = slice_json[name] = {{"shape", p.shape}, {"offset", p.offset}};
+    if (p.has_block()) entry["block_start"] = p.block_start, entry["block_size"] = p.block_size;
+    if (p.sections > 1) entry["sections"] = p.sections;
+    if (!p.sharded_over.empty()) {
+      std::vector<std::string> dims;
+      for (Dim d : p.sharded_over) dims.push_back(dim_name(d));
+      entry["sharded_over"] = dims;
+    }
   }
   const fs::path own = staging / shard_name(world.rank());
   write_safetensors(own, tensors, {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"slices", slice_json.dump()}});
@@ -162,10 +170,10 @@ std::optional<std::string> checkpoint_problem(const fs::path& dir) {
 
 namespace {
 
-// One rank's file, read whole: its tensors and which of them are slices.
+// One rank's file, read whole: its tensors and the placements of those that are pieces.
 struct RankFile {
   NamedTensors tensors;
-  Slices slices;
+  Placements slices;
 };
 
 RankFile read_rank_file(const fs::path& path) {
@@ -176,12 +184,15 @@ RankFile read_rank_file(const fs::path& path) {
   try {
     const nlohmann::json slices = nlohmann::json::parse(it->second);
     for (const auto& [name, info] : slices.items()) {
-      Slice slice{info.at("shape").get<std::vector<int64_t>>(), info.at("offset").get<int64_t>(), {}, {}};
+      Placement placement;
+      placement.shape = info.at("shape").get<std::vector<int64_t>>();
+      placement.offset = info.at("offset").get<int64_t>();
       if (info.contains("block_size")) {
-        slice.block_start = info.at("block_start").get<std::vector<int64_t>>();
-        slice.block_size = info.at("block_size").get<std::vector<int64_t>>();
+        placement.block_start = info.at("block_start").get<std::vector<int64_t>>();
+        placement.block_size = info.at("block_size").get<std::vector<int64_t>>();
       }
-      file.slices[name] = std::move(slice);
+      placement.sections = info.value("sections", int64_t{1});
+      file.slices[name] = std::move(placement);
     }
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path.string() + ": its slices metadata is malformed: " + e.what());
@@ -189,15 +200,8 @@ RankFile read_rank_file(const fs::path& path) {
   for (const auto& [name, tensor] : file.tensors) {
     auto s = file.slices.find(name);
     if (s == file.slices.end()) continue;
-    const Slice& slice = s->second;
-    bool block_ok = slice.block_size.empty() ||
-                    (slice.block_start.size() == slice.shape.size() && slice.block_size.size() == slice.shape.size());
-    for (size_t d = 0; block_ok && d < slice.block_size.size(); ++d)
-      block_ok = slice.block_start[d] >= 0 && slice.block_size[d] >= 0 && slice.block_start[d] + slice.block_size[d] <= slice.shape[d];
-    if (!block_ok) throw UserError(path.string() + ": tensor '" + name + "' names a block outside its whole tensor");
-    const int64_t whole = c10::multiply_integers(slice.block_size.empty() ? slice.shape : slice.block_size);
-    if (slice.offset < 0 || slice.offset + tensor.numel() > whole)
-      throw UserError(path.string() + ": tensor '" + name + "' claims elements past the end of its whole tensor");
+    if (const std::string problem = placement_problem(s->second, tensor.numel()); !problem.empty())
+      throw UserError(path.string() + ": tensor '" + name + "' is placed with " + problem);
   }
   return file;
 }
@@ -233,22 +237,30 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
 namespace {
 
 // Positions in the whole tensor's row-major flattening of the elements a piece holds, ascending
-// (a block's row-major order is the whole tensor's order restricted to it).
-at::Tensor global_indices(const std::vector<int64_t>& shape, const Slice* slice, int64_t numel) {
-  const int64_t offset = slice ? slice->offset : 0;
-  if (!slice || slice->block_size.empty()) return at::arange(offset, offset + numel, at::kLong);
+// (a block's row-major order is the whole tensor's order restricted to it; sections along
+// dimension 0 come in order).
+at::Tensor global_indices(const std::vector<int64_t>& shape, const Placement* placement, int64_t numel) {
+  const int64_t offset = placement ? placement->offset : 0;
+  if (!placement || !placement->has_block()) return at::arange(offset, offset + numel, at::kLong);
   at::Tensor index = at::zeros({}, at::kLong);
   int64_t stride = 1;
   for (size_t d = shape.size(); d-- > 0;) {
+    at::Tensor along = at::arange(placement->block_size[d], at::kLong) + placement->block_start[d];
+    if (d == 0 && placement->sections > 1) {
+      // Section s holds rows [s * shape[0] / sections + block_start, + block_size / sections).
+      const int64_t per_section = placement->block_size[0] / placement->sections;
+      along = (at::arange(per_section, at::kLong) + placement->block_start[0]).repeat({placement->sections}) +
+              at::arange(placement->sections, at::kLong).repeat_interleave(per_section) * (shape[0] / placement->sections);
+    }
     std::vector<int64_t> view(shape.size(), 1);
-    view[d] = slice->block_size[d];
-    index = index + ((at::arange(slice->block_size[d], at::kLong) + slice->block_start[d]) * stride).view(view);
+    view[d] = placement->block_size[d];
+    index = index + (along * stride).view(view);
     stride *= shape[d];
   }
   return index.reshape(-1).narrow(0, offset, numel);
 }
 
-bool has_block(const Slice* slice) { return slice && !slice->block_size.empty(); }
+bool has_block(const Placement* placement) { return placement && placement->has_block(); }
 
 }  // namespace
 
@@ -272,12 +284,12 @@ void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
     const RankFile file = read_rank_file(path);
     for (const auto& [name, stored] : file.tensors) {
       auto found = file.slices.find(name);
-      const Slice* stored_slice = found != file.slices.end() ? &found->second : nullptr;
+      const Placement* stored_slice = found != file.slices.end() ? &found->second : nullptr;
       const std::vector<int64_t> whole_shape = stored_slice ? stored_slice->shape : stored.sizes().vec();
       for (size_t i = 0; i < requests.size(); ++i) {
         TensorRequest& q = requests[i];
         if (q.name != name || done[i]) continue;
-        const Slice* wanted = q.slice ? &*q.slice : nullptr;
+        const Placement* wanted = q.placement ? &*q.placement : nullptr;
         const std::vector<int64_t> wanted_shape = wanted ? wanted->shape : q.target.sizes().vec();
         if (wanted_shape != whole_shape || stored.scalar_type() != q.target.scalar_type())
           throw UserError("checkpoint " + dir_.string() + " holds '" + name + "' as " + std::string(c10::toString(stored.scalar_type())) +

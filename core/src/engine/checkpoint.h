@@ -1,7 +1,8 @@
 // Checkpoints: a directory per step holding per-rank safetensors files and manifest.json (step,
-// state hash, world size, size and SHA-256 of every file). A file's metadata records which of
-// its tensors are slices of larger ones, so any number of ranks can reassemble what they need. Written under a temporary name,
-// fsynced and renamed, and only then recorded in `latest`; the newest `keep` are kept.
+// state hash, world size, size and SHA-256 of every file). A file's metadata (`slices`) records
+// the placement of each of its tensors that is a piece of a larger one, so any number of ranks
+// under any layout can reassemble what they need. Written under a temporary name, fsynced and
+// renamed, and only then recorded in `latest`; the newest `keep` are kept.
 #pragma once
 
 #include <filesystem>
@@ -21,19 +22,19 @@ struct CheckpointMeta {
 };
 
 // Collective over `world`: every rank writes its own state (`tensors`, named
-// "<state key>/<tensor name>", with the slices among them) as rank_NNNNN.safetensors and hashes
+// "<state key>/<tensor name>", with the placements of the pieces among them) as rank_NNNNN.safetensors and hashes
 // its own file; the sizes and hashes are gathered (through `device`, which the communicator
 // takes), and rank 0 writes the manifest and publishes the checkpoint.
 STRATA_API void save_checkpoint(const std::filesystem::path& checkpoints_dir, const CheckpointMeta& meta,
-                     const NamedTensors& tensors, const Slices& slices, int64_t keep, Communicator& world,
+                     const NamedTensors& tensors, const Placements& placements, int64_t keep, Communicator& world,
                      c10::Device device);
 
 // One tensor a rank wants from a checkpoint: `target` (on the CPU) receives the whole tensor
-// `name`, or with `slice` set the piece of it that the slice names.
+// `name`, or with `placement` set the piece of it that the placement names.
 struct TensorRequest {
   std::string name;
   at::Tensor target;
-  std::optional<Slice> slice;
+  std::optional<Placement> placement;
 };
 
 // What a checkpoint holds under one name, over all its files.
@@ -42,7 +43,7 @@ struct StoredTensorInfo {
   at::ScalarType dtype;
   std::vector<int64_t> shape;   // of the whole tensor
   std::vector<int> whole_in;    // ranks whose file holds all of it
-  std::vector<int> pieces_in;   // ranks whose file holds a slice of it
+  std::vector<int> pieces_in;   // ranks whose file holds a piece of it
   int64_t stored_elements = 0;  // summed over files
 };
 

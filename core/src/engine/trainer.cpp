@@ -39,13 +39,14 @@ using engine::BatchSampler;
 // Stateful adaptors for the pieces core owns.
 class ModelState final : public Stateful {
  public:
-  explicit ModelState(std::shared_ptr<nn::Model> model) : model_(std::move(model)) {}
+  explicit ModelState(std::shared_ptr<nn::Model> model) : model_(std::move(model)), placements_(nn::parameter_placements(*model_)) {}
   NamedTensors save() const override {
     NamedTensors out;
     for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), p.value());
     return out;
   }
   void load(const NamedTensors& tensors) override { copy_into(save(), tensors, "model"); }
+  Placements placements() const override { return placements_; }
   bool same_on_data_ranks() const override { return true; }
 
   // Copies `from` into the same-named tensors of `into`, which must match exactly.
@@ -66,20 +67,34 @@ class ModelState final : public Stateful {
 
  private:
   std::shared_ptr<nn::Model> model_;
+  Placements placements_;  // of the tensor-parallel layers' pieces
 };
 
 class OptimizerState final : public Stateful {
  public:
-  explicit OptimizerState(Optimizer& optimizer) : optimizer_(optimizer) {}
+  OptimizerState(Optimizer& optimizer, const nn::Model& model) : optimizer_(optimizer), model_(model) {}
   NamedTensors save() const override { return optimizer_.state_tensors(); }
   void load(const NamedTensors& tensors) override { ModelState::copy_into(optimizer_.state_tensors(), tensors, "optimizer"); }
-  Slices slices() const override { return optimizer_.state_slices(); }
-  // A sharded optimizer's whole tensors (step counters) exist only on ranks that hold a piece of
-  // their parameter, so only an unsharded optimizer's state is the same on every data rank.
-  bool same_on_data_ranks() const override { return optimizer_.state_slices().empty(); }
+  // An optimizer that places its own state (a sharding pass's) says so; a plain one's state
+  // follows the parameters, tensor-parallel pieces included.
+  Placements placements() const override {
+    Placements own = optimizer_.state_placements();
+    if (!own.empty()) return own;
+    std::map<std::string, at::Tensor> params;
+    for (const auto& p : model_.named_parameters()) params.emplace(p.key(), p.value());
+    return state_placements_by_parameter(optimizer_.state_tensors(), params, nn::parameter_placements(model_));
+  }
+  // A data-sharded optimizer's whole tensors (step counters) exist only on ranks that hold a
+  // piece of their parameter, so then nothing is known to be the same on every data rank.
+  bool same_on_data_ranks() const override {
+    for (const auto& [name, placement] : optimizer_.state_placements())
+      if (placement.is_sharded_over(Dim::Data)) return false;
+    return true;
+  }
 
  private:
   Optimizer& optimizer_;
+  const nn::Model& model_;
 };
 
 class DataState final : public Stateful {
@@ -113,42 +128,45 @@ class RngState final : public Stateful {
 
 struct SavedState {
   NamedTensors tensors;
-  Slices slices;
+  Placements placements;
 };
 
-// What this rank writes. A whole tensor that every data rank holds alike is written by one of
-// them (the k-th such tensor by data rank k mod dp), so replicas write no byte twice and share
-// the writing; slices and per-rank state (the RNG) are written by their own rank.
+// What this rank writes. A tensor (or piece) that every data rank holds alike is written by one
+// of them (the k-th such tensor by data rank k mod dp), so replicas write no byte twice and share
+// the writing; pieces sharded over the data ranks and per-rank state (the RNG) are written by
+// their own rank.
 SavedState gather_state(const Job& job) {
   SavedState out;
   const int dp = job.topology->size(Dim::Data), dp_rank = job.topology->rank_in(Dim::Data);
   int64_t replicated = 0;
   for (const auto& [key, state] : job.states()) {
-    const Slices slices = state->slices();
+    const Placements placements = state->placements();
     for (auto& [name, tensor] : state->save()) {
-      if (state->same_on_data_ranks() && !slices.count(name) && replicated++ % dp != dp_rank) continue;
+      const auto placement = placements.find(name);
+      const bool data_sharded = placement != placements.end() && placement->second.is_sharded_over(Dim::Data);
+      if (state->same_on_data_ranks() && !data_sharded && replicated++ % dp != dp_rank) continue;
       at::Tensor cpu = tensor.detach().to(at::kCPU);
       // Pieces of one flat buffer share its storage; the file needs each on its own.
       if (cpu.storage().nbytes() != cpu.nbytes()) cpu = cpu.clone(at::MemoryFormat::Contiguous);
       out.tensors.emplace_back(key + "/" + name, cpu);
-      if (auto slice = slices.find(name); slice != slices.end()) out.slices.emplace(key + "/" + name, slice->second);
+      if (placement != placements.end()) out.placements.emplace(key + "/" + name, placement->second);
     }
   }
   return out;
 }
 
-// Every state asks the checkpoint for exactly the tensors (and slices) it saves itself, so a
-// checkpoint saved by any number of ranks under any sharding loads here.
+// Every state asks the checkpoint for exactly the tensors (and pieces) it saves itself, so a
+// checkpoint saved by any number of ranks under any layout loads here.
 void restore_state(const Job& job, const engine::Checkpoint& checkpoint, int rank) {
   std::vector<engine::TensorRequest> requests;
   std::vector<std::pair<size_t, size_t>> ranges;  // per state: its requests
   for (const auto& [key, state] : job.states()) {
-    const Slices slices = state->slices();
+    const Placements placements = state->placements();
     const size_t first = requests.size();
     for (const auto& [name, tensor] : state->save()) {
-      auto slice = slices.find(name);
+      auto placement = placements.find(name);
       requests.push_back({key + "/" + name, at::empty(tensor.sizes(), tensor.options().device(at::kCPU)),
-                          slice == slices.end() ? std::nullopt : std::optional<Slice>(slice->second)});
+                          placement == placements.end() ? std::nullopt : std::optional<Placement>(placement->second)});
     }
     ranges.emplace_back(first, requests.size());
   }
@@ -348,12 +366,12 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   auto batch_loss = [&job, seq_len](const at::Tensor& batch) {
     return job.loss(job.model->forward(batch.narrow(1, 0, seq_len)), batch.narrow(1, 1, seq_len));
   };
-  // Every parameter's gradient; stages hold disjoint parameters, split layers disjoint pieces.
-  job.local_gradients = [&job, split = nn::tensor_sharded_parameters(*job.model)] {
+  // Every parameter's gradient, placed as its parameter; stages hold disjoint parameters.
+  job.local_gradients = [&job, placements = nn::parameter_placements(*job.model)] {
     std::vector<LocalGradient> grads;
     for (const auto& p : job.model->named_parameters()) {
-      const bool tensor_split = std::find(split.begin(), split.end(), p.key()) != split.end();
-      grads.push_back({p.value().grad(), tensor_split ? std::vector<Dim>{Dim::Pipeline, Dim::Tensor} : std::vector<Dim>{Dim::Pipeline}});
+      const auto placement = placements.find(p.key());
+      grads.push_back({p.value().grad(), nest(placement == placements.end() ? Placement{} : placement->second, 0, {Dim::Pipeline})});
     }
     return grads;
   };
@@ -394,7 +412,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   program.provide(Stage::ClipGradients, core_stage_description(Stage::ClipGradients),
                   [&job, max_norm = plan.optimizer.get_float("grad_clip")](StepContext& context) {
                     // Every piece counted once over the mesh, whatever its placement.
-                    context.grad_norm = clip_gradient_norm(job.local_gradients(), max_norm, job.topology.get());
+                    context.grad_norm = clip_gradient_norm(job.local_gradients(), max_norm, job.topology.get(), job.device());
                   });
   program.provide(Stage::OptimizerStep, core_stage_description(Stage::OptimizerStep), [&optimizer](StepContext& context) {
     if (!context.skip_step) optimizer->step(context.lr);
@@ -419,7 +437,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   log::record("step program:\n" + describe_step_program(program));  // the rank log keeps what ran
 
   optimizer = job.make_optimizer(parameter_groups(*job.model, plan.optimizer));
-  job.register_state("optimizer", std::make_shared<OptimizerState>(*optimizer));
+  job.register_state("optimizer", std::make_shared<OptimizerState>(*optimizer, *job.model));
   job.register_state("data", std::make_shared<DataState>(sampler));
   job.register_state("rng", std::make_shared<RngState>());
 
@@ -451,7 +469,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   const int64_t checkpoint_every = job_cfg.get_int("checkpoint_every"), eval_every = job_cfg.get_int("eval_every");
   auto save = [&](int64_t step) {
     const SavedState state = gather_state(job);
-    engine::save_checkpoint(checkpoints_dir, {step, state_hash(plan), plan.layout.world_size}, state.tensors, state.slices,
+    engine::save_checkpoint(checkpoints_dir, {step, state_hash(plan), plan.layout.world_size}, state.tensors, state.placements,
                             job_cfg.get_int("keep_checkpoints"), topology->world(), device);
   };
   auto evaluate = [&](int64_t step) {

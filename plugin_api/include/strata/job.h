@@ -15,6 +15,7 @@
 #include "strata/config.h"
 #include "strata/model.h"
 #include "strata/optimizer.h"
+#include "strata/placement.h"
 #include "strata/step_program.h"
 #include "strata/topology.h"
 
@@ -28,20 +29,19 @@ class STRATA_API Stateful {
   // Receives exactly the names and shapes save() produced; a missing or mis-shaped tensor is an
   // error. Loading is collective: every rank loads every state, in key order.
   virtual void load(const NamedTensors& tensors) = 0;
-  // The save() tensors that are slices of larger ones; checkpoints reassemble them on load.
-  virtual Slices slices() const { return {}; }
+  // Placements of the save() tensors that are pieces of larger ones (the others are whole):
+  // checkpoints record them and reassemble any layout's pieces on load.
+  virtual Placements placements() const { return {}; }
   // True when every data-parallel rank holds the same values in the whole (unsliced) tensors
   // save() returns, as the gradient-sync pass keeps them: a checkpoint then stores each of them
   // once, the writing spread over the data ranks, instead of once per rank.
   virtual bool same_on_data_ranks() const { return false; }
 };
 
-// A gradient as this rank holds it, and its placement on the mesh: the dimensions over which
-// ranks hold disjoint pieces of the whole gradient; over every other dimension they hold equal
-// copies (replicas).
+// A gradient as this rank holds it, placed as its parameter (or the parameter's piece) is.
 struct LocalGradient {
   at::Tensor grad;
-  std::vector<Dim> sharded_over;
+  Placement placement;
 };
 
 class STRATA_API Job {
@@ -109,9 +109,12 @@ class STRATA_API Job {
 // gradients `grads` are pieces of, and when max_norm > 0 and the norm is finite, every gradient
 // scaled by max_norm / (norm + 1e-6) if that is below 1. With a `topology`, each rank adds its
 // pieces' squared norms divided by their number of replicas (world size over the sizes of the
-// dimensions they are sharded over), and one all-reduce over the world sums them: every whole
-// gradient counted exactly once, whatever its placement. Without one, `grads` are this rank's
-// alone. Returns the norm before clipping; undefined tensors are skipped.
-STRATA_API double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology);
+// dimensions they are sharded over), and one all-reduce over the world on `device` (the job's:
+// every rank takes part, one without gradients too) sums them: every whole gradient counted
+// exactly once, whatever its placement. Without one, `grads` are this rank's alone. A partial
+// gradient (before its sync) has no norm yet: std::logic_error. Returns the norm before
+// clipping; undefined tensors are skipped.
+STRATA_API double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology,
+                                     c10::Device device);
 
 }  // namespace strata

@@ -11,6 +11,7 @@
 #include <torch/nn/module.h>
 
 #include "strata/export.h"
+#include "strata/placement.h"
 
 namespace strata::nn {
 
@@ -145,9 +146,10 @@ class STRATA_API Model : public torch::nn::Module {
   int64_t layers_ = 0, heads_ = 0, head_dim_ = 0;
 };
 
-// Names (as Model::named_parameters gives them) of the parameters split over the tensor-parallel
-// ranks: weights of split layers and the biases of Column-split ones (a Row-split layer's bias
-// is whole on every rank).
-STRATA_API std::vector<std::string> tensor_sharded_parameters(const Model& model);
+// Placements of the parameters split over the tensor-parallel ranks, by name as
+// Model::named_parameters gives them: weights of split layers and the biases of Column-split ones
+// (a Row-split layer's bias is whole on every rank), each a block of the whole tensor sharded
+// over Dim::Tensor. Parameters without an entry are whole.
+STRATA_API Placements parameter_placements(const Model& model);
 
 }  // namespace strata::nn

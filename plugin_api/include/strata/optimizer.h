@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "strata/component.h"
+#include "strata/placement.h"
 
 namespace strata {
 
@@ -22,20 +23,6 @@ struct ParamGroup {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Where a saved tensor sits in the whole tensor of the same name, for state a pass shards.
-// Two levels, as sharding nests: first a rectangular block of the whole tensor (a tensor-parallel
-// shard: rows or columns of a weight; `block_start`/`block_size` per dimension, empty = the whole
-// tensor), then elements [offset, offset + numel) of the block's row-major flattening (a flat
-// shard: zero, fsdp). Checkpoints record it, so state saved under one sharding loads under any
-// other, block or flat.
-struct Slice {
-  std::vector<int64_t> shape;  // of the whole tensor
-  int64_t offset = 0;
-  std::vector<int64_t> block_start, block_size;
-};
-// By tensor name; a name without an entry is a whole tensor.
-using Slices = std::map<std::string, Slice>;
-
 class STRATA_API Optimizer {
  public:
   virtual ~Optimizer();
@@ -44,9 +31,17 @@ class STRATA_API Optimizer {
   // The optimizer's state, by stable names. A checkpoint saves these and loading copies values
   // back into the same tensors, so they must exist from construction on.
   virtual NamedTensors state_tensors() = 0;
-  // Slices of state_tensors() that are pieces of larger tensors (a sharding pass's optimizer).
-  virtual Slices state_slices() { return {}; }
+  // Placements of state_tensors() that are pieces of larger tensors (a sharding pass's
+  // optimizer, a tensor-parallel layer's state); the others are whole.
+  virtual Placements state_placements() { return {}; }
 };
+
+// The rule that places optimizer state which follows its parameters: a state tensor named
+// "<parameter>.<slot>" and shaped like that parameter as `params` holds it (a piece, for a
+// sharding pass) is placed as the parameter is in `placements`; the rest (step counters) are
+// whole. Parameters without a placement, or undefined in `params`, place nothing.
+STRATA_API Placements state_placements_by_parameter(const NamedTensors& state, const std::map<std::string, at::Tensor>& params,
+                                                    const Placements& placements);
 
 class STRATA_API OptimizerFactory : public Component {
  public:
