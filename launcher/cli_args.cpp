@@ -9,11 +9,15 @@ namespace strata::cli {
 
 namespace {
 
+// More ranks than any one launch of Strata plans for; a typo such as -n 100000 is refused
+// before anything is forked.
+constexpr int64_t kMaxRanks = 1 << 16;
+
 int64_t parse_count(const std::string& option, const std::string& text) {
   int64_t value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < 1)
-    throw UserError(option + " expects a positive integer, got '" + text + "'");
+  if (ec != std::errc() || end != text.data() + text.size() || value < 1 || value > kMaxRanks)
+    throw UserError(option + " expects a rank count from 1 to " + std::to_string(kMaxRanks) + ", got '" + text + "'");
   return value;
 }
 
@@ -48,6 +52,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "-v" || arg == "--verbose") flag(), args.verbose = true;
     else if (arg == "--json") flag(), args.json = true;
     else if (arg == "--resume") flag(), args.resume = true;
+    else if (arg == "--overwrite") flag(), args.overwrite = true;
     else if (arg == "--out") args.given.push_back(arg), args.out_dir = value();
     else if (arg == "--set") args.given.push_back(arg), args.sets.push_back(value());
     else if (arg == "--disable") args.given.push_back(arg), args.disables.push_back(value());

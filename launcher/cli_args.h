@@ -16,6 +16,7 @@ struct Args {
   std::string output;                   // -o FILE
   std::string out_dir;                  // --out DIR
   bool resume = false;
+  bool overwrite = false;
   bool json = false;
   bool help = false;
   bool version = false;

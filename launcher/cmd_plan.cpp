@@ -141,6 +141,10 @@ int run_plan(const Args& args) {
     print_json_plan(loaded.plan, loaded.order);
   else
     print_text_plan(loaded.plan, loaded.order, registry);
+  // On standard error, so --json output stays one document.
+  if (!loaded.data_not_checked.empty())
+    std::cerr << "note: the data was not checked against the model and batch (" << loaded.data_not_checked
+              << "); training will need it\n";
   return 0;
 }
 

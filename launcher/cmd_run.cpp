@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "strata/core/launch_env.h"
+#include "strata/core/run_directory.h"
 #include "strata/core/trainer.h"
 #include "strategy_input.h"
 
@@ -136,13 +137,21 @@ int run_under_mpirun(int argc, char** argv, int64_t ranks) {
 }  // namespace
 
 int run_train(const Args& args) {
-  allow_only(args, {"--set", "--disable", "--out", "--resume", "-n", "--ranks"});
+  allow_only(args, {"--set", "--disable", "--out", "--resume", "--overwrite", "-n", "--ranks"});
+  if (args.resume && args.overwrite) throw UserError("--resume continues the run in the directory, --overwrite replaces it: give one");
   const LaunchEnv env = detect_launch_env();
   if (args.ranks > 1 && env.world_size == 1) {
-    // Check the strategy once here, so that bad input is reported once and starts no ranks.
+    // Check the strategy and claim the run directory once here, so that bad input is reported
+    // once and starts no ranks; the claim (its lock) lasts until the ranks are done.
     ComponentRegistry registry;
     LoadedPlan checked;
     if (!load_plan(args, args.ranks, registry, checked)) return 2;
+    const fs::path out_dir = args.out_dir.empty() ? fs::path(checked.plan.job.get_string("run_dir")) : fs::path(args.out_dir);
+    const RunDirectoryClaim claim(out_dir, args.resume, args.overwrite);
+    ::setenv(kRunDirectoryClaimedEnv, "1", 1);
+    // The ranks' standard output is a pipe or pseudo-terminal of mpirun's; whether progress bars
+    // belong there is decided by ours.
+    ::setenv(kStdoutIsTerminalEnv, ::isatty(STDOUT_FILENO) ? "1" : "0", 1);
     return run_under_mpirun(args.argc, args.argv, args.ranks);
   }
   if (args.ranks > 1 && args.ranks != env.world_size)
@@ -150,7 +159,7 @@ int run_train(const Args& args) {
   ComponentRegistry registry;
   LoadedPlan loaded;
   if (!load_plan(args, env.world_size, registry, loaded)) return 2;
-  run_training(loaded.plan, loaded.order, registry, RunOptions{args.out_dir, args.resume});
+  run_training(loaded.plan, loaded.order, registry, RunOptions{args.out_dir, args.resume, args.overwrite});
   return 0;
 }
 

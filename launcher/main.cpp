@@ -30,16 +30,18 @@ const std::vector<Command>& commands() {
        "  --json               machine-readable output\n",
        run_plan},
       {"run", "Train with a strategy",
-       "usage: strata run STRATEGY.toml [-n N] [--out DIR] [--set section.key=value]... [--disable PASS]... [--resume]\n\n"
+       "usage: strata run STRATEGY.toml [-n N] [--out DIR] [--set section.key=value]... [--disable PASS]... [--resume | --overwrite]\n\n"
        "Trains in this process, or with -n N on N local ranks started through mpirun (a worker\n"
        "started by mpirun or srun directly reads its rank from their environment). DIR (default: [job] run_dir) receives strategy.toml (the resolved\n"
        "strategy, rerunnable as is), metrics.jsonl (one JSON object per optimizer step), logs/ and\n"
-       "checkpoints/.\n\n"
+       "checkpoints/. A directory that already holds a run is refused unless --resume or --overwrite,\n"
+       "and one run at a time may use a directory.\n\n"
        "  -n, --ranks N        number of local ranks\n"
        "  --out DIR            run directory\n"
        "  --set S.K=V          override a key, e.g. job.steps=50 job.seed=7 job.checkpoint_every=10\n"
        "  --disable PASS       switch a pass off\n"
-       "  --resume             continue from the newest valid checkpoint in DIR\n",
+       "  --resume             continue from the newest valid checkpoint in DIR\n"
+       "  --overwrite          replace the run DIR holds (its strategy.toml, metrics, checkpoints, logs)\n",
        run_train},
       {"ops", "List operators and the implementation each device and dtype gets",
        "usage: strata ops\n\n"

@@ -19,6 +19,7 @@ bool load_plan(const Args& args, int64_t world_size, ComponentRegistry& registry
     out.plan = resolve_strategy(raw, registry, world_size, diagnostics);
     out.order = order_passes(out.plan.passes, diagnostics);
     check_claims(out.plan, registry, diagnostics);
+    out.data_not_checked = check_sizes(out.plan, diagnostics);
   }
   if (diagnostics.ok()) return true;
   std::cerr << diagnostics.str();

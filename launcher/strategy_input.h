@@ -12,6 +12,7 @@ namespace strata::cli {
 struct LoadedPlan {
   ResolvedStrategy plan;
   std::vector<size_t> order;
+  std::string data_not_checked;  // why check_sizes could not open the data, if it could not
 };
 
 // Parses args.positional[0], applies --set/--disable, loads plugins into `registry` and resolves

@@ -1,6 +1,9 @@
 #include "strata/core/launch_env.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <string>
 
 #include "strata/errors.h"
 
@@ -44,6 +47,11 @@ LaunchEnv detect_launch_env() {
     throw UserError("launcher environment gives rank " + std::to_string(env.rank) + " of a world of " +
                     std::to_string(env.world_size));
   return env;
+}
+
+bool stdout_is_terminal() {
+  if (const char* told = std::getenv(kStdoutIsTerminalEnv)) return std::string(told) == "1";
+  return ::isatty(STDOUT_FILENO) != 0;
 }
 
 }  // namespace strata

@@ -101,7 +101,8 @@ void PluginLoader::load_file(const fs::path& file) {
   for (const auto& plugin : registry_.plugins())
     if (plugin.path == path) return;
 
-  if (auto why = untrusted_reason(real)) throw UserError("refusing to load plugin " + path + ": " + *why);
+  // Checked before anything is opened, on the path as found (a link's directory) and resolved.
+  if (auto why = untrusted_reason(file)) throw UserError("refusing to load plugin " + file.string() + ": " + *why);
 
   boost::dll::shared_library library;
   try {

@@ -5,6 +5,12 @@
 
 #include "strata/core/strategy.h"
 
+#include <filesystem>
+
+#include "engine/sampler.h"
+#include "strata/data.h"
+#include "strata/errors.h"
+
 namespace strata {
 
 namespace {
@@ -43,6 +49,10 @@ std::optional<Value> check_value(const KeySpec& spec, const Value& value, std::s
   }
   if (spec.type == ValueType::Int || spec.type == ValueType::Float) {
     double x = spec.type == ValueType::Int ? static_cast<double>(std::get<int64_t>(stored)) : std::get<double>(stored);
+    if (!std::isfinite(x)) {
+      why = "must be a finite number, got " + value_to_toml(stored);
+      return std::nullopt;
+    }
     if ((spec.min && !(x >= *spec.min)) || (spec.max && !(x <= *spec.max))) {
       why = "must be " + (spec.min && spec.max ? "between " + format_bound(*spec.min) + " and " + format_bound(*spec.max)
                           : spec.min          ? ">= " + format_bound(*spec.min)
@@ -189,6 +199,7 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
                                   Diagnostics& diagnostics) {
   ResolvedStrategy out;
   out.file = raw.file;
+  out.data_pos = raw.data.pos.line ? raw.data.pos : SourcePos{raw.file, 0, 0};
   out.job = validate_section(raw.job, job_schema(), "[job]", diagnostics);
   out.parallel = validate_section(raw.parallel, parallel_schema(), "[parallel]", diagnostics);
   out.layout = resolve_layout(out.parallel, raw.parallel.pos.line ? raw.parallel.pos : SourcePos{raw.file, 0, 0},
@@ -208,7 +219,7 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
   std::map<std::string, SourcePos> first_seen;
   for (const auto& section : raw.passes) {
     Config common = validate_section(keys_in(section, pass_common_schema(), true), pass_common_schema(), section.label, diagnostics);
-    if (!common.has("name")) continue;
+    if (!common.has("name") || !common.has("enabled")) continue;  // a bad key was reported already
     const std::string& name = common.get_string("name");
     const Pass* pass = registry.find_pass(name);
     if (!pass) {
@@ -230,5 +241,39 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
   }
   return out;
 }
+
+std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
+  if (!diagnostics.ok()) return {};  // sizes of a strategy with errors mean nothing
+  const SourcePos data_pos = plan.data_pos;
+  const int64_t global_batch = plan.job.get_int("global_batch"), micro_batch = plan.job.get_int("micro_batch");
+  const int64_t dp = plan.layout.data;
+  const SourcePos& batch_pos = plan.job.entry("global_batch").pos;
+  if (dp < 1) return {};  // the layout was refused already
+  if (global_batch % dp != 0) {
+    diagnostics.error(batch_pos, "[job] global_batch " + std::to_string(global_batch) + " does not split over " + std::to_string(dp) +
+                                     " data-parallel ranks");
+    return {};
+  }
+  if (micro_batch > 0 && (global_batch / dp) % micro_batch != 0)
+    diagnostics.error(plan.job.entry("micro_batch").pos, "[job] global_batch " + std::to_string(global_batch) + " / " +
+                                                              std::to_string(dp) + " data-parallel ranks is not a multiple of micro_batch " +
+                                                              std::to_string(micro_batch));
+  if (!plan.dataset_component || !plan.model_component) return {};
+  std::unique_ptr<TokenDataset> data;
+  try {
+    data = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{std::filesystem::current_path()});
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  if (plan.model.has("vocab_size") && data->vocab_size() > plan.model.get_int("vocab_size"))
+    diagnostics.error(plan.model.entry("vocab_size").pos, "[data] has a vocabulary of " + std::to_string(data->vocab_size()) +
+                                                              " tokens but [model] vocab_size is " +
+                                                              std::to_string(plan.model.get_int("vocab_size")));
+  if (plan.model.has("seq_len"))
+    if (const std::string problem = engine::too_short_for_windows(*data, plan.model.get_int("seq_len")); !problem.empty())
+      diagnostics.error(data_pos, problem);
+  return {};
+}
+
 
 }  // namespace strata

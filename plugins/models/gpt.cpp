@@ -105,11 +105,11 @@ class Gpt final : public ModelFactory {
   Gpt()
       : ModelFactory({ComponentKind::Model, "gpt", "GPT-2 architecture: learned positions, pre-LayerNorm, GELU, tied embeddings",
                       Schema()
-                          .integer("n_layer", 12, "Transformer blocks", at_least(1))
-                          .integer("n_head", 12, "Attention heads", at_least(1))
-                          .integer("d_model", 768, "Hidden size", at_least(1))
-                          .integer("vocab_size", 50257, "Vocabulary size", at_least(1))
-                          .integer("seq_len", 1024, "Context length (learned positions)", at_least(1))
+                          .integer("n_layer", 12, "Transformer blocks", between(1, 1 << 14))
+                          .integer("n_head", 12, "Attention heads", between(1, 1 << 14))
+                          .integer("d_model", 768, "Hidden size", between(1, 1 << 18))
+                          .integer("vocab_size", 50257, "Vocabulary size", between(1, 1 << 24))
+                          .integer("seq_len", 1024, "Context length (learned positions)", between(1, 1 << 24))
                           .real("dropout", 0.0, "Dropout probability", between(0, 1))
                           .boolean("bias", true, "Biases in Linear and LayerNorm layers")
                           .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory); empty = random init")}) {}

@@ -165,6 +165,24 @@ TEST(Loader, RefusesPluginInWorldWritableDirectory) {
   EXPECT_TRUE(fresh.plugins().empty());
 }
 
+// Whoever can write a directory chooses where a symlink in it points: a link in a world-writable
+// directory is refused even when it points at a trusted library, and nothing is opened.
+TEST(Loader, RefusesSymlinkInWorldWritableDirectoryToTrustedLibrary) {
+  ScratchDir trusted;
+  const fs::path library = trusted.copy_in(plugin("good", "good"));
+  ScratchDir open_dir;
+  fs::permissions(open_dir.path(), fs::perms::all);  // 0777, not sticky
+  const fs::path link = open_dir.path() / "strata_plugin_good.so";
+  fs::create_symlink(library, link);
+  ComponentRegistry registry;
+  std::string e = load_error(registry, link);
+  EXPECT_TRUE(contains(e, "refusing to load plugin " + link.string())) << e;
+  EXPECT_TRUE(contains(e, "is writable by other users (mode 0777)")) << e;
+  EXPECT_TRUE(registry.plugins().empty());
+  ComponentRegistry direct;
+  EXPECT_EQ(load_error(direct, library), "") << "the library itself is trusted";
+}
+
 TEST(Loader, RefusesGroupWritablePluginFile) {
   ScratchDir dir;
   fs::path copy = dir.copy_in(plugin("good", "good"));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -40,19 +41,6 @@ void fsync_dir(const fs::path& dir) {
   }
 }
 
-void write_text_durably(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw UserError("cannot write " + tmp.string());
-  }
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) ::fsync(fd), ::close(fd);
-  fs::rename(tmp, path);
-  fsync_dir(path.parent_path());
-}
-
 std::vector<fs::path> step_dirs_newest_first(const fs::path& checkpoints_dir) {
   std::vector<fs::path> dirs;
   std::error_code ec;
@@ -63,6 +51,9 @@ std::vector<fs::path> step_dirs_newest_first(const fs::path& checkpoints_dir) {
 }
 
 nlohmann::json read_manifest(const fs::path& dir) {
+  // Only a regular file is opened: a FIFO or device would block the reader or never end.
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(dir / "manifest.json", ec))) throw UserError("no manifest.json (as a regular file)");
   std::ifstream in(dir / "manifest.json");
   if (!in) throw UserError("no manifest.json");
   try {
@@ -73,6 +64,23 @@ nlohmann::json read_manifest(const fs::path& dir) {
 }
 
 }  // namespace
+
+void write_text_durably(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.flush()) throw UserError("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  }
+  int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd >= 0) ::fsync(fd), ::close(fd);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw UserError("cannot replace " + path.string() + ": " + ec.message());
+  fsync_dir(path.parent_path());
+}
+
+std::vector<fs::path> checkpoint_dirs_newest_first(const fs::path& checkpoints_dir) { return step_dirs_newest_first(checkpoints_dir); }
 
 std::string shard_name(int rank) {
   char buf[40];
@@ -87,7 +95,9 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
   const bool leader = world.rank() == 0;
   if (leader) {
     fs::create_directories(checkpoints_dir);
-    fs::remove_all(staging);
+    // Staging directories of saves that never completed (a kill mid-save) go too.
+    for (const auto& entry : fs::directory_iterator(checkpoints_dir))
+      if (entry.path().filename().string().rfind(".tmp-step_", 0) == 0) fs::remove_all(entry.path());
     fs::create_directories(staging);
   }
   world.barrier()->wait();
@@ -343,6 +353,15 @@ std::vector<StoredTensorInfo> Checkpoint::describe() const {
     }
   }
   return out;
+}
+
+std::optional<Checkpoint> open_checkpoint_or_explain(const fs::path& dir, std::vector<std::string>& reasons) {
+  try {
+    return Checkpoint::open(dir);
+  } catch (const UserError& e) {
+    reasons.push_back(e.what());
+    return std::nullopt;
+  }
 }
 
 std::optional<Checkpoint> open_newest_valid_checkpoint(const fs::path& checkpoints_dir,

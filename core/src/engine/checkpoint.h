@@ -72,6 +72,17 @@ class STRATA_API Checkpoint {
   std::vector<int> ranks_;
 };
 
+// The step directories of `checkpoints_dir`, newest first, valid or not.
+std::vector<std::filesystem::path> checkpoint_dirs_newest_first(const std::filesystem::path& checkpoints_dir);
+
+// The checkpoint in `dir` if it passes every check; otherwise appends "checkpoint DIR: reason"
+// to `reasons` and returns nothing.
+std::optional<Checkpoint> open_checkpoint_or_explain(const std::filesystem::path& dir, std::vector<std::string>& reasons);
+
+// Writes `text` to `path` through a temporary file, fsync and rename, so readers see the old
+// file or the new one, never a part; a failed write is a UserError naming the file.
+void write_text_durably(const std::filesystem::path& path, const std::string& text);
+
 // The newest checkpoint that passes every check. Each one that does not is reported through
 // `warn` with the reason, and skipped.
 std::optional<Checkpoint> open_newest_valid_checkpoint(const std::filesystem::path& checkpoints_dir,

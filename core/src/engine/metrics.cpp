@@ -3,11 +3,15 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <string_view>
 #include <iostream>
 #include <sstream>
 #include <vector>
 
+#include "strata/core/launch_env.h"
 #include "strata/core/log.h"
 #include "strata/errors.h"
 
@@ -22,9 +26,17 @@ std::string format_number(double value) {
 
 namespace {
 
+// The step of a complete record line ({"step":N,...}), or -1 for anything else (a line cut short
+// by a full disk or a kill, text that is not a record).
 int64_t step_of(const std::string& line) {
-  auto pos = line.find("\"step\":");
-  return pos == std::string::npos ? -1 : std::stoll(line.substr(pos + 7));
+  constexpr std::string_view prefix = "{\"step\":";
+  if (line.rfind(prefix, 0) != 0 || line.back() != '}') return -1;
+  int64_t step = 0;
+  size_t i = prefix.size();
+  const size_t digits_begin = i;
+  for (; i < line.size() && line[i] >= '0' && line[i] <= '9' && i - digits_begin < 18; ++i) step = step * 10 + (line[i] - '0');
+  if (i == digits_begin || i >= line.size() || line[i] != ',') return -1;
+  return step;
 }
 
 double resident_mib() {
@@ -56,17 +68,23 @@ std::string human_duration(double seconds) {
 
 }  // namespace
 
-MetricsFile::MetricsFile(const std::filesystem::path& path, int64_t keep_through) {
-  std::vector<std::string> kept;
+MetricsFile::MetricsFile(const std::filesystem::path& path, int64_t keep_through) : path_(path) {
+  // Keep the leading complete records of steps 1, 2, ... up to keep_through and cut the file
+  // after them, in place: what the run saved before stays even if this process dies here.
+  std::uintmax_t keep_bytes = 0;
   if (keep_through > 0) {
-    std::ifstream in(path);
-    for (std::string line; std::getline(in, line);)
-      if (step_of(line) >= 1 && step_of(line) <= keep_through) kept.push_back(line);
+    std::ifstream in(path, std::ios::binary);
+    int64_t expected = 1;
+    for (std::string line; expected <= keep_through && std::getline(in, line) && !in.eof(); ++expected) {
+      if (step_of(line) != expected) break;
+      keep_bytes += line.size() + 1;
+    }
   }
-  out_.open(path, std::ios::trunc);
-  if (!out_) throw UserError("cannot write " + path.string());
-  for (const auto& line : kept) out_ << line << "\n";
-  out_.flush();
+  std::error_code ec;
+  if (keep_bytes > 0) std::filesystem::resize_file(path, keep_bytes, ec);
+  if (ec) throw UserError("cannot truncate " + path.string() + " to the steps before the resume: " + ec.message());
+  out_.open(path, keep_bytes > 0 ? std::ios::app : std::ios::trunc);
+  if (!out_) throw UserError("cannot write " + path.string() + ": " + std::strerror(errno));
 }
 
 void MetricsFile::write(const StepRecord& r) {
@@ -75,7 +93,10 @@ void MetricsFile::write(const StepRecord& r) {
   if (r.val_loss) out_ << ",\"val_loss\":" << format_number(*r.val_loss);
   for (const auto& [name, value] : r.extra) out_ << ",\"" << name << "\":" << fixed3(value);
   out_ << "}\n";
-  out_.flush();
+  // A failed write (a full disk) stops the run here, not silently at the next checkpoint.
+  if (!out_.flush())
+    throw UserError("cannot write " + path_.string() + " at step " + std::to_string(r.step) + ": " + std::strerror(errno) +
+                    "; the checkpoints saved so far are intact (resume with --resume once there is room)");
 }
 
 Console::Console(int64_t total_steps, int64_t log_every, double flops_per_token, double peak_tflops, bool to_stdout)
@@ -84,7 +105,7 @@ Console::Console(int64_t total_steps, int64_t log_every, double flops_per_token,
       flops_per_token_(flops_per_token),
       peak_flops_(peak_tflops * 1e12),
       stdout_(to_stdout),
-      tty_(to_stdout && ::isatty(STDOUT_FILENO) != 0),
+      tty_(to_stdout && stdout_is_terminal()),
       start_(std::chrono::steady_clock::now()) {}
 
 void Console::clear_bar() {

@@ -28,9 +28,11 @@ class MetricsFile {
  public:
   // Keeps the records of steps up to `keep_through` (those before a resume) and appends after.
   MetricsFile(const std::filesystem::path& path, int64_t keep_through);
+  // Appends one record; a failed write (a full disk) is a UserError.
   void write(const StepRecord& record);
 
  private:
+  std::filesystem::path path_;
   std::ofstream out_;
 };
 

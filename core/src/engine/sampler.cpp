@@ -16,14 +16,18 @@ BatchSampler::BatchSampler(const TokenDataset& data, int64_t seq_len, uint64_t s
       shuffle_(shuffle),
       train_windows_((data.num_tokens(Split::Train) - 1) / seq_len),
       val_windows_((data.num_tokens(Split::Val) - 1) / seq_len) {
-  if (train_windows_ < 1)
-    throw UserError("[data] the training split has " + std::to_string(data.num_tokens(Split::Train)) +
-                    " tokens, fewer than one window of seq_len + 1 = " + std::to_string(seq_len + 1));
-  if (val_windows_ < 1)
-    throw UserError("[data] the validation split has " + std::to_string(data.num_tokens(Split::Val)) +
-                    " tokens, fewer than one window of seq_len + 1 = " + std::to_string(seq_len + 1) +
-                    "; raise val_fraction or use more data");
+  if (const std::string problem = too_short_for_windows(data, seq_len); !problem.empty()) throw UserError(problem);
   start_epoch(0);
+}
+
+std::string too_short_for_windows(const TokenDataset& data, int64_t seq_len) {
+  if (data.num_tokens(Split::Train) - 1 < seq_len)
+    return "[data] the training split has " + std::to_string(data.num_tokens(Split::Train)) +
+           " tokens, fewer than one window of seq_len + 1 = " + std::to_string(seq_len + 1);
+  if (data.num_tokens(Split::Val) - 1 < seq_len)
+    return "[data] the validation split has " + std::to_string(data.num_tokens(Split::Val)) +
+           " tokens, fewer than one window of seq_len + 1 = " + std::to_string(seq_len + 1) + "; raise val_fraction or use more data";
+  return {};
 }
 
 void BatchSampler::start_epoch(int64_t epoch) {

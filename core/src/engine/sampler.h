@@ -14,6 +14,9 @@
 
 namespace strata::engine {
 
+// Why `data` cannot feed windows of seq_len + 1 tokens in both splits, or empty when it can.
+std::string too_short_for_windows(const TokenDataset& data, int64_t seq_len);
+
 class BatchSampler {
  public:
   BatchSampler(const TokenDataset& data, int64_t seq_len, uint64_t seed, bool shuffle);

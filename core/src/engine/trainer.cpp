@@ -3,8 +3,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 
 #include <sys/resource.h>
@@ -28,6 +30,7 @@
 #include "strata/errors.h"
 #include "strata/job.h"
 #include "strata/ops.h"
+#include "strata/core/run_directory.h"
 
 namespace strata {
 
@@ -156,8 +159,10 @@ SavedState gather_state(const Job& job) {
 }
 
 // Every state asks the checkpoint for exactly the tensors (and pieces) it saves itself, so a
-// checkpoint saved by any number of ranks under any layout loads here.
-void restore_state(const Job& job, const engine::Checkpoint& checkpoint, int rank) {
+// checkpoint saved by any number of ranks under any layout loads here. A checkpoint that passed
+// its checksums but cannot be read (a damaged shard under a manifest rewritten to match it)
+// loads nothing on any rank: the ranks agree before loading, and `problem` says what failed.
+bool restore_state(const Job& job, const engine::Checkpoint& checkpoint, int rank, std::string& problem) {
   std::vector<engine::TensorRequest> requests;
   std::vector<std::pair<size_t, size_t>> ranges;  // per state: its requests
   for (const auto& [key, state] : job.states()) {
@@ -170,7 +175,19 @@ void restore_state(const Job& job, const engine::Checkpoint& checkpoint, int ran
     }
     ranges.emplace_back(first, requests.size());
   }
-  checkpoint.fill(requests, rank);
+  int failed = 0;
+  try {
+    checkpoint.fill(requests, rank);
+  } catch (const UserError& e) {
+    problem = e.what();
+    failed = 1;
+  }
+  at::Tensor any_failed = at::tensor(failed, at::kInt).to(job.device());
+  job.topology->world().all_reduce(any_failed, ReduceOp::Max)->wait();
+  if (any_failed.item<int>() != 0) {
+    if (problem.empty()) problem = "another rank could not read it";
+    return false;
+  }
   size_t index = 0;
   for (const auto& [key, state] : job.states()) {
     NamedTensors mine;
@@ -178,6 +195,7 @@ void restore_state(const Job& job, const engine::Checkpoint& checkpoint, int ran
     for (size_t i = first; i < last; ++i) mine.emplace_back(requests[i].name.substr(key.size() + 1), requests[i].target);
     state->load(mine);
   }
+  return true;
 }
 
 std::vector<ParamGroup> parameter_groups(const nn::Model& model, const Config& optimizer) {
@@ -307,11 +325,32 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   const fs::path out_dir = options.out_dir.empty() ? fs::path(job_cfg.get_string("run_dir")) : options.out_dir;
   const fs::path checkpoints_dir = out_dir / "checkpoints";
   const bool leader = env.rank == 0;
-  fs::create_directories(out_dir / "logs");
-  log::add_file((out_dir / "logs" / ("rank_" + std::to_string(env.rank) + ".log")).string());
-  if (leader) std::ofstream(out_dir / "strategy.toml") << resolved_strategy_toml(plan);
 
   auto topology = make_topology(plan, registry, env);
+  // The run directory is claimed (locked, and refused if it holds another run) by the launcher
+  // that started the ranks, or else here by rank 0 before any rank writes into it.
+  std::optional<RunDirectoryClaim> claim;
+  if (leader && !std::getenv(kRunDirectoryClaimedEnv)) claim.emplace(out_dir, options.resume, options.overwrite);
+  topology->world().barrier()->wait();
+  // Resuming: the newest checkpoint that passes its checksums, and older ones to fall back on.
+  // A resume with another configuration is refused before anything is written.
+  std::vector<std::string> skipped;  // why newer checkpoints were passed over
+  std::optional<engine::Checkpoint> newest;
+  std::vector<fs::path> older;
+  if (options.resume) {
+    older = engine::checkpoint_dirs_newest_first(checkpoints_dir);
+    while (!newest && !older.empty()) {
+      newest = engine::open_checkpoint_or_explain(older.front(), skipped);
+      older.erase(older.begin());
+    }
+    if (newest && newest->meta().state_hash != state_hash(plan))
+      throw UserError("checkpoint " + newest->path().string() +
+                      " was saved with another model, data or optimizer configuration; resume with the strategy.toml "
+                      "saved in " + out_dir.string());
+  }
+  fs::create_directories(out_dir / "logs");
+  log::add_file((out_dir / "logs" / ("rank_" + std::to_string(env.rank) + ".log")).string());
+  if (leader) engine::write_text_durably(out_dir / "strategy.toml", resolved_strategy_toml(plan));
   const int64_t threads = job_cfg.get_int("threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, cores / static_cast<unsigned>(env.local_size))));
@@ -326,8 +365,15 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   Job job(plan.job, plan.model, plan.data, plan.optimizer, device);
   job.topology = topology;
   // Built at this rank's local shapes: split layers hold only its tensor-parallel piece.
-  job.model = static_cast<const ModelFactory*>(plan.model_component)
-                  ->create_shard(plan.model, nn::TensorShard{topology->size(Dim::Tensor), topology->rank_in(Dim::Tensor)});
+  try {
+    job.model = static_cast<const ModelFactory*>(plan.model_component)
+                    ->create_shard(plan.model, nn::TensorShard{topology->size(Dim::Tensor), topology->rank_in(Dim::Tensor)});
+  } catch (const c10::Error& e) {
+    // A model too large for this machine fails in the allocator; say so instead of an internal error.
+    const std::string what = e.what_without_backtrace();
+    if (what.find("allocate") == std::string::npos && what.find("memory") == std::string::npos) throw;
+    throw UserError("[model] does not fit in this rank's memory (" + what.substr(0, what.find('\n')) + ")");
+  }
   job.model->to(device);
   auto dataset = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{fs::current_path()});
   if (dataset->vocab_size() > job.model->vocab_size())
@@ -340,14 +386,9 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   // the end runs the stages in order, so this block and the plan's "Step program" are the step.
   const int64_t global_batch = job_cfg.get_int("global_batch");
   const int64_t dp = topology->size(Dim::Data), dp_rank = topology->rank_in(Dim::Data);
-  if (global_batch % dp != 0)
-    throw UserError("[job] global_batch " + std::to_string(global_batch) + " does not split over " + std::to_string(dp) +
-                    " data-parallel ranks");
+  // resolve_strategy checked that the batch splits (check_sizes in strategy_resolve.cpp).
   const int64_t local_batch = global_batch / dp;
   const int64_t micro_batch = job_cfg.get_int("micro_batch") > 0 ? job_cfg.get_int("micro_batch") : local_batch;
-  if (local_batch % micro_batch != 0)
-    throw UserError("[job] global_batch " + std::to_string(global_batch) + " / " + std::to_string(dp) +
-                    " data-parallel ranks is not a multiple of micro_batch " + std::to_string(micro_batch));
   const int64_t micro_count = local_batch / micro_batch;
   const int64_t steps = job_cfg.get_int("steps"), seq_len = job.model->seq_len();
   BatchSampler sampler(*dataset, seq_len, static_cast<uint64_t>(seed), job_cfg.get_bool("shuffle"));
@@ -448,21 +489,32 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
                           job_cfg.get_float("peak_tflops"), /*to_stdout=*/leader);
   int64_t start_step = 0;
   if (options.resume) {
-    auto checkpoint = engine::open_newest_valid_checkpoint(checkpoints_dir, [&](const std::string& m) { log::warn(m); });
-    if (checkpoint) {
-      if (checkpoint->meta().state_hash != state_hash(plan))
-        throw UserError("checkpoint " + checkpoint->path().string() +
-                        " was saved with another model, data or optimizer configuration; resume with the strategy.toml "
-                        "saved in " + out_dir.string());
-      restore_state(job, *checkpoint, env.rank);
-      start_step = checkpoint->meta().step;
-      console.message("resumed from " + checkpoint->path().string() + " at step " + std::to_string(start_step) +
-                      (checkpoint->meta().world_size != env.world_size
-                           ? " (saved by " + std::to_string(checkpoint->meta().world_size) + " ranks)"
-                           : std::string()));
-    } else {
-      console.message("no valid checkpoint in " + checkpoints_dir.string() + "; starting from step 0");
+    // The newest checkpoint every rank can read; an older one stands in for a damaged newer one.
+    const bool any = newest.has_value();
+    while (newest) {
+      std::string problem;
+      if (newest->meta().state_hash != state_hash(plan))
+        problem = "saved with another model, data or optimizer configuration";
+      else if (restore_state(job, *newest, env.rank, problem)) {
+        start_step = newest->meta().step;
+        break;
+      }
+      skipped.push_back("checkpoint " + newest->path().string() + ": " + problem);
+      newest.reset();
+      while (!newest && !older.empty()) {
+        newest = engine::open_checkpoint_or_explain(older.front(), skipped);
+        older.erase(older.begin());
+      }
     }
+    for (const auto& reason : skipped) console.message("skipping " + reason);
+    if (any && !newest) throw UserError("no checkpoint in " + checkpoints_dir.string() + " could be restored (see the lines above)");
+    if (newest)
+      console.message("resumed from " + newest->path().string() + " at step " + std::to_string(start_step) +
+                      (newest->meta().world_size != env.world_size
+                           ? " (saved by " + std::to_string(newest->meta().world_size) + " ranks)"
+                           : std::string()));
+    else
+      console.message("no valid checkpoint in " + checkpoints_dir.string() + "; starting from step 0");
   }
   std::optional<engine::MetricsFile> metrics;
   if (leader) metrics.emplace(out_dir / "metrics.jsonl", start_step);

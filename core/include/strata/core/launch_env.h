@@ -15,4 +15,10 @@ struct LaunchEnv {
 
 STRATA_API LaunchEnv detect_launch_env();
 
+// Set by `strata run -n N` for its ranks to "1" or "0": whether the launcher's own standard
+// output is a terminal. Ranks under mpirun write to mpirun's pipe or pseudo-terminal, so only the
+// launcher knows whether progress bars (ANSI redraws) belong in the output.
+inline constexpr const char* kStdoutIsTerminalEnv = "STRATA_STDOUT_IS_TERMINAL";
+STRATA_API bool stdout_is_terminal();
+
 }  // namespace strata

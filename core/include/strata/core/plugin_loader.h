@@ -17,6 +17,8 @@ inline constexpr const char* kPluginFileSuffix = ".so";
 // Why `file` must not be loaded, or nullopt when it may be. Like sshd's StrictModes: the file and
 // every directory above it must belong to root or to us and must not be writable by group or
 // others; the one exception is a sticky ancestor such as /tmp, which others cannot rename into.
+// Both the path as given (the directories that hold a symlink, and the link's owner) and the
+// file it resolves to are checked.
 STRATA_API std::optional<std::string> untrusted_reason(const std::filesystem::path& file);
 
 // The directory bundled plugins live in: <libdir>/strata/plugins next to libstrata_core.

@@ -70,11 +70,20 @@ struct ResolvedStrategy {
   const Component* optimizer_component = nullptr;
   ParallelLayout layout;
   std::vector<PassEntry> passes;  // in file order, disabled ones included
+  SourcePos data_pos;             // [data], for messages about the data
 };
 
 // Checks every section against its schema and fills in defaults. All problems are reported.
 STRATA_API ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistry& registry,
                                              int64_t world_size, Diagnostics& diagnostics);
+
+// Every size a rank checks before training, so that a plan that passes trains: the global
+// batch over the data-parallel ranks and micro-batches, and the data against the model (its
+// vocabulary, one window of seq_len + 1 tokens in each split; this opens the dataset, relative
+// to the working directory as training does). Data that cannot be opened here (planning away
+// from it) is not an error of the plan: the reason is returned, and `strata plan` says the data
+// was not checked. `strata plan` and `strata run` call it; exporting a checkpoint does not.
+STRATA_API std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics);
 
 // Core's own sections. [optimizer] is this plus the chosen optimizer's keys.
 STRATA_API const Schema& job_schema();

@@ -12,6 +12,7 @@ namespace strata {
 struct RunOptions {
   std::filesystem::path out_dir;  // empty: [job] run_dir
   bool resume = false;            // continue from the newest valid checkpoint in out_dir
+  bool overwrite = false;         // replace the run out_dir holds (else a non-empty out_dir is refused)
 };
 
 struct RunSummary {

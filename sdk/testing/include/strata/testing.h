@@ -61,6 +61,7 @@ inline RunSummary train(const std::string& strategy_toml, const std::filesystem:
   auto registry = load_plugins(plugin_dirs);
   ResolvedStrategy plan = resolve_strategy(raw, *registry, 1, diagnostics);
   std::vector<size_t> order = diagnostics.ok() ? order_passes(plan.passes, diagnostics) : std::vector<size_t>{};
+  if (const std::string unread = check_sizes(plan, diagnostics); !unread.empty()) throw UserError(unread);
   if (!diagnostics.ok()) throw UserError(diagnostics.str());
   // Training installs the registry's operators in the process-wide table; they die with it.
   struct ResetOperators {
