@@ -76,6 +76,13 @@ void load_parameters(nn::Model& model, const NamedTensors& tensors, const std::s
     if (it->second.sizes() != p.value().sizes())
       throw UserError(source + ": tensor for '" + p.key() + "' has shape " + c10::str(it->second.sizes()) + ", the model needs " +
                       c10::str(p.value().sizes()));
+    // Weights convert between float dtypes (bf16 to fp32); integers or booleans are not weights,
+    // and a NaN or infinity would train to NaN.
+    if (!at::isFloatingType(it->second.scalar_type()))
+      throw UserError(source + ": tensor for '" + p.key() + "' is " + c10::toString(it->second.scalar_type()) +
+                      ", not a floating-point dtype");
+    if (!at::isfinite(it->second).all().item<bool>())
+      throw UserError(source + ": tensor for '" + p.key() + "' holds NaN or infinite values");
     p.value().copy_(it->second);
     given.erase(it);
   }

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -19,6 +21,50 @@ namespace strata {
 namespace {
 
 constexpr uint64_t kMaxHeader = 100'000'000;
+constexpr int kMaxDepth = 8;
+
+// SAX events of a JSON document, remembering the first key that repeats at the top level.
+struct TopLevelKeys : nlohmann::json_sax<nlohmann::json> {
+  int depth = 0;
+  std::set<std::string> seen;
+  std::optional<std::string> duplicate;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth, true; }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return ++depth, true; }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& name) override {
+    if (depth == 1 && !seen.insert(name).second && !duplicate) duplicate = name;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
+// The deepest nesting of objects and arrays in JSON text, outside strings.
+int nesting_depth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 const std::vector<std::pair<std::string, at::ScalarType>>& dtype_names() {
   static const std::vector<std::pair<std::string, at::ScalarType>> names{
@@ -47,8 +93,10 @@ void fsync_path(const std::filesystem::path& path, int flags) {
 }  // namespace
 
 void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  // The header is written entry by entry: an ordered JSON object finds keys by a linear scan, so
+  // building one of n tensors costs n^2 (minutes at 80,000 tensors).
+  std::string text = "{";
+  if (!metadata.empty()) text += "\"__metadata__\":" + nlohmann::json(metadata).dump();
   std::vector<at::Tensor> data;
   std::set<std::string> names;
   std::set<const void*> storages;
@@ -59,11 +107,13 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
       throw std::logic_error("safetensors: tensor '" + name + "' aliases another tensor");
     at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
     const uint64_t bytes = static_cast<uint64_t>(cpu.nbytes());
-    header[name] = {{"dtype", dtype_name(cpu.scalar_type())}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    const nlohmann::ordered_json entry = {
+        {"dtype", dtype_name(cpu.scalar_type())}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    text += (text.size() > 1 ? "," : "") + nlohmann::json(name).dump() + ":" + entry.dump();
     offset += bytes;
     data.push_back(cpu);
   }
-  std::string text = header.dump();
+  text += "}";
   text.append((8 - text.size() % 8) % 8, ' ');
 
   const std::filesystem::path tmp = path.string() + ".tmp";
@@ -92,22 +142,23 @@ NamedTensors parse_safetensors(const std::string& bytes, const std::string& labe
   if (8 + header_len > bytes.size()) throw fail("header runs past the end of the file");
   const std::string header_text = bytes.substr(8, header_len);
   if (header_text.empty() || header_text[0] != '{') throw fail("header is not a JSON object");
+  // A header is three levels deep (object, tensor entry, shape list); anything far deeper is
+  // hostile, and parsing or freeing it would recurse once per level.
+  if (nesting_depth(header_text) > kMaxDepth) throw fail("header nests deeper than " + std::to_string(kMaxDepth) + " levels");
 
-  nlohmann::ordered_json header;
-  std::set<std::string> keys;
-  bool duplicate = false;
+  // Two linear passes: SAX events find a repeated tensor name (a map would keep only the last),
+  // then a plain parse. Not a parse callback, nor an ordered object: each rescans the object
+  // built so far, n^2 for n tensors (minutes at 80,000). File order comes back from the data
+  // offsets below.
+  nlohmann::json header;
   try {
-    // The callback sees every key as parsed, so repeated names are caught before the map
-    // would silently keep only the last.
-    header = nlohmann::ordered_json::parse(header_text, [&](int d, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& value) {
-      if (event == nlohmann::ordered_json::parse_event_t::key && d == 1 && !keys.insert(value.get<std::string>()).second)
-        duplicate = true;
-      return true;
-    });
+    TopLevelKeys keys;
+    // On a syntax error the plain parse below throws, saying where.
+    if (nlohmann::json::sax_parse(header_text, &keys) && keys.duplicate) throw fail("header names tensor '" + *keys.duplicate + "' twice");
+    header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::exception& e) {
     throw fail(std::string("header is not valid JSON: ") + e.what());
   }
-  if (duplicate) throw fail("header names a tensor twice");
   if (!header.is_object()) throw fail("header is not a JSON object");
 
   struct Entry {
@@ -135,27 +186,34 @@ NamedTensors parse_safetensors(const std::string& bytes, const std::string& labe
     if (dt == dtype_names().end()) throw fail("tensor '" + name + "' has unknown dtype " + info["dtype"].dump());
     e.dtype = dt->second;
     if (!info["shape"].is_array()) throw fail("tensor '" + name + "' shape is not a list");
+    // Checked arithmetic: [2^32, 2^32, 0] or [2^63, 2] must not wrap into a plausible size.
     uint64_t numel = 1;
+    bool overflow = false;
     for (const auto& d : info["shape"]) {
       if (!d.is_number_unsigned()) throw fail("tensor '" + name + "' has a negative or non-integer dimension");
-      e.shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
+      const uint64_t size = d.get<uint64_t>();
+      if (size > static_cast<uint64_t>(INT64_MAX)) throw fail("tensor '" + name + "' has a dimension of " + std::to_string(size) + ", too large");
+      e.shape.push_back(static_cast<int64_t>(size));
+      overflow = overflow || __builtin_mul_overflow(numel, size, &numel);
     }
+    uint64_t needed = 0;
+    if (overflow || numel > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, c10::elementSize(e.dtype), &needed))
+      throw fail("tensor '" + name + "' has a shape whose size overflows 64 bits");
     const auto& offsets = info["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
       throw fail("tensor '" + name + "' data_offsets must be two non-negative integers");
     e.begin = offsets[0].get<uint64_t>();
     e.end = offsets[1].get<uint64_t>();
     if (e.end < e.begin) throw fail("tensor '" + name + "' ends before it begins");
-    if (e.end - e.begin != numel * c10::elementSize(e.dtype))
+    if (e.end - e.begin != needed)
       throw fail("tensor '" + name + "' spans " + std::to_string(e.end - e.begin) + " bytes but its shape and dtype need " +
-                 std::to_string(numel * c10::elementSize(e.dtype)));
+                 std::to_string(needed));
     entries.push_back(std::move(e));
   }
   // Sorted by offset the tensors must tile the data buffer exactly: no overlap, no hole.
   std::vector<const Entry*> by_offset;
   for (const auto& e : entries) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return std::pair(a->begin, a->end) < std::pair(b->begin, b->end); });
+  std::stable_sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return std::pair(a->begin, a->end) < std::pair(b->begin, b->end); });
   uint64_t expected = 0;
   for (const Entry* e : by_offset) {
     if (e->begin < expected) throw fail("tensor '" + e->name + "' overlaps the tensor before it");
@@ -168,7 +226,8 @@ NamedTensors parse_safetensors(const std::string& bytes, const std::string& labe
 
   NamedTensors out;
   const char* data = bytes.data() + 8 + header_len;
-  for (const auto& e : entries) {
+  for (const Entry* entry : by_offset) {  // in file order
+    const Entry& e = *entry;
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
     if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
     out.emplace_back(e.name, t);

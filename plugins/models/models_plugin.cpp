@@ -35,6 +35,8 @@ NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, T
       if (ignored(name)) continue;
       throw UserError("Hugging Face tensor '" + name + "' has no place in this model; check [model] against the checkpoint's config.json");
     }
+    if (it->second.second && tensor.dim() != 2)
+      throw UserError("Hugging Face tensor '" + name + "' is a Conv1D weight and must be 2-D, but has shape " + c10::str(tensor.sizes()));
     out.emplace_back(it->second.first, it->second.second ? tensor.t().contiguous() : tensor);
   }
   return out;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "bundled_plugins.h"
 #include "strata/errors.h"
@@ -140,6 +141,37 @@ TEST_P(Models, HuggingFaceExportImportRoundTrip) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("'model.something_else' has no place in this model"), std::string::npos);
   }
+}
+
+// Hostile Hugging Face files (issue 21, items 2 and 4): a Conv1D weight that is not 2-D, integer
+// weights and non-finite values are refused by name instead of converted or trained on.
+TEST(Interchange, RefusesWeightsThatAreNotWeights) {
+  at::manual_seed(3);
+  auto model = make("gpt", tiny("gpt"));
+  Config config = config_for(factory("gpt"), tiny("gpt"));
+  NamedTensors hf = factory("gpt").to_hf(*model, config);
+  auto error_with = [&](const std::string& hf_name, const at::Tensor& replacement) {
+    NamedTensors changed = hf;
+    for (auto& [name, tensor] : changed)
+      if (name == hf_name) tensor = replacement;
+    try {
+      load_parameters(*make("gpt", tiny("gpt")), factory("gpt").from_hf(changed, config), "t");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string c_attn = "transformer.h.0.attn.c_attn.weight";
+  at::Tensor original;
+  for (const auto& [name, tensor] : hf)
+    if (name == c_attn) original = tensor;
+  EXPECT_NE(error_with(c_attn, original.unsqueeze(0)).find("is a Conv1D weight and must be 2-D"), std::string::npos);
+  EXPECT_NE(error_with(c_attn, original.to(at::kLong)).find("is Long, not a floating-point dtype"), std::string::npos);
+  EXPECT_NE(error_with(c_attn, original.to(at::kBool)).find("is Bool, not a floating-point dtype"), std::string::npos);
+  at::Tensor with_nan = original.clone();
+  with_nan.view(-1)[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NE(error_with(c_attn, with_nan).find("holds NaN or infinite values"), std::string::npos);
+  EXPECT_EQ(error_with(c_attn, original.to(at::kBFloat16)), "accepted");  // float dtypes convert
 }
 
 // Writes tiny models in Hugging Face layout with tokens and Strata's logits, for
