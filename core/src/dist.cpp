@@ -91,6 +91,38 @@ struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
 };
 
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
+                            int64_t group) {
+    Communicator& g = *reinterpret_cast<Communicator*>(group);
+    const at::Tensor z = logits.to(at::kFloat);
+    const int64_t columns = z.size(1);
+    at::Tensor max = std::get<0>(z.max(1)).contiguous();
+    g.all_reduce(max, ReduceOp::Max)->wait();
+    at::Tensor exp = (z - max.unsqueeze(1)).exp_();
+    at::Tensor sum = exp.sum(1).contiguous();
+    g.all_reduce(sum, ReduceOp::Sum)->wait();
+    const at::Tensor local = targets - vocab_start;
+    const at::Tensor mine = local.ge(0).logical_and_(local.lt(columns));
+    const at::Tensor column = local.clamp(0, columns - 1).unsqueeze(1);
+    at::Tensor target_logit = z.gather(1, column).squeeze(1).masked_fill(mine.logical_not(), 0.0).contiguous();
+    g.all_reduce(target_logit, ReduceOp::Sum)->wait();
+    // log(sum exp(z - max)) + max - z_target, per token
+    const at::Tensor loss = sum.log() + max - target_logit;
+    ctx->save_for_backward({exp, sum, column, mine});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
+    return loss.mean();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &exp = saved[0], &sum = saved[1], &column = saved[2], &mine = saved[3];
+    at::Tensor grad = exp / sum.unsqueeze(1);
+    grad.scatter_add_(1, column, mine.to(grad.scalar_type()).neg().unsqueeze(1));
+    grad.mul_(grads[0] / static_cast<double>(exp.size(0)));
+    return {grad.to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt())), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 struct GatherAlong : torch::autograd::Function<GatherAlong> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, int64_t group) {
     ctx->saved_data["group"] = group;
@@ -144,6 +176,13 @@ int64_t handle(Communicator& group) { return reinterpret_cast<int64_t>(&group); 
 
 at::Tensor copy_to_group(const at::Tensor& x, Communicator& group) {
   return group.size() == 1 ? x : CopyToGroup::apply(x, handle(group));
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
+                                        Communicator& group) {
+  if (logits.dim() != 2 || targets.dim() != 1 || logits.size(0) != targets.size(0))
+    throw std::invalid_argument("vocab_parallel_cross_entropy: logits [N, V/t] and targets [N] expected");
+  return VocabParallelCrossEntropy::apply(logits, targets, vocab_start, handle(group));
 }
 
 at::Tensor reduce_from_group(const at::Tensor& x, Communicator& group) {

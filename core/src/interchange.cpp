@@ -22,6 +22,11 @@ std::shared_ptr<nn::Model> ModelFactory::create_shard(const Config& config, nn::
   return create(config);
 }
 
+std::string ModelFactory::split_problem(const Config&, int64_t parts) const {
+  return parts == 1 ? std::string()
+                    : "model '" + name() + "' cannot be split over tensor-parallel ranks (its factory does not implement create_shard)";
+}
+
 NamedTensors ModelFactory::to_hf(const nn::Model&, const Config&) const {
   throw UserError("model '" + name() + "' has no Hugging Face equivalent to export to");
 }

@@ -63,7 +63,19 @@ Embedding::Embedding(int64_t count, int64_t dim, ParallelStyle style, TensorShar
   weight = register_parameter("weight", piece_of(at::empty({count, dim}).normal_(0.0, kInitStd), 0, shard, 1));
 }
 
-at::Tensor Embedding::forward(const at::Tensor& ids) { return through(hooks.on_output, at::embedding(weight, through(hooks.on_input, ids))); }
+at::Tensor Embedding::forward(const at::Tensor& ids_in) {
+  const at::Tensor ids = through(hooks.on_input, ids_in);
+  if (shard.parts == 1) return through(hooks.on_output, at::embedding(weight, ids));
+  const int64_t rows = weight.size(0);
+  const at::Tensor local = ids - shard.index * rows;
+  const at::Tensor outside = local.lt(0).logical_or_(local.ge(rows));
+  at::Tensor out = at::embedding(weight, local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
+  return through(hooks.on_output, out);
+}
+
+at::Tensor TiedLinear::forward(const at::Tensor& x) {
+  return through(hooks.on_output, ops::linear(through(hooks.on_input, x), embedding_->weight, std::nullopt));
+}
 
 LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_) : eps(eps_) {
   weight = register_parameter("weight", at::ones({dim}));

@@ -9,6 +9,7 @@
 
 #include "engine/sampler.h"
 #include "strata/data.h"
+#include "strata/model.h"
 #include "strata/errors.h"
 
 namespace strata {
@@ -259,6 +260,12 @@ std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) 
                                                               std::to_string(dp) + " data-parallel ranks is not a multiple of micro_batch " +
                                                               std::to_string(micro_batch));
   if (!plan.dataset_component || !plan.model_component) return {};
+  if (plan.layout.tensor > 1)
+    if (const std::string problem = static_cast<const ModelFactory*>(plan.model_component)->split_problem(plan.model, plan.layout.tensor);
+        !problem.empty())
+      diagnostics.error(plan.parallel.has("tensor") && !plan.parallel.entry("tensor").pos.file.empty() ? plan.parallel.entry("tensor").pos
+                                                                                                        : SourcePos{plan.file, 0, 0},
+                        problem);
   std::unique_ptr<TokenDataset> data;
   try {
     data = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{std::filesystem::current_path()});

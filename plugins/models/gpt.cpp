@@ -11,8 +11,10 @@ namespace {
 
 class Embed final : public nn::Block {
  public:
-  Embed(int64_t vocab, int64_t seq_len, int64_t d_model, double dropout) : Block("embedding"), dropout_(dropout) {
-    wte = register_module("wte", std::make_shared<nn::Embedding>(vocab, d_model));
+  Embed(int64_t vocab, int64_t seq_len, int64_t d_model, double dropout, nn::TensorShard shard)
+      : Block("embedding"), dropout_(dropout) {
+    // Vocab parallel under tensor parallel: each rank holds its rows of the token embedding.
+    wte = register_module("wte", std::make_shared<nn::Embedding>(vocab, d_model, nn::ParallelStyle::Column, shard));
     wpe = register_module("wpe", std::make_shared<nn::Embedding>(seq_len, d_model));
   }
   at::Tensor forward(const at::Tensor& tokens) override {
@@ -84,20 +86,18 @@ class TransformerBlock final : public nn::Block {
   std::shared_ptr<Mlp> mlp;
 };
 
-// The output projection reuses the token embedding; it is not registered here a second time, so
-// the optimizer and checkpoints see the tensor once, as embed.wte.weight.
+// The output projection reuses the token embedding (TiedLinear holds it without registering it),
+// so the optimizer and checkpoints see the tensor once, as embed.wte.weight. Under tensor
+// parallel the logits are this rank's vocabulary columns.
 class Head final : public nn::Block {
  public:
-  Head(int64_t d_model, bool bias, std::shared_ptr<nn::Embedding> tied) : Block("head"), tied_(std::move(tied)) {
+  Head(int64_t d_model, bool bias, std::shared_ptr<nn::Embedding> tied) : Block("head") {
     ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(d_model, bias));
+    lm_head = register_module("lm_head", std::make_shared<nn::TiedLinear>(std::move(tied)));
   }
-  at::Tensor forward(const at::Tensor& x) override {
-    return ops::linear(ln_f->forward(x), tied_->weight, std::nullopt);
-  }
+  at::Tensor forward(const at::Tensor& x) override { return lm_head->forward(ln_f->forward(x)); }
   std::shared_ptr<nn::LayerNorm> ln_f;
-
- private:
-  std::shared_ptr<nn::Embedding> tied_;
+  std::shared_ptr<nn::TiedLinear> lm_head;
 };
 
 class Gpt final : public ModelFactory {
@@ -120,18 +120,28 @@ class Gpt final : public ModelFactory {
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
 
-  // Attention and MLP split over the tensor ranks (whole heads each); embeddings, norms and the
-  // tied head stay whole (vocab parallel is the tensor-parallel pass's choice).
+  // Whole heads per rank (so c_attn, c_proj and the 4 x d_model MLP split too) and whole
+  // vocabulary rows.
+  std::string split_problem(const Config& c, int64_t parts) const override {
+    if (c.get_int("n_head") % parts != 0)
+      return "[model] n_head " + std::to_string(c.get_int("n_head")) + " does not divide by [parallel] tensor = " + std::to_string(parts);
+    if (c.get_int("vocab_size") % parts != 0)
+      return "[model] vocab_size " + std::to_string(c.get_int("vocab_size")) + " does not divide by [parallel] tensor = " +
+             std::to_string(parts) + " (vocabulary padding is not implemented yet)";
+    return {};
+  }
+
+  // Attention and MLP split over the tensor ranks (whole heads each), the token embedding and the
+  // tied head by vocabulary rows; positions and norms stay whole.
   std::shared_ptr<nn::Model> create_shard(const Config& c, nn::TensorShard shard) const override {
     const int64_t n_layer = c.get_int("n_layer"), d = c.get_int("d_model"), heads = c.get_int("n_head");
-    if (heads % shard.parts != 0)
-      throw UserError("[model] n_head " + std::to_string(heads) + " does not split over " + std::to_string(shard.parts) + " tensor-parallel ranks");
+    if (const std::string problem = split_problem(c, shard.parts); !problem.empty()) throw UserError(problem);
     if (shard.parts > 1 && !c.get_string("init_from").empty())
       throw UserError("[model] init_from cannot load into a model split over tensor-parallel ranks yet");
     const bool bias = c.get_bool("bias");
     const double dropout = c.get_float("dropout");
     auto model = std::make_shared<nn::Model>(c.get_int("vocab_size"), c.get_int("seq_len"));
-    auto embed = std::make_shared<Embed>(c.get_int("vocab_size"), c.get_int("seq_len"), d, dropout);
+    auto embed = std::make_shared<Embed>(c.get_int("vocab_size"), c.get_int("seq_len"), d, dropout, shard);
     model->add_block("embed", embed);
     // GPT-2 scales residual projections by 1/sqrt(2 n_layer) so the residual stream's variance
     // does not grow with depth.

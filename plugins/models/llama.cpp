@@ -11,8 +11,9 @@ namespace {
 
 class Embed final : public nn::Block {
  public:
-  Embed(int64_t vocab, int64_t d_model) : Block("embedding") {
-    embed_tokens = register_module("embed_tokens", std::make_shared<nn::Embedding>(vocab, d_model));
+  // Vocab parallel under tensor parallel: each rank holds its rows.
+  Embed(int64_t vocab, int64_t d_model, nn::TensorShard shard) : Block("embedding") {
+    embed_tokens = register_module("embed_tokens", std::make_shared<nn::Embedding>(vocab, d_model, nn::ParallelStyle::Column, shard));
   }
   at::Tensor forward(const at::Tensor& tokens) override { return embed_tokens->forward(tokens); }
   std::shared_ptr<nn::Embedding> embed_tokens;
@@ -25,7 +26,8 @@ class Attention final : public torch::nn::Module {
   Attention(int64_t d_model, int64_t n_head, int64_t n_kv_head, double rope_theta, nn::TensorShard shard)
       : n_head_(n_head), n_kv_head_(n_kv_head), head_dim_(d_model / n_head), rope_theta_(rope_theta), shard_(shard) {
     const bool split_kv = n_kv_head % shard.parts == 0;
-    const nn::ParallelStyle kv_style = split_kv ? nn::ParallelStyle::Column : nn::ParallelStyle::None;
+    const nn::ParallelStyle kv_style =
+        split_kv ? nn::ParallelStyle::Column : shard.parts > 1 ? nn::ParallelStyle::Replicated : nn::ParallelStyle::None;
     q_proj = register_module("q_proj", std::make_shared<nn::Linear>(d_model, n_head * head_dim_, false, nn::ParallelStyle::Column, shard));
     k_proj = register_module("k_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false, kv_style, shard));
     v_proj = register_module("v_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false, kv_style, shard));
@@ -39,7 +41,7 @@ class Attention final : public torch::nn::Module {
     at::Tensor q = ops::rope(heads(q_proj->forward(x)), cos, sin);
     at::Tensor k = ops::rope(heads(k_proj->forward(x)), cos, sin);
     at::Tensor v = heads(v_proj->forward(x));
-    if (shard_.parts > 1 && k_proj->parallel_style == nn::ParallelStyle::None) {
+    if (k_proj->parallel_style == nn::ParallelStyle::Replicated) {
       // Whole kv heads: one per local q head, the one its global q head uses.
       const int64_t local_q = q.size(1), group = n_head_ / n_kv_head_;
       k = k.repeat_interleave(group, 1).narrow(1, shard_.index * local_q, local_q);
@@ -103,22 +105,24 @@ class DecoderLayer final : public nn::Block {
   std::shared_ptr<Mlp> mlp;
 };
 
+// The output projection: its own weight, or the token embedding's (tied). Under tensor parallel
+// it is split by vocabulary rows, and the logits are this rank's vocabulary columns.
 class Head final : public nn::Block {
  public:
-  Head(int64_t d_model, int64_t vocab, double eps, std::shared_ptr<nn::Embedding> tied)
-      : Block("head"), tied_(std::move(tied)) {
+  Head(int64_t d_model, int64_t vocab, double eps, std::shared_ptr<nn::Embedding> tied, nn::TensorShard shard) : Block("head") {
     norm = register_module("norm", std::make_shared<nn::RmsNorm>(d_model, eps));
-    if (!tied_) lm_head = register_module("lm_head", std::make_shared<nn::Linear>(d_model, vocab, false));
+    if (tied)
+      tied_head = register_module("tied_head", std::make_shared<nn::TiedLinear>(std::move(tied)));
+    else
+      lm_head = register_module("lm_head", std::make_shared<nn::Linear>(d_model, vocab, false, nn::ParallelStyle::Column, shard));
   }
   at::Tensor forward(const at::Tensor& x) override {
     at::Tensor h = norm->forward(x);
-    return tied_ ? ops::linear(h, tied_->weight, std::nullopt) : lm_head->forward(h);
+    return tied_head ? tied_head->forward(h) : lm_head->forward(h);
   }
   std::shared_ptr<nn::RmsNorm> norm;
   std::shared_ptr<nn::Linear> lm_head;
-
- private:
-  std::shared_ptr<nn::Embedding> tied_;
+  std::shared_ptr<nn::TiedLinear> tied_head;
 };
 
 // Llama's SwiGLU width: 2/3 of 4 d_model, rounded up to a multiple of 256.
@@ -155,23 +159,33 @@ class Llama final : public ModelFactory {
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
 
-  // Attention (by heads) and MLP split over the tensor ranks; embeddings, norms and the head stay
-  // whole (vocab parallel is the tensor-parallel pass's choice).
+  // Whole q heads, SwiGLU columns and vocabulary rows per rank; kv heads split when they divide
+  // and stay whole (Replicated) otherwise.
+  std::string split_problem(const Config& c, int64_t parts) const override {
+    const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(c.get_int("d_model"));
+    const std::string by = " does not divide by [parallel] tensor = " + std::to_string(parts);
+    if (c.get_int("n_head") % parts != 0) return "[model] n_head " + std::to_string(c.get_int("n_head")) + by;
+    if (hidden % parts != 0) return "[model] ffn_hidden (the SwiGLU width, " + std::to_string(hidden) + ")" + by;
+    if (c.get_int("vocab_size") % parts != 0)
+      return "[model] vocab_size " + std::to_string(c.get_int("vocab_size")) + by + " (vocabulary padding is not implemented yet)";
+    return {};
+  }
+
+  // Attention (by heads) and MLP split over the tensor ranks, the token embedding and the head by
+  // vocabulary rows; norms stay whole.
   std::shared_ptr<nn::Model> create_shard(const Config& c, nn::TensorShard shard) const override {
     const int64_t n_layer = c.get_int("n_layer"), d = c.get_int("d_model"), vocab = c.get_int("vocab_size");
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
-    if (c.get_int("n_head") % shard.parts != 0 || hidden % shard.parts != 0)
-      throw UserError("[model] n_head " + std::to_string(c.get_int("n_head")) + " and the SwiGLU width " + std::to_string(hidden) +
-                      " must divide by the " + std::to_string(shard.parts) + " tensor-parallel ranks");
+    if (const std::string problem = split_problem(c, shard.parts); !problem.empty()) throw UserError(problem);
     if (shard.parts > 1 && !c.get_string("init_from").empty())
       throw UserError("[model] init_from cannot load into a model split over tensor-parallel ranks yet");
     auto model = std::make_shared<nn::Model>(vocab, c.get_int("seq_len"));
-    auto embed = std::make_shared<Embed>(vocab, d);
+    auto embed = std::make_shared<Embed>(vocab, d, shard);
     model->add_block("embed", embed);
     for (int64_t i = 0; i < n_layer; ++i)
       model->add_block("layers" + std::to_string(i), std::make_shared<DecoderLayer>(c, hidden, shard));
     model->add_block("head", std::make_shared<Head>(d, vocab, c.get_float("norm_eps"),
-                                                    c.get_bool("tie_embeddings") ? embed->embed_tokens : nullptr));
+                                                    c.get_bool("tie_embeddings") ? embed->embed_tokens : nullptr, shard));
     if (c.get_bool("tie_embeddings")) model->mark_shared("embed.embed_tokens.weight");
     model->set_attention_shape(n_layer, c.get_int("n_head"), d / c.get_int("n_head"));
     init_from(*model, *this, c);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # reshard_test.sh STRATA STRATEGY WORKDIR FROM_RANKS FROM_PASS TO_RANKS TO_PASS [EXTRA --set ...]
-# Trains 12 steps on FROM_RANKS ranks with FROM_PASS (ddp, zero1, zero2, fsdp, or none for one
-# process without passes), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
+# Trains 12 steps on FROM_RANKS ranks with FROM_PASS (ddp, zero1, zero2, fsdp, none for one
+# process without passes, or tpN for [parallel] tensor = N with a strategy that enables
+# tensor_parallel), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
 # on TO_RANKS ranks with TO_PASS. Every later step's loss must match the uninterrupted run within
 # a relative 1e-5 (the tolerance of data-parallel parity: the sums run in another order).
 set -euo pipefail
@@ -11,6 +12,7 @@ pass_flags() {
   case $1 in
     ddp) ;;
     none) echo --disable ddp ;;
+    tp*) echo --set "parallel.tensor=${1#tp}" ;;  # tensor parallel at that size (tensor_parallel.toml)
     *) echo --disable ddp --set "pass.$1.enabled=true" ;;
   esac
 }

@@ -1,7 +1,7 @@
 // The model IR is ready for tensor parallel: GPT and Llama built as tensor rank r of the world
-// (local shapes, create_shard), with the conjugate collectives attached at the layers'
-// interception points (column layers' inputs through copy_to_group, row layers' outputs through
-// reduce_from_group), give the whole model's logits and gradients. Runs at 2 and 4 ranks; Llama
+// (local shapes, create_shard: heads, MLP width and vocabulary split), with the conjugate
+// collectives attached at the layers' interception points and the vocab-parallel loss, give the
+// whole model's logits, loss and gradients. Runs at 2 and 4 ranks; Llama
 // with 4 kv heads splits them at 2 and 4 ranks (and keeps them whole where they do not divide).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -26,16 +26,23 @@ const ModelFactory& factory(const std::string& name) {
   return *dynamic_cast<const ModelFactory*>(registry->find(ComponentKind::Model, name));
 }
 
-// Column layers (and layers kept whole inside the region, Llama's unsplit kv) take the input
-// through copy_to_group; row layers' partial outputs go through reduce_from_group.
+// The tensor_parallel pass's rules (plugins/tensor_parallel): column layers and the tied head take
+// their input through copy_to_group; row layers' partial outputs and the vocab-parallel
+// embedding's go through reduce_from_group; whole layers in the region (Llama's unsplit kv,
+// Replicated) send their output gradient through copy_to_group.
 void attach_tensor_parallel(nn::Model& model, Communicator& group) {
+  auto copy = [&group](const at::Tensor& x) { return dist::copy_to_group(x, group); };
+  auto reduce = [&group](const at::Tensor& y) { return dist::reduce_from_group(y, group); };
   for (const auto& m : model.named_modules()) {
-    auto* linear = dynamic_cast<nn::Linear*>(m.value().get());
-    if (!linear || m.key().find("lm_head") != std::string::npos) continue;
-    if (linear->parallel_style == nn::ParallelStyle::Row)
-      linear->hooks.on_output = [&group](const at::Tensor& y) { return dist::reduce_from_group(y, group); };
-    else
-      linear->hooks.on_input = [&group](const at::Tensor& x) { return dist::copy_to_group(x, group); };
+    if (auto* linear = dynamic_cast<nn::Linear*>(m.value().get())) {
+      if (linear->parallel_style == nn::ParallelStyle::Row) linear->hooks.on_output = reduce;
+      if (linear->parallel_style == nn::ParallelStyle::Column) linear->hooks.on_input = copy;
+      if (linear->parallel_style == nn::ParallelStyle::Replicated) linear->hooks.on_output = copy;
+    } else if (auto* embedding = dynamic_cast<nn::Embedding*>(m.value().get()); embedding && embedding->shard.parts > 1) {
+      embedding->hooks.on_output = reduce;
+    } else if (auto* head = dynamic_cast<nn::TiedLinear*>(m.value().get())) {
+      head->hooks.on_input = copy;
+    }
   }
 }
 
@@ -50,40 +57,25 @@ void check_model(const std::string& name, const std::map<std::string, Value>& va
   at::manual_seed(6);
   const at::Tensor tokens = at::randint(whole->vocab_size(), {2, whole->seq_len() + 1}, at::kLong);
   const at::Tensor x = tokens.narrow(1, 0, whole->seq_len()), y = tokens.narrow(1, 1, whole->seq_len());
-  auto loss_of = [&](nn::Model& m) {
-    const at::Tensor logits = m.forward(x);
-    at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, m.vocab_size()}), y.reshape(-1));
-    loss.backward();
-    return std::pair(logits.detach(), loss.item<double>());
-  };
-  const auto [whole_logits, whole_loss] = loss_of(*whole);
-  const auto [piece_logits, piece_loss] = loss_of(*piece);
-  EXPECT_TRUE(at::allclose(piece_logits, whole_logits, 1e-4, 1e-5)) << name;
-  EXPECT_NEAR(piece_loss, whole_loss, 1e-5) << name;
+  const at::Tensor whole_logits = whole->forward(x);
+  at::Tensor whole_loss = at::cross_entropy_loss(whole_logits.reshape({-1, whole->vocab_size()}), y.reshape(-1));
+  whole_loss.backward();
+  // The piece's logits are this rank's vocabulary columns; its loss never gathers them.
+  const at::Tensor piece_logits = piece->forward(x);
+  const int64_t local = piece_logits.size(-1);
+  at::Tensor piece_loss = dist::vocab_parallel_cross_entropy(piece_logits.reshape({-1, local}), y.reshape(-1), group.rank() * local, group);
+  piece_loss.backward();
+  EXPECT_TRUE(at::allclose(piece_logits.detach(), whole_logits.detach().narrow(-1, group.rank() * local, local), 1e-4, 1e-5)) << name;
+  EXPECT_NEAR(piece_loss.item<double>(), whole_loss.item<double>(), 1e-5) << name;
 
-  std::map<std::string, std::shared_ptr<torch::nn::Module>> whole_modules;
-  for (const auto& m : whole->named_modules()) whole_modules[m.key()] = m.value();
-  for (const auto& m : piece->named_modules()) {
-    const auto* linear = dynamic_cast<const nn::Linear*>(m.value().get());
-    for (const auto& p : m.value()->named_parameters(false)) {
-      at::Tensor grad = p.value().grad();
-      at::Tensor expected = whole_modules.at(m.key())->named_parameters(false)[p.key()].grad();
-      const bool split = linear && linear->shard.parts > 1;
-      const bool inside_region = linear && m.key().find("lm_head") == std::string::npos;
-      if (split && (linear->parallel_style == nn::ParallelStyle::Column || p.key() == "weight")) {
-        const int64_t dim = linear->parallel_style == nn::ParallelStyle::Row ? 1 : 0;
-        const int64_t sections = dim == 0 ? linear->fused_sections : 1, section = expected.size(dim) / sections;
-        const int64_t part = section / linear->shard.parts;
-        std::vector<at::Tensor> pieces;
-        for (int64_t s = 0; s < sections; ++s) pieces.push_back(expected.narrow(dim, s * section + linear->shard.index * part, part));
-        expected = at::cat(pieces, dim);
-      } else if (inside_region && !split) {
-        // Whole weights inside the region (unsplit kv) get partial gradients: sum them.
-        grad = grad.clone();
-        group.all_reduce(grad, ReduceOp::Sum)->wait();
-      }
-      EXPECT_TRUE(at::allclose(grad, expected, 1e-4, 1e-6)) << name << " " << m.key() << "." << p.key();
-    }
+  // Every gradient equals its piece of the whole model's: split ones by their placements, whole
+  // ones (norms, positions, row biases, replicated kv) entirely.
+  const Placements placements = nn::parameter_placements(*piece);
+  auto whole_params = whole->named_parameters();
+  for (const auto& p : piece->named_parameters()) {
+    at::Tensor expected = whole_params[p.key()].grad();
+    if (auto placement = placements.find(p.key()); placement != placements.end()) expected = testing::piece_of(expected, placement->second);
+    EXPECT_TRUE(at::allclose(p.value().grad(), expected, 1e-4, 1e-6)) << name << " " << p.key();
   }
 }
 

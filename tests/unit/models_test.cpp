@@ -195,61 +195,45 @@ TEST(Interchange, WritesFilesForTransformers) {
 }
 
 // Deferred, sharded construction: a model built as tensor rank i of n holds exactly the pieces
-// of the whole model (same seed) that its layers' styles name, at 1, 2, 3 and 4 parts, for GPT
-// (fused q/k/v split per head) and Llama with kv heads split (kv 4 at 2 and 4 parts) and whole
-// (kv 4 at 3 parts).
-at::Tensor expected_piece(const nn::Linear& whole, const at::Tensor& param, bool is_weight, nn::ParallelStyle style,
-                          nn::TensorShard shard, int64_t fused) {
-  if (style == nn::ParallelStyle::None || shard.parts == 1) return param;
-  const int64_t dim = style == nn::ParallelStyle::Row ? 1 : 0;
-  if (!is_weight && dim == 1) return param;  // a row-split layer keeps its whole bias
-  const int64_t sections = dim == 0 ? fused : 1, section = param.size(dim) / sections, part = section / shard.parts;
-  std::vector<at::Tensor> pieces;
-  for (int64_t s = 0; s < sections; ++s) pieces.push_back(param.narrow(dim, s * section + shard.index * part, part));
-  (void)whole;
-  return at::cat(pieces, dim);
-}
-
+// of the whole model (same seed) that its placements name, at 1, 2, 3 and 4 parts, for GPT (fused
+// q/k/v split per head, vocabulary rows) and Llama with kv heads split (kv 4 at 2 and 4 parts)
+// and whole (kv 4 at 3 parts).
 void check_shards(const std::string& name, std::map<std::string, Value> values) {
   const ModelFactory& f = factory(name);
   const Config config = config_for(f, values);
   at::manual_seed(11);
   auto whole = f.create(config);
-  std::map<std::string, std::shared_ptr<torch::nn::Module>> whole_modules;
-  for (const auto& m : whole->named_modules()) whole_modules[m.key()] = m.value();
+  auto whole_params = whole->named_parameters();
   for (int64_t parts : {1, 2, 3, 4}) {
     for (int64_t index = 0; index < parts; ++index) {
       at::manual_seed(11);
       auto piece = f.create_shard(config, {parts, index});
-      for (const auto& m : piece->named_modules()) {
-        const auto* linear = dynamic_cast<const nn::Linear*>(m.value().get());
-        const auto& reference = *whole_modules.at(m.key());
-        for (const auto& p : m.value()->named_parameters(/*recurse=*/false)) {
-          const at::Tensor& whole_param = reference.named_parameters(false)[p.key()];
-          const at::Tensor expected =
-              linear ? expected_piece(*linear, whole_param, p.key() == "weight", linear->parallel_style, linear->shard,
-                                      linear->fused_sections)
-                     : whole_param;
-          EXPECT_TRUE(at::equal(p.value(), expected)) << name << " " << m.key() << "." << p.key() << " part " << index << "/" << parts;
-        }
+      const Placements placements = nn::parameter_placements(*piece);
+      for (const auto& p : piece->named_parameters()) {
+        const auto placement = placements.find(p.key());
+        const at::Tensor expected =
+            placement == placements.end() ? whole_params[p.key()] : testing::piece_of(whole_params[p.key()], placement->second);
+        EXPECT_TRUE(at::equal(p.value(), expected)) << name << " " << p.key() << " part " << index << "/" << parts;
       }
     }
   }
 }
 
 TEST(ModelShards, GptPiecesAreTheWholeModelsPiecesAtAnyTensorSize) {
-  check_shards("gpt", {{"n_layer", int64_t{2}}, {"n_head", int64_t{12}}, {"d_model", int64_t{48}}, {"vocab_size", int64_t{64}},
+  check_shards("gpt", {{"n_layer", int64_t{2}}, {"n_head", int64_t{12}}, {"d_model", int64_t{48}}, {"vocab_size", int64_t{96}},
                        {"seq_len", int64_t{16}}});
 }
 
 TEST(ModelShards, LlamaPiecesWithKvHeadsSplitAndWhole) {
   check_shards("llama", {{"n_layer", int64_t{2}}, {"n_head", int64_t{12}}, {"n_kv_head", int64_t{4}}, {"d_model", int64_t{48}},
-                         {"ffn_hidden", int64_t{96}}, {"vocab_size", int64_t{64}}, {"seq_len", int64_t{16}}});
+                         {"ffn_hidden", int64_t{96}}, {"vocab_size", int64_t{96}}, {"seq_len", int64_t{16}}});
 }
 
-TEST(ModelShards, IndivisibleHeadsAreRefused) {
+TEST(ModelShards, IndivisibleSizesAreRefusedNamingTheKey) {
   const Config config = config_for(factory("gpt"), tiny("gpt"));  // 4 heads
   EXPECT_THROW(factory("gpt").create_shard(config, {3, 0}), UserError);
+  EXPECT_EQ(factory("gpt").split_problem(config, 3), "[model] n_head 4 does not divide by [parallel] tensor = 3");
+  EXPECT_EQ(factory("gpt").split_problem(config, 2), "");
 }
 
 TEST(LayerHooks, InterceptInputAndOutputAndRowBiasAfterTheSum) {

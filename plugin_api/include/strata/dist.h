@@ -35,4 +35,13 @@ STRATA_API at::Tensor scatter_along(const at::Tensor& x, int64_t dim, Communicat
 // [b, s, h/c, d] with scatter_dim 2, gather_dim 1). Backward: the inverse exchange.
 STRATA_API at::Tensor all_to_all(const at::Tensor& x, int64_t scatter_dim, int64_t gather_dim, Communicator& group);
 
+// Cross entropy over a vocabulary split across `group` (Megatron's vocab-parallel loss), without
+// ever gathering the logits: `logits` [N, V/t] are this rank's vocabulary columns
+// [vocab_start, vocab_start + V/t), `targets` [N] global token ids. Forward: three all-reduces
+// (the row maximum, the sum of exponentials, the target's logit); backward: local (softmax minus
+// the one-hot target on this rank's columns). Returns the mean over the N tokens, identical on
+// every rank of the group; computed in fp32 whatever the logits' dtype.
+STRATA_API at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
+                                                   Communicator& group);
+
 }  // namespace strata::dist

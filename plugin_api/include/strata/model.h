@@ -21,6 +21,10 @@ class STRATA_API ModelFactory : public Component {
   // their local shapes (nn.h), with exactly the values of the same pieces of create()'s model.
   // This default builds create()'s model for one part and refuses more.
   virtual std::shared_ptr<nn::Model> create_shard(const Config& config, nn::TensorShard shard) const;
+  // Why this model cannot be split into `parts` tensor-parallel pieces (sizes that do not divide,
+  // named with their keys), or empty when it can. `strata plan` reports it; create_shard refuses
+  // the same. This default allows one part only, as the default create_shard does.
+  virtual std::string split_problem(const Config& config, int64_t parts) const;
 
   // Hugging Face interchange (transformers' names and layouts). A model without an equivalent
   // keeps these defaults, which refuse with a UserError.

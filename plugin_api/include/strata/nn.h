@@ -17,8 +17,11 @@ namespace strata::nn {
 
 // How a layer is split over the tensor-parallel group. Column splits dimension 0 of the weight
 // (a Linear's outputs, an Embedding's rows: vocab parallel), Row splits dimension 1 (a Linear's
-// inputs); None is replicated. Sequence marks norms that run on sequence-sharded activations.
-enum class ParallelStyle { None, Column, Row, Sequence };
+// inputs); None is replicated. Replicated marks a whole Linear inside a split region whose output
+// each rank uses only part of (Llama's k/v projections when the kv heads do not divide): its
+// output gradient is summed over the group. Sequence marks norms that run on sequence-sharded
+// activations.
+enum class ParallelStyle { None, Column, Row, Sequence, Replicated };
 
 // This rank's piece of a split layer: `parts` equal pieces, this rank holds piece `index`.
 struct TensorShard {
@@ -54,12 +57,29 @@ class STRATA_API Linear : public torch::nn::Module {
 
 class STRATA_API Embedding : public torch::nn::Module {
  public:
+  // Column: vocab parallel, this rank holds rows [index * count / parts, ...); ids outside them
+  // give zero rows, so the sum over the tensor ranks (on_output) is every id's row.
   Embedding(int64_t count, int64_t dim, ParallelStyle style = ParallelStyle::None, TensorShard shard = {});
   at::Tensor forward(const at::Tensor& ids);
   at::Tensor weight;  // [count, dim], or this rank's rows (Column)
   ParallelStyle parallel_style = ParallelStyle::None;
   TensorShard shard;
   LayerHooks hooks;
+};
+
+// The output projection of tied embeddings: x [.., dim] -> logits [.., count] with the
+// Embedding's weight (held, not registered: the parameter belongs to the embedding). When the
+// embedding is vocab parallel the logits are this rank's vocabulary columns, for a
+// vocab-parallel loss.
+class STRATA_API TiedLinear : public torch::nn::Module {
+ public:
+  explicit TiedLinear(std::shared_ptr<Embedding> embedding) : embedding_(std::move(embedding)) {}
+  at::Tensor forward(const at::Tensor& x);
+  const Embedding& embedding() const { return *embedding_; }
+  LayerHooks hooks;
+
+ private:
+  std::shared_ptr<Embedding> embedding_;
 };
 
 class STRATA_API LayerNorm : public torch::nn::Module {

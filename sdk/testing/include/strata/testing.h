@@ -13,6 +13,7 @@
 #include "strata/core/pass_manager.h"
 #include "strata/core/plugin_loader.h"
 #include "strata/core/strategy.h"
+#include "strata/placement.h"
 #include "strata/core/trainer.h"
 #include "strata/errors.h"
 
@@ -68,6 +69,21 @@ inline RunSummary train(const std::string& strategy_toml, const std::filesystem:
     ~ResetOperators() { OperatorTable::global().reset(); }
   } reset;
   return run_training(plan, order, *registry, RunOptions{out_dir, false});
+}
+
+// The piece of `whole` that `placement` names: its block, in sections along dimension 0 (the
+// flat offset is not applied). Tests compare a split model's tensors with the whole model's.
+inline at::Tensor piece_of(const at::Tensor& whole, const Placement& placement) {
+  at::Tensor out = whole;
+  for (size_t d = 0; d < placement.block_size.size(); ++d) {
+    const auto dim = static_cast<int64_t>(d);
+    const int64_t sections = d == 0 ? placement.sections : 1;
+    const int64_t section = whole.size(dim) / sections, size = placement.block_size[d] / sections;
+    std::vector<at::Tensor> parts;
+    for (int64_t s = 0; s < sections; ++s) parts.push_back(out.narrow(dim, s * section + placement.block_start[d], size));
+    out = at::cat(parts, dim);
+  }
+  return out;
 }
 
 }  // namespace strata::testing
