@@ -2,17 +2,19 @@
 # reshard_test.sh STRATA STRATEGY WORKDIR FROM_RANKS FROM_PASS TO_RANKS TO_PASS [EXTRA --set ...]
 # Trains 12 steps on FROM_RANKS ranks with FROM_PASS (ddp, zero1, zero2, fsdp, none for one
 # process without passes, or tpN for [parallel] tensor = N with a strategy that enables
-# tensor_parallel), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
+# tensor_parallel; tp2+on-fsdp adds a pass the strategy lists disabled), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
 # on TO_RANKS ranks with TO_PASS. Every later step's loss must match the uninterrupted run within
 # a relative 1e-5 (the tolerance of data-parallel parity: the sums run in another order).
 set -euo pipefail
 strata=$1 strategy=$2 work=$3 from_ranks=$4 from_pass=$5 to_ranks=$6 to_pass=$7
 shift 7
 pass_flags() {
+  if [[ $1 == *+* ]]; then pass_flags "${1%%+*}"; pass_flags "${1#*+}"; return; fi  # tp2+fsdp: both
   case $1 in
     ddp) ;;
     none) echo --disable ddp ;;
     tp*) echo --set "parallel.tensor=${1#tp}" ;;  # tensor parallel at that size (tensor_parallel.toml)
+    on-*) echo --set "pass.${1#on-}.enabled=true" ;;  # a pass the strategy lists disabled
     *) echo --disable ddp --set "pass.$1.enabled=true" ;;
   esac
 }
