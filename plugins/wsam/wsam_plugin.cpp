@@ -150,8 +150,11 @@ class WsamPass final : public Pass {
                           {"local", "global"})},
              // The sharding passes reduce every backward into buffers the base optimizer reads
              // (and zero2/fsdp never hold whole gradients), and pipeline schedules run their own
-             // forward/backward, so none of them can run WSAM's second pass.
-             {Phase::Schedule, {}, {"zero1", "zero2", "fsdp"}, {"ddp"}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
+             // forward/backward, so none of them can run WSAM's second pass. Under tensor parallel
+             // its gradient norms (perturbation scale, clipping) would cover only this rank's
+             // pieces, so each tensor rank would perturb differently: refused until they are
+             // group-aware.
+             {Phase::Schedule, {}, {"zero1", "zero2", "fsdp", "tensor_parallel"}, {"ddp"}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("gamma") >= 1.0) diagnostics.error(section, "pass 'wsam': gamma must be below 1 (alpha = gamma / (1 - gamma))");
