@@ -186,18 +186,22 @@ NamedTensors parse_safetensors(const std::string& bytes, const std::string& labe
     if (dt == dtype_names().end()) throw fail("tensor '" + name + "' has unknown dtype " + info["dtype"].dump());
     e.dtype = dt->second;
     if (!info["shape"].is_array()) throw fail("tensor '" + name + "' shape is not a list");
-    // Checked arithmetic: [2^32, 2^32, 0] or [2^63, 2] must not wrap into a plausible size.
-    uint64_t numel = 1;
-    bool overflow = false;
+    // Checked arithmetic: [2^32, 2^32, 0] or [2^63, 2] must not wrap into a plausible size. A zero
+    // dimension empties the tensor but libtorch still computes strides from the others, so
+    // [0, 2^62, 4] cannot be allocated either: the product is taken with zeros counted as one.
+    int64_t extent = 1;
+    bool empty = false, overflow = false;
     for (const auto& d : info["shape"]) {
       if (!d.is_number_unsigned()) throw fail("tensor '" + name + "' has a negative or non-integer dimension");
       const uint64_t size = d.get<uint64_t>();
       if (size > static_cast<uint64_t>(INT64_MAX)) throw fail("tensor '" + name + "' has a dimension of " + std::to_string(size) + ", too large");
       e.shape.push_back(static_cast<int64_t>(size));
-      overflow = overflow || __builtin_mul_overflow(numel, size, &numel);
+      if (size == 0) empty = true;
+      else overflow = overflow || __builtin_mul_overflow(extent, static_cast<int64_t>(size), &extent);
     }
+    const uint64_t numel = empty ? 0 : static_cast<uint64_t>(extent);
     uint64_t needed = 0;
-    if (overflow || numel > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, c10::elementSize(e.dtype), &needed))
+    if (overflow || __builtin_mul_overflow(numel, c10::elementSize(e.dtype), &needed))
       throw fail("tensor '" + name + "' has a shape whose size overflows 64 bits");
     const auto& offsets = info["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())

@@ -77,10 +77,10 @@ class HeaderGenerator {
   }
 
   // Brackets or objects `levels` deep around a value: a few, past the reader's bound, or a
-  // hostile amount.
+  // hostile amount (100,000 levels inside a shape crashed the reader before issue 21).
   std::string nest(const std::string& inner) {
-    const uint64_t depths[] = {1, 2, 5, 9, 100, 20000};
-    const uint64_t levels = depths[pick(6)];
+    const uint64_t depths[] = {1, 2, 5, 9, 100, 20000, 100000};
+    const uint64_t levels = depths[pick(7)];
     std::string out;
     if (chance(2)) {
       out.reserve(inner.size() + 2 * levels);

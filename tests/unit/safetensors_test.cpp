@@ -130,10 +130,10 @@ TEST(Safetensors, RefusesEmptyShapesWhoseOtherDimensionsOverflow) {
   EXPECT_NE(parse_error(file_bytes(R"({"b":{"dtype":"BOOL","shape":[0,9223372036854775807,0,2],"data_offsets":[0,0]}})", ""))
                 .find("tensor 'b' has a shape whose size overflows 64 bits"),
             std::string::npos);
-  // Zeros with dimensions whose product fits are legal empty tensors, as libtorch allows.
+  // Zeros beside dimensions whose product fits in int64 are legal empty tensors.
   NamedTensors t = parse_safetensors(
       file_bytes(R"({"e":{"dtype":"F64","shape":[0,9223372036854775807],"data_offsets":[0,0]},)"
-                 R"("f":{"dtype":"U8","shape":[4611686018427387904,0,2],"data_offsets":[0,0]}})",
+                 R"("f":{"dtype":"U8","shape":[4611686018427387904,0,1],"data_offsets":[0,0]}})",
                  ""),
       "x");
   ASSERT_EQ(t.size(), 2u);
@@ -142,8 +142,9 @@ TEST(Safetensors, RefusesEmptyShapesWhoseOtherDimensionsOverflow) {
 }
 
 // Reading a header costs time linear in its tensors (issue 21, item 3: 80,000 tensors took 8 s in
-// `ckpt info`, 48 s in `ckpt consolidate`): four times the tensors may take at most eight times
-// as long, where a quadratic reader takes sixteen.
+// `ckpt info`, 48 s in `ckpt consolidate`): eight times the tensors may take at most 24 times as
+// long (caches make a linear reader somewhat worse than 8x; seen: 8.9x from 20,000 to 80,000),
+// where a quadratic reader takes 64.
 TEST(Safetensors, HeaderParsingScalesLinearly) {
   auto seconds_to_parse = [](int n) {
     std::string header = "{";
@@ -158,8 +159,8 @@ TEST(Safetensors, HeaderParsingScalesLinearly) {
   seconds_to_parse(2000);  // warm up allocators
   // The fastest of three runs each, so that load from other processes does not decide the ratio.
   auto fastest = [&](int n) { return std::min({seconds_to_parse(n), seconds_to_parse(n), seconds_to_parse(n)}); };
-  const double small = fastest(20000), large = fastest(80000);
-  EXPECT_LT(large / small, 8.0) << small << " s for 20,000 tensors, " << large << " s for 80,000";
+  const double small = fastest(10000), large = fastest(80000);
+  EXPECT_LT(large / small, 24.0) << small << " s for 10,000 tensors, " << large << " s for 80,000";
 }
 
 // Mutated files (flipped bytes, cut short, numbers made huge or negative, nesting, repeated
