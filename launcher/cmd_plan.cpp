@@ -1,9 +1,11 @@
 // strata plan: the resolved strategy and pass order, or every error in it.
 #include <algorithm>
 #include <iostream>
+#include <sstream>
 
 #include "commands.h"
 #include "strata/core/step_plan.h"
+#include "strata/model.h"
 #include "strata/pass.h"
 #include "common.h"
 #include "strategy_input.h"
@@ -126,6 +128,13 @@ void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
     std::cout << "  " << dim_name(dim) << std::string(10 - std::string(dim_name(dim)).size(), ' ') << size << "  "
               << (claimant.empty() ? (size > 1 ? "UNCLAIMED" : "-") : "pass " + claimant) << "\n";
   }
+  if (l.tensor > 1)
+    if (const std::string split = static_cast<const ModelFactory*>(plan.model_component)->describe_split(plan.model, l.tensor);
+        !split.empty()) {
+      std::cout << "\nWhat each of the " << l.tensor << " tensor ranks holds of the model:\n";
+      std::istringstream lines(split);
+      for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
+    }
   std::cout << "\nStep program (stages in the order one optimizer step runs them; evaluate every [job] eval_every):\n"
             << describe_step_program(planned_step_program(plan, order));
 }

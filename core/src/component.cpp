@@ -48,6 +48,8 @@ Pass::Pass(ComponentInfo info, PassOrdering ordering, Claims claims)
     : Component(as_pass(std::move(info))), ordering_(std::move(ordering)), claims_(std::move(claims)) {}
 Pass::~Pass() = default;
 
+std::string Pass::size_problem(const Config&, const Config&, const MeshSizes&) const { return {}; }
+
 bool Pass::claims_stage(Stage stage, StageUse use) const {
   for (const auto& c : claims_.stages)
     if (c.stage == stage && c.use == use) return true;

@@ -2,6 +2,7 @@
 // kept in the node as a pointer (the job's topology owns it for the whole run).
 #include "strata/dist.h"
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -23,13 +24,24 @@ int64_t wrap_dim(int64_t dim, const at::Tensor& x) {
   return dim < 0 ? dim + rank : dim;
 }
 
+// Collectives run on the training thread and autograd's (one at a time per process here, but
+// atomics cost nothing next to a collective).
+std::atomic<int64_t> all_reduce_bytes{0}, all_gather_bytes{0}, reduce_scatter_bytes{0}, all_to_all_bytes{0};
+
+int64_t bytes(const at::Tensor& x) { return static_cast<int64_t>(x.numel() * x.element_size()); }
+
+void all_reduce_counted(at::Tensor& x, ReduceOp op, Communicator& group) {
+  all_reduce_bytes += bytes(x);
+  group.all_reduce(x, op)->wait();
+}
+
 Communicator& group_of(AutogradContext* ctx) { return *reinterpret_cast<Communicator*>(ctx->saved_data["group"].toInt()); }
 
 // The collectives themselves, without autograd. The communicator works on dim-0 chunks of
 // contiguous tensors, so `dim` moves to the front and back.
 at::Tensor all_reduce_sum(const at::Tensor& x, Communicator& group) {
   at::Tensor out = x.contiguous().clone();
-  group.all_reduce(out, ReduceOp::Sum)->wait();
+  all_reduce_counted(out, ReduceOp::Sum, group);
   return out;
 }
 
@@ -38,6 +50,7 @@ at::Tensor all_gather_dim(const at::Tensor& x, int64_t dim, Communicator& group)
   std::vector<int64_t> shape = front.sizes().vec();
   shape[0] *= group.size();
   at::Tensor out = at::empty(shape, front.options());
+  all_gather_bytes += bytes(out);
   group.all_gather(out, front)->wait();
   return out.movedim(0, dim).contiguous();
 }
@@ -50,6 +63,7 @@ at::Tensor reduce_scatter_dim(const at::Tensor& x, int64_t dim, Communicator& gr
   std::vector<int64_t> shape = front.sizes().vec();
   shape[0] /= group.size();
   at::Tensor out = at::empty(shape, front.options());
+  reduce_scatter_bytes += bytes(front);
   group.reduce_scatter(out, front, ReduceOp::Sum)->wait();
   return out.movedim(0, dim).contiguous();
 }
@@ -70,6 +84,7 @@ at::Tensor exchange(const at::Tensor& x, int64_t scatter_dim, int64_t gather_dim
   // Chunk j (for rank j) as row j of one contiguous buffer; row j of the result came from rank j.
   const at::Tensor send = at::stack(x.chunk(n, scatter_dim), 0).contiguous();
   at::Tensor received = at::empty_like(send);
+  all_to_all_bytes += bytes(send);
   group.all_to_all(received, send, {}, {})->wait();
   return at::cat(received.unbind(0), gather_dim);
 }
@@ -98,15 +113,15 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const at::Tensor z = logits.to(at::kFloat);
     const int64_t columns = z.size(1);
     at::Tensor max = std::get<0>(z.max(1)).contiguous();
-    g.all_reduce(max, ReduceOp::Max)->wait();
+    all_reduce_counted(max, ReduceOp::Max, g);
     at::Tensor exp = (z - max.unsqueeze(1)).exp_();
     at::Tensor sum = exp.sum(1).contiguous();
-    g.all_reduce(sum, ReduceOp::Sum)->wait();
+    all_reduce_counted(sum, ReduceOp::Sum, g);
     const at::Tensor local = targets - vocab_start;
     const at::Tensor mine = local.ge(0).logical_and_(local.lt(columns));
     const at::Tensor column = local.clamp(0, columns - 1).unsqueeze(1);
     at::Tensor target_logit = z.gather(1, column).squeeze(1).masked_fill(mine.logical_not(), 0.0).contiguous();
-    g.all_reduce(target_logit, ReduceOp::Sum)->wait();
+    all_reduce_counted(target_logit, ReduceOp::Sum, g);
     // log(sum exp(z - max)) + max - z_target, per token
     const at::Tensor loss = sum.log() + max - target_logit;
     ctx->save_for_backward({exp, sum, column, mine});
@@ -173,6 +188,8 @@ struct AllToAll : torch::autograd::Function<AllToAll> {
 int64_t handle(Communicator& group) { return reinterpret_cast<int64_t>(&group); }
 
 }  // namespace
+
+Traffic traffic() { return {all_reduce_bytes.load(), all_gather_bytes.load(), reduce_scatter_bytes.load(), all_to_all_bytes.load()}; }
 
 at::Tensor copy_to_group(const at::Tensor& x, Communicator& group) {
   return group.size() == 1 ? x : CopyToGroup::apply(x, handle(group));

@@ -27,6 +27,8 @@ std::string ModelFactory::split_problem(const Config&, int64_t parts) const {
                     : "model '" + name() + "' cannot be split over tensor-parallel ranks (its factory does not implement create_shard)";
 }
 
+std::string ModelFactory::describe_split(const Config&, int64_t) const { return {}; }
+
 NamedTensors ModelFactory::to_hf(const nn::Model&, const Config&) const {
   throw UserError("model '" + name() + "' has no Hugging Face equivalent to export to");
 }

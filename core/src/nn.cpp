@@ -16,16 +16,17 @@ constexpr double kInitStd = 0.02;  // GPT-2's initialisation; model factories re
 
 namespace {
 
-// This rank's piece of `whole` along `dim`, in `fused` equal sections each split on its own.
+// This rank's piece of `whole` along `dim`, in `fused` sections each split on its own (into equal
+// parts: a fused layer's sections are heads), or split by shard_range when `fused` is 1.
 at::Tensor piece_of(const at::Tensor& whole, int64_t dim, TensorShard shard, int64_t fused) {
   if (shard.parts == 1) return whole;
   const int64_t section = whole.size(dim) / fused;
-  if (whole.size(dim) % fused != 0 || section % shard.parts != 0)
+  if (whole.size(dim) % fused != 0 || (fused > 1 && section % shard.parts != 0) || section < shard.parts)
     throw UserError("a layer of size " + std::to_string(whole.size(dim)) + " along dimension " + std::to_string(dim) + " (" +
-                    std::to_string(fused) + " section(s)) does not split into " + std::to_string(shard.parts) + " equal parts");
-  const int64_t part = section / shard.parts;
+                    std::to_string(fused) + " section(s)) does not split into " + std::to_string(shard.parts) + " parts");
+  const ShardRange range = shard_range(section, shard);
   std::vector<at::Tensor> pieces;
-  for (int64_t s = 0; s < fused; ++s) pieces.push_back(whole.narrow(dim, s * section + shard.index * part, part));
+  for (int64_t s = 0; s < fused; ++s) pieces.push_back(whole.narrow(dim, s * section + range.start, range.size));
   return at::cat(pieces, dim).contiguous();
 }
 
@@ -38,9 +39,14 @@ at::Tensor through(const std::function<at::Tensor(const at::Tensor&)>& hook, con
 
 }  // namespace
 
+ShardRange shard_range(int64_t size, TensorShard shard) {
+  const int64_t base = size / shard.parts, extra = size % shard.parts;
+  return {shard.index * base + std::min(shard.index, extra), base + (shard.index < extra ? 1 : 0)};
+}
+
 Linear::Linear(int64_t in, int64_t out, bool with_bias, ParallelStyle style, TensorShard shard_, double init_std, int64_t fused)
-    : parallel_style(style), shard(style == ParallelStyle::Column || style == ParallelStyle::Row ? shard_ : TensorShard{}),
-      fused_sections(fused) {
+    : in_features(in), out_features(out), parallel_style(style),
+      shard(style == ParallelStyle::Column || style == ParallelStyle::Row ? shard_ : TensorShard{}), fused_sections(fused) {
   check_shard(shard);
   const int64_t dim = parallel_style == ParallelStyle::Row ? 1 : 0;
   // The whole weight is drawn and dropped here: the one whole parameter held beyond the pieces.
@@ -51,15 +57,17 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, ParallelStyle style, Ten
 at::Tensor Linear::forward(const at::Tensor& x) {
   // A row-split layer's outputs are partial sums: its bias goes in after on_output sums them.
   const bool bias_after = bias.defined() && parallel_style == ParallelStyle::Row && shard.parts > 1;
-  at::Tensor y = ops::linear(through(hooks.on_input, x), weight,
-                             bias.defined() && !bias_after ? std::optional<at::Tensor>(bias) : std::nullopt);
+  const at::Tensor b = bias.defined() ? through(hooks.on_bias, bias) : bias;
+  at::Tensor y = ops::linear(through(hooks.on_input, x), through(hooks.on_weight, weight),
+                             b.defined() && !bias_after ? std::optional<at::Tensor>(b) : std::nullopt);
   y = through(hooks.on_output, y);
-  return bias_after ? y + bias : y;
+  return bias_after ? y + b : y;
 }
 
-Embedding::Embedding(int64_t count, int64_t dim, ParallelStyle style, TensorShard shard_)
-    : parallel_style(style), shard(style == ParallelStyle::Column ? shard_ : TensorShard{}) {
+Embedding::Embedding(int64_t count_, int64_t dim, ParallelStyle style, TensorShard shard_)
+    : count(count_), parallel_style(style), shard(style == ParallelStyle::Column ? shard_ : TensorShard{}) {
   check_shard(shard);
+  first_row = shard_range(count, shard).start;
   weight = register_parameter("weight", piece_of(at::empty({count, dim}).normal_(0.0, kInitStd), 0, shard, 1));
 }
 
@@ -67,7 +75,7 @@ at::Tensor Embedding::forward(const at::Tensor& ids_in) {
   const at::Tensor ids = through(hooks.on_input, ids_in);
   if (shard.parts == 1) return through(hooks.on_output, at::embedding(weight, ids));
   const int64_t rows = weight.size(0);
-  const at::Tensor local = ids - shard.index * rows;
+  const at::Tensor local = ids - first_row;
   const at::Tensor outside = local.lt(0).logical_or_(local.ge(rows));
   at::Tensor out = at::embedding(weight, local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
   return through(hooks.on_output, out);
@@ -77,19 +85,35 @@ at::Tensor TiedLinear::forward(const at::Tensor& x) {
   return through(hooks.on_output, ops::linear(through(hooks.on_input, x), embedding_->weight, std::nullopt));
 }
 
-LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_) : eps(eps_) {
+LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_, ParallelStyle style) : eps(eps_), parallel_style(style) {
   weight = register_parameter("weight", at::ones({dim}));
   if (with_bias) bias = register_parameter("bias", at::zeros({dim}));
 }
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) {
-  return through(hooks.on_output,
-                 ops::layer_norm(through(hooks.on_input, x), weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, eps));
+  return through(hooks.on_output, ops::layer_norm(through(hooks.on_input, x), through(hooks.on_weight, weight),
+                                                  bias.defined() ? std::optional<at::Tensor>(through(hooks.on_bias, bias)) : std::nullopt,
+                                                  eps));
 }
 
-RmsNorm::RmsNorm(int64_t dim, double eps_) : eps(eps_) { weight = register_parameter("weight", at::ones({dim})); }
+RmsNorm::RmsNorm(int64_t dim, double eps_, ParallelStyle style) : eps(eps_), parallel_style(style) {
+  weight = register_parameter("weight", at::ones({dim}));
+}
 
-at::Tensor RmsNorm::forward(const at::Tensor& x) { return through(hooks.on_output, ops::rms_norm(through(hooks.on_input, x), weight, eps)); }
+at::Tensor RmsNorm::forward(const at::Tensor& x) {
+  return through(hooks.on_output, ops::rms_norm(through(hooks.on_input, x), through(hooks.on_weight, weight), eps));
+}
+
+at::Tensor Dropout::forward(const at::Tensor& x) {
+  if (sequence_shard.parts == 1 || !is_training() || p == 0.0 || p == 1.0) return at::dropout(x, p, is_training());
+  // at::dropout's CPU recipe (a Bernoulli(1 - p) mask of the input's shape, divided by 1 - p, times
+  // the input) for the whole sequence, of which this rank keeps its tokens (dimension -2).
+  std::vector<int64_t> whole = x.sizes().vec();
+  const int64_t local = whole.at(whole.size() - 2);
+  whole[whole.size() - 2] = local * sequence_shard.parts;
+  const at::Tensor noise = at::empty(whole, x.options()).bernoulli_(1.0 - p);
+  return x * noise.narrow(-2, sequence_shard.index * local, local).div_(1.0 - p);
+}
 
 Block::~Block() = default;
 
@@ -130,14 +154,15 @@ at::Tensor Model::forward(const at::Tensor& tokens) {
 
 namespace {
 
-// Where piece_of puts this rank's piece: a block along `dim`, in `fused` sections along dim 0.
-Placement piece_placement(const at::Tensor& piece, int64_t dim, TensorShard shard, int64_t fused) {
+// Where piece_of puts this rank's piece of a tensor `whole_size` long along `dim`: a block along
+// `dim`, in `fused` sections along dim 0.
+Placement piece_placement(const at::Tensor& piece, int64_t dim, int64_t whole_size, TensorShard shard, int64_t fused) {
   Placement p;
   p.shape = piece.sizes().vec();
-  p.shape[dim] *= shard.parts;
+  p.shape[dim] = whole_size;
   p.block_start.assign(p.shape.size(), 0);
   p.block_size = piece.sizes().vec();
-  p.block_start[dim] = shard.index * (piece.size(dim) / fused);
+  p.block_start[dim] = shard_range(whole_size / fused, shard).start;
   p.sections = dim == 0 ? fused : 1;
   p.sharded_over = {Dim::Tensor};
   return p;
@@ -152,10 +177,12 @@ Placements parameter_placements(const Model& model) {
     if (const auto* linear = dynamic_cast<const Linear*>(item.value().get()); linear && linear->shard.parts > 1) {
       const bool row = linear->parallel_style == ParallelStyle::Row;
       const int64_t fused = row ? 1 : linear->fused_sections;
-      out.emplace(prefix + "weight", piece_placement(linear->weight, row ? 1 : 0, linear->shard, fused));
-      if (linear->bias.defined() && !row) out.emplace(prefix + "bias", piece_placement(linear->bias, 0, linear->shard, fused));
+      out.emplace(prefix + "weight", piece_placement(linear->weight, row ? 1 : 0, row ? linear->in_features : linear->out_features,
+                                                     linear->shard, fused));
+      if (linear->bias.defined() && !row)
+        out.emplace(prefix + "bias", piece_placement(linear->bias, 0, linear->out_features, linear->shard, fused));
     } else if (const auto* embedding = dynamic_cast<const Embedding*>(item.value().get()); embedding && embedding->shard.parts > 1) {
-      out.emplace(prefix + "weight", piece_placement(embedding->weight, 0, embedding->shard, 1));
+      out.emplace(prefix + "weight", piece_placement(embedding->weight, 0, embedding->count, embedding->shard, 1));
     }
   }
   return out;

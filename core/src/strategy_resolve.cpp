@@ -266,6 +266,11 @@ std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) 
       diagnostics.error(plan.parallel.has("tensor") && !plan.parallel.entry("tensor").pos.file.empty() ? plan.parallel.entry("tensor").pos
                                                                                                         : SourcePos{plan.file, 0, 0},
                         problem);
+  const MeshSizes mesh{plan.layout.data, plan.layout.tensor, plan.layout.pipeline, plan.layout.context};
+  for (const auto& entry : plan.passes)
+    if (entry.enabled)
+      if (const std::string problem = entry.pass->size_problem(entry.config, plan.model, mesh); !problem.empty())
+        diagnostics.error(entry.pos, problem);
   std::unique_ptr<TokenDataset> data;
   try {
     data = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{std::filesystem::current_path()});

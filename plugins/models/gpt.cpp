@@ -11,20 +11,18 @@ namespace {
 
 class Embed final : public nn::Block {
  public:
-  Embed(int64_t vocab, int64_t seq_len, int64_t d_model, double dropout, nn::TensorShard shard)
-      : Block("embedding"), dropout_(dropout) {
+  Embed(int64_t vocab, int64_t seq_len, int64_t d_model, double dropout, nn::TensorShard shard) : Block("embedding") {
     // Vocab parallel under tensor parallel: each rank holds its rows of the token embedding.
     wte = register_module("wte", std::make_shared<nn::Embedding>(vocab, d_model, nn::ParallelStyle::Column, shard));
-    wpe = register_module("wpe", std::make_shared<nn::Embedding>(seq_len, d_model));
+    wpe = register_module("wpe", std::make_shared<nn::Embedding>(seq_len, d_model, nn::ParallelStyle::Sequence));
+    drop = register_module("drop", std::make_shared<nn::Dropout>(dropout));
   }
   at::Tensor forward(const at::Tensor& tokens) override {
     at::Tensor positions = at::arange(tokens.size(1), tokens.options());
-    return at::dropout(wte->forward(tokens) + wpe->forward(positions), dropout_, is_training());
+    return drop->forward(wte->forward(tokens) + wpe->forward(positions));
   }
   std::shared_ptr<nn::Embedding> wte, wpe;
-
- private:
-  double dropout_;
+  std::shared_ptr<nn::Dropout> drop;
 };
 
 // Under tensor parallel, c_attn is split per head (this rank's heads' rows of q, of k and of v)
@@ -32,10 +30,11 @@ class Embed final : public nn::Block {
 class Attention final : public torch::nn::Module {
  public:
   Attention(int64_t d_model, int64_t n_head, bool bias, double dropout, nn::TensorShard shard, double proj_std)
-      : head_dim_(d_model / n_head), dropout_(dropout) {
+      : head_dim_(d_model / n_head) {
     c_attn = register_module("c_attn", std::make_shared<nn::Linear>(d_model, 3 * d_model, bias, nn::ParallelStyle::Column, shard,
                                                                     0.02, /*fused=*/3));
     c_proj = register_module("c_proj", std::make_shared<nn::Linear>(d_model, d_model, bias, nn::ParallelStyle::Row, shard, proj_std));
+    resid_drop = register_module("resid_drop", std::make_shared<nn::Dropout>(dropout));
   }
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1);
@@ -45,36 +44,33 @@ class Attention final : public torch::nn::Module {
     std::vector<at::Tensor> qkv = fused.split(local, -1);
     at::Tensor y = ops::attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true);
     y = y.transpose(1, 2).reshape({b, t, local});
-    return at::dropout(c_proj->forward(y), dropout_, is_training());
+    return resid_drop->forward(c_proj->forward(y));
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;
+  std::shared_ptr<nn::Dropout> resid_drop;
 
  private:
   int64_t head_dim_;
-  double dropout_;
 };
 
 class Mlp final : public torch::nn::Module {
  public:
-  Mlp(int64_t d_model, bool bias, double dropout, nn::TensorShard shard, double proj_std) : dropout_(dropout) {
+  Mlp(int64_t d_model, bool bias, double dropout, nn::TensorShard shard, double proj_std) {
     c_fc = register_module("c_fc", std::make_shared<nn::Linear>(d_model, 4 * d_model, bias, nn::ParallelStyle::Column, shard));
     c_proj = register_module("c_proj", std::make_shared<nn::Linear>(4 * d_model, d_model, bias, nn::ParallelStyle::Row, shard, proj_std));
+    resid_drop = register_module("resid_drop", std::make_shared<nn::Dropout>(dropout));
   }
-  at::Tensor forward(const at::Tensor& x) {
-    return at::dropout(c_proj->forward(ops::gelu(c_fc->forward(x))), dropout_, is_training());
-  }
+  at::Tensor forward(const at::Tensor& x) { return resid_drop->forward(c_proj->forward(ops::gelu(c_fc->forward(x)))); }
   std::shared_ptr<nn::Linear> c_fc, c_proj;
-
- private:
-  double dropout_;
+  std::shared_ptr<nn::Dropout> resid_drop;
 };
 
 class TransformerBlock final : public nn::Block {
  public:
   TransformerBlock(int64_t d_model, int64_t n_head, bool bias, double dropout, nn::TensorShard shard, double proj_std) : Block("block") {
-    ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(d_model, bias));
+    ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(d_model, bias, 1e-5, nn::ParallelStyle::Sequence));
     attn = register_module("attn", std::make_shared<Attention>(d_model, n_head, bias, dropout, shard, proj_std));
-    ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(d_model, bias));
+    ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(d_model, bias, 1e-5, nn::ParallelStyle::Sequence));
     mlp = register_module("mlp", std::make_shared<Mlp>(d_model, bias, dropout, shard, proj_std));
   }
   at::Tensor forward(const at::Tensor& x) override {
@@ -92,7 +88,7 @@ class TransformerBlock final : public nn::Block {
 class Head final : public nn::Block {
  public:
   Head(int64_t d_model, bool bias, std::shared_ptr<nn::Embedding> tied) : Block("head") {
-    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(d_model, bias));
+    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(d_model, bias, 1e-5, nn::ParallelStyle::Sequence));
     lm_head = register_module("lm_head", std::make_shared<nn::TiedLinear>(std::move(tied)));
   }
   at::Tensor forward(const at::Tensor& x) override { return lm_head->forward(ln_f->forward(x)); }
@@ -120,15 +116,21 @@ class Gpt final : public ModelFactory {
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
 
-  // Whole heads per rank (so c_attn, c_proj and the 4 x d_model MLP split too) and whole
-  // vocabulary rows.
+  // Whole heads per rank (so c_attn, c_proj and the 4 x d_model MLP split too); the vocabulary
+  // splits unevenly when it must (nn::shard_range).
   std::string split_problem(const Config& c, int64_t parts) const override {
     if (c.get_int("n_head") % parts != 0)
       return "[model] n_head " + std::to_string(c.get_int("n_head")) + " does not divide by [parallel] tensor = " + std::to_string(parts);
-    if (c.get_int("vocab_size") % parts != 0)
-      return "[model] vocab_size " + std::to_string(c.get_int("vocab_size")) + " does not divide by [parallel] tensor = " +
-             std::to_string(parts) + " (vocabulary padding is not implemented yet)";
+    if (c.get_int("vocab_size") < parts)
+      return "[model] vocab_size " + std::to_string(c.get_int("vocab_size")) + " is smaller than [parallel] tensor = " + std::to_string(parts);
     return {};
+  }
+
+  std::string describe_split(const Config& c, int64_t parts) const override {
+    const int64_t heads = c.get_int("n_head"), d = c.get_int("d_model"), vocab = c.get_int("vocab_size");
+    return "attention: " + std::to_string(heads / parts) + " of " + std::to_string(heads) + " heads per rank (c_attn per head, c_proj by rows)\n" +
+           "mlp: " + std::to_string(4 * d / parts) + " of " + std::to_string(4 * d) + " hidden columns per rank\n" +
+           vocab_line(vocab, parts) + " (token embedding and tied head)\n";
   }
 
   // Attention and MLP split over the tensor ranks (whole heads each), the token embedding and the

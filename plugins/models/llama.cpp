@@ -90,10 +90,11 @@ class DecoderLayer final : public nn::Block {
   DecoderLayer(const Config& c, int64_t hidden, nn::TensorShard shard) : Block("block") {
     const int64_t d = c.get_int("d_model");
     const double eps = c.get_float("norm_eps");
-    input_layernorm = register_module("input_layernorm", std::make_shared<nn::RmsNorm>(d, eps));
+    input_layernorm = register_module("input_layernorm", std::make_shared<nn::RmsNorm>(d, eps, nn::ParallelStyle::Sequence));
     self_attn = register_module("self_attn", std::make_shared<Attention>(d, c.get_int("n_head"), c.get_int("n_kv_head"),
                                                                          c.get_float("rope_theta"), shard));
-    post_attention_layernorm = register_module("post_attention_layernorm", std::make_shared<nn::RmsNorm>(d, eps));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", std::make_shared<nn::RmsNorm>(d, eps, nn::ParallelStyle::Sequence));
     mlp = register_module("mlp", std::make_shared<Mlp>(d, hidden, shard));
   }
   at::Tensor forward(const at::Tensor& x) override {
@@ -110,7 +111,7 @@ class DecoderLayer final : public nn::Block {
 class Head final : public nn::Block {
  public:
   Head(int64_t d_model, int64_t vocab, double eps, std::shared_ptr<nn::Embedding> tied, nn::TensorShard shard) : Block("head") {
-    norm = register_module("norm", std::make_shared<nn::RmsNorm>(d_model, eps));
+    norm = register_module("norm", std::make_shared<nn::RmsNorm>(d_model, eps, nn::ParallelStyle::Sequence));
     if (tied)
       tied_head = register_module("tied_head", std::make_shared<nn::TiedLinear>(std::move(tied)));
     else
@@ -159,16 +160,28 @@ class Llama final : public ModelFactory {
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
 
-  // Whole q heads, SwiGLU columns and vocabulary rows per rank; kv heads split when they divide
-  // and stay whole (Replicated) otherwise.
+  // Whole q heads and SwiGLU columns per rank; kv heads split when they divide and stay whole
+  // (Replicated) otherwise; the vocabulary splits unevenly when it must (nn::shard_range).
   std::string split_problem(const Config& c, int64_t parts) const override {
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(c.get_int("d_model"));
     const std::string by = " does not divide by [parallel] tensor = " + std::to_string(parts);
     if (c.get_int("n_head") % parts != 0) return "[model] n_head " + std::to_string(c.get_int("n_head")) + by;
     if (hidden % parts != 0) return "[model] ffn_hidden (the SwiGLU width, " + std::to_string(hidden) + ")" + by;
-    if (c.get_int("vocab_size") % parts != 0)
-      return "[model] vocab_size " + std::to_string(c.get_int("vocab_size")) + by + " (vocabulary padding is not implemented yet)";
+    if (c.get_int("vocab_size") < parts)
+      return "[model] vocab_size " + std::to_string(c.get_int("vocab_size")) + " is smaller than [parallel] tensor = " + std::to_string(parts);
     return {};
+  }
+
+  std::string describe_split(const Config& c, int64_t parts) const override {
+    const int64_t heads = c.get_int("n_head"), kv = c.get_int("n_kv_head");
+    const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(c.get_int("d_model"));
+    std::string out = "attention: " + std::to_string(heads / parts) + " of " + std::to_string(heads) + " q heads per rank; ";
+    out += kv % parts == 0 ? std::to_string(kv / parts) + " of " + std::to_string(kv) + " kv heads per rank (k_proj, v_proj split)\n"
+                           : "kv heads replicated: n_kv_head " + std::to_string(kv) + " does not divide by " + std::to_string(parts) +
+                                 ", so every rank holds all " + std::to_string(kv) + " (k_proj, v_proj whole, gradients summed)\n";
+    out += "mlp: " + std::to_string(hidden / parts) + " of " + std::to_string(hidden) + " SwiGLU columns per rank\n";
+    return out + vocab_line(c.get_int("vocab_size"), parts) + (c.get_bool("tie_embeddings") ? " (token embedding and tied head)\n"
+                                                                                             : " (token embedding and lm_head)\n");
   }
 
   // Attention (by heads) and MLP split over the tensor ranks, the token embedding and the head by

@@ -28,5 +28,7 @@ NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, T
 // Loads [model] init_from into `model` when it is set.
 void init_from(nn::Model& model, const ModelFactory& factory, const Config& config);
 std::string json_number(double value);
+// "vocabulary: V/t rows per rank", or the uneven rows when t does not divide V.
+std::string vocab_line(int64_t vocab, int64_t parts);
 
 }  // namespace strata::models

@@ -61,6 +61,13 @@ void register_components(Registry& registry) {
 }
 }  // namespace
 
+std::string vocab_line(int64_t vocab, int64_t parts) {
+  if (vocab % parts == 0) return "vocabulary: " + std::to_string(vocab / parts) + " of " + std::to_string(vocab) + " rows per rank";
+  const nn::ShardRange first = nn::shard_range(vocab, {parts, 0}), last = nn::shard_range(vocab, {parts, parts - 1});
+  return "vocabulary: " + std::to_string(first.size) + " or " + std::to_string(last.size) + " of " + std::to_string(vocab) +
+         " rows per rank (split unevenly, no padding rows)";
+}
+
 }  // namespace strata::models
 
 STRATA_PLUGIN("models", "0.2.0", strata::models::register_components)

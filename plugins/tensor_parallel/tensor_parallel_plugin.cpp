@@ -1,71 +1,148 @@
-// Tensor parallel (Megatron style) over the tensor dimension of the mesh. The model is already
-// built at its local shapes (ModelFactory::create_shard: attention by heads, MLP by its hidden
-// width, token embedding and output head by vocabulary rows); this pass connects the pieces with
-// the conjugate collectives at the layers' interception points and replaces the loss:
+// Tensor parallel (Megatron style) over the tensor dimension of the mesh, with optional sequence
+// parallel. The model is already built at its local shapes (ModelFactory::create_shard:
+// attention by heads, MLP by its hidden width, token embedding and output head by vocabulary
+// rows); this pass connects the pieces with the conjugate collectives at the layers'
+// interception points (nn::LayerHooks) and replaces the loss.
+//
+// Without sequence parallel the residual stream (norms, dropout, residual adds, positions) is
+// replicated over the tensor group:
 //   Column Linear     input through copy_to_group (identity forward, all-reduce backward)
 //   Row Linear        output through reduce_from_group (all-reduce forward); bias added after
 //   Replicated Linear output through copy_to_group (whole layer whose output each rank uses in
 //                     part, e.g. Llama's k/v when the kv heads do not divide: its gradient sums)
 //   Column Embedding  output through reduce_from_group (each rank contributes its rows)
 //   TiedLinear head   input through copy_to_group; logits stay split by vocabulary
-//   loss              vocab-parallel cross entropy (dist.h): full logits never exist
-// Every other parameter (norms, positions, Row biases) sees identical gradients on every tensor
-// rank, so nothing else is synchronised over the tensor group. Dropout: every dropout of the
-// bundled models sits in a replicated region (after a Row layer's reduction, on the embedding
-// sum), where all tensor ranks draw the same masks from the same generator state, which are also
-// the single-process masks; no model here draws random numbers inside a split region.
+// With sequence parallel the residual stream is split by tokens (dimension -2, s/t per rank):
+//   Sequence norm     output through gather_along (all-gather forward, reduce-scatter backward):
+//                     the whole sequence for the Column layers it feeds, which then need no
+//                     hook (the reduce-scatter sums their input gradients)
+//   Row Linear        output through reduce_scatter_along (reduce-scatter forward, all-gather
+//                     backward): this rank's tokens, summed
+//   Column Embedding  output through reduce_scatter_along
+//   Sequence Embedding (learned positions) output through scatter_along: this rank's positions
+//   Dropout           this rank's rows of the whole sequence's mask (nn::Dropout)
+// and every whole parameter that now sees only this rank's tokens (norm weights and biases, Row
+// biases, a Replicated Linear's weight) computes through copy_to_group, so its gradient is the sum
+// over the tensor group before any data-parallel pass sees it.
+//   loss              vocab-parallel cross entropy (dist.h) on the whole sequence's logits
+//                     split by vocabulary: full logits never exist
+// Dropout rule: every dropout of the bundled models sits on the residual stream, where all tensor
+// ranks draw the same masks from the same generator state, which are also the single-process
+// masks (under sequence parallel each rank applies its tokens' rows of that mask); no bundled
+// model draws random numbers inside a split region, where masks would have to differ per rank.
 #include <ATen/ATen.h>
 
 #include "strata/dist.h"
+#include "strata/job.h"
 #include "strata/plugin.h"
 
 namespace strata::tensor_parallel {
 namespace {
 
+// Activations are [.., tokens, features]: sequence parallel splits the tokens.
+constexpr int64_t kTokenDim = -2;
+
 class TensorParallelPass final : public Pass {
  public:
   TensorParallelPass()
       : Pass({ComponentKind::Pass, "tensor_parallel",
-              "Megatron tensor parallel over [parallel] tensor: column/row-parallel layers, vocab-parallel embedding and loss",
-              Schema()},
+              "Megatron tensor parallel over [parallel] tensor: column/row-parallel layers, vocab-parallel embedding and loss, "
+              "optional sequence parallel",
+              Schema().boolean("sequence_parallel", false,
+                               "Split the residual stream (norms, dropout, residual adds) by tokens over the tensor ranks: "
+                               "all-gather before column layers, reduce-scatter after row layers; needs [model] seq_len divisible "
+                               "by [parallel] tensor")},
              {Phase::ModelRewrite, {}, {}, {}, {}}, {{Dim::Tensor}, {}}) {}
 
-  void apply(Job& job, const Config&) const override {
+  std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const override {
+    if (!config.get_bool("sequence_parallel") || !model.has("seq_len") || model.get_int("seq_len") % mesh.tensor == 0) return {};
+    return "pass 'tensor_parallel': sequence_parallel needs [model] seq_len " + std::to_string(model.get_int("seq_len")) +
+           " to divide by [parallel] tensor = " + std::to_string(mesh.tensor);
+  }
+
+  void apply(Job& job, const Config& config) const override {
     Communicator& group = job.topology->group(Dim::Tensor);
     if (group.size() == 1) return;  // nothing is split
+    const bool sp = config.get_bool("sequence_parallel");
+    const nn::TensorShard shard{group.size(), group.rank()};
+    using Hook = std::function<at::Tensor(const at::Tensor&)>;
+    const Hook copy = [&group](const at::Tensor& x) { return dist::copy_to_group(x, group); };
+    const Hook reduce = [&group](const at::Tensor& y) { return dist::reduce_from_group(y, group); };
+    const Hook gather = [&group](const at::Tensor& x) { return dist::gather_along(x, kTokenDim, group); };
+    const Hook reduce_scatter = [&group](const at::Tensor& y) { return dist::reduce_scatter_along(y, kTokenDim, group); };
+    const Hook scatter = [&group](const at::Tensor& y) { return dist::scatter_along(y, kTokenDim, group); };
     int split_layers = 0;
     for (const auto& item : job.model->named_modules()) {
       torch::nn::Module* module = item.value().get();
       if (auto* linear = dynamic_cast<nn::Linear*>(module)) {
         switch (linear->parallel_style) {
           case nn::ParallelStyle::Column:
-            linear->hooks.on_input = [&group](const at::Tensor& x) { return dist::copy_to_group(x, group); };
+            if (!sp) linear->hooks.on_input = copy;  // under sp the norm's gather feeds it
             ++split_layers;
             break;
           case nn::ParallelStyle::Row:
-            linear->hooks.on_output = [&group](const at::Tensor& y) { return dist::reduce_from_group(y, group); };
+            if (sp) {
+              linear->hooks.on_output = reduce_scatter;
+              linear->hooks.on_bias = copy;  // added to this rank's tokens only
+            } else {
+              linear->hooks.on_output = reduce;
+            }
             ++split_layers;
             break;
           case nn::ParallelStyle::Replicated:
-            linear->hooks.on_output = [&group](const at::Tensor& y) { return dist::copy_to_group(y, group); };
+            if (sp) {
+              linear->hooks.on_weight = copy;  // input gradient partial (summed by the gather), weight gradient summed here
+              linear->hooks.on_bias = copy;
+            } else {
+              linear->hooks.on_output = copy;
+            }
             break;
           default:  // whole, in a replicated region: every rank computes the same
             break;
         }
-      } else if (auto* embedding = dynamic_cast<nn::Embedding*>(module); embedding && embedding->shard.parts > 1) {
-        embedding->hooks.on_output = [&group](const at::Tensor& y) { return dist::reduce_from_group(y, group); };
+      } else if (auto* embedding = dynamic_cast<nn::Embedding*>(module)) {
+        if (embedding->shard.parts > 1) embedding->hooks.on_output = sp ? reduce_scatter : reduce;
+        else if (sp && embedding->parallel_style == nn::ParallelStyle::Sequence) embedding->hooks.on_output = scatter;
       } else if (auto* head = dynamic_cast<nn::TiedLinear*>(module); head && head->embedding().shard.parts > 1) {
-        head->hooks.on_input = [&group](const at::Tensor& x) { return dist::copy_to_group(x, group); };
+        if (!sp) head->hooks.on_input = copy;
+      } else if (auto* norm = dynamic_cast<nn::LayerNorm*>(module); norm && sp) {
+        require_sequence_style(norm->parallel_style, item.key());
+        norm->hooks.on_weight = norm->hooks.on_bias = copy;
+        norm->hooks.on_output = gather;
+      } else if (auto* rms = dynamic_cast<nn::RmsNorm*>(module); rms && sp) {
+        require_sequence_style(rms->parallel_style, item.key());
+        rms->hooks.on_weight = copy;
+        rms->hooks.on_output = gather;
+      } else if (auto* dropout = dynamic_cast<nn::Dropout*>(module); dropout && sp) {
+        dropout->sequence_shard = shard;
       }
     }
     if (split_layers == 0)
       throw UserError("tensor_parallel: model '" + job.job_config().get_string("model") + "' has no layer split over the tensor ranks");
-    // The logits are this rank's vocabulary columns: [vocab_start, vocab_start + local).
-    const int64_t rank = group.rank();
-    job.loss = [&group, rank](const at::Tensor& logits, const at::Tensor& targets) {
+    // The logits are this rank's vocabulary columns (nn::shard_range of the vocabulary).
+    const int64_t vocab_start = nn::shard_range(job.model->vocab_size(), shard).start;
+    job.loss = [&group, vocab_start](const at::Tensor& logits, const at::Tensor& targets) {
       const int64_t local = logits.size(-1);
-      return dist::vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.reshape(-1), rank * local, group);
+      return dist::vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.reshape(-1), vocab_start, group);
     };
+    // Bytes this rank's model-parallel collectives moved in the step, forward and backward.
+    auto last = std::make_shared<dist::Traffic>(dist::traffic());
+    job.add_hook(HookPoint::AfterStep, [last](StepContext& context) {
+      const dist::Traffic now = dist::traffic();
+      context.metrics.emplace_back("tp_all_reduce_bytes", static_cast<double>(now.all_reduce - last->all_reduce));
+      context.metrics.emplace_back("tp_all_gather_bytes", static_cast<double>(now.all_gather - last->all_gather));
+      context.metrics.emplace_back("tp_reduce_scatter_bytes", static_cast<double>(now.reduce_scatter - last->reduce_scatter));
+      *last = now;
+    });
+  }
+
+ private:
+  // Sequence parallel gathers every norm's output for the Column layers after it: a norm of
+  // another kind (inside a split region, say) would need its own rule, so it is refused.
+  static void require_sequence_style(nn::ParallelStyle style, const std::string& name) {
+    if (style != nn::ParallelStyle::Sequence)
+      throw UserError("tensor_parallel: sequence_parallel does not know where norm '" + name +
+                      "' sits (it is not marked as a residual-stream norm, nn::ParallelStyle::Sequence)");
   }
 };
 
@@ -74,4 +151,4 @@ void register_components(Registry& registry) { registry.add(std::make_unique<Ten
 }  // namespace
 }  // namespace strata::tensor_parallel
 
-STRATA_PLUGIN("tensor_parallel", "0.1.0", strata::tensor_parallel::register_components)
+STRATA_PLUGIN("tensor_parallel", "0.2.0", strata::tensor_parallel::register_components)

@@ -236,6 +236,48 @@ TEST(ModelShards, IndivisibleSizesAreRefusedNamingTheKey) {
   EXPECT_EQ(factory("gpt").split_problem(config, 2), "");
 }
 
+// A vocabulary that does not divide splits unevenly (no padding rows): pieces differ by one row,
+// cover the vocabulary once, and hold the whole model's values.
+TEST(ModelShards, UnevenVocabularySplitsWithoutPadding) {
+  int64_t covered = 0;
+  for (int64_t index = 0; index < 4; ++index) {
+    const nn::ShardRange r = nn::shard_range(385, {4, index});
+    EXPECT_EQ(r.start, covered);
+    EXPECT_EQ(r.size, index == 0 ? 97 : 96);
+    covered += r.size;
+  }
+  EXPECT_EQ(covered, 385);
+  check_shards("gpt", {{"n_layer", int64_t{1}}, {"n_head", int64_t{12}}, {"d_model", int64_t{48}}, {"vocab_size", int64_t{99}},
+                       {"seq_len", int64_t{8}}});
+  check_shards("llama", {{"n_layer", int64_t{1}}, {"n_head", int64_t{12}}, {"n_kv_head", int64_t{4}}, {"d_model", int64_t{48}},
+                         {"ffn_hidden", int64_t{96}}, {"vocab_size", int64_t{99}}, {"seq_len", int64_t{8}},
+                         {"tie_embeddings", false}});
+}
+
+// Sequence-parallel dropout: each rank's mask is its tokens' rows of the mask at::dropout draws
+// for the whole sequence from the same generator state, bit for bit, and every rank leaves the
+// generator where at::dropout does.
+TEST(Dropout, SequenceShardsApplyRowsOfTheWholeSequencesMask) {
+  const at::Tensor x = at::randn({2, 12, 5});
+  at::manual_seed(11);
+  const at::Tensor whole = at::dropout(x, 0.25, /*train=*/true);
+  const double after = at::rand({1}).item<double>();
+  for (int64_t parts : {1, 2, 3, 4})
+    for (int64_t index = 0; index < parts; ++index) {
+      nn::Dropout dropout(0.25);
+      dropout.sequence_shard = {parts, index};
+      const int64_t local = 12 / parts;
+      at::manual_seed(11);
+      EXPECT_TRUE(at::equal(dropout.forward(x.narrow(1, index * local, local)), whole.narrow(1, index * local, local)))
+          << index << "/" << parts;
+      EXPECT_EQ(at::rand({1}).item<double>(), after);
+    }
+  nn::Dropout dropout(0.25);
+  dropout.sequence_shard = {2, 1};
+  dropout.eval();
+  EXPECT_TRUE(at::equal(dropout.forward(x), x));
+}
+
 TEST(LayerHooks, InterceptInputAndOutputAndRowBiasAfterTheSum) {
   at::manual_seed(2);
   nn::Linear whole(4, 3, true);

@@ -44,4 +44,13 @@ STRATA_API at::Tensor all_to_all(const at::Tensor& x, int64_t scatter_dim, int64
 STRATA_API at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
                                                    Communicator& group);
 
+// Bytes the collectives above moved through this process since it started, forward and backward,
+// by kind: all-reduce counts the tensor reduced, all-gather the gathered result, reduce-scatter
+// the input before it is reduced, all-to-all the input (the sizes the communication-volume formulas
+// of tensor and sequence parallel use). Passes report the change per step.
+struct Traffic {
+  int64_t all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0;
+};
+STRATA_API Traffic traffic();
+
 }  // namespace strata::dist

@@ -25,6 +25,10 @@ class STRATA_API ModelFactory : public Component {
   // named with their keys), or empty when it can. `strata plan` reports it; create_shard refuses
   // the same. This default allows one part only, as the default create_shard does.
   virtual std::string split_problem(const Config& config, int64_t parts) const;
+  // What each rank holds of the model split into `parts` (a line per split layer kind: heads,
+  // kv heads split or replicated, MLP columns, vocabulary rows), shown by `strata plan`. This
+  // default says nothing.
+  virtual std::string describe_split(const Config& config, int64_t parts) const;
 
   // Hugging Face interchange (transformers' names and layouts). A model without an equivalent
   // keeps these defaults, which refuse with a UserError.

@@ -19,21 +19,32 @@ namespace strata::nn {
 // (a Linear's outputs, an Embedding's rows: vocab parallel), Row splits dimension 1 (a Linear's
 // inputs); None is replicated. Replicated marks a whole Linear inside a split region whose output
 // each rank uses only part of (Llama's k/v projections when the kv heads do not divide): its
-// output gradient is summed over the group. Sequence marks norms that run on sequence-sharded
-// activations.
+// output gradient is summed over the group. Sequence marks what sits on the residual stream
+// between a Row layer's sum and the next Column layers, which sequence parallel splits by tokens:
+// a norm (whose output feeds Column layers) or a position embedding (indexed by token position).
 enum class ParallelStyle { None, Column, Row, Sequence, Replicated };
 
-// This rank's piece of a split layer: `parts` equal pieces, this rank holds piece `index`.
+// This rank's piece of a split layer: `parts` pieces, this rank holds piece `index`.
 struct TensorShard {
   int64_t parts = 1;
   int64_t index = 0;
 };
 
+// Where piece `shard.index` of `size` elements split in `shard.parts` lies: pieces differ by at
+// most one element, the larger first (equal when `parts` divides `size`), so a vocabulary of any
+// size splits over any tensor size without padding rows.
+struct ShardRange {
+  int64_t start = 0, size = 0;
+};
+STRATA_API ShardRange shard_range(int64_t size, TensorShard shard);
+
 // Interception points of a layer, for passes that wrap it (tensor parallel's conjugate
 // collectives, fp8 casts): on_input runs on the input before the layer computes, on_output on
-// its output. A Row-split Linear adds its bias after on_output, so a sum over ranks adds it once.
+// its output, on_weight and on_bias on those parameters before the layer uses them (sequence
+// parallel sums the gradients of whole parameters that only saw this rank's tokens). A Row-split
+// Linear adds its bias after on_output, so a sum over ranks adds it once.
 struct LayerHooks {
-  std::function<at::Tensor(const at::Tensor&)> on_input, on_output;
+  std::function<at::Tensor(const at::Tensor&)> on_input, on_output, on_weight, on_bias;
 };
 
 // Layers are built at their local shapes. Initialisation draws the whole tensor from the global
@@ -49,6 +60,7 @@ class STRATA_API Linear : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;  // [out, in], or this rank's piece
   at::Tensor bias;    // [out] (its piece when Column), or undefined
+  int64_t in_features, out_features;  // of the whole layer
   ParallelStyle parallel_style = ParallelStyle::None;
   TensorShard shard;
   int64_t fused_sections = 1;
@@ -57,11 +69,14 @@ class STRATA_API Linear : public torch::nn::Module {
 
 class STRATA_API Embedding : public torch::nn::Module {
  public:
-  // Column: vocab parallel, this rank holds rows [index * count / parts, ...); ids outside them
-  // give zero rows, so the sum over the tensor ranks (on_output) is every id's row.
+  // Column: vocab parallel, this rank holds rows shard_range(count, shard); ids outside them give
+  // zero rows, so the sum over the tensor ranks (on_output) is every id's row. Sequence: rows are
+  // indexed by token position (learned positions), kept whole.
   Embedding(int64_t count, int64_t dim, ParallelStyle style = ParallelStyle::None, TensorShard shard = {});
   at::Tensor forward(const at::Tensor& ids);
   at::Tensor weight;  // [count, dim], or this rank's rows (Column)
+  int64_t count;      // rows of the whole table
+  int64_t first_row = 0;  // of this rank's rows
   ParallelStyle parallel_style = ParallelStyle::None;
   TensorShard shard;
   LayerHooks hooks;
@@ -82,24 +97,41 @@ class STRATA_API TiedLinear : public torch::nn::Module {
   std::shared_ptr<Embedding> embedding_;
 };
 
+// Norms: style Sequence for a norm on the residual stream whose output feeds Column layers (all
+// of the bundled models' norms); None for any other.
 class STRATA_API LayerNorm : public torch::nn::Module {
  public:
-  LayerNorm(int64_t dim, bool bias, double eps = 1e-5);
+  LayerNorm(int64_t dim, bool bias, double eps = 1e-5, ParallelStyle style = ParallelStyle::None);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;
   double eps;
-  ParallelStyle parallel_style = ParallelStyle::None;  // Sequence under sequence parallel
+  ParallelStyle parallel_style = ParallelStyle::None;
   LayerHooks hooks;
 };
 
 class STRATA_API RmsNorm : public torch::nn::Module {
  public:
-  RmsNorm(int64_t dim, double eps);
+  RmsNorm(int64_t dim, double eps, ParallelStyle style = ParallelStyle::None);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
   double eps;
   ParallelStyle parallel_style = ParallelStyle::None;
   LayerHooks hooks;
+};
+
+// Dropout (at::dropout's masks) that also runs on a sequence-split activation [.., T/parts, d]:
+// with `sequence_shard.parts` > 1 it draws the mask of the whole sequence [.., T, d] from the
+// generator (on CPU exactly the mask at::dropout draws for the whole activation; CUDA's
+// at::dropout is a fused kernel, so there the masks differ from it but not between layouts), and
+// keeps this rank's tokens. So under sequence parallel every tensor rank applies its rows of the
+// single-process mask and the generators of the tensor group stay in step (the rule that keeps
+// replicated-region masks identical across the group).
+class STRATA_API Dropout : public torch::nn::Module {
+ public:
+  explicit Dropout(double p) : p(p) {}
+  at::Tensor forward(const at::Tensor& x);
+  double p;
+  TensorShard sequence_shard;  // set by sequence parallel
 };
 
 // A block: the unit passes address by name and by type ("embedding", "block", "head", ...).

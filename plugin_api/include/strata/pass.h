@@ -23,6 +23,11 @@ struct PassOrdering {
   StringList before;           // runs before these when they are enabled
 };
 
+// The mesh a strategy resolved to, for plan-time checks of sizes.
+struct MeshSizes {
+  int64_t data = 1, tensor = 1, pipeline = 1, context = 1;
+};
+
 class STRATA_API Pass : public Component {
  public:
   // info.kind is forced to ComponentKind::Pass. `claims`: the mesh dimensions and step stages
@@ -35,6 +40,11 @@ class STRATA_API Pass : public Component {
   bool claims_stage(Stage stage, StageUse use) const;
 
   virtual void apply(Job& job, const Config& config) const = 0;
+
+  // Why this enabled pass, with its `config`, cannot run [model] `model` over `mesh` (a size that
+  // does not divide, named with its keys and sizes), or empty. `strata plan` and `strata run`
+  // refuse the strategy with it before anything starts. This default finds nothing.
+  virtual std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const;
 
  private:
   PassOrdering ordering_;
