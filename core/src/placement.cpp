@@ -3,6 +3,10 @@
 #include "strata/optimizer.h"
 
 #include <algorithm>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 namespace strata {
 
@@ -39,6 +43,35 @@ std::string placement_problem(const Placement& p, int64_t numel) {
   }
   if (p.offset < 0 || numel < 0 || p.offset > whole - numel) return "elements past the end of its whole tensor";
   return {};
+}
+
+at::Tensor whole_positions(const Placement& placement, int64_t numel) {
+  if (!placement.has_block()) return at::arange(placement.offset, placement.offset + numel, at::kLong);
+  const std::vector<int64_t>& shape = placement.shape;
+  at::Tensor index = at::zeros({}, at::kLong);
+  int64_t stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    at::Tensor along = at::arange(placement.block_size[d], at::kLong) + placement.block_start[d];
+    if (d == 0 && placement.sections > 1) {
+      // Section s holds rows [s * shape[0] / sections + block_start, + block_size / sections).
+      const int64_t per_section = placement.block_size[0] / placement.sections;
+      along = (at::arange(per_section, at::kLong) + placement.block_start[0]).repeat({placement.sections}) +
+              at::arange(placement.sections, at::kLong).repeat_interleave(per_section) * (shape[0] / placement.sections);
+    }
+    std::vector<int64_t> view(shape.size(), 1);
+    view[d] = placement.block_size[d];
+    index = index + (along * stride).view(view);
+    stride *= shape[d];
+  }
+  return index.reshape(-1).narrow(0, placement.offset, numel);
+}
+
+at::Tensor piece_of(const at::Tensor& whole, const Placement& placement, at::IntArrayRef piece_shape) {
+  const int64_t numel = c10::multiply_integers(piece_shape);
+  std::string problem = placement_problem(placement, numel);
+  if (problem.empty() && whole.sizes() != at::IntArrayRef(placement.shape)) problem = "another whole shape than the tensor given";
+  if (!problem.empty()) throw std::invalid_argument("piece_of: a placement with " + problem);
+  return whole.reshape(-1).index({whole_positions(placement, numel)}).view(piece_shape);
 }
 
 Placements state_placements_by_parameter(const NamedTensors& state, const std::map<std::string, at::Tensor>& params,

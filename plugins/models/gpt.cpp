@@ -138,8 +138,6 @@ class Gpt final : public ModelFactory {
   std::shared_ptr<nn::Model> create_shard(const Config& c, nn::TensorShard shard) const override {
     const int64_t n_layer = c.get_int("n_layer"), d = c.get_int("d_model"), heads = c.get_int("n_head");
     if (const std::string problem = split_problem(c, shard.parts); !problem.empty()) throw UserError(problem);
-    if (shard.parts > 1 && !c.get_string("init_from").empty())
-      throw UserError("[model] init_from cannot load into a model split over tensor-parallel ranks yet");
     const bool bias = c.get_bool("bias");
     const double dropout = c.get_float("dropout");
     auto model = std::make_shared<nn::Model>(c.get_int("vocab_size"), c.get_int("seq_len"));

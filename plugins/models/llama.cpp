@@ -190,8 +190,6 @@ class Llama final : public ModelFactory {
     const int64_t n_layer = c.get_int("n_layer"), d = c.get_int("d_model"), vocab = c.get_int("vocab_size");
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
     if (const std::string problem = split_problem(c, shard.parts); !problem.empty()) throw UserError(problem);
-    if (shard.parts > 1 && !c.get_string("init_from").empty())
-      throw UserError("[model] init_from cannot load into a model split over tensor-parallel ranks yet");
     auto model = std::make_shared<nn::Model>(vocab, c.get_int("seq_len"));
     auto embed = std::make_shared<Embed>(vocab, d, shard);
     model->add_block("embed", embed);

@@ -25,7 +25,8 @@ using ToHfName = HfName (*)(const std::string& strata_name);
 NamedTensors map_to_hf(const nn::Model& model, ToHfName to_hf_name);
 NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, ToHfName to_hf_name,
                          bool (*ignored)(const std::string& hf_name));
-// Loads [model] init_from into `model` when it is set.
+// Loads [model] init_from into `model` when it is set: whole tensors into a whole model, each
+// split parameter's piece (by its placement) into a model built as one tensor-parallel rank.
 void init_from(nn::Model& model, const ModelFactory& factory, const Config& config);
 std::string json_number(double value);
 // "vocabulary: V/t rows per rank", or the uneven rows when t does not divide V.

@@ -45,7 +45,21 @@ NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, T
 void init_from(nn::Model& model, const ModelFactory& factory, const Config& config) {
   const std::string& path = config.get_string("init_from");
   if (path.empty()) return;
-  load_parameters(model, factory.from_hf(read_hf_checkpoint(path), config), "[model] init_from " + path);
+  const std::string source = "[model] init_from " + path;
+  NamedTensors weights = factory.from_hf(read_hf_checkpoint(path), config);
+  // The checkpoint holds whole tensors; a model split over tensor-parallel ranks keeps this
+  // rank's piece of each split parameter, where its placement says.
+  const Placements placements = nn::parameter_placements(model);
+  const auto params = model.named_parameters();
+  for (auto& [name, tensor] : weights) {
+    const auto placement = placements.find(name);
+    if (placement == placements.end()) continue;
+    if (tensor.sizes() != at::IntArrayRef(placement->second.shape))
+      throw UserError(source + ": tensor for '" + name + "' has shape " + c10::str(tensor.sizes()) + ", the model needs " +
+                      c10::str(at::IntArrayRef(placement->second.shape)));
+    tensor = piece_of(tensor, placement->second, params[name].sizes());
+  }
+  load_parameters(model, weights, source);
 }
 
 std::string json_number(double value) {

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <limits>
 
+#include <unistd.h>
+
 #include "bundled_plugins.h"
 #include "strata/errors.h"
 #include "strata/interchange.h"
@@ -227,6 +229,53 @@ TEST(ModelShards, GptPiecesAreTheWholeModelsPiecesAtAnyTensorSize) {
 TEST(ModelShards, LlamaPiecesWithKvHeadsSplitAndWhole) {
   check_shards("llama", {{"n_layer", int64_t{2}}, {"n_head", int64_t{12}}, {"n_kv_head", int64_t{4}}, {"d_model", int64_t{48}},
                          {"ffn_hidden", int64_t{96}}, {"vocab_size", int64_t{96}}, {"seq_len", int64_t{16}}});
+}
+
+// [model] init_from into a split model: every rank keeps exactly its piece of the whole Hugging
+// Face weights, for GPT (fused c_attn split per head, 66 vocabulary rows: uneven over 4 parts) and
+// Llama with kv heads split (2 parts) and whole (4 parts, 2 kv heads). A tensor of the wrong shape
+// is refused by name.
+void check_init_from_shards(const std::string& name, std::map<std::string, Value> values) {
+  const ModelFactory& f = factory(name);
+  at::manual_seed(21);
+  auto source = f.create(config_for(f, values));
+  auto source_params = source->named_parameters();
+  const auto dir = std::filesystem::temp_directory_path() / ("strata_init_from_shards_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  NamedTensors hf = f.to_hf(*source, config_for(f, values));
+  write_safetensors(dir / "model.safetensors", hf, {{"format", "pt"}});
+  values["init_from"] = dir.string();
+  const Config config = config_for(f, values);
+  for (int64_t parts : {2, 4}) {
+    for (int64_t index = 0; index < parts; ++index) {
+      auto piece = f.create_shard(config, {parts, index});  // the generator moved on: the random init differs
+      const Placements placements = nn::parameter_placements(*piece);
+      EXPECT_FALSE(placements.empty());
+      for (const auto& p : piece->named_parameters()) {
+        const auto placement = placements.find(p.key());
+        const at::Tensor expected =
+            placement == placements.end() ? source_params[p.key()] : testing::piece_of(source_params[p.key()], placement->second);
+        EXPECT_TRUE(at::equal(p.value(), expected)) << name << " " << p.key() << " part " << index << "/" << parts;
+      }
+    }
+  }
+  // The first tensor (a split embedding in both models) with one row too many.
+  hf.front().second = at::cat({hf.front().second, hf.front().second.narrow(0, 0, 1)});
+  write_safetensors(dir / "model.safetensors", hf, {{"format", "pt"}});
+  try {
+    f.create_shard(config, {2, 1});
+    ADD_FAILURE() << "a mis-shaped tensor was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("has shape [" + std::to_string(std::get<int64_t>(values["vocab_size"]) + 1)), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ModelShards, InitFromGivesEachRankItsPieceOfTheWholeWeights) {
+  check_init_from_shards("gpt", {{"n_layer", int64_t{2}}, {"n_head", int64_t{4}}, {"d_model", int64_t{32}}, {"vocab_size", int64_t{66}},
+                                 {"seq_len", int64_t{16}}});
+  check_init_from_shards("llama", {{"n_layer", int64_t{2}}, {"n_head", int64_t{8}}, {"n_kv_head", int64_t{2}}, {"d_model", int64_t{32}},
+                                   {"ffn_hidden", int64_t{64}}, {"vocab_size", int64_t{64}}, {"seq_len", int64_t{16}}});
 }
 
 TEST(ModelShards, IndivisibleSizesAreRefusedNamingTheKey) {

@@ -246,28 +246,10 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
 
 namespace {
 
-// Positions in the whole tensor's row-major flattening of the elements a piece holds, ascending
-// (a block's row-major order is the whole tensor's order restricted to it; sections along
-// dimension 0 come in order).
-at::Tensor global_indices(const std::vector<int64_t>& shape, const Placement* placement, int64_t numel) {
-  const int64_t offset = placement ? placement->offset : 0;
-  if (!placement || !placement->has_block()) return at::arange(offset, offset + numel, at::kLong);
-  at::Tensor index = at::zeros({}, at::kLong);
-  int64_t stride = 1;
-  for (size_t d = shape.size(); d-- > 0;) {
-    at::Tensor along = at::arange(placement->block_size[d], at::kLong) + placement->block_start[d];
-    if (d == 0 && placement->sections > 1) {
-      // Section s holds rows [s * shape[0] / sections + block_start, + block_size / sections).
-      const int64_t per_section = placement->block_size[0] / placement->sections;
-      along = (at::arange(per_section, at::kLong) + placement->block_start[0]).repeat({placement->sections}) +
-              at::arange(placement->sections, at::kLong).repeat_interleave(per_section) * (shape[0] / placement->sections);
-    }
-    std::vector<int64_t> view(shape.size(), 1);
-    view[d] = placement->block_size[d];
-    index = index + (along * stride).view(view);
-    stride *= shape[d];
-  }
-  return index.reshape(-1).narrow(0, offset, numel);
+// Positions in the whole tensor's row-major flattening of the elements a piece holds (a tensor
+// without a placement is whole).
+at::Tensor global_indices(const Placement* placement, int64_t numel) {
+  return placement ? whole_positions(*placement, numel) : at::arange(numel, at::kLong);
 }
 
 bool has_block(const Placement* placement) { return placement && placement->has_block(); }
@@ -319,8 +301,8 @@ void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
           filled[i].narrow(0, from - begin, to - from).fill_(true);
         } else {
           // A block on either side: match elements by their position in the whole tensor.
-          const at::Tensor want = global_indices(whole_shape, wanted, target.numel());
-          const at::Tensor have = global_indices(whole_shape, stored_slice, source.numel());
+          const at::Tensor want = global_indices(wanted, target.numel());
+          const at::Tensor have = global_indices(stored_slice, source.numel());
           if (have.numel() == 0) continue;
           const at::Tensor position = at::searchsorted(have, want).clamp_max(have.numel() - 1);
           const at::Tensor match = have.index({position}).eq(want);

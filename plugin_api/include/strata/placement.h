@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "strata/claims.h"
 #include "strata/export.h"
 
@@ -46,5 +48,16 @@ STRATA_API Placement nest(const Placement& outer, int64_t offset, const std::vec
 // A problem with `placement` for a local tensor of `numel` elements (a block outside the whole
 // tensor, sections that do not divide, elements past the end), or empty when it is consistent.
 STRATA_API std::string placement_problem(const Placement& placement, int64_t numel);
+
+// Where the `numel` elements of a piece placed as `placement` sit in the whole tensor: their
+// positions in its row-major flattening, ascending (a block's row-major order is the whole
+// tensor's order restricted to it; sections along dimension 0 come in order), as int64.
+// Checkpoint loading matches pieces of different layouts element by element through these.
+STRATA_API at::Tensor whole_positions(const Placement& placement, int64_t numel);
+
+// The piece of `whole` (a tensor of `placement.shape`) that `placement` names, shaped
+// `piece_shape`: what a rank holding that piece holds (a split parameter from whole weights).
+// An inconsistent placement or shape is an std::invalid_argument.
+STRATA_API at::Tensor piece_of(const at::Tensor& whole, const Placement& placement, at::IntArrayRef piece_shape);
 
 }  // namespace strata

@@ -71,19 +71,10 @@ inline RunSummary train(const std::string& strategy_toml, const std::filesystem:
   return run_training(plan, order, *registry, RunOptions{out_dir, false});
 }
 
-// The piece of `whole` that `placement` names: its block, in sections along dimension 0 (the
-// flat offset is not applied). Tests compare a split model's tensors with the whole model's.
+// The piece of `whole` that `placement` names: its block (a placement without a flat offset).
+// Tests compare a split model's tensors with the whole model's.
 inline at::Tensor piece_of(const at::Tensor& whole, const Placement& placement) {
-  at::Tensor out = whole;
-  for (size_t d = 0; d < placement.block_size.size(); ++d) {
-    const auto dim = static_cast<int64_t>(d);
-    const int64_t sections = d == 0 ? placement.sections : 1;
-    const int64_t section = whole.size(dim) / sections, size = placement.block_size[d] / sections;
-    std::vector<at::Tensor> parts;
-    for (int64_t s = 0; s < sections; ++s) parts.push_back(out.narrow(dim, s * section + placement.block_start[d], size));
-    out = at::cat(parts, dim);
-  }
-  return out;
+  return placement.has_block() ? strata::piece_of(whole, placement, placement.block_size) : whole;
 }
 
 }  // namespace strata::testing
