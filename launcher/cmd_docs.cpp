@@ -87,6 +87,8 @@ std::string reference(const ComponentRegistry& registry) {
     out << (p == Phase::Topology ? "" : ", ") << "`" << phase_name(p) << "`";
   out << ".\n\n";
   components_section(out, registry, ComponentKind::Pass);
+  out << "## Pipeline schedules\n\nNamed by `schedule` of the `pipeline_parallel` pass.\n\n";
+  components_section(out, registry, ComponentKind::Schedule);
   return out.str();
 }
 

@@ -135,6 +135,12 @@ void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
       std::istringstream lines(split);
       for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
     }
+  for (size_t i : order) {
+    const PassEntry& p = plan.passes[i];
+    const std::string text = p.pass->describe_plan(
+        p.config, PlanFacts{plan.job, plan.model, *static_cast<const ModelFactory*>(plan.model_component), mesh_sizes(plan)});
+    if (!text.empty()) std::cout << "\n" << text;
+  }
   std::cout << "\nStep program (stages in the order one optimizer step runs them; evaluate every [job] eval_every):\n"
             << describe_step_program(planned_step_program(plan, order));
 }

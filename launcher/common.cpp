@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "strata/core/plugin_loader.h"
+#include "strata/core/schedules.h"
 
 namespace strata::cli {
 
@@ -10,6 +11,7 @@ std::vector<std::filesystem::path> load_plugins(ComponentRegistry& registry,
                                                 const std::vector<std::filesystem::path>& extra) {
   auto search_path = plugin_search_path(extra);
   PluginLoader(registry).load_search_path(search_path);
+  pipeline::install_schedules(registry);  // passes find schedules by name from here on
   return search_path;
 }
 

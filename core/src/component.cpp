@@ -16,6 +16,7 @@ const char* component_kind_name(ComponentKind kind) {
     case ComponentKind::Communicator: return "communicator";
     case ComponentKind::Model: return "model";
     case ComponentKind::Dataset: return "dataset";
+    case ComponentKind::Schedule: return "schedule";
   }
   return "?";
 }
@@ -47,6 +48,7 @@ ComponentInfo as_pass(ComponentInfo info) {
 Pass::Pass(ComponentInfo info, PassOrdering ordering, Claims claims)
     : Component(as_pass(std::move(info))), ordering_(std::move(ordering)), claims_(std::move(claims)) {}
 Pass::~Pass() = default;
+std::string Pass::describe_plan(const Config&, const PlanFacts&) const { return {}; }
 
 std::string Pass::size_problem(const Config&, const Config&, const MeshSizes&) const { return {}; }
 

@@ -9,6 +9,7 @@
 #include "strata/model.h"
 #include "strata/ops.h"
 #include "strata/optimizer.h"
+#include "strata/pipeline.h"
 
 namespace strata {
 
@@ -48,6 +49,7 @@ void check_declaration(const Component& c, const PluginRecord& plugin) {
     case ComponentKind::Dataset: required_base = dynamic_cast<const DatasetFactory*>(&c) ? nullptr : "strata::DatasetFactory"; break;
     case ComponentKind::Optimizer: required_base = dynamic_cast<const OptimizerFactory*>(&c) ? nullptr : "strata::OptimizerFactory"; break;
     case ComponentKind::Operator: required_base = dynamic_cast<const ops::OperatorImplBase*>(&c) ? nullptr : "strata::ops::OperatorImpl"; break;
+    case ComponentKind::Schedule: required_base = dynamic_cast<const pipeline::Schedule*>(&c) ? nullptr : "strata::pipeline::Schedule"; break;
     case ComponentKind::Communicator: required_base = dynamic_cast<const CommunicatorBackend*>(&c) ? nullptr : "strata::CommunicatorBackend"; break;
   }
   if (required_base)

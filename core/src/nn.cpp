@@ -4,6 +4,8 @@
 #include <set>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "strata/errors.h"
 #include "strata/ops.h"
@@ -37,7 +39,68 @@ void check_shard(TensorShard shard) {
 
 at::Tensor through(const std::function<at::Tensor(const at::Tensor&)>& hook, const at::Tensor& x) { return hook ? hook(x) : x; }
 
+thread_local WeightGradientQueue* current_queue = nullptr;
+
+// y = x W^T + b as one autograd node whose backward computes the input and bias gradients and
+// either computes the weight gradient too or, with a WeightGradientQueue installed, queues it.
+// Under autocast the inputs are cast as at::linear's autocast rule does, before they are saved,
+// so both gradients see the compute dtype.
+class LinearSplitWeightGradient : public torch::autograd::Function<LinearSplitWeightGradient> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    at::Tensor xc = x, wc = weight, bc = bias;
+    const c10::DeviceType device = x.device().type();
+    if (at::autocast::is_autocast_enabled(device)) {
+      const at::ScalarType dtype = at::autocast::get_autocast_dtype(device);
+      xc = x.to(dtype), wc = weight.to(dtype);
+      if (bc.defined()) bc = bc.to(dtype);
+    }
+    ctx->save_for_backward({xc, wc});
+    ctx->saved_data["weight"] = weight;  // the parameter itself, whose .grad a queued task adds to
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["has_bias"] = bias.defined();
+    return at::linear(xc, wc, bc.defined() ? std::optional<at::Tensor>(bc) : std::nullopt);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor xc = saved[0], wc = saved[1], weight = ctx->saved_data["weight"].toTensor();
+    const at::Tensor dy = grads[0].to(wc.scalar_type());
+    const at::Tensor dx = dy.matmul(wc).to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+    at::Tensor db;
+    if (ctx->saved_data["has_bias"].toBool()) db = dy.reshape({-1, dy.size(-1)}).sum(0);
+    auto weight_gradient = [xc, dy, dtype = weight.scalar_type()] {
+      return dy.reshape({-1, dy.size(-1)}).t().mm(xc.reshape({-1, xc.size(-1)})).to(dtype);
+    };
+    at::Tensor dw;
+    if (WeightGradientQueue* queue = WeightGradientQueue::current())
+      queue->push([weight, weight_gradient] {
+        at::NoGradGuard no_grad;
+        at::Tensor g = weight_gradient();
+        at::Tensor target = weight;  // a handle on the parameter: its .grad is the parameter's
+        if (target.grad().defined())
+          target.mutable_grad().add_(g);
+        else
+          target.mutable_grad() = g;
+      });
+    else
+      dw = weight_gradient();
+    return {dx, dw, db};
+  }
+};
+
 }  // namespace
+
+WeightGradientQueue::Scope::Scope(WeightGradientQueue* queue) : previous_(current_queue) { current_queue = queue; }
+WeightGradientQueue::Scope::~Scope() { current_queue = previous_; }
+WeightGradientQueue* WeightGradientQueue::current() { return current_queue; }
+
+void WeightGradientQueue::run_all() {
+  std::vector<std::function<void()>> tasks = std::move(tasks_);
+  tasks_.clear();
+  for (auto& task : tasks) task();
+}
 
 ShardRange shard_range(int64_t size, TensorShard shard) {
   const int64_t base = size / shard.parts, extra = size % shard.parts;
@@ -58,6 +121,11 @@ at::Tensor Linear::forward(const at::Tensor& x) {
   // A row-split layer's outputs are partial sums: its bias goes in after on_output sums them.
   const bool bias_after = bias.defined() && parallel_style == ParallelStyle::Row && shard.parts > 1;
   const at::Tensor b = bias.defined() ? through(hooks.on_bias, bias) : bias;
+  if (split_weight_gradient && !hooks.on_weight && at::GradMode::is_enabled()) {
+    at::Tensor y = through(hooks.on_output, LinearSplitWeightGradient::apply(through(hooks.on_input, x), weight,
+                                                                             bias_after ? at::Tensor() : b));
+    return bias_after ? y + b : y;
+  }
   at::Tensor y = ops::linear(through(hooks.on_input, x), through(hooks.on_weight, weight),
                              b.defined() && !bias_after ? std::optional<at::Tensor>(b) : std::nullopt);
   y = through(hooks.on_output, y);
@@ -125,6 +193,17 @@ void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
   blocks_.push_back(Entry{name, std::move(block), nullptr, {}, {}});
 }
 
+void Model::keep_blocks(const std::vector<size_t>& indices) {
+  std::vector<Entry> kept;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    if (std::find(indices.begin(), indices.end(), i) != indices.end())
+      kept.push_back(std::move(blocks_[i]));
+    else
+      unregister_module(blocks_[i].name);
+  }
+  blocks_ = std::move(kept);
+}
+
 std::vector<size_t> Model::find_blocks(const std::vector<std::string>& selectors) const {
   std::vector<size_t> out;
   for (size_t i = 0; i < blocks_.size(); ++i)
@@ -140,9 +219,12 @@ void Model::set_executor(size_t i, BlockExecutor executor) { blocks_.at(i).execu
 void Model::add_pre_forward_hook(size_t i, BlockHook hook) { blocks_.at(i).pre.push_back(std::move(hook)); }
 void Model::add_post_forward_hook(size_t i, BlockHook hook) { blocks_.at(i).post.push_back(std::move(hook)); }
 
-at::Tensor Model::forward(const at::Tensor& tokens) {
-  at::Tensor x = tokens;
-  for (auto& entry : blocks_) {
+at::Tensor Model::forward(const at::Tensor& tokens) { return forward_blocks(0, blocks_.size(), tokens); }
+
+at::Tensor Model::forward_blocks(size_t first, size_t last, const at::Tensor& input) {
+  at::Tensor x = input;
+  for (size_t i = first; i < last; ++i) {
+    Entry& entry = blocks_.at(i);
     // Operators called in the block (its hooks included) see which block runs: pins per block.
     const ops::BlockScope scope(entry.name, entry.block->type());
     for (auto& hook : entry.pre) hook(*entry.block, x);

@@ -243,6 +243,13 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
   return out;
 }
 
+MeshSizes mesh_sizes(const ResolvedStrategy& plan) {
+  const ParallelLayout& l = plan.layout;
+  const int64_t local_batch = plan.job.get_int("global_batch") / std::max<int64_t>(1, l.data);
+  const int64_t micro_batch = plan.job.get_int("micro_batch") > 0 ? plan.job.get_int("micro_batch") : local_batch;
+  return {l.data, l.tensor, l.pipeline, l.context, micro_batch > 0 ? std::max<int64_t>(1, local_batch / micro_batch) : 1};
+}
+
 std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
   if (!diagnostics.ok()) return {};  // sizes of a strategy with errors mean nothing
   const SourcePos data_pos = plan.data_pos;
@@ -266,7 +273,7 @@ std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) 
       diagnostics.error(plan.parallel.has("tensor") && !plan.parallel.entry("tensor").pos.file.empty() ? plan.parallel.entry("tensor").pos
                                                                                                         : SourcePos{plan.file, 0, 0},
                         problem);
-  const MeshSizes mesh{plan.layout.data, plan.layout.tensor, plan.layout.pipeline, plan.layout.context};
+  const MeshSizes mesh = mesh_sizes(plan);
   for (const auto& entry : plan.passes)
     if (entry.enabled)
       if (const std::string problem = entry.pass->size_problem(entry.config, plan.model, mesh); !problem.empty())

@@ -417,6 +417,10 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     return grads;
   };
 
+  job.validation_batch = [&sampler, micro_batch, device](int64_t index) {
+    return sampler.val_batch(index * micro_batch, micro_batch).to(device);
+  };
+
   StepProgram& program = job.program;
   // Every data-parallel rank reads the same global batch and trains on its own slice of it, so
   // the samples of a step do not depend on the world size.
@@ -459,11 +463,10 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     if (!context.skip_step) optimizer->step(context.lr);
   });
   program.provide(Stage::Evaluate, core_stage_description(Stage::Evaluate),
-                  [&, micro_batch](StepContext& context) {
+                  [&job, batch_loss](StepContext& context) {
                     double total = 0;
-                    const int64_t batches = job_cfg.get_int("eval_batches");
-                    for (int64_t b = 0; b < batches; ++b)
-                      total += batch_loss(sampler.val_batch(b * micro_batch, micro_batch).to(device)).item<double>();
+                    const int64_t batches = job.job_config().get_int("eval_batches");
+                    for (int64_t b = 0; b < batches; ++b) total += batch_loss(job.validation_batch(b)).item<double>();
                     context.val_loss = total / static_cast<double>(batches);
                   });
 

@@ -9,7 +9,7 @@
 
 namespace strata {
 
-enum class ComponentKind { Pass, Operator, Optimizer, Communicator, Model, Dataset };
+enum class ComponentKind { Pass, Operator, Optimizer, Communicator, Model, Dataset, Schedule };
 STRATA_API const char* component_kind_name(ComponentKind kind);
 
 struct ComponentInfo {

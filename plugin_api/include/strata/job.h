@@ -75,6 +75,10 @@ class STRATA_API Job {
   // replaces it.
   std::function<double(double local_loss)> reduce_loss;
 
+  // The index-th validation batch ([micro_batch, seq_len + 1] tokens on the job's device); the
+  // evaluate stage averages the loss of [job] eval_batches of them.
+  std::function<at::Tensor(int64_t index)> validation_batch;
+
   // The gradients the optimizer is about to apply, as this rank holds them, with their
   // placements (clipping and non-finite checks read and scale these). Core's default returns
   // every parameter's .grad(), sharded over the pipeline dimension (stages hold disjoint

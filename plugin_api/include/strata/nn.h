@@ -65,6 +65,38 @@ class STRATA_API Linear : public torch::nn::Module {
   TensorShard shard;
   int64_t fused_sections = 1;
   LayerHooks hooks;
+  // Zero-bubble pipeline schedules split backward in two: the input gradient, on the critical
+  // path, and the weight gradient, run later in a bubble. When set (by the pipeline pass), the
+  // layer computes through one autograd node whose backward queues the weight gradient on the
+  // thread's WeightGradientQueue, if one is installed, instead of computing it. Only a layer
+  // whose weight has no on_weight hook splits.
+  bool split_weight_gradient = false;
+};
+
+// Weight gradients held back by Linear layers with split_weight_gradient, each a task that
+// computes one layer's weight gradient of one backward and adds it to the weight's .grad (no
+// gradient hooks run: the pipeline runtime opens the data-parallel sync window itself).
+class STRATA_API WeightGradientQueue {
+ public:
+  // Installs this queue on the calling thread for its lifetime (restoring the previous one).
+  class Scope {
+   public:
+    explicit Scope(WeightGradientQueue* queue);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    WeightGradientQueue* previous_;
+  };
+  static WeightGradientQueue* current();
+  void push(std::function<void()> task) { tasks_.push_back(std::move(task)); }
+  size_t size() const { return tasks_.size(); }
+  // Runs every queued task, in the order backward queued them, and empties the queue.
+  void run_all();
+
+ private:
+  std::vector<std::function<void()>> tasks_;
 };
 
 class STRATA_API Embedding : public torch::nn::Module {
@@ -174,6 +206,12 @@ class STRATA_API Model : public torch::nn::Module {
 
   // tokens [B, T] int64 -> logits [B, T, vocab]
   at::Tensor forward(const at::Tensor& tokens);
+  // Blocks [first, last) on x, with their executors and hooks: a pipeline stage's chunk, which
+  // starts from tokens when it holds the embedding and from an activation otherwise.
+  at::Tensor forward_blocks(size_t first, size_t last, const at::Tensor& x);
+  // Keeps only the blocks at `indices` (ascending) and drops the others and their parameters: a
+  // pipeline stage's model. Parameter names do not change. Call before any pass hooks blocks.
+  void keep_blocks(const std::vector<size_t>& indices);
 
   int64_t vocab_size() const { return vocab_size_; }
   int64_t seq_len() const { return seq_len_; }

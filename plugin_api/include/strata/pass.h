@@ -23,9 +23,21 @@ struct PassOrdering {
   StringList before;           // runs before these when they are enabled
 };
 
-// The mesh a strategy resolved to, for plan-time checks of sizes.
+// The mesh a strategy resolved to, for plan-time checks of sizes, and the micro-batches each
+// data-parallel rank runs per optimizer step ([job] global_batch / data / micro_batch).
 struct MeshSizes {
   int64_t data = 1, tensor = 1, pipeline = 1, context = 1;
+  int64_t micro_batches = 1;
+};
+
+class ModelFactory;
+
+// What a pass may read to describe its plan: the resolved sections, the model's factory and the mesh.
+struct PlanFacts {
+  const Config& job;
+  const Config& model;
+  const ModelFactory& model_factory;
+  MeshSizes mesh;
 };
 
 class STRATA_API Pass : public Component {
@@ -45,6 +57,10 @@ class STRATA_API Pass : public Component {
   // does not divide, named with its keys and sizes), or empty. `strata plan` and `strata run`
   // refuse the strategy with it before anything starts. This default finds nothing.
   virtual std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const;
+
+  // What `strata plan` shows for this enabled pass beyond its keys (a pipeline's stages and
+  // schedule timeline), or empty (this default).
+  virtual std::string describe_plan(const Config& config, const PlanFacts& facts) const;
 
  private:
   PassOrdering ordering_;

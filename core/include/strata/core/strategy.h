@@ -84,6 +84,9 @@ STRATA_API ResolvedStrategy resolve_strategy(const RawStrategy& raw, const Compo
 // from it) is not an error of the plan: the reason is returned, and `strata plan` says the data
 // was not checked. `strata plan` and `strata run` call it; exporting a checkpoint does not.
 STRATA_API std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics);
+// The mesh sizes of the plan and its micro-batches per step on each data-parallel rank.
+STRATA_API MeshSizes mesh_sizes(const ResolvedStrategy& plan);
+
 
 // Core's own sections. [optimizer] is this plus the chosen optimizer's keys.
 STRATA_API const Schema& job_schema();

@@ -1,0 +1,268 @@
+// Pipeline parallel: the model's blocks split into stages over [parallel] pipeline ranks, each
+// step's micro-batches run through them under a schedule (strata/pipeline.h) that core checks
+// by simulation and this pass's runtime executes action by action.
+//
+// Every rank builds the model as core does (so initialisation draws the single-process values),
+// measures blocks if the partition is balanced (rank 0's figures, broadcast), keeps the blocks of
+// its stages and drops the rest before any wrapping pass sees the model.
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "partition.h"
+#include "schedules.h"
+#include "stage_runtime.h"
+#include "strata/model.h"
+#include "strata/plugin.h"
+
+namespace strata::pipeline {
+namespace {
+
+struct Settings {
+  const Schedule* schedule = nullptr;
+  ScheduleShape shape;
+};
+
+// The schedule and shape this pass's config asks for over `mesh`, or why it cannot run.
+std::string resolve_settings(const Config& config, const MeshSizes& mesh, Settings& out) {
+  if (mesh.pipeline < 2) return "pass 'pipeline_parallel' needs [parallel] pipeline >= 2, got " + std::to_string(mesh.pipeline);
+  const std::string& name = config.get_string("schedule");
+  out.schedule = find_schedule(name);
+  if (!out.schedule) {
+    std::string known;
+    for (const auto& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
+    return "pass 'pipeline_parallel': schedule '" + name + "' is not registered (known: " + known + ")";
+  }
+  const int requested = static_cast<int>(config.get_int("chunks"));
+  const int chunks = out.schedule->chunks(requested);
+  if (requested > 1 && chunks != requested)
+    return "pass 'pipeline_parallel': schedule '" + name + "' runs one chunk per rank; chunks = " + std::to_string(requested) +
+           " needs schedule \"interleaved\"";
+  out.shape = {static_cast<int>(mesh.pipeline), static_cast<int>(mesh.micro_batches), std::max(1, chunks)};
+  if (std::string problem = out.schedule->shape_problem(out.shape); !problem.empty())
+    return "pass 'pipeline_parallel': schedule '" + name + "' " + problem;
+  const bool has_layout = !config.get_strings("layout").empty(), wants_layout = config.get_string("partition") == "layout";
+  if (has_layout != wants_layout)
+    return has_layout ? "pass 'pipeline_parallel': layout is set but partition = \"" + config.get_string("partition") +
+                            "\"; set partition = \"layout\" to use it"
+                      : "pass 'pipeline_parallel': partition = \"layout\" needs layout (block names per stage)";
+  if (config.get_float("stage_memory_gb") > 0 && config.get_string("partition") != "balanced")
+    return "pass 'pipeline_parallel': stage_memory_gb applies only to partition = \"balanced\"";
+  return {};
+}
+
+// The partition of `model` (the whole model, at this rank's tensor-parallel shapes) into the
+// schedule's virtual stages, with block costs when balanced.
+Partition partition_model(nn::Model& model, const Config& config, const Config& job, const Settings& s,
+                          const std::vector<BlockCost>& costs, std::string& problem) {
+  const int stages = s.shape.virtual_stages();
+  if (model.num_blocks() < static_cast<size_t>(stages)) {
+    problem = "pass 'pipeline_parallel': the model has " + std::to_string(model.num_blocks()) + " blocks, fewer than the " +
+              std::to_string(stages) + " stages (pipeline x chunks)";
+    return {};
+  }
+  const std::string& how = config.get_string("partition");
+  if (how == "layout") return layout_partition(model, config.get_strings("layout"), stages, problem);
+  if (how == "uniform") return uniform_partition(model.num_blocks(), stages);
+  // Balanced: the in-flight micro-batches of each virtual stage from the simulated schedule.
+  const Simulation sim = simulate(add_communication(s.schedule->compute_order(s.shape), s.shape), s.shape);
+  std::vector<int> in_flight;
+  for (int v = 0; v < stages; ++v) in_flight.push_back(sim.peak_in_flight.empty() ? 1 : sim.peak_in_flight[static_cast<size_t>(v % s.shape.ranks)]);
+  const double cap = config.get_float("stage_memory_gb") * 1e9;
+  Partition out = balanced_partition(costs, in_flight, cap);
+  if (out.empty()) problem = "pass 'pipeline_parallel': no split of the model's blocks fits stage_memory_gb = " + std::to_string(config.get_float("stage_memory_gb"));
+  (void)job;
+  return out;
+}
+
+std::string format(const char* pattern, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, pattern, value);
+  return buf;
+}
+
+class PipelineParallelPass final : public Pass {
+ public:
+  PipelineParallelPass()
+      : Pass({ComponentKind::Pass, "pipeline_parallel",
+              "Pipeline parallel: blocks split into stages over the pipeline ranks, micro-batches run under a schedule",
+              Schema()
+                  .string("schedule", "1f1b", "Registered pipeline schedule: gpipe, 1f1b, interleaved, zero_bubble, or a plugin's")
+                  .integer("chunks", 0, "Model chunks per rank for interleaved schedules; 0 = the schedule's default (interleaved: 2)",
+                           between(0, 64))
+                  .string("partition", "uniform", "How blocks are split into stages", {"uniform", "balanced", "layout"})
+                  .strings("layout", {}, "partition = \"layout\": per stage, block names (\"embed h0 h1\") or runs (\"h2..head\")")
+                  .real("stage_memory_gb", 0.0, "partition = \"balanced\": most estimated memory per stage; 0 = no cap", at_least(0))
+                  .integer("balance_repeats", 3, "partition = \"balanced\": timed runs of each block (the fastest counts)", between(1, 100))},
+             {Phase::ModelRewrite, {}, {"wsam"}, {}, {"tensor_parallel"}},
+             {{Dim::Pipeline}, {{Stage::ForwardBackward, StageUse::Own}, {Stage::Evaluate, StageUse::Own}}}) {}
+
+  std::string size_problem(const Config& config, const Config&, const MeshSizes& mesh) const override {
+    Settings settings;
+    return resolve_settings(config, mesh, settings);
+  }
+
+  std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
+    Settings s;
+    if (std::string problem = resolve_settings(config, facts.mesh, s); !problem.empty()) return {};
+    std::ostringstream out;
+    std::shared_ptr<nn::Model> model;
+    try {
+      model = facts.model_factory.create_shard(facts.model, nn::TensorShard{facts.mesh.tensor, 0});
+    } catch (const std::exception& e) {
+      return "Pipeline: the model could not be built to show its stages (" + std::string(e.what()) + ")\n";
+    }
+    const int64_t local_batch = facts.job.get_int("global_batch") / std::max<int64_t>(1, facts.mesh.data);
+    const int64_t micro_batch = facts.job.get_int("micro_batch") > 0 ? facts.job.get_int("micro_batch") : local_batch;
+    const int64_t heads = facts.model.has("n_head") ? facts.model.get_int("n_head") / facts.mesh.tensor : 0;
+    std::vector<BlockCost> costs;
+    const bool measured = config.get_string("partition") == "balanced";
+    if (measured)
+      costs = measure_blocks(*model, micro_batch, heads, static_cast<int>(config.get_int("balance_repeats")));
+    else
+      for (size_t b = 0; b < model->num_blocks(); ++b) {
+        BlockCost c{model->block_name(b), model->block(b).type()};
+        for (const auto& p : model->block(b).parameters()) c.params += p.numel();
+        costs.push_back(c);
+      }
+    std::string problem;
+    const Partition partition = partition_model(*model, config, facts.job, s, costs, problem);
+    if (!problem.empty()) return "Pipeline: " + problem + "\n";
+    const Programs programs = add_communication(s.schedule->compute_order(s.shape), s.shape);
+    const Simulation sim = simulate(programs, s.shape);
+    out << "Pipeline stages (" << config.get_string("partition") << " partition; memory: model states at 16 B/parameter plus"
+        << " activations of the in-flight micro-batches, estimated):\n";
+    for (size_t v = 0; v < partition.size(); ++v) {
+      const StageBlocks st = partition[v];
+      int64_t params = 0;
+      double seconds = 0;
+      for (size_t b = st.first; b < st.last; ++b) params += costs[b].params, seconds += costs[b].seconds;
+      const int rank = static_cast<int>(v) % s.shape.ranks;
+      const int flight = sim.peak_in_flight.empty() ? 1 : sim.peak_in_flight[static_cast<size_t>(rank)];
+      out << "  stage " << v << " (rank " << rank << (s.shape.chunks > 1 ? ", chunk " + std::to_string(v / static_cast<size_t>(s.shape.ranks)) : "")
+          << "): " << model->block_name(st.first) << (st.last - st.first > 1 ? ".." + model->block_name(st.last - 1) : "") << "  "
+          << (st.last - st.first) << " blocks, " << params << " parameters";
+      if (measured) out << ", " << format("%.2f ms", seconds * 1e3) << " forward+backward";
+      if (measured) out << ", ~" << format("%.1f MB", stage_memory_bytes(costs, st, flight) / 1e6) << " with " << flight << " in flight";
+      else out << ", ~" << format("%.1f MB", 16.0 * static_cast<double>(params) / 1e6) << " model states";
+      out << "\n";
+    }
+    out << "Schedule " << s.schedule->name() << ": p = " << s.shape.ranks << ", m = " << s.shape.micro_batches << ", v = " << s.shape.chunks
+        << "; per-rank timeline (F forward, B backward, b input gradient, W weight gradient, . idle; F = b = W = 1, B = 2):\n";
+    if (!sim.problem.empty())
+      out << "  the schedule is invalid: " << sim.problem << "\n";
+    else
+      out << render_timeline(sim, s.shape) << "  simulated bubble " << format("%.3f", sim.idle_fraction) << " of the step; textbook "
+          << s.schedule->bubble_formula(s.shape) << "\n";
+    return out.str();
+  }
+
+  void apply(Job& job, const Config& config) const override {
+    const Topology& topology = *job.topology;
+    const MeshSizes mesh{topology.size(Dim::Data), topology.size(Dim::Tensor), topology.size(Dim::Pipeline), topology.size(Dim::Context),
+                         static_cast<int64_t>(job.job_config().get_int("global_batch") / topology.size(Dim::Data) /
+                                              (job.job_config().get_int("micro_batch") > 0
+                                                   ? job.job_config().get_int("micro_batch")
+                                                   : job.job_config().get_int("global_batch") / topology.size(Dim::Data)))};
+    Settings s;
+    if (std::string problem = resolve_settings(config, mesh, s); !problem.empty()) throw UserError(problem);
+    nn::Model& model = *job.model;
+    const int p = s.shape.ranks, rank = topology.rank_in(Dim::Pipeline);
+
+    // Balanced partitions use rank 0's measurements on every rank, so all ranks cut alike.
+    std::vector<BlockCost> costs(model.num_blocks());
+    if (config.get_string("partition") == "balanced") {
+      const int64_t micro_batch = job.job_config().get_int("micro_batch") > 0 ? job.job_config().get_int("micro_batch")
+                                                                               : job.job_config().get_int("global_batch") / mesh.data;
+      const int64_t heads = job.model_config().has("n_head") ? job.model_config().get_int("n_head") / mesh.tensor : 0;
+      costs = measure_blocks(model, micro_batch, heads, static_cast<int>(config.get_int("balance_repeats")));
+      std::vector<double> figures;
+      for (const auto& c : costs) figures.insert(figures.end(), {c.seconds, c.activation_bytes});
+      at::Tensor shared = at::tensor(figures, at::kDouble).to(job.device());
+      topology.world().broadcast(shared, 0)->wait();
+      shared = shared.cpu();
+      for (size_t b = 0; b < costs.size(); ++b)
+        costs[b].seconds = shared[static_cast<int64_t>(2 * b)].item<double>(),
+        costs[b].activation_bytes = shared[static_cast<int64_t>(2 * b + 1)].item<double>();
+    }
+    std::string problem;
+    const Partition partition = partition_model(model, config, job.job_config(), s, costs, problem);
+    if (!problem.empty()) throw UserError(problem);
+
+    // The programs are checked before anything runs: a plugin's schedule that deadlocks or
+    // misses an action is refused here with what is wrong.
+    const Programs programs = add_communication(s.schedule->compute_order(s.shape), s.shape);
+    if (const Simulation sim = simulate(programs, s.shape); !sim.problem.empty())
+      throw UserError("pass 'pipeline_parallel': schedule '" + s.schedule->name() + "' is invalid for p = " + std::to_string(p) +
+                      ", m = " + std::to_string(s.shape.micro_batches) + ": " + sim.problem);
+
+    // Tied weights: the shared parameter's owner block and the blocks that read it.
+    std::optional<TiedWeight> tied;
+    const size_t first_of_last_stage = partition.back().first;
+    for (const std::string& shared : model.shared_parameters()) {
+      size_t owner = 0, reader = 0;
+      at::Tensor copy;
+      for (size_t b = 0; b < model.num_blocks(); ++b)
+        for (const auto& m : model.block(b).modules(/*include_self=*/false))
+          if (const auto* head = dynamic_cast<const nn::TiedLinear*>(m.get())) reader = b, copy = head->embedding().weight;
+      for (size_t b = 0; b < model.num_blocks(); ++b)
+        if (shared.rfind(model.block_name(b) + ".", 0) == 0) owner = b;
+      if (!copy.defined() || owner >= partition.front().last || reader < first_of_last_stage)
+        throw UserError("pass 'pipeline_parallel': the shared parameter '" + shared +
+                        "' is not an embedding read by the head on the last stage, which is the one tie it carries across stages");
+      TiedWeight t;
+      if (rank == 0) t.parameter = model.named_parameters()[shared], t.owner_block = owner;
+      if (rank == p - 1) t.copy = copy;
+      tied = t;
+    }
+
+    // This rank's stages; block indices are renumbered once the others are dropped.
+    std::vector<size_t> keep;
+    std::vector<StageBlocks> chunks;
+    for (int c = 0; c < s.shape.chunks; ++c) {
+      const StageBlocks st = partition[static_cast<size_t>(c * p + rank)];
+      chunks.push_back({keep.size(), keep.size() + (st.last - st.first)});
+      for (size_t b = st.first; b < st.last; ++b) keep.push_back(b);
+    }
+    if (tied && rank == p - 1) {
+      size_t reader = 0;
+      for (size_t b = 0; b < model.num_blocks(); ++b)
+        for (const auto& m : model.block(b).modules(false))
+          if (dynamic_cast<const nn::TiedLinear*>(m.get())) reader = b;
+      tied->reader_block = static_cast<size_t>(std::find(keep.begin(), keep.end(), reader) - keep.begin());
+    }
+    if (tied && rank == 0) tied->owner_block = static_cast<size_t>(std::find(keep.begin(), keep.end(), tied->owner_block) - keep.begin());
+    if (tied && rank != 0 && rank != p - 1) tied.reset();
+    model.keep_blocks(keep);
+
+    bool splits = false;
+    for (const Action& a : programs[static_cast<size_t>(rank)]) splits |= a.kind == ActionKind::BackwardInput;
+    if (splits)
+      for (const auto& m : model.modules(false))
+        if (auto* linear = dynamic_cast<nn::Linear*>(m.get())) linear->split_weight_gradient = true;
+
+    StageLayout layout{s.shape, rank, chunks, splits, s.schedule->name()};
+    auto runtime = std::make_shared<StageRuntime>(job, layout, programs[static_cast<size_t>(rank)], tied);
+    runtime->install_tied_weight_hooks();
+    job.program.own(Stage::ForwardBackward, [runtime](StepContext& c) { runtime->run_step(c); });
+    job.program.own(Stage::Evaluate, [runtime](StepContext& c) { runtime->evaluate(c); });
+    // The last stage has the loss: the pipeline group sums (others add 0), then core's reduction.
+    job.reduce_loss = [&job, inner = job.reduce_loss](double local_loss) {
+      at::Tensor sum = at::tensor(local_loss, at::kDouble).to(job.device());
+      job.topology->group(Dim::Pipeline).all_reduce(sum, ReduceOp::Sum)->wait();
+      return inner(sum.item<double>());
+    };
+  }
+};
+
+void register_components(Registry& registry) {
+  registry.add(std::make_unique<PipelineParallelPass>());
+  register_schedules(registry);
+}
+
+}  // namespace
+}  // namespace strata::pipeline
+
+STRATA_PLUGIN("pipeline_parallel", "0.1.0", strata::pipeline::register_components)

@@ -1,0 +1,261 @@
+#include "stage_runtime.h"
+
+#include <chrono>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "strata/errors.h"
+
+namespace strata::pipeline {
+
+namespace {
+// Message tags: a header (dtype and shape) then the tensor, per micro-batch and chunk.
+// Each kind has 5000 tags; a micro-batch and chunk picks one (tags repeat only 5000 apart, and
+// messages with equal tags between two ranks match in order anyway).
+constexpr int kActivationHeader = 0, kActivation = 5000, kGradientHeader = 10000, kGradient = 15000, kTiedWeight = 20000,
+              kTiedGradient = 20001;
+constexpr int kMaxDims = 8;
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point start) { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); }
+}  // namespace
+
+StageRuntime::StageRuntime(Job& job, StageLayout layout, std::vector<Action> program, std::optional<TiedWeight> tied)
+    : job_(job), layout_(std::move(layout)), program_(std::move(program)), tied_(std::move(tied)),
+      group_(job.topology->group(Dim::Pipeline)) {
+  const int last_chunk = layout_.shape.chunks - 1;
+  for (size_t i = 0; i < program_.size(); ++i) {
+    const Action& a = program_[i];
+    if (a.kind != ActionKind::Backward && a.kind != ActionKind::BackwardInput) continue;
+    last_backward_index_ = static_cast<long>(i);
+    if (tied_ && tied_->copy.defined() && a.chunk == last_chunk && last_stage(a.chunk)) tied_gradient_send_after_ = static_cast<long>(i);
+    if (tied_ && tied_->parameter.defined() && a.chunk == 0 && first_stage(0)) tied_gradient_receive_before_ = static_cast<long>(i);
+  }
+}
+
+void StageRuntime::install_tied_weight_hooks() {
+  if (!tied_) return;
+  const int last_rank = layout_.shape.ranks - 1;
+  if (tied_->parameter.defined())
+    // After the embedding's forward its weight is at hand even under fsdp (whose hooks, added
+    // later, free it after this one).
+    job_.model->add_post_forward_hook(tied_->owner_block, [this, last_rank](nn::Block&, const at::Tensor&) {
+      if (!send_tied_weight_) return;
+      send_tied_weight_ = false;
+      const at::Tensor weight = tied_->parameter.detach().clone();
+      other_sends_.emplace_back(group_.send(weight, last_rank, kTiedWeight), weight);
+    });
+  if (tied_->copy.defined())
+    job_.model->add_pre_forward_hook(tied_->reader_block, [this](nn::Block&, const at::Tensor&) {
+      if (!receive_tied_weight_) return;
+      receive_tied_weight_ = false;
+      at::Tensor weight = at::empty_like(tied_->copy, at::MemoryFormat::Contiguous);
+      group_.recv(weight, 0, kTiedWeight)->wait();
+      at::NoGradGuard no_grad;
+      tied_->copy.copy_(weight);
+    });
+}
+
+void StageRuntime::send(const at::Tensor& tensor, int peer, int header_tag, int tag) {
+  std::vector<int64_t> header(2 + kMaxDims, 0);
+  header[0] = static_cast<int64_t>(tensor.scalar_type());
+  header[1] = tensor.dim();
+  for (int64_t d = 0; d < tensor.dim(); ++d) header[static_cast<size_t>(2 + d)] = tensor.size(d);
+  const at::Tensor h = at::tensor(header, at::kLong).to(job_.device());
+  const at::Tensor body = tensor.detach().contiguous();
+  auto& sends = header_tag < kActivation ? activation_sends_ : other_sends_;
+  sends.emplace_back(group_.send(h, peer, header_tag), h);
+  sends.emplace_back(group_.send(body, peer, tag), body);
+}
+
+at::Tensor StageRuntime::receive(int peer, int header_tag, int tag, double& waited_ms) {
+  const auto start = Clock::now();
+  at::Tensor h = at::empty({2 + kMaxDims}, at::TensorOptions().dtype(at::kLong).device(job_.device()));
+  group_.recv(h, peer, header_tag)->wait();
+  h = h.cpu();
+  const auto* v = h.data_ptr<int64_t>();
+  std::vector<int64_t> sizes(v + 2, v + 2 + v[1]);
+  at::Tensor body = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(v[0])).device(job_.device()));
+  group_.recv(body, peer, tag)->wait();
+  waited_ms += ms_since(start);
+  return body;
+}
+
+at::Tensor StageRuntime::forward_chunk(int chunk, const at::Tensor& input, const at::Tensor& batch, StepContext* context) {
+  const StageBlocks blocks = layout_.chunks[static_cast<size_t>(chunk)];
+  const int64_t seq_len = job_.model->seq_len();
+  const at::Tensor x = first_stage(chunk) ? batch.narrow(1, 0, seq_len) : input;
+  at::Tensor out = job_.model->forward_blocks(blocks.first, blocks.last, x);
+  if (!last_stage(chunk)) return out;
+  at::Tensor loss = job_.loss(out, batch.narrow(1, 1, seq_len));
+  if (context) context->loss = loss;
+  return loss;
+}
+
+void StageRuntime::run_step(StepContext& context) {
+  const auto started = Clock::now();
+  const int p = layout_.shape.ranks, r = layout_.rank;
+  const int64_t count = static_cast<int64_t>(context.batches.size());
+  if (count != layout_.shape.micro_batches)
+    throw std::logic_error("pipeline: " + std::to_string(count) + " micro-batches, the schedule has " +
+                           std::to_string(layout_.shape.micro_batches));
+  // Under overlap, the data-parallel reduction starts in the rank's last backward, which then
+  // completes every parameter's gradient: true with one chunk per rank and whole backwards.
+  const bool sync_window_in_last_backward = layout_.shape.chunks == 1 && !layout_.splits_backward;
+  if (tied_ && tied_->copy.defined()) tied_->copy.mutable_grad() = at::Tensor();
+  send_tied_weight_ = tied_ && tied_->parameter.defined();
+  receive_tied_weight_ = tied_ && tied_->copy.defined();
+  double waited_ms = 0, loss_sum = 0;
+  for (size_t i = 0; i < program_.size(); ++i) {
+    const Action& a = program_[i];
+    const int stage = stage_of(a.chunk);
+    const int prev_rank = (stage - 1 + p) % p, next_rank = (stage + 1) % p;
+    const auto key = std::make_pair(a.micro, a.chunk);
+    context.micro = a.micro;
+    switch (a.kind) {
+      case ActionKind::RecvActivation:
+        received_[key] = receive(prev_rank, tag(kActivationHeader, a.micro, stage), tag(kActivation, a.micro, stage), waited_ms);
+        break;
+      case ActionKind::RecvGradient:
+        received_[{-1 - a.micro, a.chunk}] = receive(next_rank, tag(kGradientHeader, a.micro, stage + 1), tag(kGradient, a.micro, stage + 1), waited_ms);
+        break;
+      case ActionKind::SendActivation:
+        send(in_flight_.at(key).output, next_rank, tag(kActivationHeader, a.micro, stage + 1), tag(kActivation, a.micro, stage + 1));
+        break;
+      case ActionKind::SendGradient:
+        send(in_flight_.at(key).input.grad(), prev_rank, tag(kGradientHeader, a.micro, stage), tag(kGradient, a.micro, stage));
+        in_flight_.erase(key);
+        break;
+      case ActionKind::Forward: {
+        at::Tensor input;
+        if (stage > 0) {
+          input = received_.at(key).requires_grad_(received_.at(key).is_floating_point());
+          received_.erase(key);
+        }
+        job_.run_hooks(HookPoint::BeforeForward, context);
+        at::Tensor output = forward_chunk(a.chunk, input, context.batches[static_cast<size_t>(a.micro)], &context);
+        job_.run_hooks(HookPoint::AfterForward, context);
+        if (last_stage(a.chunk)) loss_sum += output.item<double>();
+        in_flight_[key] = {input, output};
+        break;
+      }
+      case ActionKind::Backward:
+      case ActionKind::BackwardInput: {
+        if (static_cast<long>(i) == tied_gradient_receive_before_) {
+          at::Tensor grad = at::empty_like(tied_->parameter, at::MemoryFormat::Contiguous);
+          const auto start = Clock::now();
+          group_.recv(grad, p - 1, kTiedGradient)->wait();
+          waited_ms += ms_since(start);
+          at::NoGradGuard no_grad;
+          if (tied_->parameter.grad().defined())
+            tied_->parameter.mutable_grad().add_(grad);
+          else
+            tied_->parameter.mutable_grad() = grad;
+        }
+        InFlight& f = in_flight_.at(key);
+        context.last_backward = sync_window_in_last_backward && static_cast<long>(i) == last_backward_index_;
+        job_.run_hooks(HookPoint::BeforeBackward, context);
+        {
+          std::optional<nn::WeightGradientQueue::Scope> deferring;
+          if (a.kind == ActionKind::BackwardInput) deferring.emplace(&weight_gradients_[key]);
+          if (last_stage(a.chunk)) {
+            (f.output * (context.loss_scale / static_cast<double>(count))).backward();
+          } else {
+            const auto grad_key = std::make_pair(-1 - a.micro, a.chunk);
+            torch::autograd::backward({f.output}, {received_.at(grad_key)});
+            received_.erase(grad_key);
+          }
+        }
+        job_.run_hooks(HookPoint::AfterBackward, context);
+        context.last_backward = false;
+        f.output = at::Tensor();
+        if (stage == 0) in_flight_.erase(key);
+        // The activation sent for this micro-batch has been consumed: its gradient came back.
+        if (static_cast<long>(i) == tied_gradient_send_after_) {
+          const at::Tensor grad = tied_->copy.grad().defined() ? tied_->copy.grad().clone() : at::zeros_like(tied_->copy);
+          other_sends_.emplace_back(group_.send(grad, 0, kTiedGradient), grad);
+        }
+        break;
+      }
+      case ActionKind::BackwardWeight:
+        weight_gradients_.at(key).run_all();
+        weight_gradients_.erase(key);
+        break;
+    }
+  }
+  const double busy_ms = ms_since(started) - waited_ms;
+  for (auto& [work, tensor] : activation_sends_) work->wait();
+  for (auto& [work, tensor] : other_sends_) work->wait();
+  activation_sends_.clear();
+  other_sends_.clear();
+  if (!sync_window_in_last_backward) open_sync_window_after_split_backward(context);
+  context.local_loss = layout_.shape.virtual_stages() > 0 && last_stage(layout_.shape.chunks - 1) ? loss_sum / static_cast<double>(count) : 0.0;
+
+  // Each stage's share of the step spent waiting for its neighbours, for the step's metrics.
+  const double total_ms = ms_since(started);
+  at::Tensor idle = at::zeros({p}, at::TensorOptions().dtype(at::kDouble));
+  idle[r] = total_ms > 0 ? 1.0 - busy_ms / total_ms : 0.0;
+  idle = idle.to(job_.device());
+  group_.all_reduce(idle, ReduceOp::Sum)->wait();
+  idle = idle.cpu();
+  for (int s = 0; s < p; ++s) context.metrics.emplace_back("pp_idle_fraction_stage" + std::to_string(s), idle[s].item<double>());
+  context.metrics.emplace_back("pp_wait_ms", waited_ms);
+}
+
+// With several chunks per rank, or weight gradients held back, a rank's parameters get their
+// last gradient in different actions, so the gradient-sync pass's window (its hooks see each
+// gradient of the step's last backward as it accumulates) cannot open inside one of them.
+// It opens here instead, after every gradient is complete: one backward that adds zero to each
+// parameter's gradient runs the sync hooks on the final sums. No reduction overlaps the
+// backward then.
+void StageRuntime::open_sync_window_after_split_backward(StepContext& context) {
+  const std::string provider = job_.program.provider(Stage::SyncGradients);
+  if (provider.rfind("core", 0) == 0) return;  // nothing synchronises gradients
+  std::vector<at::Tensor> params, zeros;
+  for (const auto& p : job_.model->parameters()) {
+    if (!p.requires_grad()) continue;
+    if (!p.has_storage() || p.storage().nbytes() < static_cast<size_t>(p.numel() * p.element_size()))
+      throw UserError("pass 'pipeline_parallel': schedule '" + layout_.schedule + "' does not compose with pass '" + provider +
+                      "', which frees parameters between uses; use schedule \"gpipe\" or \"1f1b\" with it");
+    params.push_back(p);
+    zeros.push_back(at::zeros_like(p));
+  }
+  context.last_backward = true;
+  job_.run_hooks(HookPoint::BeforeBackward, context);
+  if (!params.empty()) torch::autograd::backward(params, zeros);
+  job_.run_hooks(HookPoint::AfterBackward, context);
+  context.last_backward = false;
+}
+
+void StageRuntime::evaluate(StepContext& context) {
+  const int p = layout_.shape.ranks;
+  const int64_t batches = job_.job_config().get_int("eval_batches");
+  send_tied_weight_ = tied_ && tied_->parameter.defined();
+  receive_tied_weight_ = tied_ && tied_->copy.defined();
+  double total = 0, waited_ms = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    const at::Tensor batch = job_.validation_batch(b);
+    for (int c = 0; c < layout_.shape.chunks; ++c) {
+      const int stage = stage_of(c);
+      const int micro = static_cast<int>(b % 1000);
+      at::Tensor input;
+      if (stage > 0) input = receive((stage - 1 + p) % p, tag(kActivationHeader, micro, stage), tag(kActivation, micro, stage), waited_ms);
+      const at::Tensor out = forward_chunk(c, input, batch, nullptr);
+      if (last_stage(c))
+        total += out.item<double>();
+      else
+        send(out, (stage + 1) % p, tag(kActivationHeader, micro, stage + 1), tag(kActivation, micro, stage + 1));
+    }
+    for (auto& [work, tensor] : activation_sends_) work->wait();
+    activation_sends_.clear();
+  }
+  for (auto& [work, tensor] : other_sends_) work->wait();
+  other_sends_.clear();
+  // The last stage has the loss; every rank reports it.
+  at::Tensor loss = at::tensor(last_stage(layout_.shape.chunks - 1) ? total / static_cast<double>(batches) : 0.0, at::kDouble).to(job_.device());
+  group_.all_reduce(loss, ReduceOp::Sum)->wait();
+  context.val_loss = loss.item<double>();
+}
+
+}  // namespace strata::pipeline
