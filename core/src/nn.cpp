@@ -54,13 +54,13 @@ class LinearSplitWeightGradient : public torch::autograd::Function<LinearSplitWe
     if (at::autocast::is_autocast_enabled(device)) {
       const at::ScalarType dtype = at::autocast::get_autocast_dtype(device);
       xc = x.to(dtype), wc = weight.to(dtype);
-      if (bc.defined()) bc = bc.to(dtype);
+      if (bc.numel() > 0) bc = bc.to(dtype);
     }
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["weight"] = weight;  // the parameter itself, whose .grad a queued task adds to
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["has_bias"] = bias.defined();
-    return at::linear(xc, wc, bc.defined() ? std::optional<at::Tensor>(bc) : std::nullopt);
+    ctx->saved_data["has_bias"] = bias.numel() > 0;
+    return at::linear(xc, wc, bc.numel() > 0 ? std::optional<at::Tensor>(bc) : std::nullopt);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
@@ -122,8 +122,10 @@ at::Tensor Linear::forward(const at::Tensor& x) {
   const bool bias_after = bias.defined() && parallel_style == ParallelStyle::Row && shard.parts > 1;
   const at::Tensor b = bias.defined() ? through(hooks.on_bias, bias) : bias;
   if (split_weight_gradient && !hooks.on_weight && at::GradMode::is_enabled()) {
+    // No bias is an empty tensor: autograd functions take defined tensors only.
+    const at::Tensor no_bias = at::empty({0}, weight.options().requires_grad(false));
     at::Tensor y = through(hooks.on_output, LinearSplitWeightGradient::apply(through(hooks.on_input, x), weight,
-                                                                             bias_after ? at::Tensor() : b));
+                                                                             bias_after || !b.defined() ? no_bias : b));
     return bias_after ? y + b : y;
   }
   at::Tensor y = ops::linear(through(hooks.on_input, x), through(hooks.on_weight, weight),

@@ -64,7 +64,11 @@ Partition partition_model(nn::Model& model, const Config& config, const Config& 
     return {};
   }
   const std::string& how = config.get_string("partition");
-  if (how == "layout") return layout_partition(model, config.get_strings("layout"), stages, problem);
+  if (how == "layout") {
+    Partition out = layout_partition(model, config.get_strings("layout"), stages, problem);
+    if (!problem.empty()) problem = "pass 'pipeline_parallel': " + problem;
+    return out;
+  }
   if (how == "uniform") return uniform_partition(model.num_blocks(), stages);
   // Balanced: the in-flight micro-batches of each virtual stage from the simulated schedule.
   const Simulation sim = simulate(add_communication(s.schedule->compute_order(s.shape), s.shape), s.shape);

@@ -2,7 +2,8 @@
 # reshard_test.sh STRATA STRATEGY WORKDIR FROM_RANKS FROM_PASS TO_RANKS TO_PASS [EXTRA --set ...]
 # Trains 12 steps on FROM_RANKS ranks with FROM_PASS (ddp, zero1, zero2, fsdp, none for one
 # process without passes, or tpN for [parallel] tensor = N with a strategy that enables
-# tensor_parallel; tp2+on-fsdp adds a pass the strategy lists disabled), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
+# tensor_parallel; ppN for [parallel] pipeline = N with pipeline.toml, pp1 without the pass;
+# tp2+on-fsdp adds a pass the strategy lists disabled), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
 # on TO_RANKS ranks with TO_PASS. Every later step's loss must match the uninterrupted run within
 # a relative 1e-5 (the tolerance of data-parallel parity: the sums run in another order).
 set -euo pipefail
@@ -14,6 +15,8 @@ pass_flags() {
     ddp) ;;
     none) echo --disable ddp ;;
     tp*) echo --set "parallel.tensor=${1#tp}" ;;  # tensor parallel at that size (tensor_parallel.toml)
+    pp1) echo --set parallel.pipeline=1 --disable pipeline_parallel ;;  # one stage (pipeline.toml)
+    pp*) echo --set "parallel.pipeline=${1#pp}" ;;  # pipeline parallel at that size (pipeline.toml)
     on-*) echo --set "pass.${1#on-}.enabled=true" ;;  # a pass the strategy lists disabled
     *) echo --disable ddp --set "pass.$1.enabled=true" ;;
   esac

@@ -15,7 +15,7 @@ small=(--set job.steps=12 --set job.checkpoint_every=4 --set job.eval_every=6 --
 run "$strategy" --out "$work/full" "${small[@]}"
 # Every metric but timings and peak memory: losses, gradient norms, learning rates, validation
 # losses and what passes report (e.g. amp's loss scale) must all continue exactly.
-losses() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_peak_bytes":[^,}]*,?//g' "$1"; }
+losses() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_peak_bytes":[^,}]*,?//g; s/"pp_idle_fraction_stage[0-9]*":[^,}]*,?//g' "$1"; }
 
 cp -r "$work/full" "$work/cut"
 rm -rf "$work/cut/checkpoints/step_00000008" "$work/cut/checkpoints/step_00000012"
