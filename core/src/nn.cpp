@@ -175,14 +175,52 @@ at::Tensor RmsNorm::forward(const at::Tensor& x) {
 }
 
 at::Tensor Dropout::forward(const at::Tensor& x) {
-  if (sequence_shard.parts == 1 || !is_training() || p == 0.0 || p == 1.0) return at::dropout(x, p, is_training());
+  const SequenceLayout& sequence = current_sequence();
+  const bool context_split = sequence.token_index.defined() && sequence.window > sequence.token_index.size(0);
+  if ((sequence_shard.parts == 1 && !context_split) || !is_training() || p == 0.0 || p == 1.0) return at::dropout(x, p, is_training());
   // at::dropout's CPU recipe (a Bernoulli(1 - p) mask of the input's shape, divided by 1 - p, times
-  // the input) for the whole sequence, of which this rank keeps its tokens (dimension -2).
+  // the input) for the whole sequence, of which this rank keeps its tokens (dimension -2): the
+  // context rank's window positions, then the sequence-parallel rank's contiguous part of them.
   std::vector<int64_t> whole = x.sizes().vec();
   const int64_t local = whole.at(whole.size() - 2);
-  whole[whole.size() - 2] = local * sequence_shard.parts;
-  const at::Tensor noise = at::empty(whole, x.options()).bernoulli_(1.0 - p);
-  return x * noise.narrow(-2, sequence_shard.index * local, local).div_(1.0 - p);
+  whole[whole.size() - 2] = context_split ? sequence.window : local * sequence_shard.parts;
+  at::Tensor noise = at::empty(whole, x.options()).bernoulli_(1.0 - p);
+  if (context_split) noise = noise.index_select(-2, sequence.token_index.to(x.device()));
+  if (sequence_shard.parts > 1) noise = noise.narrow(-2, sequence_shard.index * local, local);
+  return x * noise.div_(1.0 - p);
+}
+
+namespace {
+thread_local SequenceLayout current_layout;
+}
+
+at::Tensor SequenceLayout::position_ids(int64_t t, const at::Device& device) const {
+  if (positions.defined()) return positions.to(device);
+  return index(t, device);
+}
+
+at::Tensor SequenceLayout::index(int64_t t, const at::Device& device) const {
+  if (token_index.defined()) return token_index.to(device);
+  return at::arange(t, at::TensorOptions().dtype(at::kLong).device(device));
+}
+
+at::Tensor SequenceLayout::local_documents() const {
+  if (!documents.defined() || !token_index.defined()) return documents;
+  return documents.index_select(1, token_index.to(documents.device()));
+}
+
+SequenceScope::SequenceScope(SequenceLayout layout) : previous_(std::move(current_layout)) { current_layout = std::move(layout); }
+SequenceScope::~SequenceScope() { current_layout = std::move(previous_); }
+const SequenceLayout& current_sequence() { return current_layout; }
+
+at::Tensor AttentionCore::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const SequenceLayout& sequence = current_sequence();
+  ops::AttentionMask mask;
+  mask.causal = causal;
+  if (sequence.token_index.defined()) mask.q_index = mask.kv_index = sequence.token_index.to(q.device());
+  if (sequence.documents.defined()) mask.q_document = mask.kv_document = sequence.local_documents().to(q.device());
+  if (attend) return attend(q, k, v, mask);
+  return ops::attention(q, k, v, mask).out;
 }
 
 Block::~Block() = default;

@@ -147,9 +147,15 @@ const std::function<typename Op::Fn>& pick(const at::Tensor& probe) {
 }
 }  // namespace
 
+AttentionResult attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask, bool with_lse) {
+  return pick<Attention>(q)(q, k, v, mask, with_lse);
+}
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                      const std::optional<at::Tensor>& additive_mask) {
-  return pick<Attention>(q)(q, k, v, causal, additive_mask);
+  AttentionMask mask;
+  mask.causal = causal;
+  mask.additive = additive_mask;
+  return pick<Attention>(q)(q, k, v, mask, false).out;
 }
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps) {
   return pick<LayerNorm>(x)(x, weight, bias, eps);

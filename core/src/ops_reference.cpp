@@ -9,8 +9,47 @@ namespace strata {
 
 namespace {
 
-at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                               const std::optional<at::Tensor>& additive_mask) {
+// Which (query, key) pairs a mask lets through, [B or 1, 1, Tq, Tk] bool; undefined when
+// every pair is (no causality, no documents).
+at::Tensor visible_pairs(const ops::AttentionMask& mask, int64_t tq, int64_t tk, const at::Device& device) {
+  at::Tensor visible;
+  if (mask.causal) {
+    const auto index = at::TensorOptions().dtype(at::kLong).device(device);
+    const at::Tensor qi = mask.q_index.defined() ? mask.q_index : at::arange(tk - tq, tk, index);
+    const at::Tensor ki = mask.kv_index.defined() ? mask.kv_index : at::arange(tk, index);
+    visible = ki.unsqueeze(0).le(qi.unsqueeze(1)).view({1, 1, tq, tk});
+  }
+  if (mask.q_document.defined() != mask.kv_document.defined())
+    throw std::invalid_argument("attention: a document mask needs the documents of both queries and keys");
+  if (mask.q_document.defined()) {
+    at::Tensor same = mask.q_document.unsqueeze(2).eq(mask.kv_document.unsqueeze(1)).unsqueeze(1);  // [B, 1, Tq, Tk]
+    visible = visible.defined() ? visible.logical_and(same) : same;
+  }
+  return visible;
+}
+
+// Scores in fp32, softmax written out so that the log-sum-exp is a differentiable output. A
+// query that sees no key gets a zero row and lse -inf, with zero (not NaN) gradients.
+ops::AttentionResult attention_with_lse(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
+                                        const at::Tensor& visible, const std::optional<at::Tensor>& additive) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor scores = at::matmul(q.to(at::kFloat), key.to(at::kFloat).transpose(-2, -1)) * scale;
+  if (additive) scores = scores + additive->to(at::kFloat);
+  const double inf = std::numeric_limits<double>::infinity();
+  if (visible.defined()) scores = scores.masked_fill(visible.logical_not(), -inf);
+  const at::Tensor row_max = std::get<0>(scores.detach().max(-1, /*keepdim=*/true));
+  const at::Tensor shift = at::where(row_max.isfinite(), row_max, at::zeros_like(row_max));
+  const at::Tensor e = at::exp(scores - shift);
+  const at::Tensor sum = e.sum(-1, /*keepdim=*/true);
+  const at::Tensor empty = sum.eq(0);
+  const at::Tensor safe_sum = at::where(empty, at::ones_like(sum), sum);
+  at::Tensor out = at::matmul(e / safe_sum, value.to(at::kFloat)).to(q.scalar_type());
+  at::Tensor lse = at::where(empty, at::full_like(sum, -inf), at::log(safe_sum) + shift).squeeze(-1);
+  return {out, lse};
+}
+
+ops::AttentionResult attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& mask,
+                                         bool with_lse) {
   // Grouped-query attention: each key/value head serves heads(q) / heads(k) query heads.
   at::Tensor key = k, value = v;
   if (k.size(1) != q.size(1)) {
@@ -18,13 +57,21 @@ at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const a
     key = k.repeat_interleave(repeat, 1);
     value = v.repeat_interleave(repeat, 1);
   }
-  if (additive_mask && causal) {
-    const int64_t t = q.size(2), s = key.size(2);
-    at::Tensor causal_mask = at::ones({t, s}, q.options().dtype(at::kBool)).tril(s - t).logical_not();
-    at::Tensor mask = additive_mask->masked_fill(causal_mask, -std::numeric_limits<float>::infinity());
-    return at::scaled_dot_product_attention(q, key, value, mask, 0.0, false);
+  const int64_t tq = q.size(2), tk = key.size(2);
+  const bool plain_causal = mask.causal && !mask.q_index.defined() && !mask.kv_index.defined() && tq == tk;
+  if (with_lse) return attention_with_lse(q, key, value, visible_pairs(mask, tq, tk, q.device()), mask.additive);
+  // ATen's fused kernels where the mask is theirs: none, or causal over the same tokens.
+  if (!mask.q_document.defined() && !mask.additive && (!mask.causal || plain_causal))
+    return {at::scaled_dot_product_attention(q, key, value, std::nullopt, 0.0, mask.causal), {}};
+  at::Tensor visible = visible_pairs(mask, tq, tk, q.device());
+  std::optional<at::Tensor> attn_mask;
+  if (mask.additive) {
+    attn_mask = visible.defined() ? mask.additive->masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity())
+                                  : *mask.additive;
+  } else {
+    attn_mask = visible;
   }
-  return at::scaled_dot_product_attention(q, key, value, additive_mask, 0.0, causal);
+  return {at::scaled_dot_product_attention(q, key, value, attn_mask, 0.0, false), {}};
 }
 
 at::Tensor layer_norm_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -116,7 +163,7 @@ void OperatorTable::reset() {
   defined_by_.clear();
   pins_.clear();
   for (const auto* impl : {
-           reference<ops::Attention>("scaled dot-product attention (ATen), causal and additive mask, GQA by repeat", attention_reference),
+           reference<ops::Attention>("scaled dot-product attention (ATen; written out in fp32 when the log-sum-exp is asked for), causal by window position, document and additive masks, GQA by repeat", attention_reference),
            reference<ops::LayerNorm>("at::layer_norm", layer_norm_reference),
            reference<ops::RmsNorm>("RMSNorm computed in fp32", rms_norm_reference),
            reference<ops::Linear>("at::linear", linear_reference),

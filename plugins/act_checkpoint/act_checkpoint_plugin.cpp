@@ -45,8 +45,21 @@ class AutocastState {
   at::ScalarType dtype_;
 };
 
+std::optional<at::Tensor> optional(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
+
 class Recompute : public torch::autograd::Function<Recompute> {
  public:
+  static nn::SequenceLayout saved_sequence(AutogradContext* ctx) {
+    const auto tensors = ctx->saved_data["sequence_tensors"].toOptionalTensorList();
+    auto get = [&](size_t i) { return tensors.get(i).value_or(at::Tensor()); };
+    nn::SequenceLayout sequence;
+    sequence.window = ctx->saved_data["sequence_window"].toInt();
+    sequence.token_index = get(0);
+    sequence.positions = get(1);
+    sequence.documents = get(2);
+    return sequence;
+  }
+
   // `params` are the block's parameters: passed as a TensorList, each one is an input of this
   // node, so their gradients flow through it.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, nn::Block* block, std::atomic<int64_t>* recomputed,
@@ -60,6 +73,12 @@ class Recompute : public torch::autograd::Function<Recompute> {
     ctx->saved_data["rng"] = c10::List<at::Tensor>(RngSnapshot(x.device()).states());
     ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(x.device().type());
     ctx->saved_data["autocast_dtype"] = at::autocast::get_autocast_dtype(x.device().type());
+    // Where the micro-batch's tokens sit (positions, documents, context-parallel share): the
+    // recomputation runs in backward, after the forward's nn::SequenceScope has closed.
+    const nn::SequenceLayout& sequence = nn::current_sequence();
+    ctx->saved_data["sequence_window"] = sequence.window;
+    ctx->saved_data["sequence_tensors"] = c10::List<std::optional<at::Tensor>>(
+        {optional(sequence.token_index), optional(sequence.positions), optional(sequence.documents)});
     ctx->save_for_backward({x});
     return block->forward(x);  // autograd is off inside Function::forward: nothing is recorded
   }
@@ -80,6 +99,7 @@ class Recompute : public torch::autograd::Function<Recompute> {
       at::AutoGradMode enable(true);
       const ops::BlockScope scope(*reinterpret_cast<const std::string*>(ctx->saved_data["block_name"].toInt()),
                                   *reinterpret_cast<const std::string*>(ctx->saved_data["block_type"].toInt()));
+      const nn::SequenceScope sequence(saved_sequence(ctx));
       output = block->forward(input);
     }
     now.restore();

@@ -95,8 +95,17 @@ std::pair<FixedWidthTokens::Range, FixedWidthTokens::Range> split_tail(FixedWidt
   return {train, held};
 }
 
+// Packed documents: core reads these two keys of every dataset (Job::split_batch).
+Schema packing_keys(Schema schema) {
+  return schema
+      .integer("document_end", -1,
+               "Token id that ends each document of packed data: attention never crosses it (-1: the stream is one document)",
+               at_least(-1))
+      .boolean("reset_positions", false, "Position ids restart at 0 at each document's first token (needs document_end)");
+}
+
 Schema split_keys(Schema schema) {
-  return schema.real("val_fraction", 0.05, "Share of the stream held out for evaluation (its tail)", between(0, 0.5));
+  return packing_keys(schema.real("val_fraction", 0.05, "Share of the stream held out for evaluation (its tail)", between(0, 0.5)));
 }
 
 class Tokens final : public DatasetFactory {
@@ -202,10 +211,10 @@ class Synthetic final : public DatasetFactory {
  public:
   Synthetic()
       : DatasetFactory({ComponentKind::Dataset, "synthetic", "Random tokens for benchmarks (the last 5% are the validation split)",
-                        Schema()
-                            .integer("vocab_size", 50257, "Token ids are drawn from [0, vocab_size)", at_least(1))
-                            .integer("num_tokens", 1 << 20, "Tokens in the stream", at_least(2))
-                            .integer("seed", 0, "Seed of the stream (independent of [job] seed)", at_least(0))}) {}
+                        packing_keys(Schema()
+                                         .integer("vocab_size", 50257, "Token ids are drawn from [0, vocab_size)", at_least(1))
+                                         .integer("num_tokens", 1 << 20, "Tokens in the stream", at_least(2))
+                                         .integer("seed", 0, "Seed of the stream (independent of [job] seed)", at_least(0)))}) {}
 
   std::unique_ptr<TokenDataset> open(const Config& c, const DataContext&) const override {
     return std::make_unique<SyntheticTokens>(c.get_int("vocab_size"), c.get_int("num_tokens"),

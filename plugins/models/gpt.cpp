@@ -18,7 +18,8 @@ class Embed final : public nn::Block {
     drop = register_module("drop", std::make_shared<nn::Dropout>(dropout));
   }
   at::Tensor forward(const at::Tensor& tokens) override {
-    at::Tensor positions = at::arange(tokens.size(1), tokens.options());
+    // Each token's position in its window (or document): context parallel holds some of them.
+    const at::Tensor positions = nn::current_sequence().position_ids(tokens.size(1), tokens.device());
     return drop->forward(wte->forward(tokens) + wpe->forward(positions));
   }
   std::shared_ptr<nn::Embedding> wte, wpe;
@@ -35,6 +36,7 @@ class Attention final : public torch::nn::Module {
                                                                     0.02, /*fused=*/3));
     c_proj = register_module("c_proj", std::make_shared<nn::Linear>(d_model, d_model, bias, nn::ParallelStyle::Row, shard, proj_std));
     resid_drop = register_module("resid_drop", std::make_shared<nn::Dropout>(dropout));
+    core = register_module("core", std::make_shared<nn::AttentionCore>(/*causal=*/true));
   }
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1);
@@ -42,12 +44,13 @@ class Attention final : public torch::nn::Module {
     const int64_t local = fused.size(-1) / 3;  // this rank's heads x head_dim
     auto heads = [&](const at::Tensor& y) { return y.view({b, t, local / head_dim_, head_dim_}).transpose(1, 2); };
     std::vector<at::Tensor> qkv = fused.split(local, -1);
-    at::Tensor y = ops::attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true);
+    at::Tensor y = core->forward(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]));
     y = y.transpose(1, 2).reshape({b, t, local});
     return resid_drop->forward(c_proj->forward(y));
   }
   std::shared_ptr<nn::Linear> c_attn, c_proj;
   std::shared_ptr<nn::Dropout> resid_drop;
+  std::shared_ptr<nn::AttentionCore> core;
 
  private:
   int64_t head_dim_;

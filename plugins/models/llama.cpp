@@ -1,5 +1,6 @@
 // Llama: RMSNorm, rotary position embedding (rotate-half layout), SwiGLU MLP, grouped-query
 // attention, no biases.
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -32,12 +33,13 @@ class Attention final : public torch::nn::Module {
     k_proj = register_module("k_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false, kv_style, shard));
     v_proj = register_module("v_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false, kv_style, shard));
     o_proj = register_module("o_proj", std::make_shared<nn::Linear>(n_head * head_dim_, d_model, false, nn::ParallelStyle::Row, shard));
+    core = register_module("core", std::make_shared<nn::AttentionCore>(/*causal=*/true));
   }
 
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1);
     auto heads = [&](const at::Tensor& y) { return y.view({b, t, y.size(-1) / head_dim_, head_dim_}).transpose(1, 2); };
-    auto [cos, sin] = rope_tables(t, x.device());
+    auto [cos, sin] = rope_tables(t, x.device(), nn::current_sequence());
     at::Tensor q = ops::rope(heads(q_proj->forward(x)), cos, sin);
     at::Tensor k = ops::rope(heads(k_proj->forward(x)), cos, sin);
     at::Tensor v = heads(v_proj->forward(x));
@@ -47,23 +49,30 @@ class Attention final : public torch::nn::Module {
       k = k.repeat_interleave(group, 1).narrow(1, shard_.index * local_q, local_q);
       v = v.repeat_interleave(group, 1).narrow(1, shard_.index * local_q, local_q);
     }
-    at::Tensor y = ops::attention(q, k, v, /*causal=*/true);
+    at::Tensor y = core->forward(q, k, v);
     return o_proj->forward(y.transpose(1, 2).reshape({b, t, q.size(1) * head_dim_}));
   }
 
   std::shared_ptr<nn::Linear> q_proj, k_proj, v_proj, o_proj;
+  std::shared_ptr<nn::AttentionCore> core;
 
  private:
-  // cos/sin of position x inverse frequency, [T, head_dim / 2], computed in fp32 and cached.
-  std::pair<at::Tensor, at::Tensor> rope_tables(int64_t t, const at::Device& device) {
-    if (!cos_.defined() || cos_.size(0) < t || cos_.device() != device) {
+  // cos/sin of position x inverse frequency for this rank's t tokens: [t, head_dim / 2], or
+  // [B, 1, t, head_dim / 2] when positions differ per sequence (packed documents). The table is
+  // computed in fp32 for the whole window and cached.
+  std::pair<at::Tensor, at::Tensor> rope_tables(int64_t t, const at::Device& device, const nn::SequenceLayout& sequence) {
+    const int64_t window = std::max(t, sequence.window);
+    if (!cos_.defined() || cos_.size(0) < window || cos_.device() != device) {
       auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
       at::Tensor inv_freq = at::pow(rope_theta_, -at::arange(0, head_dim_, 2, f32) / static_cast<double>(head_dim_));
-      at::Tensor angles = at::outer(at::arange(t, f32), inv_freq);
+      at::Tensor angles = at::outer(at::arange(window, f32), inv_freq);
       cos_ = angles.cos();
       sin_ = angles.sin();
     }
-    return {cos_.narrow(0, 0, t), sin_.narrow(0, 0, t)};
+    if (!sequence.positions.defined() && !sequence.token_index.defined()) return {cos_.narrow(0, 0, t), sin_.narrow(0, 0, t)};
+    const at::Tensor positions = sequence.position_ids(t, device);
+    if (positions.dim() == 1) return {cos_.index_select(0, positions), sin_.index_select(0, positions)};
+    return {at::embedding(cos_, positions).unsqueeze(1), at::embedding(sin_, positions).unsqueeze(1)};
   }
 
   int64_t n_head_, n_kv_head_, head_dim_;

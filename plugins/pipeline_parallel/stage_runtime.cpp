@@ -84,11 +84,14 @@ at::Tensor StageRuntime::receive(int peer, int header_tag, int tag, double& wait
 
 at::Tensor StageRuntime::forward_chunk(int chunk, const at::Tensor& input, const at::Tensor& batch, StepContext* context) {
   const StageBlocks blocks = layout_.chunks[static_cast<size_t>(chunk)];
-  const int64_t seq_len = job_.model->seq_len();
-  const at::Tensor x = first_stage(chunk) ? batch.narrow(1, 0, seq_len) : input;
+  // Every stage knows where the micro-batch's tokens sit (positions, documents, its context
+  // share): its blocks may need it, not only the first.
+  const MicroBatch micro = job_.split_batch(batch);
+  const nn::SequenceScope sequence(micro.sequence);
+  const at::Tensor x = first_stage(chunk) ? micro.inputs : input;
   at::Tensor out = job_.model->forward_blocks(blocks.first, blocks.last, x);
   if (!last_stage(chunk)) return out;
-  at::Tensor loss = job_.loss(out, batch.narrow(1, 1, seq_len));
+  at::Tensor loss = job_.loss(out, micro.targets);
   if (context) context->loss = loss;
   return loss;
 }

@@ -28,9 +28,16 @@ grep -q '"param_norm":' runs/on/metrics.jsonl || { echo "template pass did not r
 if grep -q '"param_norm":' runs/off/metrics.jsonl; then echo "disabled template pass still ran"; exit 1; fi
 echo "template: built out of tree, trained with it on (param_norm reported) and off"
 
-for example in ema fast_gelu; do
+for example in ema fast_gelu eager_1f1b; do
   cp -r "$src/sdk/examples/$example" "$work/$example"
   build_plugin "$work/$example"
   ctest --test-dir "$work/$example/build" --output-on-failure > "$work/$example.test.log" 2>&1 || { cat "$work/$example.test.log"; exit 1; }
   echo "example $example: built out of tree, its tests pass"
 done
+
+# The third-party schedule trains two pipeline stages through the installed launcher.
+cd "$work/eager_1f1b"
+"$strata" plan -n 2 strategy.toml | grep -q "eager_1f1b" || { echo "plan does not show the eager_1f1b schedule"; exit 1; }
+"$strata" run -n 2 strategy.toml --out runs/eager > eager.log 2>&1 || { cat eager.log; exit 1; }
+grep -q '"step":4' runs/eager/metrics.jsonl || { echo "eager_1f1b run did not reach step 4"; cat eager.log; exit 1; }
+echo "example eager_1f1b: a plugin's schedule trained 2 pipeline stages"

@@ -19,6 +19,7 @@
 #include "../sha256.h"
 #include "checkpoint.h"
 #include "metrics.h"
+#include "packed_documents.h"
 #include "sampler.h"
 #include "schedule.h"
 #include "strata/core/local_communicator.h"
@@ -399,13 +400,22 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   };
   job.reduce_loss = [&job](double local_loss) {
     // Scalars go through the communicator on the job's device (nccl takes device tensors only).
+    // Context ranks hold equal shares of each sequence's tokens: the mean of their means is the
+    // mean over all tokens.
     at::Tensor mean = at::tensor(local_loss, at::kDouble).to(job.device());
-    job.topology->group(Dim::Data).all_reduce(mean, ReduceOp::Avg)->wait();
+    job.topology->group({Dim::Data, Dim::Context}).all_reduce(mean, ReduceOp::Avg)->wait();
     return mean.item<double>();
   };
+  job.split_batch = [seq_len, documents = packed_documents(job.data_config())](const at::Tensor& batch) {
+    MicroBatch micro{batch.narrow(1, 0, seq_len), batch.narrow(1, 1, seq_len), {}};
+    micro.sequence = documents.layout(micro.inputs);
+    return micro;
+  };
   // The loss of one batch of [B, seq_len + 1] tokens: what training and evaluation both run.
-  auto batch_loss = [&job, seq_len](const at::Tensor& batch) {
-    return job.loss(job.model->forward(batch.narrow(1, 0, seq_len)), batch.narrow(1, 1, seq_len));
+  auto batch_loss = [&job](const at::Tensor& batch) {
+    const MicroBatch micro = job.split_batch(batch);
+    const nn::SequenceScope sequence(micro.sequence);
+    return job.loss(job.model->forward(micro.inputs), micro.targets);
   };
   // Every parameter's gradient, placed as its parameter; stages hold disjoint parameters.
   job.local_gradients = [&job, placements = nn::parameter_placements(*job.model)] {

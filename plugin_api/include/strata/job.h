@@ -44,6 +44,13 @@ struct LocalGradient {
   Placement placement;
 };
 
+// One micro-batch as this rank computes it: input tokens and targets [B, T] (T = seq_len, or this
+// rank's share under context parallel) and where those tokens sit in their window.
+struct MicroBatch {
+  at::Tensor inputs, targets;
+  nn::SequenceLayout sequence;
+};
+
 class STRATA_API Job {
  public:
   Job(Config job, Config model, Config data, Config optimizer, c10::Device device);
@@ -74,6 +81,12 @@ class STRATA_API Job {
   // over the data group; a pass that splits a sample's tokens over ranks (context parallel)
   // replaces it.
   std::function<double(double local_loss)> reduce_loss;
+
+  // The micro-batch this rank computes from a batch of [B, seq_len + 1] window tokens; training,
+  // evaluation and a pipeline's stages all go through it. Core's takes the whole window and marks
+  // packed documents ([data] document_end, reset_positions); context parallel keeps this rank's
+  // tokens of it.
+  std::function<MicroBatch(const at::Tensor& batch)> split_batch;
 
   // The index-th validation batch ([micro_batch, seq_len + 1] tokens on the job's device); the
   // evaluate stage averages the loss of [job] eval_batches of them.

@@ -11,6 +11,7 @@
 #include <torch/nn/module.h>
 
 #include "strata/export.h"
+#include "strata/ops.h"
 #include "strata/placement.h"
 
 namespace strata::nn {
@@ -151,13 +152,59 @@ class STRATA_API RmsNorm : public torch::nn::Module {
   LayerHooks hooks;
 };
 
+// Where the tokens of the running micro-batch sit in their training window, for the layers that
+// depend on it: position embeddings and RoPE (positions), causal masking (token_index) and packed
+// documents (documents). Core derives it from the batch ([data] document_end, reset_positions);
+// context parallel narrows it to this rank's tokens. Undefined members mean the plain case.
+struct STRATA_API SequenceLayout {
+  int64_t window = 0;      // tokens of the whole window; 0: the activation's own length
+  at::Tensor token_index;  // [T] int64 window position of each token this rank holds; undefined: 0..T-1
+  at::Tensor positions;    // [B, T] int64 position ids (restarting per document); undefined: token_index
+  at::Tensor documents;    // [B, window] int64 document id of every token of the window; undefined: one document
+  // Position ids of this rank's T tokens: positions, else token_index, else 0..T-1 ([T] or [B, T]).
+  at::Tensor position_ids(int64_t t, const at::Device& device) const;
+  // Window positions of this rank's T tokens.
+  at::Tensor index(int64_t t, const at::Device& device) const;
+  // Document ids of this rank's tokens [B, T], or undefined.
+  at::Tensor local_documents() const;
+};
+
+// Installs a layout on the calling thread for its lifetime (restoring the previous one): the
+// trainer around each micro-batch's forward, activation checkpointing around a recomputation.
+class STRATA_API SequenceScope {
+ public:
+  explicit SequenceScope(SequenceLayout layout);
+  ~SequenceScope();
+  SequenceScope(const SequenceScope&) = delete;
+  SequenceScope& operator=(const SequenceScope&) = delete;
+
+ private:
+  SequenceLayout previous_;
+};
+// The layout installed on this thread (an empty one, the plain case, when none is).
+STRATA_API const SequenceLayout& current_sequence();
+
+// The attention of a layer on q, k, v [B, H, T, D] (k, v may have fewer heads) under the current
+// sequence layout: causal by window position, never across documents. Context parallel sets
+// `attend` to compute over a sequence split across ranks; unset, ops::attention computes it.
+class STRATA_API AttentionCore : public torch::nn::Module {
+ public:
+  explicit AttentionCore(bool causal) : causal(causal) {}
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+  bool causal;
+  // Receives this rank's q, k, v and the mask of its own tokens (the layout has the rest).
+  std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& local)> attend;
+};
+
 // Dropout (at::dropout's masks) that also runs on a sequence-split activation [.., T/parts, d]:
 // with `sequence_shard.parts` > 1 it draws the mask of the whole sequence [.., T, d] from the
 // generator (on CPU exactly the mask at::dropout draws for the whole activation; CUDA's
 // at::dropout is a fused kernel, so there the masks differ from it but not between layouts), and
 // keeps this rank's tokens. So under sequence parallel every tensor rank applies its rows of the
 // single-process mask and the generators of the tensor group stay in step (the rule that keeps
-// replicated-region masks identical across the group).
+// replicated-region masks identical across the group). Under context parallel (the current
+// sequence layout holds fewer tokens than its window) the mask is drawn for the whole window and
+// this rank's tokens' rows are kept, the same way.
 class STRATA_API Dropout : public torch::nn::Module {
  public:
   explicit Dropout(double p) : p(p) {}

@@ -27,11 +27,31 @@ class Job;
 
 namespace strata::ops {
 
+// Which keys each query may see. Token indices are positions in the whole training window: a
+// rank under context parallel holds a permutation of some of them, and the mask follows the
+// tokens, not their order. A query sees a key when (not causal, or kv_index <= q_index), both
+// belong to the same document (packed data), and the additive mask allows it.
+struct AttentionMask {
+  bool causal = false;
+  // [Tq] and [Tk] int64 window positions; undefined: the ends aligned, q 0..Tq-1 shifted to end
+  // where kv 0..Tk-1 ends (a query block attending its prefix).
+  at::Tensor q_index, kv_index;
+  // [B, Tq] and [B, Tk] int64 document ids; undefined: one document.
+  at::Tensor q_document, kv_document;
+  std::optional<at::Tensor> additive;  // broadcastable to [B, H, Tq, Tk]
+};
+// out: [B, H, Tq, D]. lse: [B, H, Tq] fp32, the log-sum-exp of each query's scaled scores over
+// the keys it sees (-inf, with an output row of zeros, where it sees none), differentiable, so
+// partial results over blocks of keys merge exactly (ring attention); undefined unless asked for.
+struct AttentionResult {
+  at::Tensor out, lse;
+};
+
 // Each operator: its name and the function type an implementation provides.
-struct Attention {  // q, k, v: [B, H, T, D] (k/v may have fewer heads: grouped-query); -> [B, H, T, D]
+struct Attention {  // q, k, v: [B, H, T, D] (k/v may have fewer heads: grouped-query)
   static constexpr const char* name = "attention";
-  using Fn = at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                            const std::optional<at::Tensor>& additive_mask);
+  using Fn = AttentionResult(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask,
+                             bool with_lse);
 };
 struct LayerNorm {
   static constexpr const char* name = "layer_norm";
@@ -77,6 +97,9 @@ struct AgdUpdate {
                       const AgdHyper& hyper);
 };
 
+STRATA_API AttentionResult attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask,
+                                     bool with_lse = false);
+// The common case: causal or not, an optional additive mask, the output only.
 STRATA_API at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                 const std::optional<at::Tensor>& additive_mask = std::nullopt);
 STRATA_API at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
