@@ -209,6 +209,24 @@ at::Tensor SequenceLayout::local_documents() const {
   return documents.index_select(1, token_index.to(documents.device()));
 }
 
+SequenceLayout packed_sequence(const at::Tensor& inputs, int64_t document_end, bool reset_positions) {
+  SequenceLayout out;
+  out.window = inputs.size(1);
+  if (document_end < 0) return out;
+  const at::Tensor ends = inputs.eq(document_end).to(at::kLong);
+  out.documents = ends.cumsum(1) - ends;
+  if (reset_positions) {
+    // A document starts at 0 and after each end token; a token's position is its distance from
+    // the latest start at or before it.
+    const at::Tensor index = at::arange(out.window, inputs.options().dtype(at::kLong)).expand_as(inputs);
+    at::Tensor starts = at::zeros_like(ends);
+    starts.narrow(1, 1, out.window - 1).copy_(ends.narrow(1, 0, out.window - 1));
+    starts.select(1, 0).fill_(1);
+    out.positions = index - std::get<0>(at::cummax(index * starts, 1));
+  }
+  return out;
+}
+
 SequenceScope::SequenceScope(SequenceLayout layout) : previous_(std::move(current_layout)) { current_layout = std::move(layout); }
 SequenceScope::~SequenceScope() { current_layout = std::move(previous_); }
 const SequenceLayout& current_sequence() { return current_layout; }

@@ -28,13 +28,14 @@ at::Tensor visible_pairs(const ops::AttentionMask& mask, int64_t tq, int64_t tk,
   return visible;
 }
 
-// Scores in fp32, softmax written out so that the log-sum-exp is a differentiable output. A
+// Scores in at least fp32, softmax written out so that the log-sum-exp is a differentiable output. A
 // query that sees no key gets a zero row and lse -inf, with zero (not NaN) gradients.
 ops::AttentionResult attention_with_lse(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
                                         const at::Tensor& visible, const std::optional<at::Tensor>& additive) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  at::Tensor scores = at::matmul(q.to(at::kFloat), key.to(at::kFloat).transpose(-2, -1)) * scale;
-  if (additive) scores = scores + additive->to(at::kFloat);
+  const at::ScalarType compute = at::promote_types(q.scalar_type(), at::kFloat);
+  at::Tensor scores = at::matmul(q.to(compute), key.to(compute).transpose(-2, -1)) * scale;
+  if (additive) scores = scores + additive->to(compute);
   const double inf = std::numeric_limits<double>::infinity();
   if (visible.defined()) scores = scores.masked_fill(visible.logical_not(), -inf);
   const at::Tensor row_max = std::get<0>(scores.detach().max(-1, /*keepdim=*/true));
@@ -43,7 +44,7 @@ ops::AttentionResult attention_with_lse(const at::Tensor& q, const at::Tensor& k
   const at::Tensor sum = e.sum(-1, /*keepdim=*/true);
   const at::Tensor empty = sum.eq(0);
   const at::Tensor safe_sum = at::where(empty, at::ones_like(sum), sum);
-  at::Tensor out = at::matmul(e / safe_sum, value.to(at::kFloat)).to(q.scalar_type());
+  at::Tensor out = at::matmul(e / safe_sum, value.to(compute)).to(q.scalar_type());
   at::Tensor lse = at::where(empty, at::full_like(sum, -inf), at::log(safe_sum) + shift).squeeze(-1);
   return {out, lse};
 }

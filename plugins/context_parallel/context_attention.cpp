@@ -92,13 +92,17 @@ at::Tensor ContextAttention::attend(const at::Tensor& q, const at::Tensor& k, co
     value = dist::all_to_all(value, 1, 2, *inner_);
   }
   at::Tensor out;
-  if (outer_->size() == 1) {  // Ulysses alone: every token of the window is here
+  if (outer_->size() == 1) {
+    // Ulysses alone: every token of the window is here, in the ranks' chunk order. Put them in
+    // window order so that the mask is plain causal and ATen's fused kernel applies, then back.
     const at::Tensor index = split_.token_index(group_chunks(0), q.device());
+    const at::Tensor order = index.argsort();
+    auto sorted = [&](const at::Tensor& x) { return x.index_select(2, order); };
     ops::AttentionMask mask;
     mask.causal = local.causal;
-    mask.q_index = mask.kv_index = index;
-    if (documents.defined()) mask.q_document = mask.kv_document = documents.index_select(1, index);
-    out = ops::attention(query, key, value, mask).out;
+    if (documents.defined()) mask.q_document = mask.kv_document = documents.to(q.device());
+    const at::Tensor in_window_order = ops::attention(sorted(query), sorted(key), sorted(value), mask).out;
+    out = in_window_order.index_select(2, order.argsort());
   } else {
     out = ring(query, key, value, local.causal, documents);
   }

@@ -115,8 +115,9 @@ class ContextParallelPass final : public Pass {
     out << "  Per attention layer and micro-batch of B sequences, h = heads x head_dim, each rank sends\n";
     if (m.ulysses > 1) out << "    Ulysses: 4 all-to-alls of B x " << split.window / split.ranks << " x h (q, k, v, output; k and v at kv width), "
                               "the same again in backward\n";
-    if (m.ring > 1) out << "    ring: " << m.ring - 1 << " key/value blocks of 2 x B x " << split.window / m.ring
-                        << " x h_kv/" << m.ulysses << " forward, as many gradient blocks backward\n";
+    if (m.ring > 1)
+      out << "    ring: " << m.ring - 1 << " key/value block" << (m.ring > 2 ? "s" : "") << " of 2 x B x " << split.window / m.ring << " x h_kv"
+          << (m.ulysses > 1 ? "/" + std::to_string(m.ulysses) : "") << " forward, as many gradient blocks backward\n";
     return out.str();
   }
 

@@ -55,9 +55,12 @@ class TensorParallelPass final : public Pass {
              {Phase::ModelRewrite, {}, {}, {}, {}}, {{Dim::Tensor}, {}}) {}
 
   std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const override {
-    if (!config.get_bool("sequence_parallel") || !model.has("seq_len") || model.get_int("seq_len") % mesh.tensor == 0) return {};
+    // Under context parallel each rank's share of the tokens (seq_len / context) is what splits.
+    if (!config.get_bool("sequence_parallel") || !model.has("seq_len") || model.get_int("seq_len") % (mesh.tensor * mesh.context) == 0)
+      return {};
     return "pass 'tensor_parallel': sequence_parallel needs [model] seq_len " + std::to_string(model.get_int("seq_len")) +
-           " to divide by [parallel] tensor = " + std::to_string(mesh.tensor);
+           " to divide by [parallel] tensor = " + std::to_string(mesh.tensor) +
+           (mesh.context > 1 ? " x context = " + std::to_string(mesh.context) : std::string());
   }
 
   void apply(Job& job, const Config& config) const override {

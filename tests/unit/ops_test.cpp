@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "strata/errors.h"
+#include "strata/nn.h"
 #include "strata/ops.h"
 
 namespace strata {
@@ -246,6 +247,89 @@ TEST(OperatorTable, OperatorDefinedTwiceOrWithAnotherTypeIsRefused) {
     EXPECT_NE(std::string(e.what()).find("'triple.odd' from plugin 'odd' has another function type"), std::string::npos) << e.what();
   }
   OperatorTable::global().reset();
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// -inf where a query must not see a key: later window positions, other documents.
+at::Tensor blocked_pairs(const at::Tensor& q_index, const at::Tensor& kv_index, const at::Tensor& q_doc, const at::Tensor& kv_doc) {
+  at::Tensor blocked = kv_index.unsqueeze(0).gt(q_index.unsqueeze(1)).unsqueeze(0);  // [1, Tq, Tk]
+  if (q_doc.defined()) blocked = blocked.logical_or(q_doc.unsqueeze(2).ne(kv_doc.unsqueeze(1)));  // [B, Tq, Tk]
+  return at::zeros(blocked.sizes(), f64()).masked_fill(blocked, -std::numeric_limits<double>::infinity()).unsqueeze(1);
+}
+
+class Attention : public ::testing::Test {
+ protected:
+  void SetUp() override { at::manual_seed(0); }
+};
+
+// Packed documents: a token attends to earlier tokens of its own document only, and the mask
+// follows window positions, so any permutation of the tokens (context parallel's order) gives
+// the same outputs, permuted.
+TEST_F(Attention, FollowsDocumentsAndWindowPositions) {
+  at::Tensor q = leaf({2, 2, 10, 4}), k = leaf({2, 1, 10, 4}), v = leaf({2, 1, 10, 4});
+  const at::Tensor docs = at::tensor({0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1}, at::kLong).view({2, 10});
+  const at::Tensor index = at::arange(10, at::kLong);
+  ops::AttentionMask mask;
+  mask.causal = true;
+  mask.q_document = mask.kv_document = docs;
+  expect_same([&] { return ops::attention(q, k, v, mask).out; },
+              [&] { return plain_attention(q, k, v, false, blocked_pairs(index, index, docs, docs)); }, {q, k, v});
+  const at::Tensor perm = at::randperm(10, at::kLong);
+  ops::AttentionMask permuted = mask;
+  permuted.q_index = permuted.kv_index = perm;
+  permuted.q_document = permuted.kv_document = docs.index_select(1, perm);
+  auto p = [&](const at::Tensor& x) { return x.index_select(2, perm); };
+  const at::Tensor whole = ops::attention(q, k, v, mask).out;
+  EXPECT_TRUE(at::allclose(ops::attention(p(q), p(k), p(v), permuted).out, p(whole), 1e-12, 1e-12));
+}
+
+// The log-sum-exp is that of the visible scores, and two partial results over disjoint keys merge
+// into the whole attention (ring attention's rule), values and gradients; a query that sees no
+// key of a block gets zeros and -inf without NaN gradients.
+TEST_F(Attention, LogSumExpMergesPartialResults) {
+  at::Tensor q = leaf({1, 2, 6, 4}), k = leaf({1, 2, 8, 4}), v = leaf({1, 2, 8, 4});
+  const at::Tensor q_index = at::arange(2, 8, at::kLong), kv_index = at::arange(8, at::kLong);
+  auto block = [&](int64_t start, int64_t length) {
+    ops::AttentionMask mask;
+    mask.causal = true;
+    mask.q_index = q_index;
+    mask.kv_index = kv_index.narrow(0, start, length);
+    return ops::attention(q, k.narrow(2, start, length), v.narrow(2, start, length), mask, /*with_lse=*/true);
+  };
+  const ops::AttentionResult whole = block(0, 8);
+  const at::Tensor scores = q.matmul(k.transpose(-1, -2)) / 2.0 + blocked_pairs(q_index, kv_index, {}, {});
+  EXPECT_TRUE(at::allclose(whole.lse, scores.logsumexp(-1), 1e-12, 1e-12));
+  auto merged = [&] {
+    const ops::AttentionResult a = block(0, 3), b = block(3, 5);
+    const at::Tensor lse = at::logaddexp(a.lse, b.lse);
+    return a.out * at::exp(a.lse - lse).unsqueeze(-1) + b.out * at::exp(b.lse - lse).unsqueeze(-1);
+  };
+  expect_same(merged, [&] { return whole.out; }, {q, k, v});
+  ops::AttentionMask future;
+  future.causal = true;
+  future.q_index = at::arange(0, 6, at::kLong);
+  future.kv_index = at::arange(3, 11, at::kLong);
+  const ops::AttentionResult r = ops::attention(q, k, v, future, true);
+  EXPECT_TRUE(r.out.narrow(2, 0, 3).eq(0).all().item<bool>());
+  EXPECT_TRUE(at::isinf(r.lse.narrow(2, 0, 3)).all().item<bool>());
+  const auto grads = torch::autograd::grad({r.out.sum() + r.lse.narrow(2, 3, 3).sum()}, {q, k, v});
+  for (const auto& g : grads) EXPECT_TRUE(g.isfinite().all().item<bool>());
+}
+
+TEST(PackedSequence, DocumentsAndPositionsRestartAfterEachEndToken) {
+  const at::Tensor tokens = at::tensor({5, 9, 0, 7, 0, 0, 3, 4, 1, 2, 3, 4}, at::kLong).view({2, 6});
+  const nn::SequenceLayout plain = nn::packed_sequence(tokens, -1, false);
+  EXPECT_FALSE(plain.documents.defined());
+  EXPECT_EQ(plain.window, 6);
+  const nn::SequenceLayout packed = nn::packed_sequence(tokens, 0, true);
+  EXPECT_TRUE(at::equal(packed.documents, at::tensor({0, 0, 0, 1, 1, 2, 0, 0, 0, 0, 0, 0}, at::kLong).view({2, 6})));
+  EXPECT_TRUE(at::equal(packed.positions, at::tensor({0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 5}, at::kLong).view({2, 6})));
+  EXPECT_FALSE(nn::packed_sequence(tokens, 0, false).positions.defined());
 }
 
 }  // namespace

@@ -19,7 +19,6 @@
 #include "../sha256.h"
 #include "checkpoint.h"
 #include "metrics.h"
-#include "packed_documents.h"
 #include "sampler.h"
 #include "schedule.h"
 #include "strata/core/local_communicator.h"
@@ -406,9 +405,15 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     job.topology->group({Dim::Data, Dim::Context}).all_reduce(mean, ReduceOp::Avg)->wait();
     return mean.item<double>();
   };
-  job.split_batch = [seq_len, documents = packed_documents(job.data_config())](const at::Tensor& batch) {
+  // Packed documents: the bundled datasets declare [data] document_end and reset_positions.
+  const Config& data_cfg = job.data_config();
+  const int64_t document_end = data_cfg.has("document_end") ? data_cfg.get_int("document_end") : -1;
+  const bool reset_positions = data_cfg.has("reset_positions") && data_cfg.get_bool("reset_positions");
+  if (reset_positions && document_end < 0)
+    throw UserError("[data] reset_positions = true needs document_end (the token that ends each document)");
+  job.split_batch = [seq_len, document_end, reset_positions](const at::Tensor& batch) {
     MicroBatch micro{batch.narrow(1, 0, seq_len), batch.narrow(1, 1, seq_len), {}};
-    micro.sequence = documents.layout(micro.inputs);
+    micro.sequence = nn::packed_sequence(micro.inputs, document_end, reset_positions);
     return micro;
   };
   // The loss of one batch of [B, seq_len + 1] tokens: what training and evaluation both run.

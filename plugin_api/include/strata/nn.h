@@ -169,6 +169,12 @@ struct STRATA_API SequenceLayout {
   at::Tensor local_documents() const;
 };
 
+// The layout of a whole window of packed documents, inputs [B, T]: every token's document id
+// (an end token belongs to the document it ends; the next token starts a new one) and, with
+// reset_positions, positions counted from each document's first token. document_end < 0: one
+// document per window (the plain layout).
+STRATA_API SequenceLayout packed_sequence(const at::Tensor& inputs, int64_t document_end, bool reset_positions);
+
 // Installs a layout on the calling thread for its lifetime (restoring the previous one): the
 // trainer around each micro-batch's forward, activation checkpointing around a recomputation.
 class STRATA_API SequenceScope {

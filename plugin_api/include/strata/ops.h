@@ -40,7 +40,7 @@ struct AttentionMask {
   at::Tensor q_document, kv_document;
   std::optional<at::Tensor> additive;  // broadcastable to [B, H, Tq, Tk]
 };
-// out: [B, H, Tq, D]. lse: [B, H, Tq] fp32, the log-sum-exp of each query's scaled scores over
+// out: [B, H, Tq, D]. lse: [B, H, Tq] (fp32, or fp64 for fp64 inputs), the log-sum-exp of each query's scaled scores over
 // the keys it sees (-inf, with an output row of zeros, where it sees none), differentiable, so
 // partial results over blocks of keys merge exactly (ring attention); undefined unless asked for.
 struct AttentionResult {
