@@ -54,10 +54,10 @@ struct ReceivedBlock : torch::autograd::Function<ReceivedBlock> {
 };
 
 // Two partial attentions of the same queries over disjoint keys, merged by their log-sum-exp.
+// The running output stays in fp32 (a.out) so half precision rounds once, at the end.
 ops::AttentionResult merge(const ops::AttentionResult& a, const ops::AttentionResult& b) {
   const at::Tensor lse = at::logaddexp(a.lse, b.lse);
-  const at::Tensor out = a.out.to(at::kFloat) * at::exp(a.lse - lse).unsqueeze(-1) + b.out.to(at::kFloat) * at::exp(b.lse - lse).unsqueeze(-1);
-  return {out.to(a.out.scalar_type()), lse};
+  return {a.out * at::exp(a.lse - lse).unsqueeze(-1) + b.out.to(a.out.scalar_type()) * at::exp(b.lse - lse).unsqueeze(-1), lse};
 }
 
 at::Tensor chunk_rows(const at::Tensor& x, int64_t position, int64_t length) { return x.narrow(-2, position * length, length); }
@@ -153,18 +153,23 @@ at::Tensor ContextAttention::ring(const at::Tensor& q, const at::Tensor& k, cons
       }
       ops::AttentionResult result =
           ops::attention(chunk_rows(q, static_cast<int64_t>(a), length), at::cat(keys, 2), at::cat(values, 2), mask, /*with_lse=*/true);
+      if (!partial[a].out.defined()) result.out = result.out.to(at::promote_types(result.out.scalar_type(), at::kFloat));
       partial[a] = partial[a].out.defined() ? merge(partial[a], result) : result;
     }
     // Every rank must run every rotation's backward (its ring partners wait for the message), so
     // a received block no query uses still joins the graph, with a zero gradient.
-    if (!used) unused = unused.defined() ? unused + block.sum() * 0.0 : block.sum() * 0.0;
+    // (One element times zero: a sum of a half-precision block could overflow to inf, and inf * 0 is NaN.)
+    if (!used) {
+      const at::Tensor zero = (block.reshape(-1).narrow(0, 0, 1) * 0.0).sum();
+      unused = unused.defined() ? unused + zero : zero;
+    }
     if (rotation)
       block = ReceivedBlock::apply(block, reinterpret_cast<int64_t>(rotation.get()), reinterpret_cast<int64_t>(&ring),
                                    reinterpret_cast<int64_t>(ring_bytes_.get()));
   }
   std::vector<at::Tensor> outs;
   for (const auto& p : partial) outs.push_back(p.out);
-  at::Tensor out = at::cat(outs, 2);
+  at::Tensor out = at::cat(outs, 2).to(q.scalar_type());
   return unused.defined() ? out + unused.to(out.scalar_type()) : out;
 }
 

@@ -94,6 +94,7 @@ class ContextParallelPass final : public Pass {
 
   std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const override {
     if (mesh.context < 2) return "pass 'context_parallel' needs [parallel] context >= 2 (it is " + std::to_string(mesh.context) + ")";
+    if (!model.has("seq_len")) return "pass 'context_parallel' splits [model] seq_len, which this model does not declare";
     const SequenceSplit split = split_of(config, model.has("seq_len") ? model.get_int("seq_len") : 0, static_cast<int>(mesh.context));
     const int64_t pieces = (split.zigzag ? 2 : 1) * mesh.context;
     if (split.window % pieces != 0)

@@ -14,8 +14,10 @@ std::vector<int64_t> SequenceSplit::chunks_of(int rank) const {
 at::Tensor SequenceSplit::token_index(const std::vector<int64_t>& chunks, const at::Device& device) const {
   const int64_t length = chunk_length();
   std::vector<at::Tensor> parts;
-  for (int64_t chunk : chunks) parts.push_back(at::arange(chunk * length, (chunk + 1) * length, at::TensorOptions().dtype(at::kLong)));
-  return at::cat(parts).to(device);
+  // Built on the device: a host-to-device copy would stall the host between kernels.
+  const auto options = at::TensorOptions().dtype(at::kLong).device(device);
+  for (int64_t chunk : chunks) parts.push_back(at::arange(chunk * length, (chunk + 1) * length, options));
+  return at::cat(parts);
 }
 
 }  // namespace strata::context_parallel

@@ -73,7 +73,7 @@ struct SwiGlu {  // silu(gate) * up
   static constexpr const char* name = "swiglu";
   using Fn = at::Tensor(const at::Tensor& gate, const at::Tensor& up);
 };
-struct Rope {  // x: [B, H, T, D], cos/sin: [T, D/2]; rotate-half layout (Hugging Face Llama)
+struct Rope {  // x: [B, H, T, D], cos/sin: [T, D/2], or [B, 1, T, D/2] when positions differ per sequence; rotate-half layout
   static constexpr const char* name = "rope";
   using Fn = at::Tensor(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 };
