@@ -19,6 +19,7 @@
 #include "strata/core/run_directory.h"
 #include "strata/core/trainer.h"
 #include "strategy_input.h"
+#include "supervisor.h"
 
 namespace strata::cli {
 
@@ -40,6 +41,18 @@ class StderrFilter {
   void finish(bool ranks_reported) {
     if (!ranks_reported)
       for (const auto& l : held_) std::cerr << l << "\n";
+  }
+  // What mpirun's report says failed: "rank 1 exited on signal 9 (Killed)", or empty.
+  std::string cause() const {
+    for (const auto& l : held_) {
+      const size_t rank = l.find("process rank "), signal = l.find("exited on signal ");
+      if (rank == std::string::npos || signal == std::string::npos) continue;
+      const std::string number = l.substr(rank + 13, l.find(' ', rank + 13) - rank - 13);
+      std::string how = l.substr(signal);
+      while (!how.empty() && (how.back() == '.' || how.back() == ' ')) how.pop_back();
+      return "rank " + number + " " + how;
+    }
+    return {};
   }
 
  private:
@@ -70,11 +83,15 @@ int report_rank_errors(const fs::path& dir, int64_t ranks) {
   return status;
 }
 
-// Runs `mpirun -np N strata run ...` (the same arguments but -n) and waits for it. Local
+volatile std::sig_atomic_t interrupted = 0;
+void note_interrupt(int) { interrupted = 1; }
+
+// Runs `mpirun -np N strata run ...` (the same arguments but -n; with `resume`, --resume instead
+// of --overwrite) and waits for it. Local
 // launches oversubscribe (more ranks than cores is fine for tests) and do not bind ranks to
 // cores; as root, mpirun needs to be told that is intended. Ranks write their errors to a
 // directory instead of standard error, so an error every rank hits is reported once.
-int run_under_mpirun(int argc, char** argv, int64_t ranks) {
+AttemptResult run_under_mpirun(int argc, char** argv, int64_t ranks, bool resume, int attempt, double hang_timeout) {
   std::vector<std::string> words{"mpirun", "-np", std::to_string(ranks), "--oversubscribe", "--bind-to", "none"};
   if (::geteuid() == 0) words.push_back("--allow-run-as-root");
   words.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
@@ -85,8 +102,10 @@ int run_under_mpirun(int argc, char** argv, int64_t ranks) {
       continue;
     }
     if (arg.rfind("--ranks=", 0) == 0) continue;
+    if (resume && (arg == "--overwrite" || arg == "--resume")) continue;
     words.push_back(arg);
   }
+  if (resume) words.push_back("--resume");
   std::vector<char*> exec_args;
   for (auto& w : words) exec_args.push_back(w.data());
   exec_args.push_back(nullptr);
@@ -94,6 +113,13 @@ int run_under_mpirun(int argc, char** argv, int64_t ranks) {
   char pattern[] = "/tmp/strata-errors-XXXXXX";
   if (!::mkdtemp(pattern)) throw UserError("cannot create a temporary directory: " + std::string(std::strerror(errno)));
   const fs::path errors(pattern);
+  // Progress files for hang detection, in shared memory where there is some.
+  char progress_pattern[] = "/dev/shm/strata-progress-XXXXXX";
+  char fallback_pattern[] = "/tmp/strata-progress-XXXXXX";
+  const char* progress_dir = ::mkdtemp(progress_pattern);
+  if (!progress_dir) progress_dir = ::mkdtemp(fallback_pattern);
+  if (!progress_dir) throw UserError("cannot create a directory for progress files: " + std::string(std::strerror(errno)));
+  const fs::path progress(progress_dir);
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) throw UserError("cannot create a pipe: " + std::string(std::strerror(errno)));
   const pid_t child = ::fork();
@@ -102,13 +128,18 @@ int run_under_mpirun(int argc, char** argv, int64_t ranks) {
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
     ::setenv("STRATA_ERROR_DIR", errors.c_str(), 1);
+    ::setenv("STRATA_RESTART_COUNT", std::to_string(attempt).c_str(), 1);
+    ::setenv("STRATA_PROGRESS_DIR", progress.c_str(), 1);
     ::execvp("mpirun", exec_args.data());
     std::fprintf(stderr, "strata: error: cannot start mpirun (is openmpi-bin installed?): %s\n", std::strerror(errno));
     ::_exit(2);
   }
   ::close(pipe_fds[1]);
-  // Ctrl-C reaches mpirun too (same process group); it stops the ranks and exits, and we report.
-  ::signal(SIGINT, SIG_IGN);
+  // Ctrl-C reaches mpirun too (same process group); it stops the ranks and exits, and we report
+  // (and do not restart).
+  interrupted = 0;
+  ::signal(SIGINT, note_interrupt);
+  HangWatch hangs(progress, static_cast<int>(ranks), hang_timeout);
   StderrFilter filter;
   std::string pending;
   char buffer[4096];
@@ -129,9 +160,10 @@ int run_under_mpirun(int argc, char** argv, int64_t ranks) {
   filter.finish(reported != 0);
   std::error_code ignored;
   fs::remove_all(errors, ignored);
-  if (reported) return reported;
-  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
-  return 1;
+  AttemptResult result{reported ? reported : WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 1, filter.cause(), interrupted != 0, {}};
+  hangs.finish(result);
+  fs::remove_all(progress, ignored);
+  return result;
 }
 
 }  // namespace
@@ -152,13 +184,21 @@ int run_train(const Args& args) {
     // The ranks' standard output is a pipe or pseudo-terminal of mpirun's; whether progress bars
     // belong there is decided by ours.
     ::setenv(kStdoutIsTerminalEnv, ::isatty(STDOUT_FILENO) ? "1" : "0", 1);
-    return run_under_mpirun(args.argc, args.argv, args.ranks);
+    SupervisorOptions supervision{out_dir, checked.plan.job.get_int("max_restarts"), checked.plan.job.get_float("restart_backoff")};
+    const double hang_timeout = checked.plan.job.get_float("hang_timeout");
+    return supervise(supervision, [&](bool resume, int attempt) {
+      return run_under_mpirun(args.argc, args.argv, args.ranks, resume, attempt, hang_timeout);
+    });
   }
   if (args.ranks > 1 && args.ranks != env.world_size)
     throw UserError("-n " + std::to_string(args.ranks) + " but the launcher started " + std::to_string(env.world_size) + " ranks");
   ComponentRegistry registry;
   LoadedPlan loaded;
   if (!load_plan(args, env.world_size, registry, loaded)) return 2;
+  // Restarting needs a process outside the ranks: `strata run -n N` is one, a rank is not.
+  if (loaded.plan.job.get_int("max_restarts") > 0 && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
+    std::cerr << "strata: note: [job] max_restarts applies under `strata run -n N`; "
+              << (env.world_size > 1 ? "ranks started by another launcher" : "a run in this process") << " is not restarted\n";
   run_training(loaded.plan, loaded.order, registry, RunOptions{args.out_dir, args.resume, args.overwrite});
   return 0;
 }

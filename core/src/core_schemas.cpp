@@ -20,6 +20,15 @@ const Schema& job_schema() {
       .integer("log_every", 10, "Optimizer steps between console metric lines", at_least(1))
       .integer("eval_every", 0, "Optimizer steps between evaluations; 0 = never", at_least(0))
       .integer("checkpoint_every", 0, "Optimizer steps between checkpoints; 0 = only at the end", at_least(0))
+      .integer("max_restarts", 0,
+               "Times `strata run -n N` restarts all ranks from the newest checkpoint after a rank fails (killed, crashed, "
+               "non-zero exit); bad input (exit 2) and Ctrl-C are never restarted",
+               between(0, 1000))
+      .real("hang_timeout", 0.0,
+            "Seconds without progress on any rank before `strata run -n N` declares a hang, names the ranks behind, and "
+            "restarts; 0 = the larger of 60 s and 10 x the slowest step",
+            between(0, 1e6))
+      .real("restart_backoff", 1.0, "Seconds before the first restart, doubling with each further one (capped at 60)", between(0, 3600))
       .string("run_dir", "runs/default", "Directory for metrics, logs and checkpoints (strata run --out overrides)")
       .string("device", "cpu", "Device to train on: cpu, cuda or cuda:N")
       .strings("plugin_path", {}, "Extra plugin directories or files, relative to this strategy file");

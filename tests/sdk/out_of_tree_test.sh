@@ -20,10 +20,13 @@ build_plugin() {  # DIR: configure and build against the installed prefix only
 cp -r "$src/sdk/template" "$work/template"
 build_plugin "$work/template"
 cd "$work/template"
-"$strata" plugins | grep -q "template 0.1.0" && { echo "the template plugin must not be on the default path"; exit 1; }
+"$strata" plugins > plugins.txt
+grep -q "template 0.1.0" plugins.txt && { echo "the template plugin must not be on the default path"; exit 1; }
 "$strata" run strategy.toml --out runs/on > on.log
 grep -q '"param_norm":' runs/on/metrics.jsonl || { echo "template pass did not run"; cat on.log; exit 1; }
-"$strata" plan strategy.toml --set pass.template_pass.enabled=false | grep -q "^Disabled: template_pass"
+# (Through a file: grep -q stops reading early, and under pipefail the writer's SIGPIPE fails the line.)
+"$strata" plan strategy.toml --set pass.template_pass.enabled=false > plan_off.txt
+grep -q "^Disabled: template_pass" plan_off.txt
 "$strata" run strategy.toml --out runs/off --set pass.template_pass.enabled=false > off.log
 if grep -q '"param_norm":' runs/off/metrics.jsonl; then echo "disabled template pass still ran"; exit 1; fi
 echo "template: built out of tree, trained with it on (param_norm reported) and off"
@@ -37,7 +40,8 @@ done
 
 # The third-party schedule trains two pipeline stages through the installed launcher.
 cd "$work/eager_1f1b"
-"$strata" plan -n 2 strategy.toml | grep -q "eager_1f1b" || { echo "plan does not show the eager_1f1b schedule"; exit 1; }
+"$strata" plan -n 2 strategy.toml > plan.txt
+grep -q "^Schedule eager_1f1b: p = 2, m = 4" plan.txt || { echo "plan does not show the eager_1f1b schedule"; cat plan.txt; exit 1; }
 "$strata" run -n 2 strategy.toml --out runs/eager > eager.log 2>&1 || { cat eager.log; exit 1; }
 grep -q '"step":4' runs/eager/metrics.jsonl || { echo "eager_1f1b run did not reach step 4"; cat eager.log; exit 1; }
 echo "example eager_1f1b: a plugin's schedule trained 2 pipeline stages"

@@ -22,7 +22,7 @@ constexpr const char* kLockFile = ".strata.lock";
 
 // What a run writes into its directory; nothing else is ever removed.
 const std::set<std::string>& run_files() {
-  static const std::set<std::string> names{"strategy.toml", "metrics.jsonl", "checkpoints", "logs"};
+  static const std::set<std::string> names{"strategy.toml", "metrics.jsonl", "events.jsonl", "checkpoints", "logs"};
   return names;
 }
 

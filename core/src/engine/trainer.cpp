@@ -2,12 +2,14 @@
 #include "strata/core/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include <sys/resource.h>
 #include <thread>
@@ -25,6 +27,7 @@
 #include "strata/core/launch_env.h"
 #include "strata/core/log.h"
 #include "strata/core/operator_table.h"
+#include "strata/core/progress.h"
 #include "strata/core/step_plan.h"
 #include "strata/data.h"
 #include "strata/errors.h"
@@ -35,6 +38,23 @@
 namespace strata {
 
 namespace {
+
+// Chaos testing (tests/cli/chaos_test.sh): STRATA_FAULT="kill RANK STEP" (or "stop RANK STEP")
+// makes rank RANK send itself SIGKILL (SIGSTOP) as step STEP starts, in the first attempt of a
+// supervised run only (STRATA_RESTART_COUNT 0), so that the restarted ranks run clean; in every
+// attempt with STRATA_FAULT_EVERY_ATTEMPT set (to test giving up).
+void inject_fault(int rank, int64_t step) {
+  const char* fault = std::getenv("STRATA_FAULT");
+  const char* attempt = std::getenv("STRATA_RESTART_COUNT");
+  if (!fault || (attempt && std::string(attempt) != "0" && !std::getenv("STRATA_FAULT_EVERY_ATTEMPT"))) return;
+  std::istringstream in(fault);
+  std::string kind;
+  int fault_rank = -1;
+  int64_t fault_step = -1;
+  if (!(in >> kind >> fault_rank >> fault_step) || fault_rank != rank || fault_step != step) return;
+  if (kind == "kill") std::raise(SIGKILL);
+  if (kind == "stop") std::raise(SIGSTOP);
+}
 
 namespace fs = std::filesystem;
 using engine::BatchSampler;
@@ -558,20 +578,28 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   for (const auto& p : job.model->parameters()) params.push_back(p);
   RunSummary summary{start_step + 1, start_step, 0.0};
   job.model->train();
+  // Where this rank is, for the supervisor's hang detection (strata/core/progress.h).
+  ProgressBeacon progress(env.rank);
   for (int64_t step = start_step + 1; step <= steps; ++step) {
+    progress.beat(step, StepPhase::Starting);
+    inject_fault(env.rank, step);
     const auto started = std::chrono::steady_clock::now();
     for (auto& p : params) p.mutable_grad() = at::Tensor();
     StepContext context;
     context.step = step;
     context.micro_count = micro_count;
     program.run(Stage::PrepareBatches, context);
+    progress.beat(step, StepPhase::BatchesReady);
     program.run(Stage::Gradients, context);
+    progress.beat(step, StepPhase::GradientsDone);
     program.run(Stage::ClipGradients, context);
+    progress.beat(step, StepPhase::Clipped);
     context.lr = schedule.at(step);
     job.run_hooks(HookPoint::BeforeStep, context);
     const MemoryFigures memory = memory_figures(job);
     program.run(Stage::OptimizerStep, context);
     job.run_hooks(HookPoint::AfterStep, context);
+    progress.beat(step, StepPhase::Updated);
 
     // The largest figure of any rank: what the busiest one needs.
     at::Tensor memory_max =
@@ -588,13 +616,20 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     memory_max = memory_max.cpu();
     for (int i = 0; i < 4; ++i) record.extra.emplace_back(memory_names[i], memory_max[i].item<double>());
     record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-    if (eval_every > 0 && (step % eval_every == 0 || step == steps)) record.val_loss = evaluate(step);
+    if (eval_every > 0 && (step % eval_every == 0 || step == steps)) {
+      progress.beat(step, StepPhase::Evaluating);
+      record.val_loss = evaluate(step);
+    }
     if (metrics) metrics->write(record);
     console.step(record);
-    if ((checkpoint_every > 0 && step % checkpoint_every == 0) || step == steps) save(step);
+    if ((checkpoint_every > 0 && step % checkpoint_every == 0) || step == steps) {
+      progress.beat(step, StepPhase::Checkpointing);
+      save(step);
+    }
     summary.last_step = step;
     summary.last_loss = record.loss;
   }
+  progress.beat(steps, StepPhase::Finished);
   console.finish();
   return summary;
 }
