@@ -83,8 +83,12 @@ int report_rank_errors(const fs::path& dir, int64_t ranks) {
   return status;
 }
 
+}  // namespace
+
+namespace {
 volatile std::sig_atomic_t interrupted = 0;
 void note_interrupt(int) { interrupted = 1; }
+}  // namespace
 
 // Runs `mpirun -np N strata run ...` (the same arguments but -n; with `resume`, --resume instead
 // of --overwrite) and waits for it. Local
@@ -166,7 +170,6 @@ AttemptResult run_under_mpirun(int argc, char** argv, int64_t ranks, bool resume
   return result;
 }
 
-}  // namespace
 
 int run_train(const Args& args) {
   allow_only(args, {"--set", "--disable", "--out", "--resume", "--overwrite", "-n", "--ranks"});

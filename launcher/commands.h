@@ -23,5 +23,6 @@ int run_train(const Args& args);
 int run_ckpt(const Args& args);
 int run_ops(const Args& args);
 int run_docs(const Args& args);
+int run_doctor(const Args& args);
 
 }  // namespace strata::cli

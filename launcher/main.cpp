@@ -66,6 +66,14 @@ const std::vector<Command>& commands() {
        "Writes Markdown describing every section and key that core and the loaded plugins accept.\n\n"
        "  -o, --output FILE    write to FILE instead of standard output\n",
        run_docs},
+      {"doctor", "Check the ranks' health: matmul throughput and results, all-reduce bandwidth",
+       "usage: strata doctor [-n N]\n\n"
+       "Every rank times an fp32 matmul on one thread and checks its result against the other\n"
+       "ranks'; pairs of ranks (0-1, 2-3, ...) and then all ranks time an all-reduce. Rank 0 prints\n"
+       "each rank's figures beside the median: a rank slower than the median by more than 1.5x is\n"
+       "named a straggler; one that fails or computes a different result is faulty (exit status 1).\n\n"
+       "  -n, --ranks N        number of local ranks (started through mpirun)\n",
+       run_doctor},
   };
   return list;
 }

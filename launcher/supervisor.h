@@ -53,6 +53,11 @@ struct SupervisorOptions {
   double backoff_seconds = 1.0;
 };
 
+// Runs `mpirun -np ranks` on this program with the same arguments but -n (and with `resume`,
+// --resume instead of --overwrite), watching for hangs (`hang_timeout` as [job] hang_timeout),
+// and returns how the attempt ended. Errors the ranks report are printed once (cmd_run.cpp).
+AttemptResult run_under_mpirun(int argc, char** argv, int64_t ranks, bool resume, int attempt, double hang_timeout);
+
 // Runs attempt(resume) until it succeeds or may not be retried; attempt 0 runs as asked, later
 // ones resume. Returns the exit status for `strata run`.
 int supervise(const SupervisorOptions& options, const std::function<AttemptResult(bool resume, int attempt)>& attempt);
