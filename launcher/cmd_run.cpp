@@ -187,10 +187,17 @@ int run_train(const Args& args) {
     // The ranks' standard output is a pipe or pseudo-terminal of mpirun's; whether progress bars
     // belong there is decided by ours.
     ::setenv(kStdoutIsTerminalEnv, ::isatty(STDOUT_FILENO) ? "1" : "0", 1);
-    SupervisorOptions supervision{out_dir, checked.plan.job.get_int("max_restarts"), checked.plan.job.get_float("restart_backoff")};
-    const double hang_timeout = checked.plan.job.get_float("hang_timeout");
-    return supervise(supervision, [&](bool resume, int attempt) {
-      return run_under_mpirun(args.argc, args.argv, args.ranks, resume, attempt, hang_timeout);
+    const Config& job = checked.plan.job;
+    SupervisorOptions supervision{out_dir, job.get_int("max_restarts"), job.get_float("restart_backoff"), args.ranks, job.get_int("min_ranks")};
+    const double hang_timeout = job.get_float("hang_timeout");
+    return supervise(supervision, [&](bool resume, int attempt, int64_t ranks) {
+      if (ranks != args.ranks) {  // elastic: the strategy must plan at the smaller world
+        ComponentRegistry smaller_registry;
+        LoadedPlan smaller;
+        if (!load_plan(args, ranks, smaller_registry, smaller))
+          return AttemptResult{2, "the strategy does not plan at " + std::to_string(ranks) + " ranks", false, {}};
+      }
+      return run_under_mpirun(args.argc, args.argv, ranks, resume, attempt, hang_timeout);
     });
   }
   if (args.ranks > 1 && args.ranks != env.world_size)

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <regex>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -78,6 +79,14 @@ class EventLog {
  private:
   std::ofstream out_;
 };
+
+// The one rank a failure's cause blames ("rank 3 exited on signal 9", "...; rank 3 behind at
+// step 5"), or -1.
+int blamed_rank(const std::string& cause) {
+  static const std::regex one_rank("(^|; )rank ([0-9]+) ");
+  std::smatch match;
+  return std::regex_search(cause, match, one_rank) ? std::stoi(match[2]) : -1;
+}
 
 }  // namespace
 
@@ -165,14 +174,15 @@ void HangWatch::watch() {
   }
 }
 
-int supervise(const SupervisorOptions& options, const std::function<AttemptResult(bool resume, int attempt)>& attempt) {
+int supervise(const SupervisorOptions& options, const std::function<AttemptResult(bool resume, int attempt, int64_t ranks)>& attempt) {
   const auto started = Clock::now();
   EventLog events(options.run_dir / "events.jsonl");
-  int64_t restarts = 0, recomputed_steps = 0;
+  int64_t restarts = 0, recomputed_steps = 0, ranks = options.ranks;
+  int previously_blamed = -1;
   double recovery_seconds = 0;
   for (int n = 0;; ++n) {
-    events.write("start", n, n == 0 ? "" : ",\"resume\":true");
-    const AttemptResult result = attempt(n > 0, n);
+    events.write("start", n, (n == 0 ? std::string() : std::string(",\"resume\":true")) + ",\"ranks\":" + std::to_string(ranks));
+    const AttemptResult result = attempt(n > 0, n, ranks);
     if (result.status == 0) {
       const MetricsSummary kept = read_metrics(options.run_dir);
       const double wall = seconds_since(started), goodput = wall > 0 ? kept.kept_ms / 1000.0 / wall : 0.0;
@@ -209,6 +219,16 @@ int supervise(const SupervisorOptions& options, const std::function<AttemptResul
                   << options.max_restarts << "); last failure: " << cause << "; resume with --resume\n";
       // 2 (bad input) stays 2; any other failure (mpirun's 128 + signal included) is 1.
       return result.status == 2 ? 2 : 1;
+    }
+    const int blamed = blamed_rank(cause);
+    if (blamed >= 0 && blamed == previously_blamed && options.min_ranks > 0 && ranks - 1 >= options.min_ranks) {
+      std::cerr << "strata: rank " << blamed << " failed in two attempts in a row; continuing on " << ranks - 1 << " ranks\n";
+      events.write("shrink", n,
+                   ",\"from\":" + std::to_string(ranks) + ",\"to\":" + std::to_string(ranks - 1) + ",\"excluded_rank\":" + std::to_string(blamed));
+      --ranks;
+      previously_blamed = -1;
+    } else {
+      previously_blamed = blamed;
     }
     const auto failed_at = Clock::now();
     const double backoff = std::min(60.0, options.backoff_seconds * std::pow(2.0, static_cast<double>(n)));

@@ -51,6 +51,11 @@ struct SupervisorOptions {
   std::filesystem::path run_dir;
   int64_t max_restarts = 0;
   double backoff_seconds = 1.0;
+  int64_t ranks = 1;
+  // Elastic world size: when the same rank fails in two attempts in a row and one rank fewer is
+  // still at least min_ranks (0: never), the next attempts run on one rank fewer, resuming the
+  // checkpoint resharded (the global batch and the sample order do not depend on the world size).
+  int64_t min_ranks = 0;
 };
 
 // Runs `mpirun -np ranks` on this program with the same arguments but -n (and with `resume`,
@@ -58,8 +63,8 @@ struct SupervisorOptions {
 // and returns how the attempt ended. Errors the ranks report are printed once (cmd_run.cpp).
 AttemptResult run_under_mpirun(int argc, char** argv, int64_t ranks, bool resume, int attempt, double hang_timeout);
 
-// Runs attempt(resume) until it succeeds or may not be retried; attempt 0 runs as asked, later
-// ones resume. Returns the exit status for `strata run`.
-int supervise(const SupervisorOptions& options, const std::function<AttemptResult(bool resume, int attempt)>& attempt);
+// Runs attempt(resume, n, ranks) until it succeeds or may not be retried; attempt 0 runs as
+// asked, later ones resume. Returns the exit status for `strata run`.
+int supervise(const SupervisorOptions& options, const std::function<AttemptResult(bool resume, int attempt, int64_t ranks)>& attempt);
 
 }  // namespace strata::cli

@@ -28,6 +28,10 @@ const Schema& job_schema() {
             "Seconds without progress on any rank before `strata run -n N` declares a hang, names the ranks behind, and "
             "restarts; 0 = the larger of 60 s and 10 x the slowest step",
             between(0, 1e6))
+      .integer("min_ranks", 0,
+               "Elastic world size under `strata run -n N`: when the same rank fails in two attempts in a row, continue "
+               "on one rank fewer while at least min_ranks remain (0 = never shrink)",
+               at_least(0))
       .real("restart_backoff", 1.0, "Seconds before the first restart, doubling with each further one (capped at 60)", between(0, 3600))
       .string("run_dir", "runs/default", "Directory for metrics, logs and checkpoints (strata run --out overrides)")
       .string("device", "cpu", "Device to train on: cpu, cuda or cuda:N")
