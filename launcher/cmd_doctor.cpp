@@ -148,7 +148,7 @@ int run_doctor(const Args& args) {
     if (fd < 0) throw UserError("cannot create a temporary file: " + std::string(std::strerror(errno)));
     ::close(fd);
     ::setenv("STRATA_DOCTOR_RESULT", pattern, 1);
-    const int status = run_under_mpirun(args.argc, args.argv, args.ranks, false, 0, 0.0).status;
+    const int status = run_under_mpirun(args.argc, args.argv, AttemptOptions{args.ranks}).status;
     std::ifstream in(pattern);
     const bool faulty = in.get() == '1';
     std::remove(pattern);

@@ -11,10 +11,12 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "commands.h"
+#include "strata/core/flash_checkpoint.h"
 #include "strata/core/launch_env.h"
 #include "strata/core/run_directory.h"
 #include "strata/core/trainer.h"
@@ -83,6 +85,21 @@ int report_rank_errors(const fs::path& dir, int64_t ranks) {
   return status;
 }
 
+// Chaos testing: STRATA_FAULT's "slow_persist SECONDS" makes every persist of a flash snapshot
+// pause that long before publishing, so a test can kill a rank while one is in flight.
+double persist_pause_for_fault_injection() {
+  const char* fault = std::getenv("STRATA_FAULT");
+  if (!fault) return 0;
+  std::istringstream faults(fault);
+  for (std::string one; std::getline(faults, one, ';');) {
+    std::istringstream in(one);
+    std::string kind;
+    double seconds = 0;
+    if (in >> kind >> seconds && kind == "slow_persist") return seconds;
+  }
+  return 0;
+}
+
 }  // namespace
 
 namespace {
@@ -95,7 +112,9 @@ void note_interrupt(int) { interrupted = 1; }
 // launches oversubscribe (more ranks than cores is fine for tests) and do not bind ranks to
 // cores; as root, mpirun needs to be told that is intended. Ranks write their errors to a
 // directory instead of standard error, so an error every rank hits is reported once.
-AttemptResult run_under_mpirun(int argc, char** argv, int64_t ranks, bool resume, int attempt, double hang_timeout) {
+AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& options) {
+  const int64_t ranks = options.ranks;
+  const bool resume = options.resume;
   std::vector<std::string> words{"mpirun", "-np", std::to_string(ranks), "--oversubscribe", "--bind-to", "none"};
   if (::geteuid() == 0) words.push_back("--allow-run-as-root");
   words.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
@@ -132,8 +151,9 @@ AttemptResult run_under_mpirun(int argc, char** argv, int64_t ranks, bool resume
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
     ::setenv("STRATA_ERROR_DIR", errors.c_str(), 1);
-    ::setenv("STRATA_RESTART_COUNT", std::to_string(attempt).c_str(), 1);
+    ::setenv("STRATA_RESTART_COUNT", std::to_string(options.attempt).c_str(), 1);
     ::setenv("STRATA_PROGRESS_DIR", progress.c_str(), 1);
+    if (!options.flash_dir.empty()) ::setenv("STRATA_FLASH_DIR", options.flash_dir.c_str(), 1);
     ::execvp("mpirun", exec_args.data());
     std::fprintf(stderr, "strata: error: cannot start mpirun (is openmpi-bin installed?): %s\n", std::strerror(errno));
     ::_exit(2);
@@ -143,7 +163,7 @@ AttemptResult run_under_mpirun(int argc, char** argv, int64_t ranks, bool resume
   // (and do not restart).
   interrupted = 0;
   ::signal(SIGINT, note_interrupt);
-  HangWatch hangs(progress, static_cast<int>(ranks), hang_timeout);
+  HangWatch hangs(progress, static_cast<int>(ranks), options.hang_timeout, options.start_timeout, static_cast<int>(child));
   StderrFilter filter;
   std::string pending;
   char buffer[4096];
@@ -189,7 +209,13 @@ int run_train(const Args& args) {
     ::setenv(kStdoutIsTerminalEnv, ::isatty(STDOUT_FILENO) ? "1" : "0", 1);
     const Config& job = checked.plan.job;
     SupervisorOptions supervision{out_dir, job.get_int("max_restarts"), job.get_float("restart_backoff"), args.ranks, job.get_int("min_ranks")};
-    const double hang_timeout = job.get_float("hang_timeout");
+    if (job.get_int("flash_every") > 0) {
+      supervision.flash_dir = flash_directory(out_dir);
+      supervision.checkpoint_every = job.get_int("checkpoint_every");
+      supervision.keep_checkpoints = job.get_int("keep_checkpoints");
+      supervision.first_attempt_resumes = args.resume;
+      supervision.persist_pause = persist_pause_for_fault_injection();
+    }
     return supervise(supervision, [&](bool resume, int attempt, int64_t ranks) {
       if (ranks != args.ranks) {  // elastic: the strategy must plan at the smaller world
         ComponentRegistry smaller_registry;
@@ -197,7 +223,9 @@ int run_train(const Args& args) {
         if (!load_plan(args, ranks, smaller_registry, smaller))
           return AttemptResult{2, "the strategy does not plan at " + std::to_string(ranks) + " ranks", false, {}};
       }
-      return run_under_mpirun(args.argc, args.argv, ranks, resume, attempt, hang_timeout);
+      return run_under_mpirun(args.argc, args.argv,
+                              AttemptOptions{ranks, resume, attempt, job.get_float("hang_timeout"), job.get_float("start_timeout"),
+                                             supervision.flash_dir.string()});
     });
   }
   if (args.ranks > 1 && args.ranks != env.world_size)

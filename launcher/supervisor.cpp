@@ -6,12 +6,16 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <iostream>
 #include <regex>
 #include <sstream>
 #include <thread>
 #include <vector>
 
+#include "flash_persister.h"
+#include "strata/core/flash_checkpoint.h"
 #include "strata/core/progress.h"
 
 namespace strata::cli {
@@ -36,6 +40,12 @@ std::string json_string(const std::string& text) {
 struct MetricsSummary {
   int64_t last_step = 0;
   double kept_ms = 0;
+  std::vector<std::pair<int64_t, double>> step_ms;  // every step's time
+  double ms_after(int64_t step) const {
+    double sum = 0;
+    for (const auto& [s, ms] : step_ms) sum += s > step ? ms : 0;
+    return sum;
+  }
 };
 
 double number_after(const std::string& line, const std::string& key) {
@@ -50,9 +60,59 @@ MetricsSummary read_metrics(const fs::path& run_dir) {
     const double step = number_after(line, "step"), ms = number_after(line, "step_ms");
     if (!std::isnan(step)) out.last_step = static_cast<int64_t>(step);
     if (!std::isnan(ms)) out.kept_ms += ms;
+    if (!std::isnan(step) && !std::isnan(ms)) out.step_ms.emplace_back(static_cast<int64_t>(step), ms);
   }
   return out;
 }
+
+class EventLog {
+ public:
+  explicit EventLog(const fs::path& path) : out_(path, std::ios::app) {}
+  // Thread-safe: the flash persister writes from its own thread.
+  void write(const std::string& event, int attempt, const std::string& fields) {
+    const std::lock_guard<std::mutex> one_line_at_a_time(mutex_);
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::ostringstream line;
+    line.precision(15);
+    line << "{\"time\":" << now << ",\"event\":\"" << event << "\",\"attempt\":" << attempt << fields << "}\n";
+    out_ << line.str() << std::flush;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::ofstream out_;
+};
+
+// The one rank a failure's cause blames ("rank 3 exited on signal 9", "...; rank 3 behind at
+// step 5"), or -1.
+int blamed_rank(const std::string& cause) {
+  static const std::regex one_rank("(^|; )rank ([0-9]+) ");
+  std::smatch match;
+  return std::regex_search(cause, match, one_rank) ? std::stoi(match[2]) : -1;
+}
+
+// The ranks: children of the launcher (mpirun), from /proc.
+std::vector<int> children_of(int parent) {
+  std::vector<int> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces, so read after its closing parenthesis.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    int ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+}  // namespace
 
 // The step of the newest checkpoint directory (checkpoints/step_NNNNNNNN), or 0.
 int64_t newest_checkpoint_step(const fs::path& run_dir) {
@@ -65,32 +125,8 @@ int64_t newest_checkpoint_step(const fs::path& run_dir) {
   return newest;
 }
 
-class EventLog {
- public:
-  explicit EventLog(const fs::path& path) : out_(path, std::ios::app) {}
-  void write(const std::string& event, int attempt, const std::string& fields) {
-    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    std::ostringstream line;
-    line.precision(15);
-    line << "{\"time\":" << now << ",\"event\":\"" << event << "\",\"attempt\":" << attempt << fields << "}\n";
-    out_ << line.str() << std::flush;
-  }
-
- private:
-  std::ofstream out_;
-};
-
-// The one rank a failure's cause blames ("rank 3 exited on signal 9", "...; rank 3 behind at
-// step 5"), or -1.
-int blamed_rank(const std::string& cause) {
-  static const std::regex one_rank("(^|; )rank ([0-9]+) ");
-  std::smatch match;
-  return std::regex_search(cause, match, one_rank) ? std::stoi(match[2]) : -1;
-}
-
-}  // namespace
-
-HangWatch::HangWatch(fs::path dir, int ranks, double timeout_s) : dir_(std::move(dir)), ranks_(ranks), timeout_s_(timeout_s) {
+HangWatch::HangWatch(fs::path dir, int ranks, double timeout_s, double start_timeout_s, int launcher_pid)
+    : dir_(std::move(dir)), ranks_(ranks), timeout_s_(timeout_s), start_timeout_s_(start_timeout_s), launcher_pid_(launcher_pid) {
   thread_ = std::thread([this] { watch(); });
 }
 
@@ -102,7 +138,15 @@ HangWatch::~HangWatch() {
 void HangWatch::finish(AttemptResult& result) {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
+  for (int r = 0; r < ranks_; ++r) {
+    ProgressRecord p;
+    if (!read_progress(dir_, r, p)) continue;
+    result.checkpoint_s = std::max(result.checkpoint_s, static_cast<double>(p.checkpoint_ns) * 1e-9);
+    result.restore_s = std::max(result.restore_s, static_cast<double>(p.restore_ns) * 1e-9);
+    result.restored_from = std::max(result.restored_from, static_cast<int>(p.restored_from));
+  }
   if (cause_.empty()) return;
+  result.hang_s = hang_s_;
   result.cause = cause_;
   result.hang_ranks = detail_;
   if (result.status == 0) result.status = 1;
@@ -112,7 +156,7 @@ void HangWatch::watch() {
   std::vector<ProgressRecord> last(static_cast<size_t>(ranks_));
   std::vector<Clock::time_point> changed(static_cast<size_t>(ranks_), Clock::now());
   std::vector<bool> seen(static_cast<size_t>(ranks_), false);
-  Clock::time_point newest_change = Clock::now(), step_started = Clock::now();
+  Clock::time_point newest_change = Clock::now(), step_started = Clock::now(), watch_started = Clock::now();
   int64_t lowest_step = -1;
   double slowest_step = 0;
   while (!stop_) {
@@ -127,7 +171,22 @@ void HangWatch::watch() {
       }
       before = now;
     }
-    if (std::find(seen.begin(), seen.end(), false) != seen.end()) continue;  // still starting
+    if (std::find(seen.begin(), seen.end(), false) != seen.end()) {  // still starting
+      const double waited = seconds_since(watch_started);
+      if (waited < start_timeout_s_) continue;
+      std::string missing;
+      for (int r = 0; r < ranks_; ++r)
+        if (!seen[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      std::ostringstream cause;
+      cause.precision(3);
+      cause << "hang at start-up: rank" << (missing.find(',') == std::string::npos ? " " : "s ") << missing
+            << " did not report within " << waited << " s ([job] start_timeout " << start_timeout_s_ << " s)";
+      cause_ = cause.str();
+      detail_ = "[]";
+      hang_s_ = waited;
+      for (int pid : children_of(launcher_pid_)) ::kill(pid, SIGKILL);
+      return;
+    }
     int64_t low = last[0].step;
     for (const auto& p : last) low = std::min(low, p.step);
     if (low != lowest_step) {  // every rank is past a step: how long steps take
@@ -138,7 +197,9 @@ void HangWatch::watch() {
     bool finished = true;
     for (const auto& p : last) finished = finished && p.phase == static_cast<int32_t>(StepPhase::Finished);
     if (finished) continue;
-    const double deadline = timeout_s_ > 0 ? timeout_s_ : std::max(60.0, 10.0 * slowest_step);
+    bool starting = false;
+    for (const auto& p : last) starting = starting || p.phase == static_cast<int32_t>(StepPhase::StartingUp);
+    const double deadline = starting ? start_timeout_s_ : timeout_s_ > 0 ? timeout_s_ : std::max(60.0, 10.0 * slowest_step);
     const double idle = seconds_since(newest_change);
     if (idle < deadline) continue;
     // A hang: the ranks furthest behind are the culprits, unless every rank is at the same point.
@@ -168,11 +229,33 @@ void HangWatch::watch() {
             << step_phase_name(static_cast<StepPhase>(ahead.second));
     cause_ = cause.str();
     detail_ = detail;
+    hang_s_ = idle;
     for (const auto& p : last)
       if (p.pid > 0) ::kill(p.pid, SIGKILL);
     return;
   }
 }
+
+namespace {
+
+// Where the wall time of a supervised run went, summed over its attempts (the goodput breakdown).
+struct TimeAccount {
+  double checkpoint_s = 0;   // ranks blocked in checkpoints (the slowest rank's figure)
+  double reload_s = 0;       // loading the checkpoint restarts resumed from
+  double recomputed_s = 0;   // steps run again after a failure (their first run's step time)
+  double hang_s = 0;         // no progress before a hang was declared
+  double restart_s = 0;      // from a failure to the next start: persisting at breakpoint, backoff
+  std::string fields(double wall, double kept) const {
+    std::ostringstream out;
+    out.precision(6);
+    out << ",\"kept_step_s\":" << kept << ",\"checkpoint_blocking_s\":" << checkpoint_s << ",\"reload_s\":" << reload_s
+        << ",\"recomputed_s\":" << recomputed_s << ",\"hang_s\":" << hang_s << ",\"restart_s\":" << restart_s
+        << ",\"other_s\":" << std::max(0.0, wall - kept - checkpoint_s - reload_s - recomputed_s - hang_s - restart_s);
+    return out.str();
+  }
+};
+
+}  // namespace
 
 int supervise(const SupervisorOptions& options, const std::function<AttemptResult(bool resume, int attempt, int64_t ranks)>& attempt) {
   const auto started = Clock::now();
@@ -180,18 +263,48 @@ int supervise(const SupervisorOptions& options, const std::function<AttemptResul
   int64_t restarts = 0, recomputed_steps = 0, ranks = options.ranks;
   int previously_blamed = -1;
   double recovery_seconds = 0;
+  TimeAccount account;
+  // Flash checkpoints: a fresh run starts without snapshots; a resumed one first writes to disk
+  // what a supervisor killed before it could left in memory.
+  std::optional<FlashPersister> flash;
+  if (!options.flash_dir.empty()) {
+    std::error_code ignored;
+    if (!options.first_attempt_resumes) fs::remove_all(options.flash_dir, ignored);
+    release_flash_slots(options.flash_dir);
+    flash.emplace(options.flash_dir, options.run_dir / "checkpoints", options.checkpoint_every, options.keep_checkpoints,
+                  [&events](const std::string& event, const std::string& fields) { events.write(event, -1, fields); },
+                  options.persist_pause);
+    if (options.first_attempt_resumes) flash->persist_newest("start");
+  }
   for (int n = 0;; ++n) {
     events.write("start", n, (n == 0 ? std::string() : std::string(",\"resume\":true")) + ",\"ranks\":" + std::to_string(ranks));
+    if (flash) flash->start();
     const AttemptResult result = attempt(n > 0, n, ranks);
+    // Persist at breakpoint: the newest snapshot goes to disk before anything else, failure or not.
+    const auto attempt_ended = Clock::now();
+    bool persisted = true;
+    if (flash) {
+      flash->stop();
+      persisted = flash->persist_newest(result.status == 0 ? "end" : "failure");
+    }
+    account.checkpoint_s += result.checkpoint_s;
+    if (n > 0) account.reload_s += result.restore_s;
+    account.hang_s += result.hang_s;
     if (result.status == 0) {
       const MetricsSummary kept = read_metrics(options.run_dir);
       const double wall = seconds_since(started), goodput = wall > 0 ? kept.kept_ms / 1000.0 / wall : 0.0;
       std::ostringstream fields;
       fields.precision(6);
       fields << ",\"step\":" << kept.last_step << ",\"restarts\":" << restarts << ",\"recomputed_steps\":" << recomputed_steps
-             << ",\"wall_s\":" << wall << ",\"kept_step_s\":" << kept.kept_ms / 1000.0 << ",\"recovery_s\":" << recovery_seconds
+             << ",\"wall_s\":" << wall << account.fields(wall, kept.kept_ms / 1000.0) << ",\"recovery_s\":" << recovery_seconds
              << ",\"goodput\":" << goodput;
       events.write("finish", n, fields.str());
+      if (!persisted) {
+        std::cerr << "strata: error: the final flash snapshot could not be written to disk (see events.jsonl); it stays in "
+                  << options.flash_dir.string() << " and `strata run --resume` writes it\n";
+        return 1;
+      }
+      if (flash) flash->remove();
       if (restarts > 0) {
         std::ostringstream line;
         line.precision(3);
@@ -217,6 +330,7 @@ int supervise(const SupervisorOptions& options, const std::function<AttemptResul
       if (options.max_restarts > 0 && n >= options.max_restarts && result.status != 2 && !result.interrupted)
         std::cerr << "strata: error: giving up after " << n << " restart" << (n == 1 ? "" : "s") << " ([job] max_restarts = "
                   << options.max_restarts << "); last failure: " << cause << "; resume with --resume\n";
+      if (flash && persisted) flash->remove();  // everything is on disk
       // 2 (bad input) stays 2; any other failure (mpirun's 128 + signal included) is 1.
       return result.status == 2 ? 2 : 1;
     }
@@ -230,7 +344,6 @@ int supervise(const SupervisorOptions& options, const std::function<AttemptResul
     } else {
       previously_blamed = blamed;
     }
-    const auto failed_at = Clock::now();
     const double backoff = std::min(60.0, options.backoff_seconds * std::pow(2.0, static_cast<double>(n)));
     std::cerr << "strata: " << cause << " at step " << reached.last_step << "; restarting all ranks from "
               << (checkpoint > 0 ? "the checkpoint of step " + std::to_string(checkpoint) : std::string("step 0")) << " in "
@@ -238,7 +351,9 @@ int supervise(const SupervisorOptions& options, const std::function<AttemptResul
     std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
     ++restarts;
     recomputed_steps += std::max<int64_t>(0, reached.last_step - checkpoint);
-    recovery_seconds += seconds_since(failed_at);
+    account.recomputed_s += reached.ms_after(checkpoint) / 1000.0;
+    account.restart_s += seconds_since(attempt_ended);
+    recovery_seconds += seconds_since(attempt_ended);
   }
 }
 

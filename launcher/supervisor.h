@@ -21,16 +21,32 @@ struct AttemptResult {
   std::string cause;  // "rank 1 exited on signal 9 (Killed)", or empty
   bool interrupted = false;  // Ctrl-C
   std::string hang_ranks;    // after a hang: a JSON array of every rank's last progress
+  // For the goodput breakdown, from the ranks' progress records: the most any rank spent blocked
+  // in checkpoints, and loading the checkpoint it resumed from (and where from); the time no rank
+  // moved before a hang was declared.
+  double checkpoint_s = 0, restore_s = 0, hang_s = 0;
+  int restored_from = 0;  // RestoreSource
 };
 
-// Watches the ranks' progress files (strata/core/progress.h) while an attempt runs. When every
-// rank has reported once and then no rank's progress moves for the deadline, it names the ranks
-// furthest behind (the others wait for them in a collective) and kills every rank (SIGKILL works
-// on a stopped process too), so the attempt ends and the supervisor can restart it. Deadline:
-// `timeout_s`, or when 0 the larger of 60 s and 10 x the slowest step seen.
+// How one attempt runs (run_under_mpirun).
+struct AttemptOptions {
+  int64_t ranks = 1;
+  bool resume = false;
+  int attempt = 0;
+  double hang_timeout = 0;    // [job] hang_timeout
+  double start_timeout = 600; // [job] start_timeout
+  std::string flash_dir;      // STRATA_FLASH_DIR for the ranks; empty: no flash checkpoints
+};
+
+// Watches the ranks' progress files (strata/core/progress.h) while an attempt runs. When no
+// rank's progress moves for the deadline, it names the ranks furthest behind (the others wait for
+// them in a collective) and kills every rank (SIGKILL works on a stopped process too), so the
+// attempt ends and the supervisor can restart it. Deadline: `timeout_s`, or when 0 the larger of
+// 60 s and 10 x the slowest step seen; while any rank is starting up (or has not reported at
+// all: those are named), `start_timeout_s`. Ranks are found as the children of `launcher_pid`.
 class HangWatch {
  public:
-  HangWatch(std::filesystem::path dir, int ranks, double timeout_s);
+  HangWatch(std::filesystem::path dir, int ranks, double timeout_s, double start_timeout_s, int launcher_pid);
   ~HangWatch();
   HangWatch(const HangWatch&) = delete;
   HangWatch& operator=(const HangWatch&) = delete;
@@ -41,7 +57,9 @@ class HangWatch {
   void watch();
   std::filesystem::path dir_;
   int ranks_;
-  double timeout_s_;
+  double timeout_s_, start_timeout_s_;
+  int launcher_pid_;
+  double hang_s_ = 0;
   std::atomic<bool> stop_{false};
   std::string cause_, detail_;
   std::thread thread_;
@@ -56,12 +74,22 @@ struct SupervisorOptions {
   // still at least min_ranks (0: never), the next attempts run on one rank fewer, resuming the
   // checkpoint resharded (the global batch and the sample order do not depend on the world size).
   int64_t min_ranks = 0;
+  // Flash checkpoints ([job] flash_every > 0): the shared-memory directory the ranks snapshot
+  // into; empty when off. The supervisor persists every checkpoint_every-th snapshot (keeping
+  // keep_checkpoints), and the newest at every failure and at the end.
+  std::filesystem::path flash_dir;
+  int64_t checkpoint_every = 0, keep_checkpoints = 3;
+  bool first_attempt_resumes = false;  // --resume: snapshots a killed supervisor left are kept
+  double persist_pause = 0;            // fault injection: STRATA_FAULT "slow_persist SECONDS"
 };
 
+// The step of the newest checkpoint directory of a run (checkpoints/step_NNNNNNNN), or 0.
+int64_t newest_checkpoint_step(const std::filesystem::path& run_dir);
+
 // Runs `mpirun -np ranks` on this program with the same arguments but -n (and with `resume`,
-// --resume instead of --overwrite), watching for hangs (`hang_timeout` as [job] hang_timeout),
-// and returns how the attempt ended. Errors the ranks report are printed once (cmd_run.cpp).
-AttemptResult run_under_mpirun(int argc, char** argv, int64_t ranks, bool resume, int attempt, double hang_timeout);
+// --resume instead of --overwrite), watching for hangs, and returns how the attempt ended.
+// Errors the ranks report are printed once (cmd_run.cpp).
+AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& options);
 
 // Runs attempt(resume, n, ranks) until it succeeds or may not be retried; attempt 0 runs as
 // asked, later ones resume. Returns the exit status for `strata run`.

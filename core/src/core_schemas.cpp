@@ -20,6 +20,12 @@ const Schema& job_schema() {
       .integer("log_every", 10, "Optimizer steps between console metric lines", at_least(1))
       .integer("eval_every", 0, "Optimizer steps between evaluations; 0 = never", at_least(0))
       .integer("checkpoint_every", 0, "Optimizer steps between checkpoints; 0 = only at the end", at_least(0))
+      .integer("flash_every", 0,
+               "Optimizer steps between flash checkpoints under `strata run -n N`: each rank copies its state into shared "
+               "memory (training blocks for the copy only) and the supervisor writes every checkpoint_every-th snapshot, "
+               "and the newest at a failure or the end, to disk in the background; a restart loads from memory. "
+               "0 = off (the ranks write checkpoints to disk themselves)",
+               at_least(0))
       .integer("max_restarts", 0,
                "Times `strata run -n N` restarts all ranks from the newest checkpoint after a rank fails (killed, crashed, "
                "non-zero exit); bad input (exit 2) and Ctrl-C are never restarted",
@@ -28,6 +34,10 @@ const Schema& job_schema() {
             "Seconds without progress on any rank before `strata run -n N` declares a hang, names the ranks behind, and "
             "restarts; 0 = the larger of 60 s and 10 x the slowest step",
             between(0, 1e6))
+      .real("start_timeout", 600.0,
+            "Seconds `strata run -n N` waits for every rank to report its first progress before declaring a hang at "
+            "start-up and naming the ranks that never reported",
+            between(1, 1e6))
       .integer("min_ranks", 0,
                "Elastic world size under `strata run -n N`: when the same rank fails in two attempts in a row, continue "
                "on one rank fewer while at least min_ranks remain (0 = never shrink)",

@@ -10,6 +10,7 @@ namespace strata {
 
 const char* step_phase_name(StepPhase phase) {
   switch (phase) {
+    case StepPhase::StartingUp: return "starting up";
     case StepPhase::Starting: return "starting the step";
     case StepPhase::BatchesReady: return "computing gradients";
     case StepPhase::GradientsDone: return "clipping gradients";
@@ -46,6 +47,16 @@ void ProgressBeacon::beat(int64_t step, StepPhase phase) {
   record_->step = step;
   record_->phase = static_cast<int32_t>(phase);
   __atomic_store_n(&record_->beats, record_->beats + 1, __ATOMIC_RELEASE);
+}
+
+void ProgressBeacon::add_checkpoint_time(double seconds) {
+  if (record_) record_->checkpoint_ns += static_cast<int64_t>(seconds * 1e9);
+}
+
+void ProgressBeacon::set_restore(double seconds, RestoreSource source) {
+  if (!record_) return;
+  record_->restore_ns = static_cast<int64_t>(seconds * 1e9);
+  record_->restored_from = static_cast<int32_t>(source);
 }
 
 bool read_progress(const std::filesystem::path& dir, int rank, ProgressRecord& out) {

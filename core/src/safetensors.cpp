@@ -92,39 +92,42 @@ void fsync_path(const std::filesystem::path& path, int flags) {
 
 }  // namespace
 
-void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {
+std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& metadata) {
   // The header is written entry by entry: an ordered JSON object finds keys by a linear scan, so
   // building one of n tensors costs n^2 (minutes at 80,000 tensors).
   std::string text = "{";
   if (!metadata.empty()) text += "\"__metadata__\":" + nlohmann::json(metadata).dump();
-  std::vector<at::Tensor> data;
   std::set<std::string> names;
-  std::set<const void*> storages;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (!names.insert(name).second) throw std::logic_error("safetensors: tensor name '" + name + "' repeats");
-    if (tensor.numel() > 0 && !storages.insert(tensor.storage().data()).second)
-      throw std::logic_error("safetensors: tensor '" + name + "' aliases another tensor");
-    at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
-    const uint64_t bytes = static_cast<uint64_t>(cpu.nbytes());
+    const uint64_t bytes = static_cast<uint64_t>(tensor.nbytes());
     const nlohmann::ordered_json entry = {
-        {"dtype", dtype_name(cpu.scalar_type())}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+        {"dtype", dtype_name(tensor.scalar_type())}, {"shape", tensor.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     text += (text.size() > 1 ? "," : "") + nlohmann::json(name).dump() + ":" + entry.dump();
     offset += bytes;
-    data.push_back(cpu);
   }
   text += "}";
   text.append((8 - text.size() % 8) % 8, ' ');
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>(text.size() >> (8 * i));  // explicit little-endian
+  return prefix + text;
+}
 
+void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {
+  std::vector<at::Tensor> data;
+  std::set<const void*> storages;
+  for (const auto& [name, tensor] : tensors) {
+    if (tensor.numel() > 0 && !storages.insert(tensor.storage().data()).second)
+      throw std::logic_error("safetensors: tensor '" + name + "' aliases another tensor");
+    data.push_back(tensor.detach().to(at::kCPU).contiguous());
+  }
+  const std::string prefix = safetensors_prefix(tensors, metadata);
   const std::filesystem::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw UserError("cannot write " + tmp.string());
-    uint64_t n = text.size();
-    unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));  // explicit little-endian
-    out.write(reinterpret_cast<const char*>(le), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
     for (const auto& t : data) out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
     if (!out.flush()) throw UserError("cannot write " + tmp.string() + " (disk full?)");
   }
@@ -134,13 +137,17 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
 }
 
 NamedTensors parse_safetensors(const std::string& bytes, const std::string& label, Metadata* metadata) {
+  return parse_safetensors(std::string_view(bytes), label, metadata);
+}
+
+NamedTensors parse_safetensors(std::string_view bytes, const std::string& label, Metadata* metadata) {
   auto fail = [&](const std::string& why) -> UserError { return UserError("safetensors file " + label + ": " + why); };
   if (bytes.size() < 8) throw fail("shorter than its 8-byte header length");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
   if (header_len > kMaxHeader) throw fail("header length " + std::to_string(header_len) + " is over the 100000000-byte limit");
   if (8 + header_len > bytes.size()) throw fail("header runs past the end of the file");
-  const std::string header_text = bytes.substr(8, header_len);
+  const std::string header_text(bytes.substr(8, header_len));
   if (header_text.empty() || header_text[0] != '{') throw fail("header is not a JSON object");
   // A header is three levels deep (object, tensor entry, shape list); anything far deeper is
   // hostile, and parsing or freeing it would recurse once per level.

@@ -27,12 +27,6 @@ namespace {
 
 constexpr const char* kFormat = "strata-checkpoint-1";
 
-std::string step_dir_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%08ld", static_cast<long>(step));
-  return buf;
-}
-
 void fsync_dir(const fs::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd >= 0) {
@@ -82,6 +76,12 @@ void write_text_durably(const fs::path& path, const std::string& text) {
 
 std::vector<fs::path> checkpoint_dirs_newest_first(const fs::path& checkpoints_dir) { return step_dirs_newest_first(checkpoints_dir); }
 
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08ld", static_cast<long>(step));
+  return buf;
+}
+
 std::string shard_name(int rank) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "rank_%05d.safetensors", rank);
@@ -90,32 +90,16 @@ std::string shard_name(int rank) {
 
 void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta, const NamedTensors& tensors,
                      const Placements& placements, int64_t keep, Communicator& world, c10::Device device) {
-  const std::string name = step_dir_name(meta.step);
-  const fs::path staging = checkpoints_dir / (".tmp-" + name);
+  const fs::path staging = staging_dir(checkpoints_dir, meta.step);
   const bool leader = world.rank() == 0;
   if (leader) {
     fs::create_directories(checkpoints_dir);
-    // Staging directories of saves that never completed (a kill mid-save) go too.
-    for (const auto& entry : fs::directory_iterator(checkpoints_dir))
-      if (entry.path().filename().string().rfind(".tmp-step_", 0) == 0) fs::remove_all(entry.path());
+    remove_stale_staging(checkpoints_dir);  // saves that never completed (a kill mid-save)
     fs::create_directories(staging);
   }
   world.barrier()->wait();
-  // Metadata key and fields as Strata has always written them ("slices": shape, offset, and the
-  // optional block), plus sections and the mesh dimensions the piece is sharded over.
-  nlohmann::json slice_json = nlohmann::json::object();
-  for (const auto& [name, p] : placements) {
-    nlohmann::json& entry = slice_json[name] = {{"shape", p.shape}, {"offset", p.offset}};
-    if (p.has_block()) entry["block_start"] = p.block_start, entry["block_size"] = p.block_size;
-    if (p.sections > 1) entry["sections"] = p.sections;
-    if (!p.sharded_over.empty()) {
-      std::vector<std::string> dims;
-      for (Dim d : p.sharded_over) dims.push_back(dim_name(d));
-      entry["sharded_over"] = dims;
-    }
-  }
   const fs::path own = staging / shard_name(world.rank());
-  write_safetensors(own, tensors, {{"format", kFormat}, {"step", std::to_string(meta.step)}, {"slices", slice_json.dump()}});
+  write_safetensors(own, tensors, checkpoint_file_metadata(meta.step, placements));
   // Each rank hashes what it wrote, in parallel; rank 0 collects 64 hex digits and 8 size bytes
   // per rank rather than reading every file again.
   constexpr int64_t kRecord = 72;
@@ -131,21 +115,30 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
     world.barrier()->wait();  // until rank 0 has published it
     return;
   }
-  nlohmann::json files = nlohmann::json::object();
+  std::vector<CheckpointFile> files;
   for (int r = 0; r < world.size(); ++r) {
     const auto* record = static_cast<const uint8_t*>(all.data_ptr()) + kRecord * r;
     uint64_t size = 0;
     std::memcpy(&size, record + 64, 8);
-    files[shard_name(r)] = {{"bytes", size}, {"sha256", std::string(reinterpret_cast<const char*>(record), 64)}};
+    files.push_back({shard_name(r), size, std::string(reinterpret_cast<const char*>(record), 64)});
   }
+  publish_checkpoint(checkpoints_dir, staging, meta, files, keep);
+  world.barrier()->wait();
+}
+
+void publish_checkpoint(const fs::path& checkpoints_dir, const fs::path& staging, const CheckpointMeta& meta,
+                        const std::vector<CheckpointFile>& files, int64_t keep) {
+  nlohmann::json listed = nlohmann::json::object();
+  for (const auto& file : files) listed[file.name] = {{"bytes", file.bytes}, {"sha256", file.sha256}};
   nlohmann::json manifest = {{"format", kFormat},
                              {"step", meta.step},
                              {"state_hash", meta.state_hash},
                              {"world_size", meta.world_size},
-                             {"files", files}};
+                             {"files", listed}};
   write_text_durably(staging / "manifest.json", manifest.dump(2) + "\n");
   fsync_dir(staging);
 
+  const std::string name = step_dir_name(meta.step);
   const fs::path final_dir = checkpoints_dir / name;
   fs::remove_all(final_dir);
   fs::rename(staging, final_dir);
@@ -154,7 +147,31 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
 
   std::vector<fs::path> dirs = step_dirs_newest_first(checkpoints_dir);
   for (size_t i = static_cast<size_t>(keep); i < dirs.size(); ++i) fs::remove_all(dirs[i]);
-  world.barrier()->wait();
+}
+
+Metadata checkpoint_file_metadata(int64_t step, const Placements& placements) {
+  // Metadata key and fields as Strata has always written them ("slices": shape, offset, and the
+  // optional block), plus sections and the mesh dimensions the piece is sharded over.
+  nlohmann::json slice_json = nlohmann::json::object();
+  for (const auto& [name, p] : placements) {
+    nlohmann::json& entry = slice_json[name] = {{"shape", p.shape}, {"offset", p.offset}};
+    if (p.has_block()) entry["block_start"] = p.block_start, entry["block_size"] = p.block_size;
+    if (p.sections > 1) entry["sections"] = p.sections;
+    if (!p.sharded_over.empty()) {
+      std::vector<std::string> dims;
+      for (Dim d : p.sharded_over) dims.push_back(dim_name(d));
+      entry["sharded_over"] = dims;
+    }
+  }
+  return {{"format", kFormat}, {"step", std::to_string(step)}, {"slices", slice_json.dump()}};
+}
+
+fs::path staging_dir(const fs::path& checkpoints_dir, int64_t step) { return checkpoints_dir / (".tmp-" + step_dir_name(step)); }
+
+void remove_stale_staging(const fs::path& checkpoints_dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec))
+    if (entry.path().filename().string().rfind(".tmp-step_", 0) == 0) fs::remove_all(entry.path(), ec);
 }
 
 std::optional<std::string> checkpoint_problem(const fs::path& dir) {
@@ -180,15 +197,9 @@ std::optional<std::string> checkpoint_problem(const fs::path& dir) {
 
 namespace {
 
-// One rank's file, read whole: its tensors and the placements of those that are pieces.
-struct RankFile {
-  NamedTensors tensors;
-  Placements slices;
-};
-
-RankFile read_rank_file(const fs::path& path) {
+RankFile read_rank_file(std::string_view image, const std::string& label) {
   Metadata metadata;
-  RankFile file{read_safetensors(path, &metadata), {}};
+  RankFile file{parse_safetensors(image, label, &metadata), {}};
   auto it = metadata.find("slices");
   if (it == metadata.end()) return file;
   try {
@@ -205,18 +216,43 @@ RankFile read_rank_file(const fs::path& path) {
       file.slices[name] = std::move(placement);
     }
   } catch (const nlohmann::json::exception& e) {
-    throw UserError(path.string() + ": its slices metadata is malformed: " + e.what());
+    throw UserError(label + ": its slices metadata is malformed: " + e.what());
   }
   for (const auto& [name, tensor] : file.tensors) {
     auto s = file.slices.find(name);
     if (s == file.slices.end()) continue;
     if (const std::string problem = placement_problem(s->second, tensor.numel()); !problem.empty())
-      throw UserError(path.string() + ": tensor '" + name + "' is placed with " + problem);
+      throw UserError(label + ": tensor '" + name + "' is placed with " + problem);
   }
   return file;
 }
 
+RankFile read_rank_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError("cannot read safetensors file " + path.string());
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string bytes = buffer.str();
+  return read_rank_file(std::string_view(bytes), path.string());
+}
+
 }  // namespace
+
+RankFile Checkpoint::read_rank(int rank) const {
+  if (images_.empty()) return read_rank_file(dir_ / shard_name(rank));
+  return read_rank_file(images_.at(static_cast<size_t>(rank)), dir_.string() + " rank " + std::to_string(rank));
+}
+
+Checkpoint Checkpoint::from_images(const CheckpointMeta& meta, const std::string& label, std::vector<std::string_view> images,
+                                   std::shared_ptr<const void> keep_alive) {
+  Checkpoint checkpoint;
+  checkpoint.meta_ = meta;
+  checkpoint.dir_ = label;
+  for (int r = 0; r < static_cast<int>(images.size()); ++r) checkpoint.ranks_.push_back(r);
+  checkpoint.images_ = std::move(images);
+  checkpoint.keep_alive_ = std::move(keep_alive);
+  return checkpoint;
+}
 
 std::string shape_text(c10::IntArrayRef shape) {
   std::string out = "[";
@@ -275,8 +311,7 @@ void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
   at::NoGradGuard no_grad;
   for (int rank : order) {
     if (all_done()) break;
-    const fs::path path = dir_ / shard_name(rank);
-    const RankFile file = read_rank_file(path);
+    const RankFile file = read_rank(rank);
     for (const auto& [name, stored] : file.tensors) {
       auto found = file.slices.find(name);
       const Placement* stored_slice = found != file.slices.end() ? &found->second : nullptr;
@@ -327,7 +362,7 @@ std::vector<StoredTensorInfo> Checkpoint::describe() const {
   std::vector<StoredTensorInfo> out;
   std::map<std::string, size_t> index;
   for (int rank : ranks_) {
-    const RankFile file = read_rank_file(dir_ / shard_name(rank));
+    const RankFile file = read_rank(rank);
     for (const auto& [name, stored] : file.tensors) {
       auto slice = file.slices.find(name);
       auto [it, added] = index.emplace(name, out.size());

@@ -7,11 +7,15 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "strata/comm.h"
 #include "strata/optimizer.h"
+#include "strata/safetensors.h"
 
 namespace strata::engine {
 
@@ -28,6 +32,35 @@ struct CheckpointMeta {
 STRATA_API void save_checkpoint(const std::filesystem::path& checkpoints_dir, const CheckpointMeta& meta,
                      const NamedTensors& tensors, const Placements& placements, int64_t keep, Communicator& world,
                      c10::Device device);
+
+// One rank's file of a checkpoint as its manifest records it.
+struct CheckpointFile {
+  std::string name;  // rank_NNNNN.safetensors
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+// "rank_00003.safetensors", "step_00000012": the names inside a checkpoints directory.
+std::string shard_name(int rank);
+std::string step_dir_name(int64_t step);
+// Where a checkpoint of `step` is assembled before publish_checkpoint makes it visible.
+std::filesystem::path staging_dir(const std::filesystem::path& checkpoints_dir, int64_t step);
+// Removes the staging directories of saves that never completed.
+void remove_stale_staging(const std::filesystem::path& checkpoints_dir);
+// The safetensors metadata of a rank file: format, step, and the placements of its pieces.
+Metadata checkpoint_file_metadata(int64_t step, const Placements& placements);
+// Writes the manifest of `files` (already written and fsynced in `staging`), renames the
+// staging directory to the step's, records it in `latest` and deletes all but the newest `keep`:
+// the one way a checkpoint becomes visible, for the ranks' own saves and the supervisor's
+// persists of flash snapshots alike.
+void publish_checkpoint(const std::filesystem::path& checkpoints_dir, const std::filesystem::path& staging,
+                        const CheckpointMeta& meta, const std::vector<CheckpointFile>& files, int64_t keep);
+
+// One rank's file, read whole: its tensors and the placements of those that are pieces.
+struct RankFile {
+  NamedTensors tensors;
+  Placements slices;
+};
 
 // One tensor a rank wants from a checkpoint: `target` (on the CPU) receives the whole tensor
 // `name`, or with `placement` set the piece of it that the placement names.
@@ -53,6 +86,10 @@ class STRATA_API Checkpoint {
  public:
   // Verifies the manifest and every file's size and SHA-256; any problem is a UserError.
   static Checkpoint open(const std::filesystem::path& dir);
+  // A checkpoint whose rank files are in memory (flash snapshots, flash_checkpoint.h): image r
+  // is rank r's file, already verified; `keep_alive` owns the memory; `label` names it in messages.
+  static Checkpoint from_images(const CheckpointMeta& meta, const std::string& label, std::vector<std::string_view> images,
+                                std::shared_ptr<const void> keep_alive);
 
   const CheckpointMeta& meta() const { return meta_; }
   const std::filesystem::path& path() const { return dir_; }
@@ -67,9 +104,12 @@ class STRATA_API Checkpoint {
   std::vector<StoredTensorInfo> describe() const;
 
  private:
+  RankFile read_rank(int rank) const;
   CheckpointMeta meta_;
   std::filesystem::path dir_;
   std::vector<int> ranks_;
+  std::vector<std::string_view> images_;  // empty: the files in dir_
+  std::shared_ptr<const void> keep_alive_;
 };
 
 // The step directories of `checkpoints_dir`, newest first, valid or not.

@@ -27,6 +27,7 @@
 #include "strata/core/launch_env.h"
 #include "strata/core/log.h"
 #include "strata/core/operator_table.h"
+#include "strata/core/flash_checkpoint.h"
 #include "strata/core/progress.h"
 #include "strata/core/step_plan.h"
 #include "strata/data.h"
@@ -39,21 +40,35 @@ namespace strata {
 
 namespace {
 
-// Chaos testing (tests/cli/chaos_test.sh): STRATA_FAULT="kill RANK STEP" (or "stop RANK STEP")
-// makes rank RANK send itself SIGKILL (SIGSTOP) as step STEP starts, in the first attempt of a
-// supervised run only (STRATA_RESTART_COUNT 0), so that the restarted ranks run clean; in every
-// attempt with STRATA_FAULT_EVERY_ATTEMPT set (to test giving up).
-void inject_fault(int rank, int64_t step) {
+// Chaos testing (tests/cli/chaos_test.sh, flash_chaos_test.sh): STRATA_FAULT holds faults
+// separated by ';', each "KIND RANK STEP", applied in the first attempt of a supervised run only
+// (STRATA_RESTART_COUNT 0) so that the restarted ranks run clean, or in every attempt with
+// STRATA_FAULT_EVERY_ATTEMPT set (to test giving up). At `point`:
+//   "step"     (as step STEP starts; STEP 0: at start-up) kill: SIGKILL, stop: SIGSTOP;
+//   "snapshot" (halfway through the flash copy of step STEP) kill_in_snapshot: SIGKILL;
+//   "snapshot_done" (after the flash snapshot of step STEP) corrupt_snapshot: returns true, and
+//              the caller flips a byte of that snapshot.
+bool inject_fault(int rank, int64_t step, const std::string& point = "step") {
   const char* fault = std::getenv("STRATA_FAULT");
   const char* attempt = std::getenv("STRATA_RESTART_COUNT");
-  if (!fault || (attempt && std::string(attempt) != "0" && !std::getenv("STRATA_FAULT_EVERY_ATTEMPT"))) return;
-  std::istringstream in(fault);
-  std::string kind;
-  int fault_rank = -1;
-  int64_t fault_step = -1;
-  if (!(in >> kind >> fault_rank >> fault_step) || fault_rank != rank || fault_step != step) return;
-  if (kind == "kill") std::raise(SIGKILL);
-  if (kind == "stop") std::raise(SIGSTOP);
+  if (!fault || (attempt && std::string(attempt) != "0" && !std::getenv("STRATA_FAULT_EVERY_ATTEMPT"))) return false;
+  std::istringstream faults(fault);
+  for (std::string one; std::getline(faults, one, ';');) {
+    std::istringstream in(one);
+    std::string kind;
+    int fault_rank = -1;
+    int64_t fault_step = -1;
+    if (!(in >> kind >> fault_rank >> fault_step) || fault_rank != rank || fault_step != step) continue;
+    if (point == "step" && kind == "kill") std::raise(SIGKILL);
+    if (point == "step" && kind == "stop") std::raise(SIGSTOP);
+    if (point == "snapshot" && kind == "kill_in_snapshot") std::raise(SIGKILL);
+    if (point == "snapshot_done" && kind == "corrupt_snapshot") return true;
+  }
+  return false;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 namespace fs = std::filesystem;
@@ -154,7 +169,8 @@ struct SavedState {
   Placements placements;
 };
 
-// What this rank writes. A tensor (or piece) that every data rank holds alike is written by one
+// What this rank writes (as the tensors are, on their device: a flash snapshot copies them
+// straight into shared memory, a disk save through for_disk). A tensor (or piece) that every data rank holds alike is written by one
 // of them (the k-th such tensor by data rank k mod dp), so replicas write no byte twice and share
 // the writing; pieces sharded over the data ranks and per-rank state (the RNG) are written by
 // their own rank.
@@ -168,12 +184,21 @@ SavedState gather_state(const Job& job) {
       const auto placement = placements.find(name);
       const bool data_sharded = placement != placements.end() && placement->second.is_sharded_over(Dim::Data);
       if (state->same_on_data_ranks() && !data_sharded && replicated++ % dp != dp_rank) continue;
-      at::Tensor cpu = tensor.detach().to(at::kCPU);
-      // Pieces of one flat buffer share its storage; the file needs each on its own.
-      if (cpu.storage().nbytes() != cpu.nbytes()) cpu = cpu.clone(at::MemoryFormat::Contiguous);
-      out.tensors.emplace_back(key + "/" + name, cpu);
+      out.tensors.emplace_back(key + "/" + name, tensor.detach());
       if (placement != placements.end()) out.placements.emplace(key + "/" + name, placement->second);
     }
+  }
+  return out;
+}
+
+// The tensors on the CPU, each with a storage of its own (pieces of one flat buffer share one;
+// a safetensors file needs each apart).
+NamedTensors for_disk(const NamedTensors& tensors) {
+  NamedTensors out;
+  for (const auto& [name, tensor] : tensors) {
+    at::Tensor cpu = tensor.to(at::kCPU);
+    if (cpu.storage().nbytes() != cpu.nbytes()) cpu = cpu.clone(at::MemoryFormat::Contiguous);
+    out.emplace_back(name, cpu);
   }
   return out;
 }
@@ -346,6 +371,11 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   const fs::path checkpoints_dir = out_dir / "checkpoints";
   const bool leader = env.rank == 0;
 
+  // Where this rank is, for the supervisor's hang detection (strata/core/progress.h); from here,
+  // so that a rank stuck starting up is named too.
+  ProgressBeacon progress(env.rank);
+  progress.beat(0, StepPhase::StartingUp);
+  inject_fault(env.rank, 0);
   auto topology = make_topology(plan, registry, env);
   // The run directory is claimed (locked, and refused if it holds another run) by the launcher
   // that started the ranks, or else here by rank 0 before any rank writes into it.
@@ -526,7 +556,52 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   engine::Console console(steps, job_cfg.get_int("log_every"), job.model->training_flops_per_token(),
                           job_cfg.get_float("peak_tflops"), /*to_stdout=*/leader);
   int64_t start_step = 0;
+  // Flash checkpoints: under a supervisor that persists them (STRATA_FLASH_DIR), the ranks
+  // snapshot into shared memory and never write to disk themselves.
+  const int64_t flash_every = job_cfg.get_int("flash_every");
+  const char* flash_dir = std::getenv("STRATA_FLASH_DIR");
+  std::optional<FlashWriter> flash;
+  if (flash_every > 0 && flash_dir) flash.emplace(flash_dir, env.rank);
+  else if (flash_every > 0) console.message("note: [job] flash_every needs `strata run -n N` (its supervisor writes the snapshots to disk); "
+                                            "checkpointing to disk at checkpoint_every instead");
   if (options.resume) {
+    const auto restore_started = std::chrono::steady_clock::now();
+    // The newest flash snapshot, when it is at least as new as the newest disk checkpoint and
+    // every image of it passes its checksum (each rank checks its share of the images).
+    if (flash) {
+      std::string problem;
+      const auto sets = complete_flash_sets(flash_dir);
+      const int64_t disk_step = newest ? newest->meta().step : 0;
+      const FlashSet* set = !sets.empty() && sets.front().info.step >= disk_step && sets.front().info.state_hash == state_hash(plan)
+                                ? &sets.front() : nullptr;
+      at::Tensor agreed = at::tensor(std::vector<int64_t>{set ? set->info.step : -1, set ? -set->info.step : 1}, at::kLong).to(device);
+      topology->world().all_reduce(agreed, ReduceOp::Max)->wait();
+      agreed = agreed.cpu();
+      if (set && agreed[0].item<int64_t>() == -agreed[1].item<int64_t>()) {
+        int bad = 0;
+        for (size_t r = static_cast<size_t>(env.rank); r < set->slots.size(); r += static_cast<size_t>(env.world_size))
+          if (auto why = flash_slot_problem(set->slots[r])) problem = *why, bad = 1;
+        at::Tensor any_bad = at::tensor(bad, at::kInt).to(device);
+        topology->world().all_reduce(any_bad, ReduceOp::Max)->wait();
+        if (any_bad.item<int>() == 0) {
+          const MappedFlashSet mapped = map_flash_set(*set);
+          const engine::Checkpoint memory = engine::Checkpoint::from_images(
+              {set->info.step, set->info.state_hash, set->info.world_size}, "the flash snapshot of step " + std::to_string(set->info.step),
+              mapped.images, mapped.mappings);
+          if (restore_state(job, memory, env.rank, problem)) {
+            start_step = set->info.step;
+            progress.set_restore(seconds_since(restore_started), RestoreSource::Memory);
+            console.message("resumed from the flash snapshot of step " + std::to_string(start_step) + " in shared memory (" +
+                            std::to_string(set->info.world_size) + " ranks saved it)");
+            newest.reset(), older.clear(), skipped.clear();
+          }
+        } else if (problem.empty()) {
+          problem = "another rank's image fails its checksum";
+        }
+        if (start_step == 0)
+          console.message("skipping the flash snapshot of step " + std::to_string(set->info.step) + ": " + problem + "; loading from disk");
+      }
+    }
     // The newest checkpoint every rank can read; an older one stands in for a damaged newer one.
     const bool any = newest.has_value();
     while (newest) {
@@ -546,7 +621,10 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     }
     for (const auto& reason : skipped) console.message("skipping " + reason);
     if (any && !newest) throw UserError("no checkpoint in " + checkpoints_dir.string() + " could be restored (see the lines above)");
-    if (newest)
+    if (newest) progress.set_restore(seconds_since(restore_started), RestoreSource::Disk);
+    if (start_step > 0 && !newest) {
+      // resumed from memory above
+    } else if (newest)
       console.message("resumed from " + newest->path().string() + " at step " + std::to_string(start_step) +
                       (newest->meta().world_size != env.world_size
                            ? " (saved by " + std::to_string(newest->meta().world_size) + " ranks)"
@@ -557,10 +635,32 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   std::optional<engine::MetricsFile> metrics;
   if (leader) metrics.emplace(out_dir / "metrics.jsonl", start_step);
   const int64_t checkpoint_every = job_cfg.get_int("checkpoint_every"), eval_every = job_cfg.get_int("eval_every");
-  auto save = [&](int64_t step) {
+  // A checkpoint of `step`: a flash snapshot when the supervisor persists them (falling back to
+  // disk for the rest of the run when any rank's shared memory cannot hold it), else a disk save.
+  // Returns the seconds training was blocked.
+  auto save = [&](int64_t step, bool to_disk) {
+    const auto started = std::chrono::steady_clock::now();
     const SavedState state = gather_state(job);
-    engine::save_checkpoint(checkpoints_dir, {step, state_hash(plan), plan.layout.world_size}, state.tensors, state.placements,
-                            job_cfg.get_int("keep_checkpoints"), topology->world(), device);
+    if (flash) {
+      std::string problem;
+      const bool written = flash->write({step, plan.layout.world_size, state_hash(plan)}, state.tensors,
+                                        engine::checkpoint_file_metadata(step, state.placements), problem,
+                                        [&] { inject_fault(env.rank, step, "snapshot"); });
+      at::Tensor failed = at::tensor(written ? 0 : 1, at::kInt).to(device);
+      topology->world().all_reduce(failed, ReduceOp::Max)->wait();
+      if (failed.item<int>() == 0) {
+        if (inject_fault(env.rank, step, "snapshot_done")) flash->damage_newest();
+        return seconds_since(started);
+      }
+      console.message("flash checkpoints off: " + (problem.empty() ? std::string("another rank's shared memory is full") : problem) +
+                      "; checkpointing to disk");
+      flash.reset();
+      to_disk = true;
+    }
+    if (to_disk)
+      engine::save_checkpoint(checkpoints_dir, {step, state_hash(plan), plan.layout.world_size}, for_disk(state.tensors),
+                              state.placements, job_cfg.get_int("keep_checkpoints"), topology->world(), device);
+    return seconds_since(started);
   };
   auto evaluate = [&](int64_t step) {
     at::NoGradGuard no_grad;
@@ -578,8 +678,6 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   for (const auto& p : job.model->parameters()) params.push_back(p);
   RunSummary summary{start_step + 1, start_step, 0.0};
   job.model->train();
-  // Where this rank is, for the supervisor's hang detection (strata/core/progress.h).
-  ProgressBeacon progress(env.rank);
   for (int64_t step = start_step + 1; step <= steps; ++step) {
     progress.beat(step, StepPhase::Starting);
     inject_fault(env.rank, step);
@@ -620,15 +718,20 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
       progress.beat(step, StepPhase::Evaluating);
       record.val_loss = evaluate(step);
     }
+    // Checkpoint before the step is recorded, so its record says what the checkpoint blocked.
+    const bool disk_due = (checkpoint_every > 0 && step % checkpoint_every == 0) || step == steps;
+    if (disk_due || (flash && step % flash_every == 0)) {
+      progress.beat(step, StepPhase::Checkpointing);
+      const double blocked = save(step, disk_due);
+      progress.add_checkpoint_time(blocked);
+      record.extra.emplace_back("checkpoint_ms", blocked * 1000.0);
+    }
     if (metrics) metrics->write(record);
     console.step(record);
-    if ((checkpoint_every > 0 && step % checkpoint_every == 0) || step == steps) {
-      progress.beat(step, StepPhase::Checkpointing);
-      save(step);
-    }
     summary.last_step = step;
     summary.last_loss = record.loss;
   }
+  if (flash) flash->wait();  // the last snapshot is valid before the supervisor persists it
   progress.beat(steps, StepPhase::Finished);
   console.finish();
   return summary;

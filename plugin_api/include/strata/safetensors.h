@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include "strata/optimizer.h"
 
@@ -22,5 +23,11 @@ STRATA_API void write_safetensors(const std::filesystem::path& path, const Named
 STRATA_API NamedTensors read_safetensors(const std::filesystem::path& path, Metadata* metadata = nullptr);
 // The same for a file already in memory (`label` names it in messages).
 STRATA_API NamedTensors parse_safetensors(const std::string& bytes, const std::string& label, Metadata* metadata = nullptr);
+STRATA_API NamedTensors parse_safetensors(std::string_view bytes, const std::string& label, Metadata* metadata = nullptr);
+
+// The bytes of a file before its data: the 8-byte length and the JSON header (padded to a
+// multiple of 8) for `tensors` laid out contiguously in order. The data follows as each tensor's
+// bytes, contiguous, in the same order: what a writer into memory copies after the prefix.
+STRATA_API std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& metadata = {});
 
 }  // namespace strata

@@ -14,7 +14,20 @@
 namespace strata {
 
 // Where a rank is within its step, in order.
-enum class StepPhase : int32_t { Starting, BatchesReady, GradientsDone, Clipped, Updated, Evaluating, Checkpointing, Finished };
+enum class StepPhase : int32_t {
+  StartingUp,  // from the rank's start to its first step: building the job, loading a checkpoint
+  Starting,
+  BatchesReady,
+  GradientsDone,
+  Clipped,
+  Updated,
+  Evaluating,
+  Checkpointing,
+  Finished
+};
+
+// Where the checkpoint an attempt resumed from was read.
+enum class RestoreSource : int32_t { None = 0, Disk = 1, Memory = 2 };
 STRATA_API const char* step_phase_name(StepPhase phase);
 
 struct ProgressRecord {
@@ -22,6 +35,12 @@ struct ProgressRecord {
   int64_t step = 0;
   int32_t phase = 0;  // StepPhase
   int32_t pid = 0;
+  // For the goodput breakdown: what this attempt of the rank spent blocked in checkpoints, and
+  // loading the checkpoint it resumed from.
+  int64_t checkpoint_ns = 0;
+  int64_t restore_ns = 0;
+  int32_t restored_from = 0;  // RestoreSource
+  int32_t unused = 0;
 };
 
 // The writer, one per rank; inert when $STRATA_PROGRESS_DIR is unset (no supervisor).
@@ -32,6 +51,8 @@ class STRATA_API ProgressBeacon {
   ProgressBeacon(const ProgressBeacon&) = delete;
   ProgressBeacon& operator=(const ProgressBeacon&) = delete;
   void beat(int64_t step, StepPhase phase);
+  void add_checkpoint_time(double seconds);
+  void set_restore(double seconds, RestoreSource source);
 
  private:
   ProgressRecord* record_ = nullptr;

@@ -1,0 +1,104 @@
+// Flash checkpoints: every rank copies its checkpoint file, byte for byte what it would write to
+// disk, into shared memory; the supervisor (launcher/flash_persister.h), not the trainer, writes
+// the snapshots to disk in the background, and at a failure before restarting; a restarted rank
+// loads the newest snapshot from memory when every image of it passes its checksum, else from
+// disk. Training blocks only for the copy.
+//
+// Each rank owns two slot files, <dir>/rank_R.0 and rank_R.1 (double buffering): a snapshot goes
+// into the older one, so a rank killed mid-copy leaves its previous snapshot whole. A slot is a
+// 4 KiB header then the image. Its state word moves Empty -> Writing -> Checksumming -> Valid on
+// the rank's side, and Valid <-> Persisting on the supervisor's (compare-and-swap on the shared
+// mapping), so a rank never overwrites a slot being persisted and the supervisor never persists
+// one being written. The checksum (64-bit, four lanes, several GB/s) is computed by a background
+// thread of the rank after the copy; until it is written the slot is not Valid.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "strata/optimizer.h"
+#include "strata/safetensors.h"
+
+namespace strata {
+
+// The shared-memory directory of a run: /dev/shm/strata-flash-<hash of the run directory's
+// absolute path> (or under /tmp where /dev/shm is missing).
+STRATA_API std::filesystem::path flash_directory(const std::filesystem::path& run_dir);
+
+enum class FlashSlotState : int32_t { Empty = 0, Writing = 1, Checksumming = 2, Valid = 3, Persisting = 4 };
+
+// What a snapshot is of; recorded in each slot's header.
+struct FlashImageInfo {
+  int64_t step = 0;
+  int64_t world_size = 1;
+  std::string state_hash;
+};
+
+// The rank's side: writes snapshots into its two slots.
+class STRATA_API FlashWriter {
+ public:
+  FlashWriter(std::filesystem::path dir, int rank);
+  ~FlashWriter();
+  FlashWriter(const FlashWriter&) = delete;
+  FlashWriter& operator=(const FlashWriter&) = delete;
+
+  // Copies `tensors` as a safetensors image (`metadata` in its header) into the older free slot;
+  // `halfway` runs when half the tensors are copied (fault injection). Returns false, writing
+  // nothing, when shared memory cannot hold the image (`problem` says why).
+  bool write(const FlashImageInfo& info, const NamedTensors& tensors, const Metadata& metadata, std::string& problem,
+             const std::function<void()>& halfway = {});
+  // Waits for the newest snapshot's checksum (it is Valid after this).
+  void wait();
+  // Fault injection: flips one byte of the newest snapshot's image after its checksum.
+  void damage_newest();
+
+ private:
+  struct Slot;
+  bool prepare(Slot& slot, uint64_t bytes, std::string& problem);
+  std::filesystem::path dir_;
+  int rank_;
+  std::unique_ptr<Slot> slots_[2];
+  std::thread checksum_;
+  int newest_ = -1;
+};
+
+// A snapshot every rank of one world holds at one step: a complete flash checkpoint.
+struct FlashSet {
+  FlashImageInfo info;
+  std::vector<std::filesystem::path> slots;  // slot r holds rank r's image
+};
+
+// Every complete set in `dir`, newest first (states only; checksums are not verified here).
+STRATA_API std::vector<FlashSet> complete_flash_sets(const std::filesystem::path& dir);
+
+// Recomputes the checksum of one slot's image; nullopt when it matches, else why not.
+STRATA_API std::optional<std::string> flash_slot_problem(const std::filesystem::path& slot);
+
+// Returns slots a killed supervisor left Persisting to Valid; for a supervisor starting.
+STRATA_API void release_flash_slots(const std::filesystem::path& dir);
+
+// The images of a set, mapped read-only: images[r] is rank r's checkpoint file.
+struct MappedFlashSet {
+  std::vector<std::string_view> images;
+  std::shared_ptr<const void> mappings;  // keeps them mapped
+};
+STRATA_API MappedFlashSet map_flash_set(const FlashSet& set);
+
+// Writes a set to checkpoints_dir as an ordinary checkpoint (rank files, manifest with SHA-256,
+// `latest`, the newest `keep` kept), while every slot of it is held Persisting. `pause` (fault
+// injection) is slept before publishing. Returns the bytes written; throws UserError when a slot
+// changed before it could be held, fails its checksum, or the disk refuses.
+STRATA_API uint64_t persist_flash_set(const FlashSet& set, const std::filesystem::path& checkpoints_dir, int64_t keep,
+                                      double pause_seconds = 0);
+
+// The 64-bit checksum of the slots (exposed for its unit test).
+STRATA_API uint64_t flash_checksum(const void* data, size_t bytes);
+
+}  // namespace strata

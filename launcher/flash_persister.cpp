@@ -1,0 +1,88 @@
+#include "flash_persister.h"
+
+#include <chrono>
+#include <sstream>
+#include <vector>
+
+#include "strata/core/flash_checkpoint.h"
+#include "strata/errors.h"
+#include "supervisor.h"
+
+namespace strata::cli {
+
+namespace fs = std::filesystem;
+
+FlashPersister::FlashPersister(fs::path flash_dir, fs::path checkpoints_dir, int64_t every, int64_t keep,
+                               std::function<void(const std::string&, const std::string&)> log, double pause_seconds)
+    : flash_dir_(std::move(flash_dir)),
+      checkpoints_dir_(std::move(checkpoints_dir)),
+      every_(every),
+      keep_(keep),
+      log_(std::move(log)),
+      pause_seconds_(pause_seconds) {
+  persisted_ = newest_checkpoint_step(checkpoints_dir_.parent_path());
+}
+
+FlashPersister::~FlashPersister() { stop(); }
+
+void FlashPersister::start() {
+  stop();
+  stop_ = false;
+  thread_ = std::thread([this] {
+    while (!stop_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (every_ > 0) persist_one("background", [this](int64_t step) { return step % every_ == 0; });
+    }
+  });
+}
+
+void FlashPersister::stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+bool FlashPersister::persist_newest(const std::string& when) {
+  return persist_one(when, [](int64_t) { return true; });
+}
+
+bool FlashPersister::persist_one(const std::string& when, const std::function<bool(int64_t)>& eligible) {
+  const std::lock_guard<std::mutex> one_at_a_time(persisting_);
+  bool any_failed = false;
+  for (const FlashSet& set : complete_flash_sets(flash_dir_)) {
+    if (set.info.step <= persisted_) break;  // newest first: the rest are older still
+    if (!eligible(set.info.step) || failed_.count(set.info.step)) continue;
+    const auto started = std::chrono::steady_clock::now();
+    std::ostringstream fields;
+    fields.precision(6);
+    try {
+      const uint64_t bytes = persist_flash_set(set, checkpoints_dir_, keep_, pause_seconds_);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      persisted_ = set.info.step;
+      seconds_ = seconds_ + seconds;
+      fields << ",\"step\":" << set.info.step << ",\"when\":\"" << when << "\",\"bytes\":" << bytes << ",\"seconds\":" << seconds;
+      log_("persist", fields.str());
+      return true;
+    } catch (const std::exception& e) {
+      // A rank overwriting the set in the background is routine (it is retried on the next
+      // poll); a failed checksum or disk error is recorded, and an older set is tried.
+      const std::string what = e.what();
+      if (when == "background" && what.find("checksum") == std::string::npos && what.find("write") == std::string::npos) return true;
+      std::string quoted;
+      for (char c : what) quoted += c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
+      fields << ",\"step\":" << set.info.step << ",\"when\":\"" << when << "\",\"cause\":\"" << quoted << "\"";
+      log_("persist_failed", fields.str());
+      any_failed = true;
+      failed_.insert(set.info.step);
+      if (when == "background") return false;
+    }
+  }
+  return !any_failed;
+}
+
+void FlashPersister::remove() {
+  stop();
+  std::error_code ignored;
+  fs::remove_all(flash_dir_, ignored);
+}
+
+}  // namespace strata::cli

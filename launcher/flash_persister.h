@@ -1,0 +1,57 @@
+// The supervisor's half of flash checkpoints (strata/core/flash_checkpoint.h): while an attempt
+// runs, a background thread writes every checkpoint_every-th snapshot the ranks put in shared
+// memory to the run's checkpoints directory; when an attempt ends, by failure or success, the
+// newest snapshot not yet on disk is written before anything else happens ("persist at
+// breakpoint"), so `latest` on disk is never behind what a restart may load from memory. At the
+// end of the run the shared memory is removed.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+namespace strata::cli {
+
+class FlashPersister {
+ public:
+  // `log(event, fields)` appends to events.jsonl (fields start with a comma); `pause_seconds`
+  // (fault injection, STRATA_FAULT "slow_persist SECONDS") is slept inside every persist.
+  FlashPersister(std::filesystem::path flash_dir, std::filesystem::path checkpoints_dir, int64_t every, int64_t keep,
+                 std::function<void(const std::string&, const std::string&)> log, double pause_seconds);
+  ~FlashPersister();
+  FlashPersister(const FlashPersister&) = delete;
+  FlashPersister& operator=(const FlashPersister&) = delete;
+
+  // Background persisting for the duration of one attempt.
+  void start();
+  void stop();  // waits for a persist in flight
+  // Writes the newest snapshot newer than disk that passes its checksums (an older one when the
+  // newest does not); `when` names the occasion in events.jsonl. False when a snapshot newer than
+  // disk exists but none of them could be written.
+  bool persist_newest(const std::string& when);
+  int64_t persisted_step() const { return persisted_; }
+  double seconds_spent() const { return seconds_; }
+  // Deletes the run's shared memory.
+  void remove();
+
+ private:
+  // Persists the newest set newer than disk whose step `eligible` accepts; false if one failed.
+  bool persist_one(const std::string& when, const std::function<bool(int64_t)>& eligible);
+  std::filesystem::path flash_dir_, checkpoints_dir_;
+  int64_t every_, keep_;
+  std::function<void(const std::string&, const std::string&)> log_;
+  double pause_seconds_;
+  std::atomic<int64_t> persisted_{0};
+  std::atomic<double> seconds_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex persisting_;  // one persist at a time
+  std::set<int64_t> failed_;  // steps whose set could not be written (not retried)
+  std::thread thread_;
+};
+
+}  // namespace strata::cli
