@@ -373,9 +373,9 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
 
   // Where this rank is, for the supervisor's hang detection (strata/core/progress.h); from here,
   // so that a rank stuck starting up is named too.
+  inject_fault(env.rank, 0);
   ProgressBeacon progress(env.rank);
   progress.beat(0, StepPhase::StartingUp);
-  inject_fault(env.rank, 0);
   auto topology = make_topology(plan, registry, env);
   // The run directory is claimed (locked, and refused if it holds another run) by the launcher
   // that started the ranks, or else here by rank 0 before any rank writes into it.
@@ -578,12 +578,17 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
       topology->world().all_reduce(agreed, ReduceOp::Max)->wait();
       agreed = agreed.cpu();
       if (set && agreed[0].item<int64_t>() == -agreed[1].item<int64_t>()) {
-        int bad = 0;
+        // Each rank checks every world_size-th image; the flags say which failed.
+        at::Tensor bad = at::zeros({static_cast<int64_t>(set->slots.size())}, at::kInt);
         for (size_t r = static_cast<size_t>(env.rank); r < set->slots.size(); r += static_cast<size_t>(env.world_size))
-          if (auto why = flash_slot_problem(set->slots[r])) problem = *why, bad = 1;
-        at::Tensor any_bad = at::tensor(bad, at::kInt).to(device);
-        topology->world().all_reduce(any_bad, ReduceOp::Max)->wait();
-        if (any_bad.item<int>() == 0) {
+          if (flash_slot_problem(set->slots[r])) bad[static_cast<int64_t>(r)] = 1;
+        bad = bad.to(device);
+        topology->world().all_reduce(bad, ReduceOp::Max)->wait();
+        const at::Tensor bad_ranks = bad.cpu().nonzero();
+        if (bad_ranks.numel() > 0)
+          problem = "the snapshot of rank " + std::to_string(bad_ranks[0][0].item<int64_t>()) + " at step " +
+                    std::to_string(set->info.step) + " fails its checksum";
+        if (bad_ranks.numel() == 0) {
           const MappedFlashSet mapped = map_flash_set(*set);
           const engine::Checkpoint memory = engine::Checkpoint::from_images(
               {set->info.step, set->info.state_hash, set->info.world_size}, "the flash snapshot of step " + std::to_string(set->info.step),
@@ -595,8 +600,6 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
                             std::to_string(set->info.world_size) + " ranks saved it)");
             newest.reset(), older.clear(), skipped.clear();
           }
-        } else if (problem.empty()) {
-          problem = "another rank's image fails its checksum";
         }
         if (start_step == 0)
           console.message("skipping the flash snapshot of step " + std::to_string(set->info.step) + ": " + problem + "; loading from disk");

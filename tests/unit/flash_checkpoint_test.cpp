@@ -1,0 +1,129 @@
+// Flash snapshot slots (strata/core/flash_checkpoint.h): double buffering, checksums, complete
+// sets, and persisting a set to an ordinary checkpoint.
+#include "strata/core/flash_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <fstream>
+
+#include "strata/errors.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_TEST_SCRATCH_DIR) / ("flash_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+NamedTensors state(float value) {
+  return {{"model/w", at::full({64, 33}, value)}, {"model/b", at::arange(7, at::kLong)}, {"rng/state", at::full({5}, value * 2)}};
+}
+
+void write(FlashWriter& writer, int64_t step, int64_t world, float value) {
+  std::string problem;
+  ASSERT_TRUE(writer.write({step, world, "hash"}, state(value), {{"step", std::to_string(step)}}, problem)) << problem;
+  writer.wait();
+}
+
+TEST(FlashCheckpoint, ChecksumSeesEveryByte) {
+  std::vector<unsigned char> bytes(1000 + 5);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 31);
+  const uint64_t before = flash_checksum(bytes.data(), bytes.size());
+  for (size_t at : {size_t{0}, size_t{31}, size_t{999}, size_t{1004}}) {
+    bytes[at] ^= 1;
+    EXPECT_NE(flash_checksum(bytes.data(), bytes.size()), before) << "byte " << at;
+    bytes[at] ^= 1;
+  }
+  EXPECT_EQ(flash_checksum(bytes.data(), bytes.size()), before);
+  EXPECT_NE(flash_checksum(bytes.data(), bytes.size() - 1), before);
+}
+
+TEST(FlashCheckpoint, DoubleBufferingKeepsTheTwoNewest) {
+  const fs::path dir = scratch("double");
+  FlashWriter rank0(dir, 0), rank1(dir, 1);
+  for (int64_t step = 1; step <= 3; ++step) {
+    write(rank0, step, 2, static_cast<float>(step));
+    write(rank1, step, 2, static_cast<float>(step));
+  }
+  const auto sets = complete_flash_sets(dir);
+  ASSERT_EQ(sets.size(), 2u);
+  EXPECT_EQ(sets[0].info.step, 3);
+  EXPECT_EQ(sets[1].info.step, 2);
+  // The images are checkpoint files: the tensors come back as written.
+  const MappedFlashSet mapped = map_flash_set(sets[0]);
+  ASSERT_EQ(mapped.images.size(), 2u);
+  const NamedTensors back = parse_safetensors(mapped.images[1], "rank 1");
+  ASSERT_EQ(back.size(), 3u);
+  EXPECT_TRUE(back[0].second.equal(at::full({64, 33}, 3.0f)));
+  EXPECT_TRUE(back[1].second.equal(at::arange(7, at::kLong)));
+}
+
+TEST(FlashCheckpoint, AKillMidCopyLeavesThePreviousSnapshot) {
+  const fs::path dir = scratch("midcopy");
+  FlashWriter writer(dir, 0);
+  write(writer, 1, 1, 1.0f);
+  write(writer, 2, 1, 2.0f);
+  std::string problem;
+  // The copy of step 3 stops halfway (an exception stands in for the kill): its slot stays Writing.
+  EXPECT_THROW(writer.write({3, 1, "hash"}, state(3.0f), {}, problem, [] { throw std::runtime_error("killed"); }), std::runtime_error);
+  const auto sets = complete_flash_sets(dir);
+  ASSERT_EQ(sets.size(), 1u);
+  EXPECT_EQ(sets[0].info.step, 2);
+}
+
+TEST(FlashCheckpoint, ASetNeedsEveryRankOfItsWorld) {
+  const fs::path dir = scratch("incomplete");
+  FlashWriter rank0(dir, 0), rank1(dir, 1);
+  write(rank0, 1, 2, 1.0f);
+  write(rank1, 1, 2, 1.0f);
+  write(rank0, 2, 2, 2.0f);  // rank 1 has not written step 2
+  const auto sets = complete_flash_sets(dir);
+  ASSERT_EQ(sets.size(), 1u);
+  EXPECT_EQ(sets[0].info.step, 1);
+}
+
+TEST(FlashCheckpoint, DamageIsFoundAndRefusedByPersist) {
+  const fs::path dir = scratch("damage"), checkpoints = scratch("damage_ckpt");
+  FlashWriter writer(dir, 0);
+  write(writer, 4, 1, 4.0f);
+  auto sets = complete_flash_sets(dir);
+  ASSERT_EQ(sets.size(), 1u);
+  EXPECT_FALSE(flash_slot_problem(sets[0].slots[0]).has_value());
+  writer.damage_newest();
+  const auto problem = flash_slot_problem(sets[0].slots[0]);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_NE(problem->find("fails its checksum"), std::string::npos);
+  EXPECT_THROW(persist_flash_set(sets[0], checkpoints, 3), UserError);
+  EXPECT_FALSE(fs::exists(checkpoints / "latest"));
+}
+
+TEST(FlashCheckpoint, PersistWritesAnOrdinaryCheckpointAndReleasesTheSlots) {
+  const fs::path dir = scratch("persist"), checkpoints = scratch("persist_ckpt");
+  FlashWriter rank0(dir, 0), rank1(dir, 1);
+  write(rank0, 8, 2, 8.0f);
+  write(rank1, 8, 2, 8.0f);
+  const auto sets = complete_flash_sets(dir);
+  ASSERT_EQ(sets.size(), 1u);
+  const uint64_t bytes = persist_flash_set(sets[0], checkpoints, 3);
+  EXPECT_EQ(bytes, fs::file_size(checkpoints / "step_00000008" / "rank_00000.safetensors") +
+                       fs::file_size(checkpoints / "step_00000008" / "rank_00001.safetensors"));
+  std::ifstream latest(checkpoints / "latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_00000008");
+  EXPECT_TRUE(read_safetensors(checkpoints / "step_00000008" / "rank_00001.safetensors")[0].second.equal(at::full({64, 33}, 8.0f)));
+  // Released: the writers may take both slots again, and the set is still complete.
+  write(rank0, 9, 2, 9.0f);
+  write(rank1, 9, 2, 9.0f);
+  EXPECT_EQ(complete_flash_sets(dir).size(), 2u);
+}
+
+}  // namespace
+}  // namespace strata
