@@ -28,9 +28,10 @@ FlashPersister::~FlashPersister() { stop(); }
 void FlashPersister::start() {
   stop();
   stop_ = false;
+  failed_.clear();  // a new attempt writes new snapshots, possibly of the same steps
   thread_ = std::thread([this] {
     while (!stop_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // two header reads per rank
       if (every_ > 0) persist_one("background", [this](int64_t step) { return step % every_ == 0; });
     }
   });
@@ -50,7 +51,11 @@ bool FlashPersister::persist_one(const std::string& when, const std::function<bo
   bool any_failed = false;
   for (const FlashSet& set : complete_flash_sets(flash_dir_)) {
     if (set.info.step <= persisted_) break;  // newest first: the rest are older still
-    if (!eligible(set.info.step) || failed_.count(set.info.step)) continue;
+    if (!eligible(set.info.step)) continue;
+    if (failed_.count(set.info.step)) {  // already reported; an older set may still do
+      any_failed = any_failed || when != "background";
+      continue;
+    }
     const auto started = std::chrono::steady_clock::now();
     std::ostringstream fields;
     fields.precision(6);
@@ -62,11 +67,12 @@ bool FlashPersister::persist_one(const std::string& when, const std::function<bo
       fields << ",\"step\":" << set.info.step << ",\"when\":\"" << when << "\",\"bytes\":" << bytes << ",\"seconds\":" << seconds;
       log_("persist", fields.str());
       return true;
+    } catch (const FlashSetChanged&) {
+      // A rank took the set back before it was held: routine while ranks run; a newer set follows.
+      if (when == "background") return true;
+      continue;
     } catch (const std::exception& e) {
-      // A rank overwriting the set in the background is routine (it is retried on the next
-      // poll); a failed checksum or disk error is recorded, and an older set is tried.
       const std::string what = e.what();
-      if (when == "background" && what.find("checksum") == std::string::npos && what.find("write") == std::string::npos) return true;
       std::string quoted;
       for (char c : what) quoted += c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
       fields << ",\"step\":" << set.info.step << ",\"when\":\"" << when << "\",\"cause\":\"" << quoted << "\"";

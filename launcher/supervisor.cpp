@@ -184,13 +184,16 @@ void HangWatch::watch() {
       cause_ = cause.str();
       detail_ = "[]";
       hang_s_ = waited;
-      for (int pid : children_of(launcher_pid_)) ::kill(pid, SIGKILL);
+      const std::vector<int> ranks = children_of(launcher_pid_);
+      for (int pid : ranks) ::kill(pid, SIGKILL);
+      if (ranks.empty()) ::kill(launcher_pid_, SIGKILL);  // mpirun itself is stuck before starting them
       return;
     }
     int64_t low = last[0].step;
     for (const auto& p : last) low = std::min(low, p.step);
     if (low != lowest_step) {  // every rank is past a step: how long steps take
-      if (lowest_step >= 0) slowest_step = std::max(slowest_step, seconds_since(step_started));
+      // Intervals that began at start-up (step 0) hold the job's building and restore, not a step.
+      if (lowest_step > 0) slowest_step = std::max(slowest_step, seconds_since(step_started));
       lowest_step = low;
       step_started = Clock::now();
     }

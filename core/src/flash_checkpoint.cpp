@@ -188,30 +188,23 @@ bool FlashWriter::prepare(Slot& slot, uint64_t bytes, std::string& problem) {
   return true;
 }
 
-bool FlashWriter::write(const FlashImageInfo& info, const NamedTensors& tensors, const Metadata& metadata, std::string& problem,
-                        const std::function<void()>& halfway) {
+FlashWrite FlashWriter::write(const FlashImageInfo& info, const NamedTensors& tensors, const Metadata& metadata, std::string& problem,
+                              const std::function<void()>& halfway) {
   wait();
   const std::string prefix = safetensors_prefix(tensors, metadata);
   uint64_t bytes = prefix.size();
   for (const auto& [name, tensor] : tensors) bytes += static_cast<uint64_t>(tensor.nbytes());
   for (auto& slot : slots_)
-    if (!prepare(*slot, bytes, problem)) return false;
-  // The older slot that the supervisor is not persisting; if it starts persisting between the
-  // look and the swap, the swap fails and the other slot is taken (the supervisor holds at most
-  // one slot of a rank at a time).
-  auto age = [](const SlotHeader* h) { return holds_snapshot(load_state(h)) ? h->step : -1; };
-  const int older = age(slots_[0]->header()) <= age(slots_[1]->header()) ? 0 : 1;
-  int target = -1;
-  for (int attempt = 0; attempt < 4 && target < 0; ++attempt) {
-    const int s = (older + attempt) % 2;
-    SlotHeader* h = slots_[s]->header();
-    const int32_t state = load_state(h);
-    if (state != static_cast<int32_t>(FlashSlotState::Persisting) && swap_state(h, state, FlashSlotState::Writing)) target = s;
-  }
-  if (target < 0) {
-    problem = "both flash slots of rank " + std::to_string(rank_) + " are busy";
-    return false;
-  }
+    if (!prepare(*slot, bytes, problem)) return FlashWrite::Failed;
+  // The older slot (one holding no snapshot, or one of a step not before this one, counts as
+  // oldest). If the supervisor holds it, or takes it between the look and the swap, this
+  // snapshot is skipped: the newest one stays whole.
+  auto age = [&](const SlotHeader* h) { return holds_snapshot(load_state(h)) && h->step < info.step ? h->step : -1; };
+  const int target = age(slots_[0]->header()) <= age(slots_[1]->header()) ? 0 : 1;
+  SlotHeader* taken = slots_[target]->header();
+  const int32_t state = load_state(taken);
+  if (state == static_cast<int32_t>(FlashSlotState::Persisting) || !swap_state(taken, state, FlashSlotState::Writing))
+    return FlashWrite::Skipped;
   Slot& slot = *slots_[target];
   SlotHeader* h = slot.header();
   h->rank = rank_;
@@ -239,7 +232,18 @@ bool FlashWriter::write(const FlashImageInfo& info, const NamedTensors& tensors,
     h->checksum = flash_checksum(image, bytes);
     store_state(h, FlashSlotState::Valid);
   });
-  return true;
+  return FlashWrite::Written;
+}
+
+void FlashWriter::discard_after(int64_t step) {
+  wait();
+  for (auto& slot : slots_) {
+    SlotHeader h{};
+    if (!read_header(slot->path, h) || h.step <= step) continue;
+    const Mapping map(slot->path, /*writable=*/true);
+    const int32_t state = load_state(map.header());
+    if (state != static_cast<int32_t>(FlashSlotState::Persisting)) swap_state(map.header(), state, FlashSlotState::Empty);
+  }
 }
 
 void FlashWriter::damage_newest() {
@@ -321,17 +325,21 @@ uint64_t persist_flash_set(const FlashSet& set, const fs::path& checkpoints_dir,
       for (auto& m : held) store_state(m->header(), FlashSlotState::Valid);
     }
   } release{held};
+  // Hold every slot first (a swap each), so ranks skip rather than overwrite while the set is
+  // checked and written; then check the checksums.
   for (size_t r = 0; r < set.slots.size(); ++r) {
     auto map = std::make_unique<Mapping>(set.slots[r], /*writable=*/true);
     SlotHeader* h = map->header();
     if (!swap_state(h, static_cast<int32_t>(FlashSlotState::Valid), FlashSlotState::Persisting))
-      throw UserError("rank " + std::to_string(r) + " is overwriting its snapshot of step " + std::to_string(set.info.step));
+      throw FlashSetChanged("rank " + std::to_string(r) + " is overwriting its snapshot of step " + std::to_string(set.info.step));
     held.push_back(std::move(map));
     // Held now; the step may have changed between the scan and the hold.
     if (h->step != set.info.step || h->world_size != set.info.world_size)
-      throw UserError("rank " + std::to_string(r) + " replaced its snapshot of step " + std::to_string(set.info.step));
-    const std::string_view image = held.back()->image();
-    if (image.empty() || flash_checksum(image.data(), image.size()) != h->checksum)
+      throw FlashSetChanged("rank " + std::to_string(r) + " replaced its snapshot of step " + std::to_string(set.info.step));
+  }
+  for (size_t r = 0; r < held.size(); ++r) {
+    const std::string_view image = held[r]->image();
+    if (image.empty() || flash_checksum(image.data(), image.size()) != held[r]->header()->checksum)
       throw UserError("the snapshot of rank " + std::to_string(r) + " at step " + std::to_string(set.info.step) + " fails its checksum");
   }
   fs::create_directories(checkpoints_dir);

@@ -28,7 +28,7 @@ NamedTensors state(float value) {
 
 void write(FlashWriter& writer, int64_t step, int64_t world, float value) {
   std::string problem;
-  ASSERT_TRUE(writer.write({step, world, "hash"}, state(value), {{"step", std::to_string(step)}}, problem)) << problem;
+  ASSERT_EQ(writer.write({step, world, "hash"}, state(value), {{"step", std::to_string(step)}}, problem), FlashWrite::Written) << problem;
   writer.wait();
 }
 

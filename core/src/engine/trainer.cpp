@@ -579,20 +579,28 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
       agreed = agreed.cpu();
       if (set && agreed[0].item<int64_t>() == -agreed[1].item<int64_t>()) {
         // Each rank checks every world_size-th image; the flags say which failed.
-        at::Tensor bad = at::zeros({static_cast<int64_t>(set->slots.size())}, at::kInt);
+        at::Tensor bad = at::zeros({static_cast<int64_t>(set->slots.size()) + 1}, at::kInt);  // last: cannot map
         for (size_t r = static_cast<size_t>(env.rank); r < set->slots.size(); r += static_cast<size_t>(env.world_size))
           if (flash_slot_problem(set->slots[r])) bad[static_cast<int64_t>(r)] = 1;
+        std::optional<MappedFlashSet> mapped;
+        try {
+          mapped = map_flash_set(*set);
+        } catch (const UserError& e) {
+          bad[static_cast<int64_t>(set->slots.size())] = 1;
+          problem = e.what();
+        }
         bad = bad.to(device);
         topology->world().all_reduce(bad, ReduceOp::Max)->wait();
         const at::Tensor bad_ranks = bad.cpu().nonzero();
-        if (bad_ranks.numel() > 0)
+        if (bad_ranks.numel() > 0 && bad_ranks[0][0].item<int64_t>() == static_cast<int64_t>(set->slots.size()))
+          problem = problem.empty() ? "another rank cannot map it" : problem;
+        else if (bad_ranks.numel() > 0)
           problem = "the snapshot of rank " + std::to_string(bad_ranks[0][0].item<int64_t>()) + " at step " +
                     std::to_string(set->info.step) + " fails its checksum";
         if (bad_ranks.numel() == 0) {
-          const MappedFlashSet mapped = map_flash_set(*set);
           const engine::Checkpoint memory = engine::Checkpoint::from_images(
               {set->info.step, set->info.state_hash, set->info.world_size}, "the flash snapshot of step " + std::to_string(set->info.step),
-              mapped.images, mapped.mappings);
+              mapped->images, mapped->mappings);
           if (restore_state(job, memory, env.rank, problem)) {
             start_step = set->info.step;
             progress.set_restore(seconds_since(restore_started), RestoreSource::Memory);
@@ -635,6 +643,8 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     else
       console.message("no valid checkpoint in " + checkpoints_dir.string() + "; starting from step 0");
   }
+  // Snapshots of steps after the one resumed from belong to the attempt being redone.
+  if (flash) flash->discard_after(start_step);
   std::optional<engine::MetricsFile> metrics;
   if (leader) metrics.emplace(out_dir / "metrics.jsonl", start_step);
   const int64_t checkpoint_every = job_cfg.get_int("checkpoint_every"), eval_every = job_cfg.get_int("eval_every");
@@ -646,13 +656,16 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     const SavedState state = gather_state(job);
     if (flash) {
       std::string problem;
-      const bool written = flash->write({step, plan.layout.world_size, state_hash(plan)}, state.tensors,
+      // Skipped (the supervisor is persisting this rank's older slot) is not a failure: the
+      // newest snapshot stays, and the next one goes ahead.
+      const FlashWrite outcome = flash->write({step, plan.layout.world_size, state_hash(plan)}, state.tensors,
                                         engine::checkpoint_file_metadata(step, state.placements), problem,
                                         [&] { inject_fault(env.rank, step, "snapshot"); });
+      const bool written = outcome != FlashWrite::Failed;
       at::Tensor failed = at::tensor(written ? 0 : 1, at::kInt).to(device);
       topology->world().all_reduce(failed, ReduceOp::Max)->wait();
       if (failed.item<int>() == 0) {
-        if (inject_fault(env.rank, step, "snapshot_done")) flash->damage_newest();
+        if (outcome == FlashWrite::Written && inject_fault(env.rank, step, "snapshot_done")) flash->damage_newest();
         return seconds_since(started);
       }
       console.message("flash checkpoints off: " + (problem.empty() ? std::string("another rank's shared memory is full") : problem) +

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -41,6 +42,14 @@ struct FlashImageInfo {
   std::string state_hash;
 };
 
+enum class FlashWrite { Written, Skipped, Failed };
+
+// Thrown by persist_flash_set when a rank took a slot of the set back before it could be held:
+// routine while ranks run (the next snapshot is persisted instead), not a failure.
+struct FlashSetChanged : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // The rank's side: writes snapshots into its two slots.
 class STRATA_API FlashWriter {
  public:
@@ -49,11 +58,15 @@ class STRATA_API FlashWriter {
   FlashWriter(const FlashWriter&) = delete;
   FlashWriter& operator=(const FlashWriter&) = delete;
 
-  // Copies `tensors` as a safetensors image (`metadata` in its header) into the older free slot;
-  // `halfway` runs when half the tensors are copied (fault injection). Returns false, writing
-  // nothing, when shared memory cannot hold the image (`problem` says why).
-  bool write(const FlashImageInfo& info, const NamedTensors& tensors, const Metadata& metadata, std::string& problem,
+  // Copies `tensors` as a safetensors image (`metadata` in its header) into the older slot;
+  // `halfway` runs when half the tensors are copied (fault injection). The newest snapshot is
+  // never overwritten: when the older slot is being persisted the snapshot is Skipped. Failed,
+  // writing nothing, when shared memory cannot hold the image (`problem` says why).
+  FlashWrite write(const FlashImageInfo& info, const NamedTensors& tensors, const Metadata& metadata, std::string& problem,
              const std::function<void()>& halfway = {});
+  // Empties this rank's slots holding snapshots of steps after `step`: after a restart from
+  // `step`, they belong to a run that is being redone.
+  void discard_after(int64_t step);
   // Waits for the newest snapshot's checksum (it is Valid after this).
   void wait();
   // Fault injection: flips one byte of the newest snapshot's image after its checksum.
