@@ -16,6 +16,7 @@
 
 #include "flash_persister.h"
 #include "strata/core/flash_checkpoint.h"
+#include "strata/core/flight_recorder.h"
 #include "strata/core/progress.h"
 
 namespace strata::cli {
@@ -149,6 +150,7 @@ void HangWatch::finish(AttemptResult& result) {
   result.hang_s = hang_s_;
   result.cause = cause_;
   result.hang_ranks = detail_;
+  result.flight_record = flight_record_;
   if (result.status == 0) result.status = 1;
 }
 
@@ -221,15 +223,29 @@ void HangWatch::watch() {
       detail += one.str();
     }
     detail += "]";
+    // The flight records name the collective, when there is one to name.
+    std::vector<ProgressFile> files(static_cast<size_t>(ranks_));
+    std::vector<bool> present(static_cast<size_t>(ranks_));
+    for (int r = 0; r < ranks_; ++r) present[static_cast<size_t>(r)] = read_progress_file(dir_, r, files[static_cast<size_t>(r)]);
+    const CollectiveDiagnosis collective = diagnose_collectives(files, present);
+    flight_record_ = flight_record_json(files, present);
     std::ostringstream cause;
     cause.precision(3);
     cause << "hang: no rank made progress for " << idle << " s (deadline " << deadline << " s); ";
-    if (culprits.empty())
-      cause << "every rank stopped at step " << behind.first << ", " << step_phase_name(static_cast<StepPhase>(behind.second));
-    else
-      cause << "rank" << (culprits.find(',') == std::string::npos ? " " : "s ") << culprits << " behind at step " << behind.first << ", "
-            << step_phase_name(static_cast<StepPhase>(behind.second)) << "; the others wait at step " << ahead.first << ", "
-            << step_phase_name(static_cast<StepPhase>(ahead.second));
+    if (!collective.culprits.empty()) {
+      cause << collective.cause;
+      for (int r : collective.culprits)
+        cause << "; rank " << r << " is at step " << last[static_cast<size_t>(r)].step << ", "
+              << step_phase_name(static_cast<StepPhase>(last[static_cast<size_t>(r)].phase));
+    } else {
+      if (culprits.empty())
+        cause << "every rank stopped at step " << behind.first << ", " << step_phase_name(static_cast<StepPhase>(behind.second));
+      else
+        cause << "rank" << (culprits.find(',') == std::string::npos ? " " : "s ") << culprits << " behind at step " << behind.first << ", "
+              << step_phase_name(static_cast<StepPhase>(behind.second)) << "; the others wait at step " << ahead.first << ", "
+              << step_phase_name(static_cast<StepPhase>(ahead.second));
+      if (!collective.cause.empty()) cause << "; " << collective.cause;
+    }
     cause_ = cause.str();
     detail_ = detail;
     hang_s_ = idle;
@@ -326,7 +342,16 @@ int supervise(const SupervisorOptions& options, const std::function<AttemptResul
     std::ostringstream fields;
     fields << ",\"cause\":" << json_string(cause) << ",\"status\":" << result.status << ",\"step_reached\":" << reached.last_step
            << ",\"checkpoint_step\":" << checkpoint << ",\"steps_lost\":" << std::max<int64_t>(0, reached.last_step - checkpoint);
-    if (!result.hang_ranks.empty()) events.write("hang", n, ",\"ranks\":" + result.hang_ranks);
+    if (!result.hang_ranks.empty()) {
+      // Every rank's last collectives, for a reader who wants more than the cause's one line.
+      std::string flight;
+      if (!result.flight_record.empty()) {
+        const std::string name = "flight_record_attempt_" + std::to_string(n) + ".json";
+        std::ofstream(options.run_dir / name) << result.flight_record << "\n";
+        flight = ",\"flight_record\":" + json_string(name);
+      }
+      events.write("hang", n, ",\"ranks\":" + result.hang_ranks + flight);
+    }
     events.write("failure", n, fields.str());
     // Bad input fails the same way again; Ctrl-C means stop. Both leave a resumable run.
     if (result.status == 2 || result.interrupted || n >= options.max_restarts) {

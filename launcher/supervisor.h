@@ -21,6 +21,7 @@ struct AttemptResult {
   std::string cause;  // "rank 1 exited on signal 9 (Killed)", or empty
   bool interrupted = false;  // Ctrl-C
   std::string hang_ranks;    // after a hang: a JSON array of every rank's last progress
+  std::string flight_record; // after a hang: every rank's last collectives (flight_record_json)
   // For the goodput breakdown, from the ranks' progress records: the most any rank spent blocked
   // in checkpoints, and loading the checkpoint it resumed from (and where from); the time no rank
   // moved before a hang was declared.
@@ -39,8 +40,9 @@ struct AttemptOptions {
 };
 
 // Watches the ranks' progress files (strata/core/progress.h) while an attempt runs. When no
-// rank's progress moves for the deadline, it names the ranks furthest behind (the others wait for
-// them in a collective) and kills every rank (SIGKILL works on a stopped process too), so the
+// rank's progress moves for the deadline, it names the collective some ranks wait in and the
+// ranks that never issued it, from the flight records (strata/core/flight_recorder.h), or else
+// the ranks furthest behind in their step, and kills every rank (SIGKILL works on a stopped process too), so the
 // attempt ends and the supervisor can restart it. Deadline: `timeout_s`, or when 0 the larger of
 // 60 s and 10 x the slowest step seen; while any rank is starting up (or has not reported at
 // all: those are named), `start_timeout_s`. Ranks are found as the children of `launcher_pid`.
@@ -61,7 +63,7 @@ class HangWatch {
   int launcher_pid_;
   double hang_s_ = 0;
   std::atomic<bool> stop_{false};
-  std::string cause_, detail_;
+  std::string cause_, detail_, flight_record_;
   std::thread thread_;
 };
 

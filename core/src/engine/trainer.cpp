@@ -28,6 +28,7 @@
 #include "strata/core/log.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/flash_checkpoint.h"
+#include "strata/core/flight_recorder.h"
 #include "strata/core/progress.h"
 #include "strata/core/step_plan.h"
 #include "strata/data.h"
@@ -328,7 +329,8 @@ std::string state_hash(const ResolvedStrategy& plan) {
 
 // The topology of [parallel] over this process's rank, with its communicators: the configured
 // backend's when there are several ranks, a local one otherwise.
-std::shared_ptr<Topology> make_topology(const ResolvedStrategy& plan, const ComponentRegistry& registry, const LaunchEnv& env) {
+std::shared_ptr<Topology> make_topology(const ResolvedStrategy& plan, const ComponentRegistry& registry, const LaunchEnv& env,
+                                        ProgressBeacon& progress) {
   const ParallelLayout& l = plan.layout;
   if (l.world_size != env.world_size)
     throw UserError("the plan is for " + std::to_string(l.world_size) + " ranks but " + std::to_string(env.world_size) +
@@ -354,10 +356,22 @@ std::shared_ptr<Topology> make_topology(const ResolvedStrategy& plan, const Comp
     bootstrap = backend_named("mpi")->world(*bootstrap);
   }
   // A host-tensor job on one rank keeps the local communicator; device backends always start.
-  if (env.world_size == 1 && name == "mpi")
-    topology->attach(bootstrap);
-  else
-    topology->attach(name == "mpi" ? bootstrap : backend_named(name)->world(*bootstrap));
+  auto world = name == "mpi" ? bootstrap : backend_named(name)->world(*bootstrap);
+  // Under a supervisor every operation goes to the flight recorder (strata/core/flight_recorder.h).
+  topology->attach(record_collectives(std::move(world), progress));
+  const std::vector<std::pair<Dim, const char*>> dims{{Dim::Data, "data"}, {Dim::Tensor, "tensor"}, {Dim::Pipeline, "pipeline"}, {Dim::Context, "context"}};
+  for (unsigned mask = 1; mask < 16; ++mask) {  // name every group by the dimensions it spans
+    std::vector<Dim> spanned;
+    std::string label;
+    bool every_dim_split = true;  // else the group is the same as a smaller mask's
+    for (unsigned d = 0; d < dims.size(); ++d) {
+      if (!(mask & (1u << d))) continue;
+      spanned.push_back(dims[d].first);
+      label += label.empty() ? dims[d].second : std::string("+") + dims[d].second;
+      every_dim_split = every_dim_split && topology->size(dims[d].first) > 1;
+    }
+    if (every_dim_split && topology->size(spanned) < topology->world_size()) label_group(topology->group(spanned), label);
+  }
   return topology;
 }
 
@@ -376,7 +390,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   inject_fault(env.rank, 0);
   ProgressBeacon progress(env.rank);
   progress.beat(0, StepPhase::StartingUp);
-  auto topology = make_topology(plan, registry, env);
+  auto topology = make_topology(plan, registry, env, progress);
   // The run directory is claimed (locked, and refused if it holds another run) by the launcher
   // that started the ranks, or else here by rank 0 before any rank writes into it.
   std::optional<RunDirectoryClaim> claim;
