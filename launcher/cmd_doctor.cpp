@@ -3,7 +3,8 @@
 // same bits); pairs of ranks (0-1, 2-3, ...) time an all-reduce between them, and all ranks one
 // all-reduce together. Rank 0 prints each rank's figures next to the median of all ranks; a rank
 // slower than the median by more than kStragglerFactor is named a straggler, one whose result
-// differs from the majority's, or that fails, is named faulty (exit status 1).
+// differs from the majority's, or that fails, is named faulty (exit status 1). `strata run -n N`
+// with [job] health_check runs it before every start (check_health) and may exclude those ranks.
 #include <algorithm>
 #include <unistd.h>
 
@@ -16,6 +17,8 @@
 #include <string>
 #include <iostream>
 #include <map>
+#include <sstream>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -38,13 +41,29 @@ double seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Chaos testing: whether STRATA_FAULT (faults separated by ';') holds "KIND SLOT" for this slot:
+// wrong_matmul (the result differs) or slow_matmul (three times slower).
+bool doctor_fault(const std::string& kind, int slot) {
+  const char* fault = std::getenv("STRATA_FAULT");
+  if (!fault) return false;
+  std::istringstream faults(fault);
+  for (std::string one; std::getline(faults, one, ';');) {
+    std::istringstream in(one);
+    std::string k;
+    int s = -1;
+    if (in >> k >> s && k == kind && s == slot) return true;
+  }
+  return false;
+}
+
 // GFLOP/s of this rank's fp32 matmul on one thread, and a checksum of its result.
-std::pair<double, double> matmul_check() {
+std::pair<double, double> matmul_check(int slot) {
   at::manual_seed(0);
   const at::Tensor a = at::randn({kMatmulSize, kMatmulSize}), b = at::randn({kMatmulSize, kMatmulSize});
   at::Tensor c = at::matmul(a, b);  // warm-up
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < kMatmulRounds; ++i) c = at::matmul(a, b);
+  if (doctor_fault("slow_matmul", slot)) std::this_thread::sleep_for(std::chrono::duration<double>(2 * seconds(start)));
   const double flops = 2.0 * kMatmulSize * kMatmulSize * kMatmulSize * kMatmulRounds;
   return {flops / seconds(start) / 1e9, c.sum().item<double>()};
 }
@@ -76,10 +95,8 @@ int check_ranks(const LaunchEnv& env) {
   const int n = world->size(), rank = world->rank();
   double gflops = 0, checksum = 0, failed = 0;
   try {
-    std::tie(gflops, checksum) = matmul_check();
-    // Chaos testing: STRATA_FAULT="wrong_matmul RANK" makes that rank's result differ.
-    if (const char* fault = std::getenv("STRATA_FAULT"); fault && std::string(fault) == "wrong_matmul " + std::to_string(rank))
-      checksum += 1.0;
+    std::tie(gflops, checksum) = matmul_check(env.slot);
+    if (doctor_fault("wrong_matmul", env.slot)) checksum += 1.0;
   } catch (const std::exception& e) {
     failed = 1;
     std::cerr << "strata doctor: rank " << rank << ": matmul failed: " << e.what() << "\n";
@@ -90,8 +107,8 @@ int check_ranks(const LaunchEnv& env) {
   auto pair_group = world->split(pair);
   const double pair_bw = pair_group->size() > 1 ? all_reduce_bandwidth(*pair_group) : 0.0;
   const double world_bw = n > 1 ? all_reduce_bandwidth(*world) : 0.0;
-  at::Tensor mine = at::tensor(std::vector<double>{gflops, checksum, failed, pair_bw}, at::kDouble);
-  at::Tensor all = at::empty({n, 4}, at::kDouble);
+  at::Tensor mine = at::tensor(std::vector<double>{gflops, checksum, failed, pair_bw, static_cast<double>(env.slot)}, at::kDouble);
+  at::Tensor all = at::empty({n, 5}, at::kDouble);
   world->all_gather(all, mine)->wait();
   if (rank != 0) return 0;
 
@@ -114,18 +131,21 @@ int check_ranks(const LaunchEnv& env) {
               static_cast<long>(kReduceElements * 4 >> 20));
   std::printf("%-6s %14s %10s %18s %10s  %s\n", "rank", "matmul GFLOP/s", "of median", "pair bus GB/s", "of median", "verdict");
   int faulty = 0, stragglers = 0;
+  std::ostringstream verdicts;  // for the launching process (check_health): "RANK SLOT VERDICT GFLOPS GBPS REASON"
   for (int r = 0; r < n; ++r) {
     const double rate = all[r][0].item<double>(), bw = all[r][3].item<double>();
-    std::string verdict = "ok";
-    if (all[r][2].item<double>() != 0) verdict = "FAULTY: matmul failed", ++faulty;
+    std::string verdict = "ok", reason;
+    if (all[r][2].item<double>() != 0) verdict = "faulty", reason = "matmul failed", ++faulty;
     else if (all[r][1].item<double>() != majority || !has_majority)
-      verdict = has_majority ? "FAULTY: matmul result differs from the other ranks'" : "FAULTY: matmul results disagree, no majority",
+      verdict = "faulty", reason = has_majority ? "matmul result differs from the other ranks'" : "matmul results disagree, no majority",
       ++faulty;
     else if (rate * kStragglerFactor < rate_median || (bw > 0 && bw * kStragglerFactor < pair_median))
-      verdict = "STRAGGLER: slower than the median by more than 1.5x", ++stragglers;
+      verdict = "straggler", reason = "slower than the median by more than 1.5x", ++stragglers;
     char pair_text[64] = "                 -          -";  // the odd last rank has no pair
     if (bw > 0) std::snprintf(pair_text, sizeof pair_text, "%18.3f %9.2fx", bw, bw / pair_median);
-    std::printf("%-6d %14.2f %9.2fx %s  %s\n", r, rate, rate / rate_median, pair_text, verdict.c_str());
+    std::string shown = verdict == "faulty" ? "FAULTY: " + reason : verdict == "straggler" ? "STRAGGLER: " + reason : verdict;
+    std::printf("%-6d %14.2f %9.2fx %s  %s\n", r, rate, rate / rate_median, pair_text, shown.c_str());
+    verdicts << r << " " << static_cast<int>(all[r][4].item<double>()) << " " << verdict << " " << rate << " " << bw << " " << reason << "\n";
   }
   std::printf("all ranks: all-reduce bus bandwidth %.3f GB/s\n", world_bw);
   std::printf("%s\n", faulty ? "result: faulty ranks found" : stragglers ? "result: healthy, with stragglers" : "result: healthy");
@@ -133,25 +153,54 @@ int check_ranks(const LaunchEnv& env) {
   // launching process through a file instead (run_doctor).
   const char* result = std::getenv("STRATA_DOCTOR_RESULT");
   if (!result) return faulty ? 1 : 0;
-  if (faulty) std::ofstream(result) << "1";
+  std::ofstream(result) << verdicts.str();
   return 0;
 }
 
+// Runs the doctor under mpirun on `slots.size()` ranks (rank i on slots[i]; `slots` empty: -n
+// `ranks` on the default slots) and reads every rank's verdict back.
+std::vector<RankHealth> doctor_under_mpirun(int argc, char** argv, int64_t ranks, const std::vector<int>& slots, int& status) {
+  char pattern[] = "/tmp/strata-doctor-XXXXXX";
+  const int fd = ::mkstemp(pattern);
+  if (fd < 0) throw UserError("cannot create a temporary file: " + std::string(std::strerror(errno)));
+  ::close(fd);
+  ::setenv("STRATA_DOCTOR_RESULT", pattern, 1);
+  AttemptOptions options{ranks};
+  options.slots = slots;
+  status = run_under_mpirun(argc, argv, options).status;
+  ::unsetenv("STRATA_DOCTOR_RESULT");
+  std::vector<RankHealth> out;
+  std::ifstream in(pattern);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    RankHealth h;
+    if (!(fields >> h.rank >> h.slot >> h.verdict >> h.gflops >> h.pair_gbps)) continue;
+    std::getline(fields >> std::ws, h.reason);
+    out.push_back(h);
+  }
+  std::remove(pattern);
+  return out;
+}
+
 }  // namespace
+
+std::vector<RankHealth> check_health(const std::vector<int>& slots) {
+  std::string self = "strata", doctor = "doctor";
+  char* argv[] = {self.data(), doctor.data(), nullptr};
+  int status = 0;
+  std::vector<RankHealth> health = doctor_under_mpirun(2, argv, static_cast<int64_t>(slots.size()), slots, status);
+  if (health.size() != slots.size())
+    throw std::runtime_error("the health check (strata doctor) did not report every rank (exit status " + std::to_string(status) + ")");
+  return health;
+}
 
 int run_doctor(const Args& args) {
   allow_only(args, {"-n", "--ranks"});
   const LaunchEnv env = detect_launch_env();
   if (args.ranks > 1 && env.world_size == 1) {
-    char pattern[] = "/tmp/strata-doctor-XXXXXX";
-    const int fd = ::mkstemp(pattern);
-    if (fd < 0) throw UserError("cannot create a temporary file: " + std::string(std::strerror(errno)));
-    ::close(fd);
-    ::setenv("STRATA_DOCTOR_RESULT", pattern, 1);
-    const int status = run_under_mpirun(args.argc, args.argv, AttemptOptions{args.ranks}).status;
-    std::ifstream in(pattern);
-    const bool faulty = in.get() == '1';
-    std::remove(pattern);
+    int status = 0;
+    const std::vector<RankHealth> health = doctor_under_mpirun(args.argc, args.argv, args.ranks, {}, status);
+    const bool faulty = std::any_of(health.begin(), health.end(), [](const RankHealth& h) { return h.verdict == "faulty"; });
     return status != 0 ? status : faulty ? 1 : 0;
   }
   if (args.ranks > 1 && args.ranks != env.world_size)

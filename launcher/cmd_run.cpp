@@ -154,6 +154,14 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
     ::setenv("STRATA_RESTART_COUNT", std::to_string(options.attempt).c_str(), 1);
     ::setenv("STRATA_PROGRESS_DIR", progress.c_str(), 1);
     if (!options.flash_dir.empty()) ::setenv("STRATA_FLASH_DIR", options.flash_dir.c_str(), 1);
+    if (!options.slots.empty()) {
+      std::string slots;
+      for (int s : options.slots) {
+        if (!slots.empty()) slots += ",";
+        slots += std::to_string(s);
+      }
+      ::setenv(kSlotsEnv, slots.c_str(), 1);
+    }
     ::execvp("mpirun", exec_args.data());
     std::fprintf(stderr, "strata: error: cannot start mpirun (is openmpi-bin installed?): %s\n", std::strerror(errno));
     ::_exit(2);
@@ -216,7 +224,9 @@ int run_train(const Args& args) {
       supervision.first_attempt_resumes = args.resume;
       supervision.persist_pause = persist_pause_for_fault_injection();
     }
-    return supervise(supervision, [&](bool resume, int attempt, int64_t ranks) {
+    supervision.health_check = job.get_string("health_check");
+    return supervise(supervision, [&](bool resume, int attempt, const std::vector<int>& slots) {
+      const auto ranks = static_cast<int64_t>(slots.size());
       if (ranks != args.ranks) {  // elastic: the strategy must plan at the smaller world
         ComponentRegistry smaller_registry;
         LoadedPlan smaller;
@@ -225,7 +235,7 @@ int run_train(const Args& args) {
       }
       return run_under_mpirun(args.argc, args.argv,
                               AttemptOptions{ranks, resume, attempt, job.get_float("hang_timeout"), job.get_float("start_timeout"),
-                                             supervision.flash_dir.string()});
+                                             supervision.flash_dir.string(), slots});
     });
   }
   if (args.ranks > 1 && args.ranks != env.world_size)
@@ -237,6 +247,9 @@ int run_train(const Args& args) {
   if (loaded.plan.job.get_int("max_restarts") > 0 && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
     std::cerr << "strata: note: [job] max_restarts applies under `strata run -n N`; "
               << (env.world_size > 1 ? "ranks started by another launcher" : "a run in this process") << " is not restarted\n";
+  if (loaded.plan.job.get_string("health_check") != "off" && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
+    std::cerr << "strata: note: [job] health_check applies under `strata run -n N`; this run is not checked (run `strata doctor` "
+                 "before it)\n";
   run_training(loaded.plan, loaded.order, registry, RunOptions{args.out_dir, args.resume, args.overwrite});
   return 0;
 }

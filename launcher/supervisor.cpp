@@ -264,22 +264,82 @@ struct TimeAccount {
   double recomputed_s = 0;   // steps run again after a failure (their first run's step time)
   double hang_s = 0;         // no progress before a hang was declared
   double restart_s = 0;      // from a failure to the next start: persisting at breakpoint, backoff
+  double health_check_s = 0; // [job] health_check before the starts
   std::string fields(double wall, double kept) const {
     std::ostringstream out;
     out.precision(6);
     out << ",\"kept_step_s\":" << kept << ",\"checkpoint_blocking_s\":" << checkpoint_s << ",\"reload_s\":" << reload_s
         << ",\"recomputed_s\":" << recomputed_s << ",\"hang_s\":" << hang_s << ",\"restart_s\":" << restart_s
-        << ",\"other_s\":" << std::max(0.0, wall - kept - checkpoint_s - reload_s - recomputed_s - hang_s - restart_s);
+        << ",\"health_check_s\":" << health_check_s << ",\"other_s\":"
+        << std::max(0.0, wall - kept - checkpoint_s - reload_s - recomputed_s - hang_s - restart_s - health_check_s);
     return out.str();
   }
 };
 
+std::string slot_list(const std::vector<int>& slots) {
+  std::string out;
+  for (int s : slots) {
+    if (!out.empty()) out += ",";
+    out += std::to_string(s);
+  }
+  return out;
+}
+
+// [job] health_check before a start: runs the doctor on `slots`, records its figures, and with an
+// exclude policy leaves the slots it names out. Returns false when the run must stop (a named
+// slot may not be left out: min_ranks).
+bool check_before_start(const SupervisorOptions& options, int attempt, EventLog& events, std::vector<int>& slots) {
+  std::vector<RankHealth> health;
+  try {
+    health = options.check_health(slots);
+  } catch (const std::exception& e) {  // the attempt itself will show what is wrong
+    events.write("health", attempt, ",\"error\":" + json_string(e.what()));
+    std::cerr << "strata: health check failed (" << e.what() << "); starting anyway\n";
+    return true;
+  }
+  std::ostringstream ranks;
+  ranks.precision(4);
+  std::vector<int> bad;
+  std::string named;
+  for (const RankHealth& h : health) {
+    ranks << (&h == health.data() ? "" : ",") << "{\"rank\":" << h.rank << ",\"slot\":" << h.slot << ",\"verdict\":\"" << h.verdict
+          << "\",\"matmul_gflops\":" << h.gflops << ",\"pair_bus_gbps\":" << h.pair_gbps << "}";
+    if (h.verdict == "ok") continue;
+    named += (named.empty() ? "" : "; ") + std::string("slot ") + std::to_string(h.slot) + " (rank " + std::to_string(h.rank) +
+             ") " + h.verdict + ": " + h.reason;
+    if (h.verdict == "faulty" || options.health_check == "exclude_stragglers") bad.push_back(h.slot);
+  }
+  events.write("health", attempt, ",\"ranks\":[" + ranks.str() + "]");
+  if (named.empty()) return true;
+  std::cerr << "strata: health check: " << named << "\n";
+  if (options.health_check == "report" || bad.empty()) return true;
+  const int64_t remaining = static_cast<int64_t>(slots.size() - bad.size());
+  if (options.min_ranks == 0 || remaining < options.min_ranks || remaining < 1) {
+    std::cerr << "strata: error: the health check names slot" << (bad.size() > 1 ? "s " : " ") << slot_list(bad)
+              << ", and [job] min_ranks = " << options.min_ranks << " does not allow starting on " << remaining
+              << " ranks; fix or free the slots, or lower min_ranks, and resume with --resume\n";
+    events.write("exclude_refused", attempt, ",\"slots\":[" + slot_list(bad) + "],\"min_ranks\":" + std::to_string(options.min_ranks));
+    return false;
+  }
+  std::vector<int> kept;
+  for (int s : slots)
+    if (std::find(bad.begin(), bad.end(), s) == bad.end()) kept.push_back(s);
+  std::cerr << "strata: leaving slot" << (bad.size() > 1 ? "s " : " ") << slot_list(bad) << " out; starting on " << kept.size() << " ranks\n";
+  events.write("exclude", attempt,
+               ",\"slots\":[" + slot_list(bad) + "],\"from\":" + std::to_string(slots.size()) + ",\"to\":" + std::to_string(kept.size()));
+  slots = kept;
+  return true;
+}
+
 }  // namespace
 
-int supervise(const SupervisorOptions& options, const std::function<AttemptResult(bool resume, int attempt, int64_t ranks)>& attempt) {
+int supervise(const SupervisorOptions& options,
+              const std::function<AttemptResult(bool resume, int attempt, const std::vector<int>& slots)>& attempt) {
   const auto started = Clock::now();
   EventLog events(options.run_dir / "events.jsonl");
-  int64_t restarts = 0, recomputed_steps = 0, ranks = options.ranks;
+  int64_t restarts = 0, recomputed_steps = 0;
+  std::vector<int> slots(static_cast<size_t>(options.ranks));  // the device slots in use, one per rank
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int>(i);
   int previously_blamed = -1;
   double recovery_seconds = 0;
   TimeAccount account;
@@ -296,9 +356,16 @@ int supervise(const SupervisorOptions& options, const std::function<AttemptResul
     if (options.first_attempt_resumes) flash->persist_newest("start");
   }
   for (int n = 0;; ++n) {
+    if (options.health_check != "off") {
+      const auto checking = Clock::now();
+      const bool may_start = check_before_start(options, n, events, slots);
+      account.health_check_s += seconds_since(checking);
+      if (!may_start) return 1;
+    }
+    const int64_t ranks = static_cast<int64_t>(slots.size());
     events.write("start", n, (n == 0 ? std::string() : std::string(",\"resume\":true")) + ",\"ranks\":" + std::to_string(ranks));
     if (flash) flash->start();
-    const AttemptResult result = attempt(n > 0, n, ranks);
+    const AttemptResult result = attempt(n > 0, n, slots);
     // Persist at breakpoint: the newest snapshot goes to disk before anything else, failure or not.
     const auto attempt_ended = Clock::now();
     bool persisted = true;
@@ -366,8 +433,9 @@ int supervise(const SupervisorOptions& options, const std::function<AttemptResul
     if (blamed >= 0 && blamed == previously_blamed && options.min_ranks > 0 && ranks - 1 >= options.min_ranks) {
       std::cerr << "strata: rank " << blamed << " failed in two attempts in a row; continuing on " << ranks - 1 << " ranks\n";
       events.write("shrink", n,
-                   ",\"from\":" + std::to_string(ranks) + ",\"to\":" + std::to_string(ranks - 1) + ",\"excluded_rank\":" + std::to_string(blamed));
-      --ranks;
+                   ",\"from\":" + std::to_string(ranks) + ",\"to\":" + std::to_string(ranks - 1) + ",\"excluded_rank\":" + std::to_string(blamed) +
+                       ",\"slot\":" + std::to_string(slots[static_cast<size_t>(blamed)]));
+      slots.erase(slots.begin() + blamed);
       previously_blamed = -1;
     } else {
       previously_blamed = blamed;

@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace strata::cli {
 
@@ -37,7 +38,18 @@ struct AttemptOptions {
   double hang_timeout = 0;    // [job] hang_timeout
   double start_timeout = 600; // [job] start_timeout
   std::string flash_dir;      // STRATA_FLASH_DIR for the ranks; empty: no flash checkpoints
+  std::vector<int> slots;     // STRATA_SLOTS for the ranks (strata/core/launch_env.h); empty: the default
 };
+
+// One rank's figures and verdict from the health check (`strata doctor`, cmd_doctor.cpp).
+struct RankHealth {
+  int rank = 0, slot = 0;
+  std::string verdict;  // "ok", "straggler" or "faulty"
+  double gflops = 0, pair_gbps = 0;
+  std::string reason;
+};
+// Runs `strata doctor` on one rank per slot; throws when it does not report every rank.
+std::vector<RankHealth> check_health(const std::vector<int>& slots);
 
 // Watches the ranks' progress files (strata/core/progress.h) while an attempt runs. When no
 // rank's progress moves for the deadline, it names the collective some ranks wait in and the
@@ -83,6 +95,10 @@ struct SupervisorOptions {
   int64_t checkpoint_every = 0, keep_checkpoints = 3;
   bool first_attempt_resumes = false;  // --resume: snapshots a killed supervisor left are kept
   double persist_pause = 0;            // fault injection: STRATA_FAULT "slow_persist SECONDS"
+  // [job] health_check: "off", "report", "exclude" (faulty slots), "exclude_stragglers"; run
+  // through check_health before every start. Excluding needs min_ranks > 0 and enough left.
+  std::string health_check = "off";
+  std::function<std::vector<RankHealth>(const std::vector<int>& slots)> check_health = strata::cli::check_health;
 };
 
 // The step of the newest checkpoint directory of a run (checkpoints/step_NNNNNNNN), or 0.
@@ -93,8 +109,10 @@ int64_t newest_checkpoint_step(const std::filesystem::path& run_dir);
 // Errors the ranks report are printed once (cmd_run.cpp).
 AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& options);
 
-// Runs attempt(resume, n, ranks) until it succeeds or may not be retried; attempt 0 runs as
-// asked, later ones resume. Returns the exit status for `strata run`.
-int supervise(const SupervisorOptions& options, const std::function<AttemptResult(bool resume, int attempt, int64_t ranks)>& attempt);
+// Runs attempt(resume, n, slots) until it succeeds or may not be retried; attempt 0 runs as
+// asked, later ones resume. `slots`: one device slot per rank (strata/core/launch_env.h), all
+// of 0..ranks-1 at first; the health check and the elastic shrink leave slots out. Returns the exit status for `strata run`.
+int supervise(const SupervisorOptions& options,
+              const std::function<AttemptResult(bool resume, int attempt, const std::vector<int>& slots)>& attempt);
 
 }  // namespace strata::cli

@@ -42,6 +42,11 @@ const Schema& job_schema() {
                "Elastic world size under `strata run -n N`: when the same rank fails in two attempts in a row, continue "
                "on one rank fewer while at least min_ranks remain (0 = never shrink)",
                at_least(0))
+      .string("health_check", "off",
+              "Run `strata doctor` on the ranks before every start of `strata run -n N`: \"report\" prints and records "
+              "each rank's figures and verdict; \"exclude\" also leaves faulty ranks out of the start (as min_ranks allows); "
+              "\"exclude_stragglers\" leaves out stragglers too",
+              {"off", "report", "exclude", "exclude_stragglers"})
       .real("restart_backoff", 1.0, "Seconds before the first restart, doubling with each further one (capped at 60)", between(0, 3600))
       .string("run_dir", "runs/default", "Directory for metrics, logs and checkpoints (strata run --out overrides)")
       .string("device", "cpu", "Device to train on: cpu, cuda or cuda:N")

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "strata/errors.h"
 
@@ -46,6 +48,16 @@ LaunchEnv detect_launch_env() {
   if (env.rank >= env.world_size)
     throw UserError("launcher environment gives rank " + std::to_string(env.rank) + " of a world of " +
                     std::to_string(env.world_size));
+  env.slot = env.local_rank;
+  if (const char* slots = std::getenv(kSlotsEnv); slots && *slots) {
+    std::vector<int> list;
+    std::istringstream in(slots);
+    for (std::string one; std::getline(in, one, ',');) list.push_back(std::stoi(one));
+    if (static_cast<int>(list.size()) != env.world_size)
+      throw UserError(std::string(kSlotsEnv) + "=" + slots + " lists " + std::to_string(list.size()) + " slots for " +
+                      std::to_string(env.world_size) + " ranks");
+    env.slot = list[static_cast<size_t>(env.rank)];
+  }
   return env;
 }
 

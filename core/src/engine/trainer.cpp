@@ -418,7 +418,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   const int64_t threads = job_cfg.get_int("threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, cores / static_cast<unsigned>(env.local_size))));
-  const c10::Device device = parse_device(job_cfg.get_string("device"), env.local_rank);
+  const c10::Device device = parse_device(job_cfg.get_string("device"), env.slot);
   // Denormal floats make CPU arithmetic many times slower (seen: PyTorch eager's backward 3.7x
   // slower by the fourth step of a GPT); flushing them to zero changes results only below 1e-38.
   at::globalContext().setFlushDenormal(true);

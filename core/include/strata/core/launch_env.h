@@ -10,8 +10,14 @@ namespace strata {
 
 struct LaunchEnv {
   int rank = 0, world_size = 1, local_rank = 0, local_size = 1;
+  // The device slot this rank runs on: local_rank, unless `strata run -n N` excluded slots its
+  // health check found faulty and lists the ones in use in $STRATA_SLOTS ("0,2,3": rank 1 runs
+  // on slot 2). A CUDA job takes device slot % device count.
+  int slot = 0;
   std::string launcher = "none";  // "openmpi", "pmi", "slurm", "torchrun", "none"
 };
+
+inline constexpr const char* kSlotsEnv = "STRATA_SLOTS";
 
 STRATA_API LaunchEnv detect_launch_env();
 
