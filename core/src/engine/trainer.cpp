@@ -171,23 +171,46 @@ struct SavedState {
 };
 
 // What this rank writes (as the tensors are, on their device: a flash snapshot copies them
-// straight into shared memory, a disk save through for_disk). A tensor (or piece) that every data rank holds alike is written by one
-// of them (the k-th such tensor by data rank k mod dp), so replicas write no byte twice and share
-// the writing; pieces sharded over the data ranks and per-rank state (the RNG) are written by
-// their own rank.
+// straight into shared memory, a disk save through for_disk). A tensor (or piece) that every
+// data rank holds alike is written by one of them, so replicas write no byte twice; they are
+// shared out by bytes (largest first, each to the data rank with the fewest bytes so far, the
+// same on every rank), since a snapshot or save waits for the rank with the most. Pieces sharded
+// over the data ranks and per-rank state (the RNG) are written by their own rank.
 SavedState gather_state(const Job& job) {
-  SavedState out;
-  const int dp = job.topology->size(Dim::Data), dp_rank = job.topology->rank_in(Dim::Data);
-  int64_t replicated = 0;
+  struct Entry {
+    std::string name;
+    at::Tensor tensor;
+    std::optional<Placement> placement;
+    bool replicated;
+  };
+  std::vector<Entry> entries;
   for (const auto& [key, state] : job.states()) {
     const Placements placements = state->placements();
     for (auto& [name, tensor] : state->save()) {
       const auto placement = placements.find(name);
       const bool data_sharded = placement != placements.end() && placement->second.is_sharded_over(Dim::Data);
-      if (state->same_on_data_ranks() && !data_sharded && replicated++ % dp != dp_rank) continue;
-      out.tensors.emplace_back(key + "/" + name, tensor.detach());
-      if (placement != placements.end()) out.placements.emplace(key + "/" + name, placement->second);
+      entries.push_back({key + "/" + name, tensor.detach(),
+                         placement != placements.end() ? std::optional<Placement>(placement->second) : std::nullopt,
+                         state->same_on_data_ranks() && !data_sharded});
     }
+  }
+  const int dp = job.topology->size(Dim::Data), dp_rank = job.topology->rank_in(Dim::Data);
+  std::vector<size_t> by_size;
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (entries[i].replicated) by_size.push_back(i);
+  std::stable_sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) { return entries[a].tensor.nbytes() > entries[b].tensor.nbytes(); });
+  std::vector<int> writer(entries.size(), dp_rank);
+  std::vector<uint64_t> bytes(static_cast<size_t>(dp), 0);
+  for (size_t i : by_size) {
+    const auto least = std::min_element(bytes.begin(), bytes.end()) - bytes.begin();
+    writer[i] = static_cast<int>(least);
+    bytes[static_cast<size_t>(least)] += entries[i].tensor.nbytes();
+  }
+  SavedState out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (writer[i] != dp_rank) continue;
+    out.tensors.emplace_back(entries[i].name, entries[i].tensor);
+    if (entries[i].placement) out.placements.emplace(entries[i].name, *entries[i].placement);
   }
   return out;
 }
@@ -665,8 +688,10 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   // A checkpoint of `step`: a flash snapshot when the supervisor persists them (falling back to
   // disk for the rest of the run when any rank's shared memory cannot hold it), else a disk save.
   // Returns the seconds training was blocked.
+  bool snapshot_skipped = false;  // by some rank, at the last save
   auto save = [&](int64_t step, bool to_disk) {
     const auto started = std::chrono::steady_clock::now();
+    snapshot_skipped = false;
     const SavedState state = gather_state(job);
     if (flash) {
       std::string problem;
@@ -675,11 +700,13 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
       const FlashWrite outcome = flash->write({step, plan.layout.world_size, state_hash(plan)}, state.tensors,
                                         engine::checkpoint_file_metadata(step, state.placements), problem,
                                         [&] { inject_fault(env.rank, step, "snapshot"); });
-      const bool written = outcome != FlashWrite::Failed;
-      at::Tensor failed = at::tensor(written ? 0 : 1, at::kInt).to(device);
-      topology->world().all_reduce(failed, ReduceOp::Max)->wait();
-      if (failed.item<int>() == 0) {
+      at::Tensor outcomes =  // ranks that failed, ranks that skipped
+          at::tensor(std::vector<int>{outcome == FlashWrite::Failed ? 1 : 0, outcome == FlashWrite::Skipped ? 1 : 0}, at::kInt).to(device);
+      topology->world().all_reduce(outcomes, ReduceOp::Sum)->wait();
+      outcomes = outcomes.cpu();
+      if (outcomes[0].item<int>() == 0) {
         if (outcome == FlashWrite::Written && inject_fault(env.rank, step, "snapshot_done")) flash->damage_newest();
+        snapshot_skipped = outcomes[1].item<int>() > 0;
         return seconds_since(started);
       }
       console.message("flash checkpoints off: " + (problem.empty() ? std::string("another rank's shared memory is full") : problem) +
@@ -754,7 +781,9 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
       progress.beat(step, StepPhase::Checkpointing);
       const double blocked = save(step, disk_due);
       progress.add_checkpoint_time(blocked);
-      record.extra.emplace_back("checkpoint_ms", blocked * 1000.0);
+      // A snapshot some rank skipped (its older slot was being persisted) is told apart: it cost
+      // the agreement only, and the newest complete snapshot is an older one.
+      record.extra.emplace_back(snapshot_skipped ? "snapshot_skipped_ms" : "checkpoint_ms", blocked * 1000.0);
     }
     if (metrics) metrics->write(record);
     console.step(record);
