@@ -24,5 +24,6 @@ int run_ckpt(const Args& args);
 int run_ops(const Args& args);
 int run_docs(const Args& args);
 int run_doctor(const Args& args);
+int run_report(const Args& args);
 
 }  // namespace strata::cli

@@ -76,6 +76,15 @@ const std::vector<Command>& commands() {
        "named a straggler; one that fails or computes a different result is faulty (exit status 1).\n\n"
        "  -n, --ranks N        number of local ranks (started through mpirun)\n",
        run_doctor},
+      {"report", "Write an HTML report of runs: loss, learning rate, throughput, memory and goodput curves",
+       "usage: strata report RUN_DIR... [-o FILE]\n\n"
+       "Reads each run's metrics.jsonl (and events.jsonl, strategy.toml where present) and writes one\n"
+       "self-contained HTML file (inline SVG, no script, no network): a summary table; curves of loss\n"
+       "and validation loss, learning rate, tokens/s, step time, peak memory, gradient norm and\n"
+       "checkpoint blocking with the runs overlaid; each supervised run's goodput breakdown; and\n"
+       "each run's strategy.\n\n"
+       "  -o, --output FILE    the HTML file to write (default report.html)\n",
+       run_report},
   };
   return list;
 }
