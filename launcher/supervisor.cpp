@@ -218,8 +218,9 @@ void HangWatch::watch() {
       std::ostringstream one;
       one.precision(3);
       one << (r ? "," : "") << "{\"rank\":" << r << ",\"pid\":" << p.pid << ",\"step\":" << p.step << ",\"phase\":"
-          << json_string(step_phase_name(static_cast<StepPhase>(p.phase))) << ",\"idle_s\":" << seconds_since(changed[static_cast<size_t>(r)])
-          << "}";
+          << json_string(step_phase_name(static_cast<StepPhase>(p.phase)));
+      if (p.micro >= 0) one << ",\"micro_batch\":" << p.micro << ",\"in\":\"" << (p.micro_backward ? "backward" : "forward") << "\"";
+      one << ",\"idle_s\":" << seconds_since(changed[static_cast<size_t>(r)]) << "}";
       detail += one.str();
     }
     detail += "]";
@@ -234,9 +235,11 @@ void HangWatch::watch() {
     cause << "hang: no rank made progress for " << idle << " s (deadline " << deadline << " s); ";
     if (!collective.culprits.empty()) {
       cause << collective.cause;
-      for (int r : collective.culprits)
-        cause << "; rank " << r << " is at step " << last[static_cast<size_t>(r)].step << ", "
-              << step_phase_name(static_cast<StepPhase>(last[static_cast<size_t>(r)].phase));
+      for (int r : collective.culprits) {
+        const ProgressRecord& p = last[static_cast<size_t>(r)];
+        cause << "; rank " << r << " is at step " << p.step << ", " << step_phase_name(static_cast<StepPhase>(p.phase));
+        if (p.micro >= 0) cause << " (micro-batch " << p.micro << ", " << (p.micro_backward ? "backward" : "forward") << ")";
+      }
     } else {
       if (culprits.empty())
         cause << "every rank stopped at step " << behind.first << ", " << step_phase_name(static_cast<StepPhase>(behind.second));

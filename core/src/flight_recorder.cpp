@@ -267,6 +267,10 @@ std::string flight_record_json(const std::vector<ProgressFile>& files, const std
                                    {"step", file.progress.step},
                                    {"phase", step_phase_name(static_cast<StepPhase>(file.progress.phase))},
                                    {"collectives_issued", file.progress.collectives}};
+    if (file.progress.micro >= 0) {
+      rank["micro_batch"] = file.progress.micro;
+      rank["in"] = file.progress.micro_backward ? "backward" : "forward";
+    }
     const size_t from = flight.entries.size() > static_cast<size_t>(last) ? flight.entries.size() - static_cast<size_t>(last) : 0;
     nlohmann::ordered_json ops = nlohmann::ordered_json::array();
     for (size_t i = from; i < flight.entries.size(); ++i) {

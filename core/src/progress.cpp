@@ -82,6 +82,14 @@ void ProgressBeacon::beat(int64_t step, StepPhase phase) {
   if (!record_) return;
   record_->step = step;
   record_->phase = static_cast<int32_t>(phase);
+  record_->micro = -1;
+  __atomic_store_n(&record_->beats, record_->beats + 1, __ATOMIC_RELEASE);
+}
+
+void ProgressBeacon::beat_micro(int64_t micro, bool backward) {
+  if (!record_) return;
+  record_->micro = static_cast<int32_t>(micro);
+  record_->micro_backward = backward ? 1 : 0;
   __atomic_store_n(&record_->beats, record_->beats + 1, __ATOMIC_RELEASE);
 }
 

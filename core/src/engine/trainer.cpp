@@ -46,6 +46,7 @@ namespace {
 // (STRATA_RESTART_COUNT 0) so that the restarted ranks run clean, or in every attempt with
 // STRATA_FAULT_EVERY_ATTEMPT set (to test giving up). At `point`:
 //   "step"     (as step STEP starts; STEP 0: at start-up) kill: SIGKILL, stop: SIGSTOP;
+//   "backward" (as the backward of step STEP's first micro-batch starts) stop_in_backward: SIGSTOP;
 //   "snapshot" (halfway through the flash copy of step STEP) kill_in_snapshot: SIGKILL;
 //   "snapshot_done" (after the flash snapshot of step STEP) corrupt_snapshot: returns true, and
 //              the caller flips a byte of that snapshot.
@@ -62,6 +63,7 @@ bool inject_fault(int rank, int64_t step, const std::string& point = "step") {
     if (!(in >> kind >> fault_rank >> fault_step) || fault_rank != rank || fault_step != step) continue;
     if (point == "step" && kind == "kill") std::raise(SIGKILL);
     if (point == "step" && kind == "stop") std::raise(SIGSTOP);
+    if (point == "backward" && kind == "stop_in_backward") std::raise(SIGSTOP);
     if (point == "snapshot" && kind == "kill_in_snapshot") std::raise(SIGKILL);
     if (point == "snapshot_done" && kind == "corrupt_snapshot") return true;
   }
@@ -451,6 +453,12 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
 
   Job job(plan.job, plan.model, plan.data, plan.optimizer, device);
   job.topology = topology;
+  // The micro-batch in flight, for the supervisor's hang report (pipelines run them out of order).
+  job.add_hook(HookPoint::BeforeForward, [&progress](StepContext& c) { progress.beat_micro(c.micro, false); });
+  job.add_hook(HookPoint::BeforeBackward, [&progress, rank = env.rank](StepContext& c) {
+    progress.beat_micro(c.micro, true);
+    if (c.micro == 0) inject_fault(rank, c.step, "backward");
+  });
   // Built at this rank's local shapes: split layers hold only its tensor-parallel piece.
   try {
     job.model = static_cast<const ModelFactory*>(plan.model_component)

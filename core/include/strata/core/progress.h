@@ -43,6 +43,8 @@ struct ProgressRecord {
   int64_t restore_ns = 0;
   int32_t restored_from = 0;  // RestoreSource
   int32_t groups = 0;         // entries of the group table in use
+  int32_t micro = -1;         // the micro-batch whose forward (or backward) runs, -1 outside them
+  int32_t micro_backward = 0; // 1: in its backward
   int64_t collectives = 0;    // collectives issued so far; the newest is flight[(collectives - 1) % kFlightLength]
 };
 
@@ -90,6 +92,8 @@ class STRATA_API ProgressBeacon {
   ProgressBeacon(const ProgressBeacon&) = delete;
   ProgressBeacon& operator=(const ProgressBeacon&) = delete;
   void beat(int64_t step, StepPhase phase);
+  // Within the gradient phase: the micro-batch whose forward or backward starts (a beat too).
+  void beat_micro(int64_t micro, bool backward);
   void add_checkpoint_time(double seconds);
   void set_restore(double seconds, RestoreSource source);
 
