@@ -145,20 +145,25 @@ void ProgressBeacon::collective_done(int64_t ticket) {
   __atomic_store_n(&file_->flight[ticket % kFlightLength].done_ns, wall_ns(), __ATOMIC_RELEASE);
 }
 
-bool read_progress_file(const std::filesystem::path& dir, int rank, ProgressFile& out) {
+namespace {
+
+// The first `bytes` of rank's progress file into `out`; false when it is missing or shorter.
+bool read_progress_prefix(const std::filesystem::path& dir, int rank, void* out, size_t bytes) {
   const int fd = ::open(progress_file(dir, rank).c_str(), O_RDONLY);
   if (fd < 0) return false;
-  const bool complete = ::pread(fd, &out, sizeof out, 0) == static_cast<ssize_t>(sizeof out);
+  const bool complete = ::pread(fd, out, bytes, 0) == static_cast<ssize_t>(bytes);
   ::close(fd);
   return complete;
 }
 
+}  // namespace
+
+bool read_progress_file(const std::filesystem::path& dir, int rank, ProgressFile& out) {
+  return read_progress_prefix(dir, rank, &out, sizeof out);
+}
+
 bool read_progress(const std::filesystem::path& dir, int rank, ProgressRecord& out) {
-  const int fd = ::open(progress_file(dir, rank).c_str(), O_RDONLY);
-  if (fd < 0) return false;
-  const bool complete = ::pread(fd, &out, sizeof out, 0) == static_cast<ssize_t>(sizeof out);
-  ::close(fd);
-  return complete;
+  return read_progress_prefix(dir, rank, &out, sizeof out);
 }
 
 }  // namespace strata
