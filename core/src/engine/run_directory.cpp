@@ -20,10 +20,13 @@ namespace {
 
 constexpr const char* kLockFile = ".strata.lock";
 
-// What a run writes into its directory; nothing else is ever removed.
-const std::set<std::string>& run_files() {
+// What a run writes into its directory; nothing else is ever removed. The supervisor adds a
+// flight_record_attempt_N.json for each hang.
+bool is_run_file(const std::string& name) {
   static const std::set<std::string> names{"strategy.toml", "metrics.jsonl", "events.jsonl", "checkpoints", "logs"};
-  return names;
+  const std::string flight = "flight_record_attempt_";
+  return names.count(name) > 0 || (name.rfind(flight, 0) == 0 && name.size() > flight.size() + 5 &&
+                                   name.compare(name.size() - 5, 5, ".json") == 0);
 }
 
 std::string pid_in(int fd) {
@@ -59,7 +62,7 @@ RunDirectoryClaim::RunDirectoryClaim(const fs::path& dir, bool resume, bool over
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (name == kLockFile) continue;
-    (run_files().count(name) ? ours : foreign).push_back(name);
+    (is_run_file(name) ? ours : foreign).push_back(name);
   }
   std::sort(ours.begin(), ours.end());
   std::sort(foreign.begin(), foreign.end());
