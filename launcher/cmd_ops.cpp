@@ -9,23 +9,6 @@
 
 namespace strata::cli {
 
-namespace {
-
-std::string support_text(const ops::Support& support) {
-  std::string out;
-  auto list = [&](const auto& items, auto name) {
-    if (items.empty()) return std::string("any");
-    std::string s;
-    for (const auto& i : items) s += (s.empty() ? "" : "/") + name(i);
-    return s;
-  };
-  out += "devices " + list(support.devices, [](c10::DeviceType t) { return c10::DeviceTypeName(t, true); });
-  out += ", dtypes " + list(support.dtypes, [](c10::ScalarType t) { return std::string(c10::toString(t)); });
-  return out;
-}
-
-}  // namespace
-
 int run_ops(const Args& args) {
   allow_only(args, {});
   if (!args.positional.empty()) throw UserError("'strata ops' takes no arguments");
@@ -39,7 +22,7 @@ int run_ops(const Args& args) {
               << ", cpu bfloat16: " << table.select(op, cpu_bf16).name() << ")\n";
     for (const auto* impl : table.implementations(op)) {
       const PluginRecord* plugin = registry.plugin_of(impl);
-      std::cout << "  " << impl->name() << "  priority " << impl->priority() << ", " << support_text(impl->support())
+      std::cout << "  " << impl->name() << "  priority " << impl->priority() << ", " << impl->support().str()
                 << ", from " << (plugin ? "plugin " + plugin->name : std::string("core")) << " - " << impl->info().summary << "\n";
     }
   }

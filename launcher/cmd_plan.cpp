@@ -137,8 +137,7 @@ void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
     }
   for (size_t i : order) {
     const PassEntry& p = plan.passes[i];
-    const std::string text = p.pass->describe_plan(
-        p.config, PlanFacts{plan.job, plan.model, *static_cast<const ModelFactory*>(plan.model_component), mesh_sizes(plan)});
+    const std::string text = p.pass->describe_plan(p.config, plan_facts(plan));
     if (!text.empty()) std::cout << "\n" << text;
   }
   std::cout << "\nStep program (stages in the order one optimizer step runs them; evaluate every [job] eval_every):\n"

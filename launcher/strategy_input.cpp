@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "common.h"
+#include "strata/core/operator_table.h"
 #include "strata/core/pass_manager.h"
 #include "strata/errors.h"
 
@@ -19,6 +20,8 @@ bool load_plan(const Args& args, int64_t world_size, ComponentRegistry& registry
     out.plan = resolve_strategy(raw, registry, world_size, diagnostics);
     out.order = order_passes(out.plan.passes, diagnostics);
     check_claims(out.plan, registry, diagnostics);
+    // Plan-time checks of operator choices (module_replace) read the operator table.
+    OperatorTable::global().install(registry);
     out.data_not_checked = check_sizes(out.plan, diagnostics);
   }
   if (diagnostics.ok()) return true;

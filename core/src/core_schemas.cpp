@@ -18,6 +18,10 @@ const Schema& job_schema() {
       .integer("threads", 0, "CPU threads for intra-op parallelism; 0 = all cores", at_least(0))
       .real("peak_tflops", 0.0, "Peak TFLOP/s of one device for MFU; 0 = not reported", at_least(0))
       .integer("log_every", 10, "Optimizer steps between console metric lines", at_least(1))
+      .integer("profile_steps", 0,
+               "Steps timed per operator after 2 warm-up steps: each rank writes profile_rank<R>.md into the run directory "
+               "(ATen operators and autograd nodes by self time, as torch.profiler's self CPU); 0 = off",
+               at_least(0))
       .integer("eval_every", 0, "Optimizer steps between evaluations; 0 = never", at_least(0))
       .integer("checkpoint_every", 0, "Optimizer steps between checkpoints; 0 = only at the end", at_least(0))
       .integer("flash_every", 0,

@@ -121,15 +121,16 @@ at::Tensor Linear::forward(const at::Tensor& x) {
   // A row-split layer's outputs are partial sums: its bias goes in after on_output sums them.
   const bool bias_after = bias.defined() && parallel_style == ParallelStyle::Row && shard.parts > 1;
   const at::Tensor b = bias.defined() ? through(hooks.on_bias, bias) : bias;
-  if (split_weight_gradient && !hooks.on_weight && at::GradMode::is_enabled()) {
+  if (split_weight_gradient && !hooks.on_weight && !hooks.compute && at::GradMode::is_enabled()) {
     // No bias is an empty tensor: autograd functions take defined tensors only.
     const at::Tensor no_bias = at::empty({0}, weight.options().requires_grad(false));
     at::Tensor y = through(hooks.on_output, LinearSplitWeightGradient::apply(through(hooks.on_input, x), weight,
                                                                              bias_after || !b.defined() ? no_bias : b));
     return bias_after ? y + b : y;
   }
-  at::Tensor y = ops::linear(through(hooks.on_input, x), through(hooks.on_weight, weight),
-                             b.defined() && !bias_after ? std::optional<at::Tensor>(b) : std::nullopt);
+  const std::optional<at::Tensor> inner_bias = b.defined() && !bias_after ? std::optional<at::Tensor>(b) : std::nullopt;
+  at::Tensor y = hooks.compute ? hooks.compute(through(hooks.on_input, x), through(hooks.on_weight, weight), inner_bias)
+                               : ops::linear(through(hooks.on_input, x), through(hooks.on_weight, weight), inner_bias);
   y = through(hooks.on_output, y);
   return bias_after ? y + b : y;
 }
@@ -152,7 +153,9 @@ at::Tensor Embedding::forward(const at::Tensor& ids_in) {
 }
 
 at::Tensor TiedLinear::forward(const at::Tensor& x) {
-  return through(hooks.on_output, ops::linear(through(hooks.on_input, x), embedding_->weight, std::nullopt));
+  const at::Tensor input = through(hooks.on_input, x);
+  return through(hooks.on_output, hooks.compute ? hooks.compute(input, embedding_->weight, std::nullopt)
+                                                : ops::linear(input, embedding_->weight, std::nullopt));
 }
 
 LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps_, ParallelStyle style) : eps(eps_), parallel_style(style) {

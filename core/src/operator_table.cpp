@@ -8,11 +8,27 @@ namespace strata {
 
 namespace ops {
 
-bool Support::accepts(const at::Tensor& probe) const {
+bool Support::accepts(const at::Tensor& probe) const { return accepts(probe.device().type(), probe.scalar_type()); }
+
+bool Support::accepts(c10::DeviceType device, c10::ScalarType dtype) const {
   auto has = [](const auto& list, auto value) {
     return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
   };
-  return has(devices, probe.device().type()) && has(dtypes, probe.scalar_type());
+  return has(devices, device) && has(dtypes, dtype);
+}
+
+std::string Support::str() const {
+  auto list = [](const auto& items, auto name) {
+    if (items.empty()) return std::string("any");
+    std::string s;
+    for (const auto& i : items) {
+      if (!s.empty()) s += "/";
+      s += name(i);
+    }
+    return s;
+  };
+  return "devices " + list(devices, [](c10::DeviceType t) { return c10::DeviceTypeName(t, true); }) + ", dtypes " +
+         list(dtypes, [](c10::ScalarType t) { return std::string(c10::toString(t)); });
 }
 
 OperatorImplBase::OperatorImplBase(std::string impl_name, std::string summary, std::string op, Support support, int priority,
@@ -48,6 +64,13 @@ const std::string& BlockScope::name() { return or_empty(current_block_name); }
 const std::string& BlockScope::type() { return or_empty(current_block_type); }
 
 const OperatorImplBase& select(const std::string& op, const at::Tensor& probe) { return OperatorTable::global().select(op, probe); }
+std::vector<std::string> operator_names() { return OperatorTable::global().operators(); }
+std::vector<const OperatorImplBase*> implementations(const std::string& op) {
+  const auto names = OperatorTable::global().operators();
+  if (std::find(names.begin(), names.end(), op) == names.end())
+    throw UserError("unknown operator '" + op + "' (see `strata ops`)");
+  return OperatorTable::global().implementations(op);
+}
 void pin(const std::string& op, const std::string& impl, const std::vector<std::string>& blocks) {
   OperatorTable::global().pin(op, impl, blocks);
 }
@@ -169,6 +192,10 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return pick<Sw
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) { return pick<Rope>(x)(x, cos, sin); }
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
   return pick<CrossEntropy>(logits)(logits, targets);
+}
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                const at::Tensor& targets) {
+  return pick<LinearCrossEntropy>(hidden)(hidden, weight, bias, targets);
 }
 void agd_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_diff_sq,
                 const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z, const AgdHyper& hyper) {

@@ -106,6 +106,12 @@ at::Tensor cross_entropy_reference(const at::Tensor& logits, const at::Tensor& t
   return at::cross_entropy_loss(logits.to(at::kFloat), targets);
 }
 
+// The logits written out: what the fused implementations must equal.
+at::Tensor linear_cross_entropy_reference(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                          const at::Tensor& targets) {
+  return at::cross_entropy_loss(at::linear(hidden, weight, bias).to(at::kFloat), targets);
+}
+
 // Written step for step from the formulas, one ATen operation each; the fused implementations
 // are tested against it.
 void agd_update_reference(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
@@ -172,6 +178,8 @@ void OperatorTable::reset() {
            reference<ops::SwiGlu>("silu(gate) * up", swiglu_reference),
            reference<ops::Rope>("rotary embedding, rotate-half layout", rope_reference),
            reference<ops::CrossEntropy>("mean cross entropy in fp32", cross_entropy_reference),
+           reference<ops::LinearCrossEntropy>("at::linear, then mean cross entropy in fp32 (the [N, V] logits written out)",
+                                              linear_cross_entropy_reference),
            reference<ops::AgdUpdate>("AGD step, one ATen operation per formula line", agd_update_reference),
        }) {
     table_[impl->op()].push_back(impl);

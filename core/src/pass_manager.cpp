@@ -64,10 +64,16 @@ std::vector<size_t> order_passes(const std::vector<PassEntry>& passes, Diagnosti
                                          "', which the strategy does not enable; add a [[pass]] with name = \"" + needed + "\"");
     for (const auto& other : ordering.conflicts_with) {
       auto it = slot.find(other);
-      // Report each conflicting pair once, at the later of the two.
-      if (it != slot.end() && enabled[it->second] < i)
-        diagnostics.error(entry.pos, "pass '" + entry.pass->name() + "' conflicts with pass '" + other + "' (at " +
-                                         passes[enabled[it->second]].pos.str() + "); enable only one of them");
+      if (it == slot.end()) continue;
+      const size_t j = enabled[it->second];
+      // Report each conflicting pair once, at the later of the two, whichever declared it.
+      const StringList& theirs = passes[j].pass->ordering().conflicts_with;
+      const bool mutual = std::find(theirs.begin(), theirs.end(), entry.pass->name()) != theirs.end();
+      if (mutual && j > i) continue;
+      const PassEntry& later = passes[std::max(i, j)];
+      const PassEntry& earlier = passes[std::min(i, j)];
+      diagnostics.error(later.pos, "pass '" + later.pass->name() + "' conflicts with pass '" + earlier.pass->name() + "' (at " +
+                                       earlier.pos.str() + "); enable only one of them");
     }
   }
 

@@ -7,6 +7,9 @@
 
 #include <filesystem>
 
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
 #include "engine/sampler.h"
 #include "strata/data.h"
 #include "strata/model.h"
@@ -250,6 +253,22 @@ MeshSizes mesh_sizes(const ResolvedStrategy& plan) {
   return {l.data, l.tensor, l.pipeline, l.context, micro_batch > 0 ? std::max<int64_t>(1, local_batch / micro_batch) : 1};
 }
 
+PlanFacts plan_facts(const ResolvedStrategy& plan) {
+  PlanFacts facts{plan.job, plan.model, *static_cast<const ModelFactory*>(plan.model_component), mesh_sizes(plan)};
+  try {
+    facts.device = c10::Device(plan.job.get_string("device")).type();
+  } catch (const c10::Error&) {
+    // [job] device is checked when the job starts; the plan's checks assume the CPU meanwhile.
+  }
+  for (const auto& entry : plan.passes)
+    if (entry.enabled)
+      if (const auto dtype = entry.pass->compute_dtype(entry.config)) {
+        facts.compute_dtype = *dtype;
+        facts.compute_dtype_by = entry.pass->name();
+      }
+  return facts;
+}
+
 std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
   if (!diagnostics.ok()) return {};  // sizes of a strategy with errors mean nothing
   const SourcePos data_pos = plan.data_pos;
@@ -277,6 +296,11 @@ std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) 
   for (const auto& entry : plan.passes)
     if (entry.enabled)
       if (const std::string problem = entry.pass->size_problem(entry.config, plan.model, mesh); !problem.empty())
+        diagnostics.error(entry.pos, problem);
+  const PlanFacts facts = plan_facts(plan);
+  for (const auto& entry : plan.passes)
+    if (entry.enabled)
+      if (const std::string problem = entry.pass->plan_problem(entry.config, facts); !problem.empty())
         diagnostics.error(entry.pos, problem);
   std::unique_ptr<TokenDataset> data;
   try {

@@ -96,6 +96,10 @@ class AmpPass final : public Pass {
       diagnostics.error(section, "pass 'amp' backoff_factor must be strictly between 0 and 1");
   }
 
+  std::optional<c10::ScalarType> compute_dtype(const Config& config) const override {
+    return config.get_string("dtype") == "fp16" ? at::kHalf : at::kBFloat16;
+  }
+
   void apply(Job& job, const Config& config) const override {
     const bool fp16 = config.get_string("dtype") == "fp16";
     const Settings settings{dtype_named(config.get_string("dtype")),

@@ -15,6 +15,10 @@ class HalfPass final : public Pass {
               Schema().string("dtype", "bf16", "Parameter and compute dtype", {"bf16", "fp16"})},
              {Phase::Precision, {}, {"amp"}, {}, {}}) {}
 
+  std::optional<c10::ScalarType> compute_dtype(const Config& config) const override {
+    return config.get_string("dtype") == "fp16" ? at::kHalf : at::kBFloat16;
+  }
+
   // Before the wrapping passes, so ddp buckets and zero/fsdp units are built from half tensors.
   void apply(Job& job, const Config& config) const override {
     job.model->to(config.get_string("dtype") == "fp16" ? at::kHalf : at::kBFloat16);

@@ -1,6 +1,6 @@
 // Test plugin: defines a new operator, "tagged_scale" (x * 2), with its reference and two more
 // implementations, one of them stateful (it counts its calls per block and learns the data
-// group's size from the job); and a pass that pins an implementation from the strategy and
+// group's size from the job); a float32-only implementation of the core operator gelu; and a pass that pins an implementation from the strategy and
 // calls the operator on every block's output, reporting which implementation served how often.
 #include <atomic>
 #include <map>
@@ -47,6 +47,14 @@ class CountingScale final : public ops::OperatorImpl<TaggedScale> {
   mutable std::map<std::string, int64_t> per_block_;
 };
 
+// A replacement for a core operator that declares float32 only (ATorch's replace pair registered
+// for the dtypes it supports): module_replace may choose it for an fp32 job and must refuse it
+// under amp bf16. It counts its calls, reported with the pass's figures.
+at::Tensor counted_gelu(const at::Tensor& x) {
+  ++served()["gelu.fp32_only"];
+  return at::gelu(x, "tanh");
+}
+
 class PinOperator final : public Pass {
  public:
   PinOperator()
@@ -77,6 +85,8 @@ void register_components(Registry& registry) {
   registry.add(std::make_unique<ops::OperatorImpl<TaggedScale>>("tagged_scale.fast", "x * 2, highest priority", &scale_by_two,
                                                                 ops::Support{}, 20));
   registry.add(std::make_unique<CountingScale>());
+  registry.add(std::make_unique<ops::OperatorImpl<ops::Gelu>>("gelu.fp32_only", "tanh GELU, float32 only (test replacement)",
+                                                              &counted_gelu, ops::Support{{}, {at::kFloat}}, 0));
   registry.add(std::make_unique<PinOperator>());
 }
 

@@ -76,6 +76,23 @@ TEST(PassManager, ConflictsAndMissingRequirementsAreAllReported) {
   EXPECT_NE(e.find("pass 'wsam' requires pass 'grad_sync'"), std::string::npos) << e;
 }
 
+// A conflict declared by one side only is found whichever of the two comes first.
+TEST(PassManager, OneSidedConflictIsFoundInEitherOrder) {
+  for (bool declarer_first : {true, false}) {
+    Fixture f;
+    if (declarer_first)
+      f.add("fused_loss", Phase::ModelRewrite, {}, {}, {}, {"tp"}).add("tp", Phase::ModelRewrite);
+    else
+      f.add("tp", Phase::ModelRewrite).add("fused_loss", Phase::ModelRewrite, {}, {}, {}, {"tp"});
+    Diagnostics d;
+    EXPECT_TRUE(f.order(d).empty());
+    ASSERT_EQ(d.items().size(), 1u) << d.str();
+    const std::string want = declarer_first ? "s.toml:2:1: error: pass 'tp' conflicts with pass 'fused_loss' (at s.toml:1:1)"
+                                            : "s.toml:2:1: error: pass 'fused_loss' conflicts with pass 'tp' (at s.toml:1:1)";
+    EXPECT_NE(d.str().find(want), std::string::npos) << d.str();
+  }
+}
+
 TEST(PassManager, CyclesAreNamed) {
   Fixture f;
   f.add("a", Phase::Wrapping, {"c"}).add("b", Phase::Wrapping, {"a"}).add("c", Phase::Wrapping, {"b"}).add("free", Phase::Topology);

@@ -24,9 +24,11 @@ constexpr const char* kLockFile = ".strata.lock";
 // flight_record_attempt_N.json for each hang.
 bool is_run_file(const std::string& name) {
   static const std::set<std::string> names{"strategy.toml", "metrics.jsonl", "events.jsonl", "checkpoints", "logs"};
-  const std::string flight = "flight_record_attempt_";
-  return names.count(name) > 0 || (name.rfind(flight, 0) == 0 && name.size() > flight.size() + 5 &&
-                                   name.compare(name.size() - 5, 5, ".json") == 0);
+  auto numbered = [&](const std::string& prefix, const std::string& suffix) {
+    return name.rfind(prefix, 0) == 0 && name.size() > prefix.size() + suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return names.count(name) > 0 || numbered("flight_record_attempt_", ".json") || numbered("profile_rank", ".md");
 }
 
 std::string pid_in(int fd) {

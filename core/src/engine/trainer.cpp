@@ -21,6 +21,7 @@
 #include "../sha256.h"
 #include "checkpoint.h"
 #include "metrics.h"
+#include "op_profile.h"
 #include "sampler.h"
 #include "schedule.h"
 #include "strata/core/local_communicator.h"
@@ -743,7 +744,11 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   for (const auto& p : job.model->parameters()) params.push_back(p);
   RunSummary summary{start_step + 1, start_step, 0.0};
   job.model->train();
+  // [job] profile_steps: the steps after two warm-up steps (allocator and caches settled).
+  const int64_t profile_first = start_step + 3, profile_last = start_step + 2 + job_cfg.get_int("profile_steps");
+  engine::OpProfile profile;
   for (int64_t step = start_step + 1; step <= steps; ++step) {
+    if (step == profile_first && profile_last >= profile_first) profile.start();
     progress.beat(step, StepPhase::Starting);
     inject_fault(env.rank, step);
     const auto started = std::chrono::steady_clock::now();
@@ -779,6 +784,17 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     memory_max = memory_max.cpu();
     for (int i = 0; i < 4; ++i) record.extra.emplace_back(memory_names[i], memory_max[i].item<double>());
     record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    if (step >= profile_first && step <= profile_last) {
+      profile.add_step(record.step_ms);
+      if (step == profile_last || step == steps) {
+        profile.stop();
+        const fs::path file = out_dir / ("profile_rank" + std::to_string(env.rank) + ".md");
+        profile.write(file, "Operator profile of rank " + std::to_string(env.rank) + ", steps " + std::to_string(profile_first) + ".." +
+                                std::to_string(step));
+        if (leader) console.message("operator profile of steps " + std::to_string(profile_first) + ".." + std::to_string(step) +
+                                    " written to " + file.string());
+      }
+    }
     if (eval_every > 0 && (step % eval_every == 0 || step == steps)) {
       progress.beat(step, StepPhase::Evaluating);
       record.val_loss = evaluate(step);

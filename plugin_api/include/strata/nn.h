@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,11 @@ STRATA_API ShardRange shard_range(int64_t size, TensorShard shard);
 // Linear adds its bias after on_output, so a sum over ranks adds it once.
 struct LayerHooks {
   std::function<at::Tensor(const at::Tensor&)> on_input, on_output, on_weight, on_bias;
+  // Linear and TiedLinear: when set, computes y = x w^T (+ b) in place of ops::linear, on the
+  // input and weight after on_input/on_weight (the fp8 pass's scaled matmuls; fused_loss defers
+  // the output projection to the loss); b is the bias when the layer adds it inside (not a
+  // Row-split layer's, added after on_output).
+  std::function<at::Tensor(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b)> compute;
 };
 
 // Layers are built at their local shapes. Initialisation draws the whole tensor from the global
@@ -70,7 +76,7 @@ class STRATA_API Linear : public torch::nn::Module {
   // path, and the weight gradient, run later in a bubble. When set (by the pipeline pass), the
   // layer computes through one autograd node whose backward queues the weight gradient on the
   // thread's WeightGradientQueue, if one is installed, instead of computing it. Only a layer
-  // whose weight has no on_weight hook splits.
+  // whose weight has no on_weight hook and no compute hook splits.
   bool split_weight_gradient = false;
 };
 

@@ -81,6 +81,14 @@ struct CrossEntropy {  // logits [N, V], targets [N] int64 -> mean loss (fp32)
   static constexpr const char* name = "cross_entropy";
   using Fn = at::Tensor(const at::Tensor& logits, const at::Tensor& targets);
 };
+// The output projection and the loss in one: mean over rows of cross_entropy(hidden w^T + b) in
+// fp32. hidden [N, D], weight [V, D], bias [V] or none, targets [N] int64 -> 0-dim fp32. An
+// implementation may compute it without ever holding the [N, V] logits (the fused_loss pass).
+struct LinearCrossEntropy {
+  static constexpr const char* name = "linear_cross_entropy";
+  using Fn = at::Tensor(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                        const at::Tensor& targets);
+};
 
 // Hyperparameters of one AGD update (docs/optimizers.md has the rule). clip <= 0: no clamp.
 struct AgdHyper {
@@ -110,6 +118,8 @@ STRATA_API at::Tensor gelu(const at::Tensor& x);
 STRATA_API at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 STRATA_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 STRATA_API at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
+STRATA_API at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                           const at::Tensor& targets);
 STRATA_API void agd_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                            const at::Tensor& exp_avg_diff_sq, const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z,
                            const AgdHyper& hyper);
@@ -118,7 +128,9 @@ STRATA_API void agd_update(const at::Tensor& param, const at::Tensor& grad, cons
 struct Support {
   std::vector<c10::DeviceType> devices;
   std::vector<c10::ScalarType> dtypes;
-  bool accepts(const at::Tensor& probe) const;
+  STRATA_API bool accepts(const at::Tensor& probe) const;
+  STRATA_API bool accepts(c10::DeviceType device, c10::ScalarType dtype) const;
+  STRATA_API std::string str() const;  // "devices cpu/cuda, dtypes Float", "any" for an empty list
 };
 
 // Base of operator implementations; register OperatorImpl<Op> instances, never this directly.
@@ -176,6 +188,11 @@ std::unique_ptr<OperatorImpl<Op>> define_operator(std::string summary, std::func
 // The implementation of `op` that serves a call whose representative tensor is `probe`, in the
 // block running now: the one pinned there, else the best that supports the probe.
 STRATA_API const OperatorImplBase& select(const std::string& op, const at::Tensor& probe);
+
+// Every operator's name, and the implementations of `op`, highest priority first (the reference
+// last). A UserError names an unknown operator. Plan-time checks (module_replace) read these.
+STRATA_API std::vector<std::string> operator_names();
+STRATA_API std::vector<const OperatorImplBase*> implementations(const std::string& op);
 
 // Calls operator Op through the table.
 template <class Op, class... Args>

@@ -2,7 +2,11 @@
 // requires/conflicts/after/before declarations.
 #pragma once
 
+#include <optional>
 #include <string>
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
 
 #include "strata/claims.h"
 #include "strata/component.h"
@@ -38,6 +42,11 @@ struct PlanFacts {
   const Config& model;
   const ModelFactory& model_factory;
   MeshSizes mesh;
+  // Where the blocks compute: [job] device's type, and the dtype an enabled precision pass
+  // (amp, half) makes them compute in, float32 without one. Operator support is checked on these.
+  c10::DeviceType device = c10::DeviceType::CPU;
+  c10::ScalarType compute_dtype = c10::ScalarType::Float;
+  std::string compute_dtype_by;  // the pass that set compute_dtype, or empty
 };
 
 class STRATA_API Pass : public Component {
@@ -61,6 +70,13 @@ class STRATA_API Pass : public Component {
   // What `strata plan` shows for this enabled pass beyond its keys (a pipeline's stages and
   // schedule timeline), or empty (this default).
   virtual std::string describe_plan(const Config& config, const PlanFacts& facts) const;
+  // The dtype this enabled pass makes the model's blocks compute in (amp's autocast dtype, half's
+  // parameter dtype), or nullopt (this default) when it leaves it alone.
+  virtual std::optional<c10::ScalarType> compute_dtype(const Config& config) const;
+  // Why this enabled pass cannot run as `facts` describe the job (an operator implementation that
+  // does not support its device or dtype), or empty (this default). Refused before anything
+  // starts, like size_problem.
+  virtual std::string plan_problem(const Config& config, const PlanFacts& facts) const;
 
  private:
   PassOrdering ordering_;

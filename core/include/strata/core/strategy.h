@@ -86,6 +86,9 @@ STRATA_API ResolvedStrategy resolve_strategy(const RawStrategy& raw, const Compo
 STRATA_API std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics);
 // The mesh sizes of the plan and its micro-batches per step on each data-parallel rank.
 STRATA_API MeshSizes mesh_sizes(const ResolvedStrategy& plan);
+// What passes may read of the plan (describe_plan, plan_problem): sections, model factory, mesh,
+// device and the dtype the blocks compute in. Needs the plan's model component.
+STRATA_API PlanFacts plan_facts(const ResolvedStrategy& plan);
 
 
 // Core's own sections. [optimizer] is this plus the chosen optimizer's keys.

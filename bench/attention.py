@@ -1,0 +1,84 @@
+"""CPU attention: Strata's blocked kernel (attention.fused_cpu) vs ATen's fused
+scaled_dot_product_attention vs core's attention.reference, forward and forward+backward,
+causal and with a packed-document mask (causal within documents), fp32.
+
+usage: python bench/attention.py [--build build] [--threads 2] [--out bench/results/attention_cpu.md]
+
+Each row is one strata_bench_attention run (bench/attention.cpp): medians of REPS timed calls
+after one warm-up call. Extra memory is estimated from the sizes (see ESTIMATES below).
+"""
+import argparse
+import json
+import pathlib
+import platform
+import subprocess
+
+CASES = [  # mask, B, H, T, D, reps
+    ("causal", 8, 8, 128, 64, 20),
+    ("causal", 1, 4, 128, 32, 20),
+    ("causal", 4, 8, 512, 64, 7),
+    ("causal", 1, 4, 512, 32, 10),
+    ("causal", 1, 4, 2048, 64, 3),
+    ("documents", 4, 8, 512, 64, 7),
+    ("documents", 1, 4, 2048, 64, 3),
+]
+BLOCK_Q, BLOCK_K = 64, 128  # kernels/cpu/attention.h
+
+ESTIMATES = """Extra memory (bytes beyond inputs, outputs and gradients; fp32, estimated from sizes):
+* fused: a scaled copy of q and the lse, B*H*T*(D+1)*4, plus two [64, 128] score tiles per thread;
+  the backward adds at most one dq partial per thread when B*H_kv < threads. Nothing grows with T^2.
+* ATen SDPA, plain causal: its logsumexp, B*H*T*4, and per-thread tiles.
+* ATen SDPA with the document mask (and the reference without lse, which calls it): the boolean mask
+  B*T*T and the float mask ATen converts it to, B*T*T*4.
+* reference with lse (what ring attention calls): [B, H, T, T] fp32 scores, exponentials and
+  probabilities kept for the backward, about 3*B*H*T*T*4, plus the B*T*T mask."""
+
+
+def extra_mib(impl, mask, b, h, t, d, threads):
+    mib = 1 << 20
+    fused = (b * h * t * (d + 1) * 4 + threads * 2 * BLOCK_Q * BLOCK_K * 4) / mib
+    dense_mask = b * t * t * 5 / mib if mask == "documents" else 0.0
+    return {
+        "fused": fused,
+        "fused (with lse)": fused,
+        "aten sdpa": b * h * t * 4 / mib + dense_mask,
+        "reference": b * h * t * 4 / mib + dense_mask,
+        "reference (with lse)": (3 * b * h * t * t * 4 + b * t * t) / mib,
+    }[impl]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="bench/results/attention_cpu.md")
+    args = ap.parse_args()
+    driver = pathlib.Path(args.build) / "bin" / "strata_bench_attention"
+    lines = [f"# Attention on CPU ({platform.machine()}, {args.threads} threads, fp32)", "",
+             f"Command: `OMP_WAIT_POLICY=passive ~/.local/share/strata/venv/bin/python bench/attention.py --build {args.build} --threads {args.threads}`",
+             "(passive: on this shared 2-core machine, with other builds running, OpenMP's spin-waiting made single",
+             "runs of the fused kernel 10-100x slower at random; see kernels/README.md).",
+             "Median ms per call (forward under no_grad; forward+backward of sum(out * w) to q, k, v).",
+             "`fused` is the blocked kernel called directly; the operator attention.fused_cpu sends plain",
+             "causal / unmasked calls without lse to ATen SDPA instead (kernels/README.md). Ratios are",
+             "the other implementation's time over the fused kernel's (> 1: fused is faster).", "",
+             ESTIMATES, ""]
+    for mask, b, h, t, d, reps in CASES:
+        out = subprocess.run([str(driver), str(b), str(h), str(t), str(d), mask, str(reps), str(args.threads)],
+                             check=True, capture_output=True, text=True).stdout
+        rows = [json.loads(line) for line in out.splitlines()]
+        base = {r["impl"]: r for r in rows}["fused"]
+        lines += [f"## {mask}, B={b} H={h} T={t} D={d}", "",
+                  "| implementation | forward ms | vs fused | fwd+bwd ms | vs fused | extra memory MiB (est.) |",
+                  "|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['impl']} | {r['forward_ms']:.2f} | {r['forward_ms'] / base['forward_ms']:.2f}x "
+                         f"| {r['forward_backward_ms']:.2f} | {r['forward_backward_ms'] / base['forward_backward_ms']:.2f}x "
+                         f"| {extra_mib(r['impl'], mask, b, h, t, d, args.threads):.1f} |")
+        lines.append("")
+        print("\n".join(lines[-len(rows) - 4:]), flush=True)
+    pathlib.Path(args.out).write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

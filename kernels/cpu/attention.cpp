@@ -1,0 +1,401 @@
+// Blocked attention with an online softmax (flash-attention-2's scheme, written from its
+// formulas). For each tile of block_q queries and block_k keys:
+//   forward:  S = (scale q) k^T + additive, hidden pairs -inf; m' = max(m, rowmax S);
+//             acc = acc exp(m - m') + exp(S - m') v;  l = l exp(m - m') + rowsum exp(S - m');
+//             at the end out = acc / l, lse = m + log l (zeros and -inf where l = 0).
+//   backward: P = exp(S - lse); dV += P^T dO; dP = dO v^T; dS = P (dP - delta), with
+//             delta = rowsum(dO o out) - dlse (d lse / dS = P); dK += dS^T (scale q);
+//             dQ += scale dS k.
+// Only q, k, v, out and lse are kept between the passes; scores and masks exist one tile at a
+// time. Tiles no query can see (later window positions under causality, no shared document) are
+// never computed. Matrix products are ATen's (at::mm_out / addmm_ on [block, D] tiles, run on one
+// thread each inside at::parallel_for); the softmax bookkeeping is plain loops over the tile.
+#include "attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace strata::kernels {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What a block of queries sees of a block of keys, decided from the smallest and largest window
+// position and document id in each block, without looking at the pairs.
+enum class Sight { none, some, all };
+
+// min and max of x[0..n) per block of `block` entries.
+void block_bounds(const int64_t* x, int64_t n, int64_t block, std::vector<int64_t>& lo, std::vector<int64_t>& hi) {
+  for (int64_t start = 0; start < n; start += block) {
+    const int64_t* end = x + std::min(n, start + block);
+    const auto [mn, mx] = std::minmax_element(x + start, end);
+    lo.push_back(*mn);
+    hi.push_back(*mx);
+  }
+}
+
+// Shapes, mask and block layout of one call; forward and backward build the same one.
+struct Layout {
+  int64_t batch = 0, heads = 0, kv_heads = 0, group = 1, tq = 0, tk = 0, block_q = 0, block_k = 0, q_blocks = 0, k_blocks = 0;
+  bool causal = false, documents = false;
+  at::Tensor q_pos, kv_pos;  // [Tq], [Tk] window positions (causal only)
+  at::Tensor q_doc, kv_doc;  // [B, Tq], [B, Tk] document ids (documents only)
+  at::Tensor additive;       // [B, H, Tq, Tk] as an expanded view (stride 0 where broadcast), compute dtype
+  std::vector<int64_t> q_pos_lo, q_pos_hi, kv_pos_lo, kv_pos_hi;  // per block
+  std::vector<int64_t> q_doc_lo, q_doc_hi, kv_doc_lo, kv_doc_hi;  // per batch row and block
+
+  Sight sight(int64_t b, int64_t qb, int64_t kb) const {
+    bool all = true;
+    if (causal) {
+      if (kv_pos_lo[kb] > q_pos_hi[qb]) return Sight::none;  // every key after every query
+      all = kv_pos_hi[kb] <= q_pos_lo[qb];
+    }
+    if (documents) {
+      const int64_t qi = b * q_blocks + qb, ki = b * k_blocks + kb;
+      if (kv_doc_lo[ki] > q_doc_hi[qi] || kv_doc_hi[ki] < q_doc_lo[qi]) return Sight::none;  // no id in common
+      all = all && q_doc_lo[qi] == q_doc_hi[qi] && kv_doc_lo[ki] == kv_doc_hi[ki] && q_doc_lo[qi] == kv_doc_lo[ki];
+    }
+    return all ? Sight::all : Sight::some;
+  }
+};
+
+Layout make_layout(const at::Tensor& q, const at::Tensor& k, const ops::AttentionMask& mask, const at::Tensor& additive,
+                   at::ScalarType compute, int64_t block_q, int64_t block_k) {
+  Layout L;
+  L.batch = q.size(0);
+  L.heads = q.size(1);
+  L.kv_heads = k.size(1);
+  L.group = L.heads / L.kv_heads;
+  L.tq = q.size(2);
+  L.tk = k.size(2);
+  L.block_q = block_q;
+  L.block_k = block_k;
+  L.q_blocks = (L.tq + block_q - 1) / block_q;
+  L.k_blocks = (L.tk + block_k - 1) / block_k;
+  const auto longs = at::TensorOptions().dtype(at::kLong);
+  if (mask.causal) {
+    L.causal = true;
+    // Undefined positions: the ends aligned (queries are the last Tq of the Tk keys).
+    L.q_pos = mask.q_index.defined() ? mask.q_index.to(at::kLong).contiguous() : at::arange(L.tk - L.tq, L.tk, longs);
+    L.kv_pos = mask.kv_index.defined() ? mask.kv_index.to(at::kLong).contiguous() : at::arange(L.tk, longs);
+    block_bounds(L.q_pos.data_ptr<int64_t>(), L.tq, block_q, L.q_pos_lo, L.q_pos_hi);
+    block_bounds(L.kv_pos.data_ptr<int64_t>(), L.tk, block_k, L.kv_pos_lo, L.kv_pos_hi);
+  }
+  if (mask.q_document.defined() != mask.kv_document.defined())
+    throw std::invalid_argument("attention: a document mask needs the documents of both queries and keys");
+  if (mask.q_document.defined()) {
+    L.documents = true;
+    L.q_doc = mask.q_document.to(at::kLong).expand({L.batch, L.tq}).contiguous();
+    L.kv_doc = mask.kv_document.to(at::kLong).expand({L.batch, L.tk}).contiguous();
+    for (int64_t b = 0; b < L.batch; ++b) {
+      block_bounds(L.q_doc.data_ptr<int64_t>() + b * L.tq, L.tq, block_q, L.q_doc_lo, L.q_doc_hi);
+      block_bounds(L.kv_doc.data_ptr<int64_t>() + b * L.tk, L.tk, block_k, L.kv_doc_lo, L.kv_doc_hi);
+    }
+  }
+  // A view: the broadcast dimensions keep stride 0, so nothing [B, H, Tq, Tk] is allocated.
+  if (additive.defined()) L.additive = additive.to(compute).expand({L.batch, L.heads, L.tq, L.tk});
+  return L;
+}
+
+// Rows [start, start + n) of slab `slab` of a contiguous [..., T, D] tensor, as an [n, D] tensor
+// sharing its memory (a tile, cheaper to make than chained select/narrow views).
+at::Tensor rows(const at::Tensor& x, int64_t slab, int64_t start, int64_t n) {
+  const int64_t t = x.size(-2), d = x.size(-1);
+  char* base = static_cast<char*>(x.data_ptr()) + (slab * t + start) * d * x.element_size();
+  return at::from_blob(base, {n, d}, x.options());
+}
+
+// The first n * m entries of a flat scratch buffer as a contiguous [n, m] matrix.
+at::Tensor tile(const at::Tensor& buffer, int64_t n, int64_t m) { return buffer.narrow(0, 0, n * m).view({n, m}); }
+
+// s[nq, nk] += additive[b, h, i0.., j0..].
+template <class T>
+void add_bias(const Layout& L, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, T* s) {
+  const auto st = L.additive.strides();
+  const T* base = L.additive.data_ptr<T>() + b * st[0] + h * st[1] + i0 * st[2] + j0 * st[3];
+  for (int64_t i = 0; i < nq; ++i) {
+    const T* a = base + i * st[2];
+    T* row = s + i * nk;
+    for (int64_t j = 0; j < nk; ++j) row[j] += a[j * st[3]];
+  }
+}
+
+// -inf where query i0 + i may not see key j0 + j (later position, other document).
+template <class T>
+void hide_invisible(const Layout& L, int64_t b, int64_t i0, int64_t nq, int64_t j0, int64_t nk, T* s) {
+  const T hidden = -std::numeric_limits<T>::infinity();
+  const int64_t* qp = L.causal ? L.q_pos.data_ptr<int64_t>() + i0 : nullptr;
+  const int64_t* kp = L.causal ? L.kv_pos.data_ptr<int64_t>() + j0 : nullptr;
+  const int64_t* qd = L.documents ? L.q_doc.data_ptr<int64_t>() + b * L.tq + i0 : nullptr;
+  const int64_t* kd = L.documents ? L.kv_doc.data_ptr<int64_t>() + b * L.tk + j0 : nullptr;
+  for (int64_t i = 0; i < nq; ++i) {
+    T* row = s + i * nk;
+    for (int64_t j = 0; j < nk; ++j) {
+      const bool seen = (!qp || kp[j] <= qp[i]) && (!qd || kd[j] == qd[i]);
+      if (!seen) row[j] = hidden;
+    }
+  }
+}
+
+// Scores of one tile: s = Q K^T (+ bias) with hidden pairs at -inf.
+template <class T>
+T* scores(const Layout& L, Sight sight, int64_t b, int64_t h, int64_t i0, int64_t j0, const at::Tensor& Q, const at::Tensor& K,
+          at::Tensor& S) {
+  at::mm_out(S, Q, K.t());
+  T* s = S.data_ptr<T>();
+  if (L.additive.defined()) add_bias(L, b, h, i0, Q.size(0), j0, K.size(0), s);
+  if (sight == Sight::some) hide_invisible(L, b, i0, Q.size(0), j0, K.size(0), s);
+  return s;
+}
+
+// Query blocks in the order 0, n-1, 1, n-2, ...: at::parallel_for hands each thread a contiguous
+// range of tasks, and under causality late query blocks see many more keys than early ones.
+int64_t zigzag(int64_t p, int64_t n) { return p % 2 == 0 ? p / 2 : n - 1 - p / 2; }
+
+// qs: q * scale, k, v, out: contiguous, compute dtype T. Fills out and lse [B, H, Tq].
+template <class T>
+void forward_kernel(const Layout& L, const at::Tensor& qs, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                    const at::Tensor& lse) {
+  const T inf = std::numeric_limits<T>::infinity();
+  const int64_t dv = v.size(-1);
+  at::parallel_for(0, L.batch * L.heads * L.q_blocks, 1, [&](int64_t begin, int64_t end) {
+    at::Tensor s_buf = at::empty({L.block_q * L.block_k}, qs.options()), sum_buf = at::empty({L.block_q}, qs.options());
+    std::vector<T> m(L.block_q), l(L.block_q), alpha(L.block_q);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bh = task / L.q_blocks, qb = zigzag(task % L.q_blocks, L.q_blocks);
+      const int64_t b = bh / L.heads, h = bh % L.heads, kv_slab = b * L.kv_heads + h / L.group;
+      const int64_t i0 = qb * L.block_q, nq = std::min(L.block_q, L.tq - i0);
+      const at::Tensor Q = rows(qs, bh, i0, nq), O = rows(out, bh, i0, nq);
+      T* o = O.data_ptr<T>();
+      O.zero_();
+      std::fill(m.begin(), m.end(), -inf);
+      std::fill(l.begin(), l.end(), T(0));
+      for (int64_t kb = 0; kb < L.k_blocks; ++kb) {
+        const Sight sight = L.sight(b, qb, kb);
+        if (sight == Sight::none) continue;
+        const int64_t j0 = kb * L.block_k, nk = std::min(L.block_k, L.tk - j0);
+        const at::Tensor K = rows(k, kv_slab, j0, nk), V = rows(v, kv_slab, j0, nk);
+        at::Tensor S = tile(s_buf, nq, nk), rowsum = sum_buf.narrow(0, 0, nq);
+        T* s = scores<T>(L, sight, b, h, i0, j0, Q, K, S);
+        for (int64_t i = 0; i < nq; ++i) {
+          T* row = s + i * nk;
+          const T m_new = std::max(m[i], *std::max_element(row, row + nk));
+          // A row that has seen nothing yet stays at m = -inf: its exp(-inf - 0) are all 0.
+          const T shift = m_new == -inf ? T(0) : m_new;
+          alpha[i] = m[i] == -inf ? T(0) : std::exp(m[i] - m_new);
+          m[i] = m_new;
+          for (int64_t j = 0; j < nk; ++j) row[j] -= shift;
+        }
+        S.exp_();  // vectorised by ATen
+        at::sum_out(rowsum, S, 1);
+        const T* r = rowsum.data_ptr<T>();
+        for (int64_t i = 0; i < nq; ++i) {
+          l[i] = l[i] * alpha[i] + r[i];
+          if (alpha[i] != T(1))
+            for (int64_t d = 0; d < dv; ++d) o[i * dv + d] *= alpha[i];
+        }
+        O.addmm_(S, V);
+      }
+      T* lse_row = lse.data_ptr<T>() + bh * L.tq + i0;
+      for (int64_t i = 0; i < nq; ++i) {
+        if (l[i] == T(0)) {  // sees no key: zeros (already) and -inf
+          lse_row[i] = -inf;
+          continue;
+        }
+        const T inv = T(1) / l[i];
+        for (int64_t d = 0; d < dv; ++d) o[i * dv + d] *= inv;
+        lse_row[i] = m[i] + std::log(l[i]);
+      }
+    }
+  });
+}
+
+// Gradients. dout, lse, delta ([B, H, Tq]: rowsum(dout o out) - dlse, 0 where lse = -inf) in
+// compute dtype T. Tasks are (batch, kv head, split): a task owns the key blocks kb = split,
+// split + splits, ... of its kv head, so dk and dv rows have one writer and need no reduction,
+// and it adds the dq of every query head of the group into dq_parts[split], summed afterwards
+// (more than one split only when there are fewer (batch, kv head) pairs than threads).
+template <class T>
+void backward_kernel(const Layout& L, double scale, const at::Tensor& qs, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta, int64_t splits,
+                     const at::Tensor& dq_parts, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dbias) {
+  const T inf = std::numeric_limits<T>::infinity();
+  at::parallel_for(0, L.batch * L.kv_heads * splits, 1, [&](int64_t begin, int64_t end) {
+    at::Tensor s_buf = at::empty({L.block_q * L.block_k}, qs.options()), dp_buf = at::empty({L.block_q * L.block_k}, qs.options());
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t kv_slab = task / splits, split = task % splits;
+      const int64_t b = kv_slab / L.kv_heads, hk = kv_slab % L.kv_heads;
+      for (int64_t kb = split; kb < L.k_blocks; kb += splits) {
+        const int64_t j0 = kb * L.block_k, nk = std::min(L.block_k, L.tk - j0);
+        const at::Tensor K = rows(k, kv_slab, j0, nk), V = rows(v, kv_slab, j0, nk);
+        at::Tensor dK = rows(dk, kv_slab, j0, nk), dV = rows(dv, kv_slab, j0, nk);
+        for (int64_t h = hk * L.group; h < (hk + 1) * L.group; ++h) {
+          const int64_t bh = b * L.heads + h;
+          for (int64_t qb = 0; qb < L.q_blocks; ++qb) {
+            const Sight sight = L.sight(b, qb, kb);
+            if (sight == Sight::none) continue;
+            const int64_t i0 = qb * L.block_q, nq = std::min(L.block_q, L.tq - i0);
+            const at::Tensor Q = rows(qs, bh, i0, nq), dO = rows(dout, bh, i0, nq);
+            at::Tensor S = tile(s_buf, nq, nk), dP = tile(dp_buf, nq, nk);
+            T* s = scores<T>(L, sight, b, h, i0, j0, Q, K, S);
+            const T* lse_row = lse.data_ptr<T>() + bh * L.tq + i0;
+            const T* delta_row = delta.data_ptr<T>() + bh * L.tq + i0;
+            for (int64_t i = 0; i < nq; ++i) {
+              // lse = -inf: the row sees no key, every score is -inf; +inf keeps exp at 0.
+              const T shift = lse_row[i] == -inf ? inf : lse_row[i];
+              for (int64_t j = 0; j < nk; ++j) s[i * nk + j] -= shift;
+            }
+            S.exp_();  // P
+            dV.addmm_(S.t(), dO);
+            at::mm_out(dP, dO, V.t());
+            T* dp = dP.data_ptr<T>();
+            for (int64_t i = 0; i < nq; ++i)
+              for (int64_t j = 0; j < nk; ++j) dp[i * nk + j] = s[i * nk + j] * (dp[i * nk + j] - delta_row[i]);  // dS
+            if (dbias.defined()) rows(dbias, bh, i0, nq).narrow(1, j0, nk).copy_(dP);
+            dK.addmm_(dP.t(), Q);
+            rows(dq_parts, split * L.batch * L.heads + bh, i0, nq).addmm_(dP, K, 1.0, scale);
+          }
+        }
+      }
+    }
+  });
+}
+
+at::ScalarType compute_type(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+double softmax_scale(const at::Tensor& q) { return 1.0 / std::sqrt(static_cast<double>(q.size(-1))); }
+
+// Mask tensors kept for the backward, by name (undefined ones too).
+void save_mask(AutogradContext* ctx, const ops::AttentionMask& mask) {
+  ctx->saved_data["causal"] = mask.causal;
+  ctx->saved_data["q_index"] = mask.q_index;
+  ctx->saved_data["kv_index"] = mask.kv_index;
+  ctx->saved_data["q_document"] = mask.q_document;
+  ctx->saved_data["kv_document"] = mask.kv_document;
+}
+
+// A saved tensor; an undefined one may come back as None.
+at::Tensor saved_tensor(AutogradContext* ctx, const std::string& name) {
+  const at::IValue& value = ctx->saved_data.at(name);
+  return value.isTensor() ? value.toTensor() : at::Tensor();
+}
+
+ops::AttentionMask load_mask(AutogradContext* ctx) {
+  ops::AttentionMask mask;
+  mask.causal = ctx->saved_data.at("causal").toBool();
+  mask.q_index = saved_tensor(ctx, "q_index");
+  mask.kv_index = saved_tensor(ctx, "kv_index");
+  mask.q_document = saved_tensor(ctx, "q_document");
+  mask.kv_document = saved_tensor(ctx, "kv_document");
+  return mask;
+}
+
+// The autograd function: inputs q, k, v and the additive mask (an optional tensor input, so that
+// a learned bias gets its gradient; autograd refuses undefined tensor inputs); outputs out (q's
+// dtype) and lse. needs_input_grad counts tensor inputs only: the additive mask is input 3.
+class BlockedAttention : public torch::autograd::Function<BlockedAttention> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const std::optional<at::Tensor>& additive_mask, const ops::AttentionMask& mask, int64_t block_q,
+                               int64_t block_k) {
+    const at::Tensor additive = additive_mask ? *additive_mask : at::Tensor();
+    const at::ScalarType compute = compute_type(q);
+    const Layout L = make_layout(q, k, mask, additive, compute, block_q, block_k);
+    const at::Tensor qs = q.to(compute).mul(softmax_scale(q)).contiguous();
+    const at::Tensor kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
+    at::Tensor out = at::empty({L.batch, L.heads, L.tq, v.size(-1)}, q.options().dtype(compute));
+    at::Tensor lse = at::empty({L.batch, L.heads, L.tq}, q.options().dtype(compute));
+    if (compute == at::kDouble)
+      forward_kernel<double>(L, qs, kc, vc, out, lse);
+    else
+      forward_kernel<float>(L, qs, kc, vc, out, lse);
+    out = out.to(q.scalar_type());
+    ctx->save_for_backward({q, k, v, out, lse});
+    save_mask(ctx, mask);
+    ctx->saved_data["additive"] = additive;
+    ctx->saved_data["block_q"] = block_q;
+    ctx->saved_data["block_k"] = block_k;
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor additive = saved_tensor(ctx, "additive");
+    const at::ScalarType compute = compute_type(q);
+    const Layout L = make_layout(q, k, load_mask(ctx), additive, compute, ctx->saved_data["block_q"].toInt(),
+                                 ctx->saved_data["block_k"].toInt());
+    // Undefined output gradients arrive as zeros (materialised by autograd).
+    const at::Tensor dout = grads[0].to(compute).contiguous();
+    const at::Tensor dlse = grads[1].to(compute);
+    // delta = rowsum(dO o O) - dlse; 0 on rows that see nothing (their P is 0, keep it finite).
+    at::Tensor delta = (dout * out.to(compute)).sum(-1) - dlse;
+    delta = at::where(lse.isneginf(), at::zeros_like(delta), delta).contiguous();
+    const at::Tensor qs = q.to(compute).mul(softmax_scale(q)).contiguous();
+    const at::Tensor kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
+    // More than one split of the key blocks only to keep every thread busy.
+    const int64_t pairs = L.batch * L.kv_heads, threads = at::get_num_threads();
+    const int64_t splits = pairs >= threads ? 1 : std::max<int64_t>(1, std::min(L.k_blocks, (threads + pairs - 1) / pairs));
+    const auto opts = q.options().dtype(compute);
+    at::Tensor dq_parts = at::zeros({splits, L.batch, L.heads, L.tq, q.size(-1)}, opts);
+    at::Tensor dk = at::zeros(kc.sizes(), opts), dv = at::zeros(vc.sizes(), opts);
+    const bool bias_grad = additive.defined() && ctx->needs_input_grad(3);
+    at::Tensor dbias = bias_grad ? at::zeros({L.batch, L.heads, L.tq, L.tk}, opts) : at::Tensor();
+    if (compute == at::kDouble)
+      backward_kernel<double>(L, softmax_scale(q), qs, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
+    else
+      backward_kernel<float>(L, softmax_scale(q), qs, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
+    at::Tensor dq = splits > 1 ? dq_parts.sum(0) : dq_parts[0];
+    at::Tensor dadd = bias_grad ? at::sum_to(dbias, additive.sizes()).to(additive.scalar_type()) : at::Tensor();
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dadd, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
+    throw std::invalid_argument("attention.fused_cpu: q, k, v must be [B, H, T, D]");
+  if (k.size(1) == 0 || q.size(1) % k.size(1) != 0 || v.size(1) != k.size(1))
+    throw std::invalid_argument("attention.fused_cpu: " + std::to_string(q.size(1)) + " query heads do not group over " +
+                                std::to_string(k.size(1)) + " key/value heads");
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || v.size(2) != k.size(2) || k.size(3) != q.size(3))
+    throw std::invalid_argument("attention.fused_cpu: q, k, v shapes do not match");
+}
+
+}  // namespace
+
+ops::AttentionResult attention_blocked_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const ops::AttentionMask& mask, bool with_lse, int64_t block_q, int64_t block_k) {
+  check_shapes(q, k, v);
+  ops::AttentionMask index_mask = mask;
+  index_mask.additive.reset();
+  variable_list result = BlockedAttention::apply(q, k, v, mask.additive, index_mask, block_q, block_k);
+  return {result[0], with_lse ? result[1] : at::Tensor()};
+}
+
+// Plain calls (no lse, no documents, no additive mask, as many kv heads as query heads, and
+// unmasked or causal over the same tokens with the ends aligned) go to ATen's fused SDPA, as the
+// reference sends them: measured (bench/results/attention_cpu.md, 2 threads) ATen's CPU flash
+// kernel is 5-20x faster than this one there and needs no more memory, so the default job
+// (plain causal) is not slowed down. Everything else (with lse as ring attention asks,
+// documents, additive masks, window positions, GQA) runs the blocked kernel, which never
+// materialises [Tq, Tk]; in time it beats the reference's written-out lse path only at long
+// sequences (documents, T=2048), see kernels/README.md.
+ops::AttentionResult attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const ops::AttentionMask& mask, bool with_lse) {
+  const bool aligned = !mask.q_index.defined() && !mask.kv_index.defined() && q.size(2) == k.size(2);
+  const bool plain = !with_lse && !mask.q_document.defined() && !mask.kv_document.defined() && !mask.additive &&
+                     k.size(1) == q.size(1) && (!mask.causal || aligned);
+  if (plain) return {at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, mask.causal), {}};
+  return attention_blocked_cpu(q, k, v, mask, with_lse);
+}
+
+}  // namespace strata::kernels

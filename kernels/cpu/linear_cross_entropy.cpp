@@ -1,0 +1,112 @@
+// For rows i with logits z_i = W h_i + b (V of them) and target t_i, over N rows:
+//   loss = (1/N) sum_i (lse(z_i) - z_i[t_i])
+//   dL/dz_i = (softmax(z_i) - onehot(t_i)) / N =: G_i
+//   dL/dh_i = G_i W,   dL/dW = sum_i G_i^T h_i,   dL/db = sum_i G_i
+// Per chunk of rows: one GEMM for the logits, log_softmax in place of nothing larger than the
+// chunk, exp back to probabilities, the targets' -1, and two GEMMs accumulating the gradients.
+// The incoming gradient of the (scalar) loss multiplies the accumulated gradients in backward.
+#include "linear_cross_entropy.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace strata::kernels {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinearCrossEntropy> {
+ public:
+  // bias: empty tensor for none. with_grads: whether backward will run (decided by the caller,
+  // where grad mode and requires_grad are visible); without it only the loss is computed.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& targets, int64_t chunk_rows, bool with_grads) {
+    const int64_t rows = hidden.size(0), vocab = weight.size(0), dim = weight.size(1);
+    const bool has_bias = bias.numel() > 0;
+    // fp32 arithmetic for fp32/bf16/fp16 inputs, as the reference's fp32 loss; fp64 stays fp64.
+    const at::ScalarType compute = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor w = weight.to(compute).contiguous();
+    const at::Tensor b = has_bias ? bias.to(compute) : at::Tensor();
+    const auto options = hidden.options().dtype(compute);
+    at::Tensor grad_hidden, grad_weight, grad_bias;
+    if (with_grads) {
+      grad_hidden = at::empty({rows, dim}, options);
+      grad_weight = at::zeros({vocab, dim}, options);
+      if (has_bias) grad_bias = at::zeros({vocab}, options);
+    }
+    const double inv_rows = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
+    const int64_t chunk = std::max<int64_t>(1, std::min(chunk_rows, rows));
+    // Two chunk-sized buffers reused by every chunk: logits, and log-probabilities turned into
+    // the gradient of the logits.
+    at::Tensor logits_buffer = at::empty({chunk, vocab}, options), probs_buffer = at::empty({chunk, vocab}, options);
+    at::Tensor loss_sum = at::zeros({}, options.dtype(at::kDouble));
+    for (int64_t start = 0; start < rows; start += chunk) {
+      const int64_t n = std::min(chunk, rows - start);
+      const at::Tensor h = hidden.narrow(0, start, n).to(compute);
+      const at::Tensor t = targets.narrow(0, start, n).unsqueeze(1);
+      at::Tensor logits = logits_buffer.narrow(0, 0, n), log_probs = probs_buffer.narrow(0, 0, n);
+      if (has_bias)
+        at::addmm_out(logits, b, h, w.t());
+      else
+        at::mm_out(logits, h, w.t());
+      at::_log_softmax_out(log_probs, logits, 1, false);
+      loss_sum.sub_(log_probs.gather(1, t).sum(), 1.0);
+      if (!with_grads) continue;
+      // G = (softmax - onehot) / N, in the log-probabilities' buffer.
+      at::Tensor g = log_probs.exp_();
+      g.scatter_add_(1, t, at::full({n, 1}, -1.0, options));
+      at::Tensor gh = grad_hidden.narrow(0, start, n);
+      at::addmm_out(gh, gh, g, w, /*beta=*/0.0, /*alpha=*/inv_rows);
+      grad_weight.addmm_(g.t(), h, 1.0, inv_rows);
+      if (has_bias) grad_bias.add_(g.sum(0), inv_rows);
+    }
+    if (with_grads) {
+      ctx->save_for_backward({grad_hidden, grad_weight, grad_bias});
+      ctx->saved_data["hidden_dtype"] = hidden.scalar_type();
+      ctx->saved_data["weight_dtype"] = weight.scalar_type();
+      ctx->saved_data["bias_dtype"] = bias.scalar_type();
+    }
+    ctx->saved_data["with_grads"] = with_grads;
+    return loss_sum.mul_(inv_rows).to(at::kFloat);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    if (!ctx->saved_data["with_grads"].toBool())
+      throw std::logic_error("linear_cross_entropy.chunked_cpu: backward of a call made without gradients");
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor scale = grad_outputs[0].to(saved[0].scalar_type());
+    auto scaled = [&](const at::Tensor& grad, const char* dtype) {
+      return grad.defined() ? (grad * scale).to(ctx->saved_data[dtype].toScalarType()) : at::Tensor();
+    };
+    return {scaled(saved[0], "hidden_dtype"), scaled(saved[1], "weight_dtype"), scaled(saved[2], "bias_dtype"), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+int64_t linear_cross_entropy_chunk_rows(int64_t vocab) {
+  return std::max<int64_t>(16, kLinearCrossEntropyChunkBytes / (4 * std::max<int64_t>(1, vocab)));
+}
+
+at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                        const at::Tensor& targets, int64_t chunk_rows) {
+  if (hidden.dim() != 2 || weight.dim() != 2 || targets.dim() != 1 || hidden.size(1) != weight.size(1) ||
+      targets.size(0) != hidden.size(0))
+    throw std::invalid_argument("linear_cross_entropy: hidden [N, D], weight [V, D] and targets [N] expected");
+  const at::Tensor b = bias ? *bias : at::empty({0}, weight.options().requires_grad(false));
+  const bool with_grads =
+      at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad() || (bias && bias->requires_grad()));
+  return ChunkedLinearCrossEntropy::apply(hidden, weight, b, targets, chunk_rows, with_grads);
+}
+
+at::Tensor linear_cross_entropy_chunked_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                            const at::Tensor& targets) {
+  return linear_cross_entropy_chunked(hidden, weight, bias, targets, linear_cross_entropy_chunk_rows(weight.size(0)));
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,30 @@
+// The kernels plugin: registers the operator implementations under kernels/ (registration only;
+// each kernel lives in its own file with its reference, test and bench named in README.md).
+#include "cpu/attention.h"
+#include "cpu/linear_cross_entropy.h"
+#include "strata/plugin.h"
+
+namespace strata::kernels {
+namespace {
+
+void register_components(Registry& registry) {
+  // Priority 10 > the reference's 0: selected by default on CPU for these dtypes. Plain causal
+  // and unmasked calls without lse still go to ATen's fused SDPA inside (see cpu/attention.cpp).
+  registry.add(std::make_unique<ops::OperatorImpl<ops::Attention>>(
+      "attention.fused_cpu",
+      "blocked online-softmax attention (CPU): every mask without a [Tq, Tk] matrix, invisible blocks skipped, GQA "
+      "without copies, differentiable lse; plain causal/unmasked calls without lse go to ATen SDPA",
+      &attention_fused_cpu,
+      ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::LinearCrossEntropy>>(
+      "linear_cross_entropy.chunked_cpu",
+      "chunks of rows (4 MiB of logits each): logits, log_softmax and the gradients while the chunk is in cache; the [N, V] "
+      "logits never exist",
+      &linear_cross_entropy_chunked_cpu,
+      ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}}, 10));
+}
+
+}  // namespace
+}  // namespace strata::kernels
+
+STRATA_PLUGIN("kernels", "0.1.0", strata::kernels::register_components)

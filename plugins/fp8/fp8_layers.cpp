@@ -1,0 +1,30 @@
+#include "fp8_layers.h"
+
+namespace strata::fp8 {
+namespace {
+
+bool contains_any(const std::string& name, const StringList& parts) {
+  for (const auto& part : parts)
+    if (name.find(part) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+LayerChoice choose_layers(nn::Model& model, const StringList& include, const StringList& exclude) {
+  LayerChoice choice;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    auto* linear = dynamic_cast<nn::Linear*>(item.value().get());
+    if (!linear) continue;
+    const std::string& name = item.key();
+    if ((!include.empty() && !contains_any(name, include)) || contains_any(name, exclude)) continue;
+    const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
+    if (out % kDimMultiple != 0 || in % kDimMultiple != 0)
+      choice.too_small.push_back(name + " [" + std::to_string(out) + " x " + std::to_string(in) + "]");
+    else
+      choice.fp8.emplace_back(name, linear);
+  }
+  return choice;
+}
+
+}  // namespace strata::fp8

@@ -1,0 +1,208 @@
+// The fp8 pass: selected Linear layers compute in float8 (docs/fp8.md). Each one gets a compute
+// hook (nn::LayerHooks::compute) running its output, input-gradient and weight-gradient GEMMs
+// through at::_scaled_mm on fp8 operands; tensor parallel's on_input/on_weight/on_output hooks
+// still run around it, so the hook sees this rank's local weight (gathered first under fsdp).
+// Scaling is Transformer Engine's delayed recipe (scales from the amax history of previous
+// steps, job state so a resumed run continues exactly) or the current (dynamic tensorwise) one.
+#include <iostream>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+
+#include "fp8_layers.h"
+#include "fp8_linear.h"
+#include "strata/plugin.h"
+#include "strata/rng.h"
+
+namespace strata::fp8 {
+namespace {
+
+// The delayed-scaling state, checkpointed as fp8/amax_history, fp8/scale and fp8/pending_amax.
+class State final : public Stateful {
+ public:
+  State(std::shared_ptr<DelayedScaling> scaling, bool reduced) : scaling_(std::move(scaling)), reduced_(reduced) {}
+
+  NamedTensors save() const override {
+    return {{"amax_history", scaling_->history.clone()}, {"scale", scaling_->scale.clone()}, {"pending_amax", scaling_->pending.clone()}};
+  }
+
+  void load(const NamedTensors& tensors) override {
+    for (const auto& [name, t] : tensors) {
+      at::Tensor& mine = name == "amax_history" ? scaling_->history : name == "scale" ? scaling_->scale : scaling_->pending;
+      if (name != "amax_history" && name != "scale" && name != "pending_amax")
+        throw UserError("checkpoint state fp8/" + name + " is not fp8 state");
+      if (t.sizes() != mine.sizes())
+        throw UserError("checkpoint state fp8/" + name + " has shape " + shape(t) + " but this job's fp8 layers and amax_history_len need " +
+                        shape(mine));
+      at::NoGradGuard no_grad;
+      mine.copy_(t);
+    }
+  }
+
+  // With reduce_amax every data (and tensor) rank records the same amaxes, so holds the same state.
+  bool same_on_data_ranks() const override { return reduced_; }
+
+ private:
+  static std::string shape(const at::Tensor& t) {
+    std::string out;
+    for (int64_t d : t.sizes()) out += (out.empty() ? "[" : ", ") + std::to_string(d);
+    return out + "]";
+  }
+  std::shared_ptr<DelayedScaling> scaling_;
+  bool reduced_;
+};
+
+// Turns a device's autocast off for its lifetime: the layer casts explicitly.
+class NoAutocast {
+ public:
+  explicit NoAutocast(c10::DeviceType device) : device_(device), enabled_(at::autocast::is_autocast_enabled(device)) {
+    at::autocast::set_autocast_enabled(device_, false);
+  }
+  ~NoAutocast() { at::autocast::set_autocast_enabled(device_, enabled_); }
+  NoAutocast(const NoAutocast&) = delete;
+  NoAutocast& operator=(const NoAutocast&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool enabled_;
+};
+
+// Keys only the delayed recipe reads: refused when set under another recipe.
+const char* const kDelayedOnly[] = {"interval", "amax_history_len", "amax_compute_algo"};
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+class Fp8Pass final : public Pass {
+ public:
+  Fp8Pass()
+      : Pass({ComponentKind::Pass, "fp8",
+              "Selected Linear layers in float8: all three GEMMs through _scaled_mm, delayed (Transformer Engine) or current scaling",
+              Schema()
+                  .strings("include", {}, "Substrings of Linear module names to run in fp8 (empty: every Linear)")
+                  .strings("exclude", {"lm_head"}, "Substrings of Linear module names kept in high precision (the output head)")
+                  .string("recipe", "delayed",
+                          "delayed: scales from the amax history of previous steps (Transformer Engine DelayedScaling); current: "
+                          "each tensor's own amax (dynamic tensorwise); rowwise: refused (_scaled_mm on CPU takes per-tensor scales only)",
+                          {"delayed", "current", "rowwise"})
+                  .integer("margin", 0, "scale = fp8_max / amax / 2^margin", between(0, 64))
+                  .integer("interval", 1, "delayed: recompute the scales every N steps", at_least(1))
+                  .string("fp8_format", "HYBRID", "HYBRID: E4M3 forward, E5M2 gradients; E4M3: E4M3 for both", {"HYBRID", "E4M3"})
+                  .integer("amax_history_len", 1024, "delayed: steps of amax history kept per tensor", between(1, 1 << 20))
+                  .string("amax_compute_algo", "max", "delayed: the amax a scale uses: the history's max or its most recent entry",
+                          {"max", "most_recent"})
+                  .boolean("reduce_amax", true,
+                           "All-reduce amaxes (max) over the data, tensor and context ranks so every rank uses the same scales")},
+             {Phase::ModelRewrite, {}, {}, {}, {}}) {}
+
+  void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
+    const std::string& recipe = config.get_string("recipe");
+    if (recipe == "rowwise")
+      diagnostics.error(config.entry("recipe").pos.file.empty() ? section : config.entry("recipe").pos,
+                        "pass 'fp8' recipe 'rowwise' is not supported: at::_scaled_mm in torch 2.11 takes only per-tensor scales on "
+                        "the CPU; use 'delayed' or 'current'");
+    if (recipe != "delayed")
+      for (const char* key : kDelayedOnly)
+        if (config.entry(key).origin != Origin::Default)
+          diagnostics.error(config.entry(key).pos, std::string("pass 'fp8' key '") + key + "' applies to recipe 'delayed' only, not '" +
+                                                       recipe + "'");
+    for (const char* key : {"include", "exclude"})
+      for (const auto& entry : config.get_strings(key))
+        if (entry.empty()) diagnostics.error(config.entry(key).pos, std::string("pass 'fp8' key '") + key + "' has an empty entry");
+  }
+
+  std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
+    // The layers are those of the model as each tensor rank builds it; pieces differ by at most
+    // one row (nn::shard_range), so the first and the last rank hold both sizes there are.
+    std::string out = "fp8 (recipe " + config.get_string("recipe") + ", format " + config.get_string("fp8_format") + "):\n";
+    const RngSnapshot rng{c10::Device(c10::kCPU)};
+    const std::vector<int64_t> ranks = facts.mesh.tensor > 1 ? std::vector<int64_t>{0, facts.mesh.tensor - 1} : std::vector<int64_t>{0};
+    for (int64_t index : ranks) {
+      std::shared_ptr<nn::Model> model;
+      try {
+        at::NoGradGuard no_grad;
+        model = facts.model_factory.create_shard(facts.model, nn::TensorShard{facts.mesh.tensor, index});
+      } catch (const std::exception& e) {
+        rng.restore();
+        return out + "  the model could not be built to check its layers: " + e.what() + "\n";
+      }
+      const LayerChoice choice = choose_layers(*model, config.get_strings("include"), config.get_strings("exclude"));
+      std::vector<std::string> names;
+      for (const auto& [name, linear] : choice.fp8) names.push_back(name);
+      out += "  tensor rank " + std::to_string(index) + ": " + std::to_string(names.size()) + " Linear layers in fp8: " +
+             (names.empty() ? "none" : join(names)) + "\n";
+      if (!choice.too_small.empty())
+        out += "  tensor rank " + std::to_string(index) + ": left in high precision (a dimension not a multiple of 16): " +
+               join(choice.too_small) + "\n";
+    }
+    rng.restore();
+    return out;
+  }
+
+  void apply(Job& job, const Config& config) const override {
+    const LayerChoice choice = choose_layers(*job.model, config.get_strings("include"), config.get_strings("exclude"));
+    if (choice.fp8.empty() && choice.too_small.empty())
+      throw UserError("pass 'fp8': no Linear layer of model '" + job.job_config().get_string("model") +
+                      "' matches include/exclude");
+    if (choice.fp8.empty())
+      throw UserError("pass 'fp8': every selected Linear layer has a dimension that is not a multiple of 16: " + join(choice.too_small));
+    const bool report = job.topology->rank() == 0;
+    if (report && !choice.too_small.empty())
+      std::cout << "fp8: left in high precision (a dimension not a multiple of 16): " << join(choice.too_small) << "\n";
+
+    auto scaling = std::make_shared<Scaling>();
+    scaling->recipe = config.get_string("recipe") == "current" ? Recipe::Current : Recipe::Delayed;
+    scaling->backward = config.get_string("fp8_format") == "HYBRID" ? Format::E5M2 : Format::E4M3;
+    scaling->margin = config.get_int("margin");
+    const std::vector<Dim> amax_dims{Dim::Data, Dim::Tensor, Dim::Context};
+    Communicator* group = config.get_bool("reduce_amax") && job.topology->size(amax_dims) > 1 ? &job.topology->group(amax_dims) : nullptr;
+    const auto layers = static_cast<int64_t>(choice.fp8.size());
+
+    if (scaling->recipe == Recipe::Current) {
+      scaling->current_group = group;
+    } else {
+      // Per layer: input and weight in the forward format, output gradient in the backward one.
+      std::vector<float> maxes;
+      for (int64_t k = 0; k < layers; ++k)
+        for (Format f : {scaling->forward, scaling->forward, scaling->backward}) maxes.push_back(static_cast<float>(max_of(f)));
+      scaling->delayed = std::make_shared<DelayedScaling>(3 * layers, config.get_int("amax_history_len"),
+                                                         at::tensor(maxes, at::kFloat), job.device());
+      job.register_state("fp8", std::make_shared<State>(scaling->delayed, group != nullptr || job.topology->size(amax_dims) == 1));
+      const int64_t interval = config.get_int("interval"), margin = scaling->margin;
+      const bool use_max = config.get_string("amax_compute_algo") == "max";
+      // Once per step, after its backward passes: every rank agrees on the step's amaxes, they
+      // join the history, and every `interval` steps the scales follow it.
+      job.add_hook(HookPoint::AfterStep, [scaling, group, interval, margin, use_max](StepContext& context) {
+        DelayedScaling& delayed = *scaling->delayed;
+        if (group) group->all_reduce(delayed.pending, ReduceOp::Max)->wait();
+        delayed.roll();
+        if (context.step % interval == 0) delayed.update_scales(use_max, margin);
+      });
+    }
+    job.add_hook(HookPoint::BeforeEvaluate, [scaling](StepContext&) { scaling->evaluating = true; });
+    job.add_hook(HookPoint::AfterEvaluate, [scaling](StepContext&) { scaling->evaluating = false; });
+
+    for (int64_t k = 0; k < layers; ++k)
+      choice.fp8[k].second->hooks.compute = [scaling, k](const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+        // Under autocast the layer returns what the high-precision linear it replaces would (the
+        // autocast dtype); its own casts are explicit, so autocast is off inside.
+        const c10::DeviceType device = x.device().type();
+        const at::ScalarType out_dtype = at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
+        const NoAutocast off(device);
+        return fp8_linear(x, w, b, *scaling, k, out_dtype);
+      };
+    job.add_hook(HookPoint::AfterStep, [layers](StepContext& context) {
+      context.metrics.emplace_back("fp8_layers", static_cast<double>(layers));
+    });
+  }
+};
+
+void register_components(Registry& registry) { registry.add(std::make_unique<Fp8Pass>()); }
+
+}  // namespace
+}  // namespace strata::fp8
+
+STRATA_PLUGIN("fp8", "0.1.0", strata::fp8::register_components)

@@ -1,0 +1,259 @@
+// The fused CPU attention kernel (kernels/cpu/attention.cpp) against core's attention.reference:
+// output, log-sum-exp and the gradients of q, k, v (and of an additive mask), with a loss that
+// reaches the outputs through both out and lse, for every mask AttentionMask describes. Small
+// blocks (16 queries x 8 keys) make a few dozen tokens cross many block edges, with sequence
+// lengths that are no multiple of either.
+#include <cmath>
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "cpu/attention.h"
+#include "strata/core/component_registry.h"
+#include "strata/core/operator_table.h"
+#include "strata/core/plugin_loader.h"
+#include "strata/ops.h"
+
+namespace strata {
+namespace {
+
+constexpr int64_t kBlockQ = 16, kBlockK = 8;
+
+ops::AttentionResult reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& mask,
+                               bool with_lse) {
+  const auto& impls = OperatorTable::global().implementations("attention");
+  const auto& ref = static_cast<const ops::OperatorImpl<ops::Attention>&>(*impls.back());
+  EXPECT_EQ(ref.name(), "attention.reference");
+  return ref.fn()(q, k, v, mask, with_lse);
+}
+
+struct Tolerance {
+  double value, grad;
+};
+
+Tolerance tolerance(at::ScalarType dtype) {
+  if (dtype == at::kDouble) return {1e-10, 1e-10};
+  if (dtype == at::kFloat) return {1e-5, 1e-5};
+  return {2e-2, 5e-2};  // bf16: inputs and outputs rounded to 8 bits of mantissa
+}
+
+void expect_close(const at::Tensor& ours, const at::Tensor& ref, double tol, const std::string& what) {
+  ASSERT_EQ(ours.sizes(), ref.sizes()) << what;
+  ASSERT_EQ(ours.scalar_type(), ref.scalar_type()) << what;
+  const at::Tensor a = ours.to(at::kDouble), b = ref.to(at::kDouble);
+  // -inf (rows that see nothing) must match exactly; compare the finite entries by value.
+  const at::Tensor a_inf = a.isinf(), b_inf = b.isinf();
+  EXPECT_TRUE(at::equal(a_inf, b_inf)) << what << ": infinities differ";
+  EXPECT_FALSE(a.isnan().any().item<bool>()) << what << ": NaN";
+  const at::Tensor fa = at::where(a_inf, at::zeros_like(a), a), fb = at::where(b_inf, at::zeros_like(b), b);
+  const double scale = std::max(1.0, fb.abs().max().item<double>());
+  const double err = (fa - fb).abs().max().item<double>();
+  EXPECT_LE(err, tol * scale) << what << " differs by " << err << " (scale " << scale << ")";
+}
+
+// Both implementations, the loss sum(out w1) + sum(finite lse w2), values and gradients.
+void check(at::ScalarType dtype, int64_t batch, int64_t heads, int64_t kv_heads, int64_t tq, int64_t tk, int64_t dim,
+           const ops::AttentionMask& mask, int64_t block_q = kBlockQ, int64_t block_k = kBlockK) {
+  const auto opts = at::TensorOptions().dtype(dtype);
+  at::Tensor q = at::randn({batch, heads, tq, dim}, opts).requires_grad_(true);
+  at::Tensor k = at::randn({batch, kv_heads, tk, dim}, opts).requires_grad_(true);
+  at::Tensor v = at::randn({batch, kv_heads, tk, dim}, opts).requires_grad_(true);
+  std::vector<at::Tensor> inputs{q, k, v};
+  if (mask.additive && mask.additive->requires_grad()) inputs.push_back(*mask.additive);
+  const at::Tensor w1 = at::randn({batch, heads, tq, dim}, opts.dtype(at::kDouble));
+  const at::Tensor w2 = at::randn({batch, heads, tq}, opts.dtype(at::kDouble));
+  const Tolerance tol = tolerance(dtype);
+
+  auto run = [&](bool fused) {
+    const ops::AttentionResult r =
+        fused ? kernels::attention_blocked_cpu(q, k, v, mask, true, block_q, block_k) : reference(q, k, v, mask, true);
+    const at::Tensor finite_lse = at::where(r.lse.isinf(), at::zeros_like(r.lse), r.lse);
+    const at::Tensor loss = (r.out.to(at::kDouble) * w1).sum() + (finite_lse.to(at::kDouble) * w2).sum();
+    return std::make_pair(r, torch::autograd::grad({loss}, inputs));
+  };
+  const auto [ours, our_grads] = run(true);
+  const auto [ref, ref_grads] = run(false);
+  expect_close(ours.out, ref.out, tol.value, "out");
+  expect_close(ours.lse, ref.lse, tol.value, "lse");
+  const char* names[] = {"dq", "dk", "dv", "dadditive"};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_TRUE(our_grads[i].defined()) << names[i];
+    expect_close(our_grads[i], ref_grads[i], tol.grad, names[i]);
+  }
+  // Without lse: the same output, no lse.
+  const ops::AttentionResult plain = kernels::attention_blocked_cpu(q, k, v, mask, false, block_q, block_k);
+  EXPECT_FALSE(plain.lse.defined());
+  expect_close(plain.out, ref.out, tol.value, "out without lse");
+}
+
+at::Tensor documents(int64_t batch, int64_t t, int64_t seed) {
+  // Runs of 1..t/3 tokens per document, different in each row.
+  at::Tensor docs = at::empty({batch, t}, at::kLong);
+  auto acc = docs.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t id = 0, left = 1 + (seed + 5 * b) % (t / 3);
+    for (int64_t i = 0; i < t; ++i) {
+      acc[b][i] = id;
+      if (--left == 0) {
+        ++id;
+        left = 1 + (seed * 7 + i + b) % (t / 3);
+      }
+    }
+  }
+  return docs;
+}
+
+class AttentionKernel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    OperatorTable::global().reset();
+    at::manual_seed(0);
+  }
+};
+
+TEST_F(AttentionKernel, NoMask) {
+  check(at::kFloat, 2, 3, 3, 21, 37, 8, {});
+  check(at::kDouble, 2, 3, 3, 37, 21, 8, {});
+}
+
+TEST_F(AttentionKernel, CausalAligned) {
+  ops::AttentionMask mask;
+  mask.causal = true;
+  check(at::kFloat, 2, 2, 2, 37, 37, 8, mask);
+  check(at::kDouble, 2, 2, 2, 37, 37, 8, mask);
+  check(at::kDouble, 1, 2, 2, 150, 150, 16, mask, kernels::kAttentionBlockQ, kernels::kAttentionBlockK);  // default blocks
+}
+
+TEST_F(AttentionKernel, CausalPrefix) {  // Tq < Tk: the queries are the last Tq tokens
+  ops::AttentionMask mask;
+  mask.causal = true;
+  check(at::kDouble, 2, 2, 2, 13, 41, 8, mask);
+  check(at::kFloat, 2, 2, 2, 13, 41, 8, mask);
+}
+
+// Context parallel's zig-zag: this rank's queries are chunks 0 and 5 of 6, its keys every token
+// in a shuffled order, and a ring step's keys (chunks 1 and 4).
+TEST_F(AttentionKernel, CausalPermutedWindowPositions) {
+  const int64_t chunk = 7;
+  ops::AttentionMask mask;
+  mask.causal = true;
+  mask.q_index = at::cat({at::arange(0, chunk, at::kLong), at::arange(5 * chunk, 6 * chunk, at::kLong)});
+  mask.kv_index = at::randperm(6 * chunk, at::kLong);
+  check(at::kDouble, 2, 2, 2, 2 * chunk, 6 * chunk, 8, mask);
+  check(at::kFloat, 2, 2, 2, 2 * chunk, 6 * chunk, 8, mask);
+  mask.kv_index = at::cat({at::arange(chunk, 2 * chunk, at::kLong), at::arange(4 * chunk, 5 * chunk, at::kLong)});
+  check(at::kDouble, 2, 2, 2, 2 * chunk, 2 * chunk, 8, mask);  // the first query chunk sees nothing
+}
+
+TEST_F(AttentionKernel, Documents) {
+  ops::AttentionMask mask;
+  mask.q_document = mask.kv_document = documents(2, 45, 3);
+  check(at::kDouble, 2, 2, 2, 45, 45, 8, mask);
+  check(at::kFloat, 2, 2, 2, 45, 45, 8, mask);
+}
+
+TEST_F(AttentionKernel, DocumentsAndCausal) {
+  ops::AttentionMask mask;
+  mask.causal = true;
+  mask.q_document = mask.kv_document = documents(2, 45, 5);
+  check(at::kDouble, 2, 2, 2, 45, 45, 8, mask);
+  check(at::kFloat, 2, 2, 2, 45, 45, 8, mask);
+  // Permuted tokens, documents following them; queries of a document absent from the keys.
+  const at::Tensor perm = at::randperm(45, at::kLong);
+  mask.q_index = perm.narrow(0, 0, 20);
+  mask.kv_index = perm.narrow(0, 20, 25);
+  const at::Tensor docs = documents(2, 45, 7).index_select(1, perm);
+  mask.q_document = docs.narrow(1, 0, 20);
+  mask.kv_document = docs.narrow(1, 20, 25);
+  check(at::kDouble, 2, 2, 2, 20, 25, 8, mask);
+}
+
+TEST_F(AttentionKernel, Additive) {
+  for (const std::vector<int64_t> shape : {std::vector<int64_t>{2, 3, 19, 29}, {1, 1, 19, 29}, {2, 1, 1, 29}, {19, 29}}) {
+    ops::AttentionMask mask;
+    mask.additive = at::randn(shape, at::kDouble);
+    check(at::kDouble, 2, 3, 3, 19, 29, 8, mask);
+    mask.additive = mask.additive->to(at::kFloat);
+    check(at::kFloat, 2, 3, 3, 19, 29, 8, mask);
+  }
+}
+
+TEST_F(AttentionKernel, AdditiveCausalDocumentsAndItsGradient) {
+  ops::AttentionMask mask;
+  mask.causal = true;
+  mask.additive = at::randn({2, 1, 29, 29}, at::kDouble).requires_grad_(true);  // a learned bias gets its gradient
+  check(at::kDouble, 2, 2, 2, 29, 29, 8, mask);
+  mask.q_document = mask.kv_document = documents(2, 29, 2);
+  check(at::kDouble, 2, 2, 2, 29, 29, 8, mask);
+}
+
+TEST_F(AttentionKernel, GroupedQuery) {
+  ops::AttentionMask mask;
+  check(at::kDouble, 2, 6, 2, 23, 31, 8, mask);
+  mask.causal = true;
+  check(at::kDouble, 2, 6, 3, 31, 31, 8, mask);
+  check(at::kFloat, 2, 4, 1, 31, 31, 8, mask);
+  mask.q_document = mask.kv_document = documents(2, 31, 4);
+  check(at::kDouble, 2, 4, 2, 31, 31, 8, mask);
+}
+
+// Queries that see no key: zero output, lse -inf, finite (zero) gradients, as the reference.
+TEST_F(AttentionKernel, QueriesThatSeeNothing) {
+  ops::AttentionMask mask;
+  mask.causal = true;
+  mask.q_index = at::arange(0, 20, at::kLong);
+  mask.kv_index = at::arange(9, 40, at::kLong);
+  check(at::kDouble, 1, 2, 2, 20, 31, 8, mask);
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor q = at::randn({1, 2, 20, 8}, opts).requires_grad_(true), k = at::randn({1, 2, 31, 8}, opts).requires_grad_(true);
+  at::Tensor v = at::randn({1, 2, 31, 8}, opts).requires_grad_(true);
+  const ops::AttentionResult r = kernels::attention_blocked_cpu(q, k, v, mask, true, kBlockQ, kBlockK);
+  EXPECT_TRUE(r.out.narrow(2, 0, 9).eq(0).all().item<bool>());
+  EXPECT_TRUE(r.lse.narrow(2, 0, 9).isneginf().all().item<bool>());
+  const auto grads = torch::autograd::grad({r.out.sum() + r.lse.narrow(2, 9, 11).sum()}, {q, k, v});
+  for (const auto& g : grads) EXPECT_TRUE(g.isfinite().all().item<bool>());
+  EXPECT_TRUE(grads[0].narrow(2, 0, 9).eq(0).all().item<bool>());
+  // No keys at all.
+  const ops::AttentionResult none = kernels::attention_blocked_cpu(q, k.narrow(2, 0, 0), v.narrow(2, 0, 0), {}, true);
+  EXPECT_TRUE(none.out.eq(0).all().item<bool>());
+  EXPECT_TRUE(none.lse.isneginf().all().item<bool>());
+}
+
+TEST_F(AttentionKernel, BFloat16AndHalf) {
+  ops::AttentionMask mask;
+  mask.causal = true;
+  check(at::kBFloat16, 2, 4, 2, 37, 37, 16, mask);
+  mask.q_document = mask.kv_document = documents(2, 37, 3);
+  check(at::kBFloat16, 2, 4, 2, 37, 37, 16, mask);
+  check(at::kHalf, 2, 4, 2, 37, 37, 16, mask);
+}
+
+// The operator as the table serves it: the plugin's implementation is selected on CPU, and its
+// plain cases (delegated to ATen SDPA) and masked cases match the reference.
+TEST_F(AttentionKernel, PluginIsSelectedAndMatchesTheReference) {
+  ComponentRegistry registry;
+  PluginLoader(registry).load_search_path({STRATA_KERNELS_PLUGIN});
+  OperatorTable::global().install(registry);
+  const at::Tensor q = at::randn({2, 4, 33, 16}), k = at::randn({2, 2, 33, 16}), v = at::randn({2, 2, 33, 16});
+  EXPECT_EQ(ops::select("attention", q).name(), "attention.fused_cpu");
+  EXPECT_EQ(ops::select("attention", q.to(at::kBFloat16)).name(), "attention.fused_cpu");
+  ops::AttentionMask causal;
+  causal.causal = true;
+  ops::AttentionMask docs = causal;
+  docs.q_document = docs.kv_document = documents(2, 33, 1);
+  for (const auto& mask : {ops::AttentionMask{}, causal, docs})
+    for (bool with_lse : {false, true})
+      for (int64_t repeat : {1, 2}) {  // grouped-query and one kv head per query head
+        const at::Tensor key = k.repeat_interleave(repeat, 1), value = v.repeat_interleave(repeat, 1);
+        const ops::AttentionResult a = ops::attention(q, key, value, mask, with_lse), b = reference(q, key, value, mask, with_lse);
+        expect_close(a.out, b.out, 1e-5, "out through the table");
+        EXPECT_EQ(a.lse.defined(), with_lse);
+        if (with_lse) expect_close(a.lse, b.lse, 1e-5, "lse through the table");
+      }
+  OperatorTable::global().reset();
+}
+
+}  // namespace
+}  // namespace strata
