@@ -5,7 +5,8 @@
 // causal), and core's attention.reference without and with lse (with lse is what context
 // parallel's ring calls). Prints one JSON object per line; bench/attention.py tabulates.
 //
-// usage: strata_bench_attention B H T D MASK REPS THREADS    (MASK: causal | documents)
+// usage: strata_bench_attention B H T D MASK REPS THREADS [ONLY]    (MASK: causal | documents;
+//        ONLY: run only the implementations whose name starts with it, e.g. "fused" to profile it)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -56,13 +57,14 @@ at::Tensor documents(int64_t batch, int64_t t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 8) {
-    std::fprintf(stderr, "usage: strata_bench_attention B H T D MASK REPS THREADS\n");
+  if (argc != 8 && argc != 9) {
+    std::fprintf(stderr, "usage: strata_bench_attention B H T D MASK REPS THREADS [ONLY]\n");
     return 2;
   }
   const int64_t b = std::stoll(argv[1]), h = std::stoll(argv[2]), t = std::stoll(argv[3]), d = std::stoll(argv[4]);
   const std::string mask_name = argv[5];
   const int reps = std::stoi(argv[6]);
+  const std::string only = argc == 9 ? argv[8] : "";
   at::set_num_threads(std::stoi(argv[7]));
   at::globalContext().setFlushDenormal(true);
   at::manual_seed(0);
@@ -102,6 +104,7 @@ int main(int argc, char** argv) {
        }},
   };
   for (const auto& [name, attend] : impls) {
+    if (name.rfind(only, 0) != 0) continue;
     const double forward = median_ms(
         [&] {
           at::NoGradGuard no_grad;

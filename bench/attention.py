@@ -16,11 +16,16 @@ import subprocess
 CASES = [  # mask, B, H, T, D, reps
     ("causal", 8, 8, 128, 64, 20),
     ("causal", 1, 4, 128, 32, 20),
+    ("causal", 2, 8, 256, 64, 10),
     ("causal", 4, 8, 512, 64, 7),
-    ("causal", 1, 4, 512, 32, 10),
+    ("causal", 1, 8, 1024, 64, 5),
     ("causal", 1, 4, 2048, 64, 3),
+    ("causal", 1, 4, 4096, 64, 3),
+    ("documents", 2, 8, 256, 64, 10),
     ("documents", 4, 8, 512, 64, 7),
+    ("documents", 1, 8, 1024, 64, 5),
     ("documents", 1, 4, 2048, 64, 3),
+    ("documents", 1, 4, 4096, 64, 3),
 ]
 BLOCK_Q, BLOCK_K = 64, 128  # kernels/cpu/attention.h
 
@@ -55,9 +60,7 @@ def main():
     args = ap.parse_args()
     driver = pathlib.Path(args.build) / "bin" / "strata_bench_attention"
     lines = [f"# Attention on CPU ({platform.machine()}, {args.threads} threads, fp32)", "",
-             f"Command: `OMP_WAIT_POLICY=passive ~/.local/share/strata/venv/bin/python bench/attention.py --build {args.build} --threads {args.threads}`",
-             "(passive: on this shared 2-core machine, with other builds running, OpenMP's spin-waiting made single",
-             "runs of the fused kernel 10-100x slower at random; see kernels/README.md).",
+             f"Command: `~/.local/share/strata/venv/bin/python bench/attention.py --build {args.build} --threads {args.threads}`",
              "Median ms per call (forward under no_grad; forward+backward of sum(out * w) to q, k, v).",
              "`fused` is the blocked kernel called directly; the operator attention.fused_cpu sends plain",
              "causal / unmasked calls without lse to ATen SDPA instead (kernels/README.md). Ratios are",

@@ -24,6 +24,11 @@ endif()
 # Naming the architectures also stops TorchConfig from probing for a GPU at configure time.
 set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "GPU architectures CUDA code is built for (H100/H200: 9.0)")
 find_package(Torch REQUIRED)
+# libtorch's at::parallel_for is a header template that runs in parallel only where the including
+# file is compiled with OpenMP (_OPENMP, as the wheel was built); without it every kernel of ours
+# that calls it runs on one thread. So whatever uses torch is compiled and linked with OpenMP.
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+set_property(TARGET torch APPEND PROPERTY INTERFACE_LINK_LIBRARIES OpenMP::OpenMP_CXX)
 message(STATUS "Strata: libtorch ${STRATA_TORCH_WHEEL_VERSION} (CUDA ${STRATA_TORCH_CUDA_VERSION}) from ${STRATA_TORCH_CMAKE_PREFIX}")
 
 # One precompiled header for every target that includes libtorch. Targets reuse it with

@@ -1,0 +1,33 @@
+// Row-major GEMM on raw pointers through the BLAS that libtorch carries (its exported Fortran
+// sgemm_/dgemm_), for kernels whose tiles are too small for at::mm's per-call cost: C = alpha
+// op(A) op(B) + beta C with C [m, n], op(A) [m, k], op(B) [k, n], each with its row stride.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::kernels {
+
+enum class Trans : char { no = 'N', yes = 'T' };
+
+void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float beta, float* c, int64_t ldc);
+void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda, const double* b,
+          int64_t ldb, double beta, double* c, int64_t ldc);
+
+// Inside at::parallel_for: makes this thread's BLAS calls single-threaded while it lives. ATen
+// sets MKL to as many threads as itself with dynamic adjustment off, so an MKL call inside a
+// parallel region would open a nested OpenMP region for every tile (measured: under
+// OMP_WAIT_POLICY=passive that made the 2-thread attention kernel twice as slow as 1 thread).
+// MKL's thread-local setting where libtorch carries MKL, nothing otherwise.
+class SequentialBlas {
+ public:
+  SequentialBlas();
+  ~SequentialBlas();
+  SequentialBlas(const SequentialBlas&) = delete;
+  SequentialBlas& operator=(const SequentialBlas&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace strata::kernels
