@@ -199,6 +199,30 @@ TEST_F(AttentionKernel, GroupedQuery) {
   check(at::kDouble, 2, 4, 2, 31, 31, 8, mask);
 }
 
+// The sweep at the default tiles (64 x 128), which the vectorised row arithmetic runs with
+// tails of every length: sequence lengths 1, 7, 33, 127 (and 1000 once), head dims 32, 64, 80,
+// 128, grouped-query ratios 1, 2, 4, causal and documents-within-causal, fp32 and bf16.
+TEST_F(AttentionKernel, SweepAtDefaultTiles) {
+  const int64_t bq = kernels::kAttentionBlockQ, bk = kernels::kAttentionBlockK;
+  for (int64_t t : {1, 7, 33, 127})
+    for (int64_t dim : {32, 64, 80, 128})
+      for (int64_t ratio : {1, 2, 4}) {
+        SCOPED_TRACE("T " + std::to_string(t) + " D " + std::to_string(dim) + " ratio " + std::to_string(ratio));
+        ops::AttentionMask mask;
+        mask.causal = true;
+        check(at::kFloat, 1, 4, 4 / ratio, t, t, dim, mask, bq, bk);
+        if (t >= 7) {
+          mask.q_document = mask.kv_document = documents(1, t, dim);
+          check(at::kFloat, 1, 4, 4 / ratio, t, t, dim, mask, bq, bk);
+        }
+        if (dim == 64) check(at::kBFloat16, 1, 4, 4 / ratio, t, t, dim, mask, bq, bk);
+      }
+  ops::AttentionMask mask;
+  mask.causal = true;
+  mask.q_document = mask.kv_document = documents(1, 1000, 11);
+  check(at::kFloat, 1, 4, 2, 1000, 1000, 64, mask, bq, bk);
+}
+
 // Queries that see no key: zero output, lse -inf, finite (zero) gradients, as the reference.
 TEST_F(AttentionKernel, QueriesThatSeeNothing) {
   ops::AttentionMask mask;
