@@ -45,3 +45,18 @@ grep -q "^Schedule eager_1f1b: p = 2, m = 4" plan.txt || { echo "plan does not s
 "$strata" run -n 2 strategy.toml --out runs/eager > eager.log 2>&1 || { cat eager.log; exit 1; }
 grep -q '"step":4' runs/eager/metrics.jsonl || { echo "eager_1f1b run did not reach step 4"; cat eager.log; exit 1; }
 echo "example eager_1f1b: a plugin's schedule trained 2 pipeline stages"
+
+# A third-party replacement pair (ATorch's register_replace_pair): fast_gelu declares fp32 on CPU;
+# module_replace chooses it for fp32 and plan refuses it when amp makes the blocks compute in bf16.
+cd "$work/fast_gelu"
+"$strata" plan strategy.toml > plan.txt
+grep -q "^  gelu: gelu.fast_fp32_cpu in every block (chosen)$" plan.txt || { echo "plan does not show fast_gelu chosen"; cat plan.txt; exit 1; }
+"$strata" run strategy.toml --out runs/fast_gelu > run.log 2>&1 || { cat run.log; exit 1; }
+grep -q '"step":2' runs/fast_gelu/metrics.jsonl || { echo "fast_gelu run did not reach step 2"; cat run.log; exit 1; }
+set +e
+"$strata" plan strategy.toml --set pass.amp.enabled=true > bf16.txt 2>&1
+status=$?
+set -e
+[[ $status == 2 ]] && grep -q "implementation 'gelu.fast_fp32_cpu' supports devices cpu, dtypes Float, but the blocks compute on cpu in BFloat16 (pass 'amp')" bf16.txt ||
+  { echo "plan did not refuse fast_gelu under amp bf16 (exit $status)"; cat bf16.txt; exit 1; }
+echo "example fast_gelu: chosen by module_replace for fp32, refused at plan time for bf16"
