@@ -3,7 +3,9 @@
 // own speed shows even where the operator delegates to ATen), ATen's
 // at::scaled_dot_product_attention (a boolean [B, 1, T, T] mask where the mask is not plain
 // causal), and core's attention.reference without and with lse (with lse is what context
-// parallel's ring calls). Prints one JSON object per line; bench/attention.py tabulates.
+// parallel's ring calls). Rounds are interleaved (each round times every implementation once);
+// medians of the rounds, and the peak bytes of tensors one call allocates beyond those live
+// before it (bench/cpu_memory.h). Prints one JSON object per line; bench/attention.py tabulates.
 //
 // usage: strata_bench_attention B H T D MASK REPS THREADS [ONLY]    (MASK: causal | documents;
 //        ONLY: run only the implementations whose name starts with it, e.g. "fused" to profile it)
@@ -19,22 +21,22 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cpu/attention.h"
+#include "cpu_memory.h"
 #include "strata/core/operator_table.h"
 
 namespace {
 
 using namespace strata;
 
-double median_ms(const std::function<void()>& run, int reps) {
-  run();  // warm-up
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
+double time_ms(const std::function<void()>& run) {
+  const auto start = std::chrono::steady_clock::now();
+  run();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
 // Documents of 64..T/2 tokens (a packed batch), different in each row.
@@ -103,22 +105,49 @@ int main(int argc, char** argv) {
          return r.out + 0.0 * r.lse.unsqueeze(-1);
        }},
   };
+  // Each implementation's two measurements: forward under no_grad, and forward+backward.
+  struct Runs {
+    std::function<void()> forward, both;
+    std::vector<double> forward_ms, both_ms;
+    int64_t forward_peak = 0, both_peak = 0;  // bytes allocated beyond what was live before
+  };
+  bench::CountingCpuAllocator& memory = bench::CountingCpuAllocator::install();
+  at::Tensor qg = q.clone().requires_grad_(true), kg = k.clone().requires_grad_(true), vg = v.clone().requires_grad_(true);
+  std::vector<std::pair<std::string, Runs>> runs;
   for (const auto& [name, attend] : impls) {
     if (name.rfind(only, 0) != 0) continue;
-    const double forward = median_ms(
-        [&] {
-          at::NoGradGuard no_grad;
-          attend(q, k, v);
-        },
-        reps);
-    at::Tensor qg = q.clone().requires_grad_(true), kg = k.clone().requires_grad_(true), vg = v.clone().requires_grad_(true);
-    const double both = median_ms(
-        [&] {
-          at::Tensor loss = (attend(qg, kg, vg) * w).sum();
-          torch::autograd::grad({loss}, {qg, kg, vg});
-        },
-        reps);
-    std::printf("{\"impl\": \"%s\", \"forward_ms\": %.4f, \"forward_backward_ms\": %.4f}\n", name.c_str(), forward, both);
+    Runs r;
+    r.forward = [&, attend = attend] {
+      at::NoGradGuard no_grad;
+      attend(q, k, v);
+    };
+    r.both = [&, attend = attend] {
+      at::Tensor loss = (attend(qg, kg, vg) * w).sum();
+      torch::autograd::grad({loss}, {qg, kg, vg});
+    };
+    runs.emplace_back(name, std::move(r));
+  }
+  // Peak bytes of one call each (after a warm-up call), then timed rounds that take every
+  // implementation in turn, so that a slow spell of the shared machine hits them alike.
+  for (auto& [name, r] : runs) {
+    for (auto [fn, peak] : {std::pair{&r.forward, &r.forward_peak}, std::pair{&r.both, &r.both_peak}}) {
+      (*fn)();
+      const int64_t before = memory.current();
+      memory.reset_peak();
+      (*fn)();
+      *peak = memory.peak() - before;
+    }
+  }
+  for (int round = 0; round < reps; ++round)
+    for (auto& [name, r] : runs) {
+      r.forward_ms.push_back(time_ms(r.forward));
+      r.both_ms.push_back(time_ms(r.both));
+    }
+  for (const auto& [name, r] : runs) {
+    std::printf("{\"impl\": \"%s\", \"forward_ms\": %.4f, \"forward_backward_ms\": %.4f, \"forward_peak_bytes\": %lld, "
+                "\"forward_backward_peak_bytes\": %lld}\n",
+                name.c_str(), median(r.forward_ms), median(r.both_ms), static_cast<long long>(r.forward_peak),
+                static_cast<long long>(r.both_peak));
     std::fflush(stdout);
   }
   return 0;

@@ -4,8 +4,10 @@ causal and with a packed-document mask (causal within documents), fp32.
 
 usage: python bench/attention.py [--build build] [--threads 2] [--out bench/results/attention_cpu.md]
 
-Each row is one strata_bench_attention run (bench/attention.cpp): medians of REPS timed calls
-after one warm-up call. Extra memory is estimated from the sizes (see ESTIMATES below).
+Each case is one strata_bench_attention run (bench/attention.cpp): REPS interleaved rounds (each
+times every implementation once), medians; peak MiB is measured (tensors one call allocates beyond
+those live before it, counted by a wrapping CPU allocator), next to the estimate from the sizes
+(ESTIMATES below).
 """
 import argparse
 import json
@@ -13,7 +15,7 @@ import pathlib
 import platform
 import subprocess
 
-CASES = [  # mask, B, H, T, D, reps
+CASES = [  # mask, B, H, T, D, reps[, only the implementations whose name starts with this]
     ("causal", 8, 8, 128, 64, 20),
     ("causal", 1, 4, 128, 32, 20),
     ("causal", 2, 8, 256, 64, 10),
@@ -26,6 +28,8 @@ CASES = [  # mask, B, H, T, D, reps
     ("documents", 1, 8, 1024, 64, 5),
     ("documents", 1, 4, 2048, 64, 3),
     ("documents", 1, 4, 4096, 64, 3),
+    ("causal", 1, 4, 16384, 64, 1, "fused"),  # the others need GBs ([T, T] masks and scores)
+    ("documents", 1, 4, 16384, 64, 1, "fused"),
 ]
 BLOCK_Q, BLOCK_K = 64, 128  # kernels/cpu/attention.h
 
@@ -61,22 +65,25 @@ def main():
     driver = pathlib.Path(args.build) / "bin" / "strata_bench_attention"
     lines = [f"# Attention on CPU ({platform.machine()}, {args.threads} threads, fp32)", "",
              f"Command: `~/.local/share/strata/venv/bin/python bench/attention.py --build {args.build} --threads {args.threads}`",
-             "Median ms per call (forward under no_grad; forward+backward of sum(out * w) to q, k, v).",
+             "Median ms per call over interleaved rounds (forward under no_grad; forward+backward of sum(out * w)",
+             "to q, k, v). Peak MiB: measured, the tensors one call allocates beyond those live before it",
+             "(outputs and gradients included); est.: the formula below for the extra memory alone.",
              "`fused` is the blocked kernel called directly; the operator attention.fused_cpu sends plain",
              "causal / unmasked calls without lse to ATen SDPA instead (kernels/README.md). Ratios are",
              "the other implementation's time over the fused kernel's (> 1: fused is faster).", "",
              ESTIMATES, ""]
-    for mask, b, h, t, d, reps in CASES:
-        out = subprocess.run([str(driver), str(b), str(h), str(t), str(d), mask, str(reps), str(args.threads)],
+    for mask, b, h, t, d, reps, *only in CASES:
+        out = subprocess.run([str(driver), str(b), str(h), str(t), str(d), mask, str(reps), str(args.threads)] + only,
                              check=True, capture_output=True, text=True).stdout
         rows = [json.loads(line) for line in out.splitlines()]
         base = {r["impl"]: r for r in rows}["fused"]
         lines += [f"## {mask}, B={b} H={h} T={t} D={d}", "",
-                  "| implementation | forward ms | vs fused | fwd+bwd ms | vs fused | extra memory MiB (est.) |",
-                  "|---|---|---|---|---|---|"]
+                  "| implementation | forward ms | vs fused | fwd+bwd ms | vs fused | peak MiB fwd | peak MiB fwd+bwd | extra MiB (est.) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['impl']} | {r['forward_ms']:.2f} | {r['forward_ms'] / base['forward_ms']:.2f}x "
                          f"| {r['forward_backward_ms']:.2f} | {r['forward_backward_ms'] / base['forward_backward_ms']:.2f}x "
+                         f"| {r['forward_peak_bytes'] / 2**20:.1f} | {r['forward_backward_peak_bytes'] / 2**20:.1f} "
                          f"| {extra_mib(r['impl'], mask, b, h, t, d, args.threads):.1f} |")
         lines.append("")
         print("\n".join(lines[-len(rows) - 4:]), flush=True)

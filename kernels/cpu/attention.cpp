@@ -375,8 +375,8 @@ ops::AttentionResult attention_blocked_cpu(const at::Tensor& q, const at::Tensor
 // Plain calls (no lse, no documents, no additive mask, as many kv heads as query heads, and
 // unmasked or causal over the same tokens with the ends aligned) go to ATen's fused SDPA, as the
 // reference sends them: measured (bench/results/attention_cpu.md, 2 threads) ATen's CPU flash
-// kernel is faster in the forward at T = 128, the default job's length, and the blocked kernel
-// only from T = 256 up (1.1-1.6x). Everything else (with lse as ring attention asks, documents,
+// kernel is faster at T = 128, the default job's length, and the blocked kernel's forward+backward
+// only from T = 256 up (1.1-1.4x). Everything else (with lse as ring attention asks, documents,
 // additive masks, window positions, GQA) runs the blocked kernel, which never materialises
 // [Tq, Tk] and is 1.2-5.8x faster than ATen SDPA with a boolean document mask.
 ops::AttentionResult attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

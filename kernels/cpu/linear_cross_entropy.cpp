@@ -90,7 +90,7 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
 }  // namespace
 
 int64_t linear_cross_entropy_chunk_rows(int64_t vocab) {
-  return std::max<int64_t>(16, kLinearCrossEntropyChunkBytes / (4 * std::max<int64_t>(1, vocab)));
+  return std::max<int64_t>(kLinearCrossEntropyMinRows, kLinearCrossEntropyChunkBytes / (4 * std::max<int64_t>(1, vocab)));
 }
 
 at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

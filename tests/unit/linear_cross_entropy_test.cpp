@@ -99,8 +99,9 @@ TEST(LinearCrossEntropy, WithoutGradientsOnlyTheLoss) {
 
 TEST(LinearCrossEntropy, ChunkRowsFollowTheVocabulary) {
   EXPECT_EQ(kernels::linear_cross_entropy_chunk_rows(256), (int64_t{4} << 20) / (4 * 256));
-  EXPECT_EQ(kernels::linear_cross_entropy_chunk_rows(50257), 20);  // 4 MiB / (4 bytes x 50257)
-  EXPECT_EQ(kernels::linear_cross_entropy_chunk_rows(int64_t{1} << 24), 16);
+  EXPECT_EQ(kernels::linear_cross_entropy_chunk_rows(4096), 256);   // 4 MiB / (4 bytes x 4096)
+  EXPECT_EQ(kernels::linear_cross_entropy_chunk_rows(50257), 256);  // the floor (20 rows would fit 4 MiB)
+  EXPECT_EQ(kernels::linear_cross_entropy_chunk_rows(int64_t{1} << 24), 256);
 }
 
 TEST(LinearCrossEntropy, TheKernelsPluginServesTheOperator) {
