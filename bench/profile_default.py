@@ -47,13 +47,7 @@ def pytorch_profile(steps):
     data = torch.randint(VOCAB, (steps + 2, BATCH, SEQ + 1))
 
     def step(s):
-        opt.zero_grad(set_to_none=True)
-        x, y = data[s, :, :-1], data[s, :, 1:]
-        loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss.item()
+        step_time.eager_step(model, opt, data[s])
 
     for s in range(2):
         step(s)

@@ -62,6 +62,17 @@ class Gpt(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)
 
 
+def eager_step(model, opt, batch):
+    """One PyTorch eager training step on batch [B, T + 1]: loss, backward, clip to 1, AdamW."""
+    opt.zero_grad(set_to_none=True)
+    x, y = batch[:, :-1], batch[:, 1:]
+    loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    loss.item()
+
+
 def pytorch_step_times(n_layer, n_head, d, seq_len, batch, steps, flush_denormal):
     torch.set_flush_denormal(flush_denormal)
     torch.manual_seed(0)
@@ -74,13 +85,7 @@ def pytorch_step_times(n_layer, n_head, d, seq_len, batch, steps, flush_denormal
     times = []
     for s in range(steps):
         start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        x, y = data[s, :, :-1], data[s, :, 1:]
-        loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss.item()
+        eager_step(model, opt, data[s])
         times.append((time.perf_counter() - start) * 1000)
     return times
 
