@@ -51,7 +51,7 @@ namespace {
 //   "snapshot" (halfway through the flash copy of step STEP) kill_in_snapshot: SIGKILL;
 //   "snapshot_done" (after the flash snapshot of step STEP) corrupt_snapshot: returns true, and
 //              the caller flips a byte of that snapshot.
-bool inject_fault(int rank, int64_t step, const std::string& point = "step") {
+bool inject_fault(int rank, int64_t step, const std::string& point = "step", const std::function<void()>& before_kill = {}) {
   const char* fault = std::getenv("STRATA_FAULT");
   const char* attempt = std::getenv("STRATA_RESTART_COUNT");
   if (!fault || (attempt && std::string(attempt) != "0" && !std::getenv("STRATA_FAULT_EVERY_ATTEMPT"))) return false;
@@ -62,7 +62,10 @@ bool inject_fault(int rank, int64_t step, const std::string& point = "step") {
     int fault_rank = -1;
     int64_t fault_step = -1;
     if (!(in >> kind >> fault_rank >> fault_step) || fault_rank != rank || fault_step != step) continue;
-    if (point == "step" && kind == "kill") std::raise(SIGKILL);
+    if (point == "step" && kind == "kill") {
+      if (before_kill) before_kill();
+      std::raise(SIGKILL);
+    }
     if (point == "step" && kind == "stop") std::raise(SIGSTOP);
     if (point == "backward" && kind == "stop_in_backward") std::raise(SIGSTOP);
     if (point == "snapshot" && kind == "kill_in_snapshot") std::raise(SIGKILL);
@@ -750,7 +753,11 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
   for (int64_t step = start_step + 1; step <= steps; ++step) {
     if (step == profile_first && profile_last >= profile_first) profile.start();
     progress.beat(step, StepPhase::Starting);
-    inject_fault(env.rank, step);
+    // A kill between steps finds the previous snapshot whole: its checksum thread may not have run
+    // yet on a loaded machine, and a kill during a snapshot is kill_in_snapshot's case.
+    inject_fault(env.rank, step, "step", [&] {
+      if (flash) flash->wait();
+    });
     const auto started = std::chrono::steady_clock::now();
     for (auto& p : params) p.mutable_grad() = at::Tensor();
     StepContext context;
