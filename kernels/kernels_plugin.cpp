@@ -1,5 +1,6 @@
 // The kernels plugin: registers the operator implementations under kernels/ (registration only;
 // each kernel lives in its own file with its reference, test and bench named in README.md).
+#include "cpu/activations.h"
 #include "cpu/attention.h"
 #include "cpu/linear_cross_entropy.h"
 #include "strata/plugin.h"
@@ -22,6 +23,12 @@ void register_components(Registry& registry) {
       "logits never exist",
       &linear_cross_entropy_chunked_cpu,
       ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::Gelu>>(
+      "gelu.fused_cpu", "tanh GELU as x sigmoid(2u): one vectorised pass forward, one backward (float arithmetic)",
+      &gelu_tanh_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::SwiGlu>>(
+      "swiglu.fused_cpu", "silu(gate) * up: one vectorised pass forward, one backward giving both gradients (float arithmetic)",
+      &swiglu_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The row arithmetic of attention tiles (attention_rows.h), written once with at::vec and
-// compiled per CPU capability: STRATA_ROWS_NAMESPACE names the copy (generic, avx2) and the build
+// compiled per CPU capability: STRATA_CPU_NAMESPACE names the copy (generic, avx2) and the build
 // sets ATen's CPU_CAPABILITY macros and compiler flags to match (kernels/CMakeLists.txt). Exp is
 // at::vec's exp_u20 (a degree-5 polynomial, 20 ulp at most, what ATen's own CPU flash attention
 // uses); the tails of rows that are no multiple of the vector width go through std::exp.
@@ -12,11 +12,11 @@
 
 #include "attention_rows.h"
 
-#ifndef STRATA_ROWS_NAMESPACE
-#error "compile attention_rows.cpp with STRATA_ROWS_NAMESPACE set (kernels/CMakeLists.txt)"
+#ifndef STRATA_CPU_NAMESPACE
+#error "compile attention_rows.cpp with STRATA_CPU_NAMESPACE set (kernels/CMakeLists.txt)"
 #endif
 
-namespace strata::kernels::STRATA_ROWS_NAMESPACE {
+namespace strata::kernels::STRATA_CPU_NAMESPACE {
 namespace {
 
 template <class T>
@@ -110,8 +110,8 @@ const AttentionRowOps<T>& ops_for() {
 }  // namespace
 
 const AttentionRowOps<float>& row_ops_float() { return ops_for<float>(); }
-#ifndef STRATA_ROWS_FLOAT_ONLY
+#ifndef STRATA_CPU_COPY_AVX2
 const AttentionRowOps<double>& row_ops_double() { return ops_for<double>(); }
 #endif
 
-}  // namespace strata::kernels::STRATA_ROWS_NAMESPACE
+}  // namespace strata::kernels::STRATA_CPU_NAMESPACE

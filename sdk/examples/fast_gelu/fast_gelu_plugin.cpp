@@ -1,7 +1,9 @@
 // Example operator implementation: the tanh-approximated GELU of the `gelu` operator, computed
 // for fp32 CPU tensors in one loop forward and one loop backward (the reference composes ATen
-// kernels). Its Support says fp32 on CPU, so Strata's dispatcher keeps using the reference for
-// every other dtype and device: the override never changes what it does not handle.
+// kernels). Its Support says fp32 on CPU, and its priority (20) is above Strata's own fused CPU
+// kernel's (10): it serves fp32 CPU calls, and every other dtype and device goes on to the next
+// implementation that supports it (Strata's gelu.fused_cpu, the reference): the override never
+// changes what it does not handle.
 #include <cmath>
 
 #include <ATen/ATen.h>
