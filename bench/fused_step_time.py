@@ -1,19 +1,22 @@
-"""Step time and peak memory of Strata with and without its fused kernels, next to PyTorch eager
-and torch.compile on the same GPT-2, batch and optimizer, in one run (issue 19).
+"""Step time and peak memory of Strata (reference operators, its defaults with fused kernels, and
+with fused_loss) next to PyTorch eager and torch.compile on the same GPT-2, batch and optimizer,
+in one run with interleaved rounds (issue 33).
 
-usage: python bench/fused_step_time.py [--strata build/bin/strata] [--steps 8] [--threads 2]
-                                       [--sizes default,tiny,medium,vocab50257]
-                                       [--out bench/results/fused_step_time_cpu.md]
+usage: python bench/fused_step_time.py [--strata build/bin/strata] [--steps 8] [--rounds 3]
+                                       [--threads 2] [--sizes default,tiny,small,medium,vocab50257]
+                                       [--out bench/results/fused_step_time_cpu.md] [--append]
 
 Columns:
-* Strata: `strata run` of the model (synthetic tokens, AdamW, clipping 1.0, fp32, one rank).
-* Strata fused: the same with the fused_loss pass (output projection + cross entropy in chunks by
-  linear_cross_entropy.chunked_cpu; the [tokens, vocab] logits never exist).
+* Strata reference: `strata run` of the model (synthetic tokens, AdamW, clipping 1.0, fp32, one
+  rank) with module_replace choosing the reference attention and gelu (the ATen calls eager makes).
+* Strata: the defaults (attention.fused_cpu, gelu.fused_cpu by priority).
+* + fused_loss: also the output projection + cross entropy in chunks
+  (linear_cross_entropy.chunked_cpu; the [tokens, vocab] logits never exist).
 * eager / compile: bench/step_time.py's PyTorch GPT-2 and loop, plain and under torch.compile
   (default mode, inductor's C++ backend), each in its own process so peak RSS is its own.
-Peak memory is the process's peak RSS (ru_maxrss) after the measured steps; the logits formula
-N x V x 4 bytes (N = batch x seq tokens) is beside it: eager keeps about three such tensors
-alive at the loss (logits, log-probabilities saved for backward, their gradient).
+Peak memory: Strata's mem_peak_bytes, PyTorch's process peak RSS (ru_maxrss); the logits formula
+N x V x 4 bytes (N = batch x seq tokens) is beside it: eager keeps about three such tensors alive
+at the loss (logits, log-probabilities saved for backward, their gradient).
 """
 import argparse
 import json
@@ -30,6 +33,7 @@ import time
 SIZES = {  # name: n_layer, n_head, d_model, seq_len, batch, vocab
     "default": (4, 4, 128, 128, 16, 256),
     "tiny": (4, 4, 128, 128, 16, 4096),
+    "small": (6, 6, 384, 256, 8, 4096),
     "medium": (8, 8, 512, 256, 8, 4096),
     "vocab50257": (2, 4, 256, 256, 8, 50257),
 }
@@ -77,25 +81,30 @@ def pytorch(size, steps, threads, compile_):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def strata(binary, size, steps, threads, fused):
+STRATA_VARIANTS = {  # column: passes added to the strategy
+    "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\ngelu = "reference"\n',
+    "strata": "",
+    "fused_loss": '\n[[pass]]\nname = "fused_loss"\n',
+}
+
+
+def strata(binary, size, steps, threads, variant):
     n_layer, n_head, d, seq_len, batch, vocab = size
     with tempfile.TemporaryDirectory() as out:
         strategy = pathlib.Path(out) / "bench.toml"
-        text = '[job]\nmodel = "gpt"\ndataset = "synthetic"\n'
-        if fused:
-            text += '\n[[pass]]\nname = "fused_loss"\n'
-        strategy.write_text(text)
+        strategy.write_text('[job]\nmodel = "gpt"\ndataset = "synthetic"\n' + STRATA_VARIANTS[variant])
         sets = {
             "job.steps": steps, "job.global_batch": batch, "job.log_every": steps, "job.eval_every": 0,
             "job.checkpoint_every": 0, "job.threads": threads, "model.n_layer": n_layer, "model.n_head": n_head,
             "model.d_model": d, "model.seq_len": seq_len, "model.vocab_size": vocab, "data.vocab_size": vocab,
             "data.num_tokens": 1 << 20, "optimizer.lr": 1e-3, "optimizer.weight_decay": 0.1, "optimizer.warmup_steps": 0,
         }
-        cmd = [binary, "run", str(strategy), "--out", out]
+        run_dir = pathlib.Path(out) / "run"  # strata run refuses a directory holding other files
+        cmd = [binary, "run", str(strategy), "--out", str(run_dir)]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={v}"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        records = [json.loads(l) for l in (pathlib.Path(out) / "metrics.jsonl").read_text().splitlines()]
+        records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return {"ms": statistics.median(r["step_ms"] for r in records[WARMUP:]), "peak": records[-1]["mem_peak_bytes"]}
 
 
@@ -105,44 +114,59 @@ def main():
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="bench/results/fused_step_time_cpu.md")
+    parser.add_argument("--append", action="store_true", help="add this thread count's section to --out")
     parser.add_argument("--worker")
     args = parser.parse_args()
     if args.worker:
         return pytorch_worker(json.loads(args.worker))
 
+    # Interleaved rounds: every column once per round, in turn, so that the machine's drift
+    # (shared, noisy) spreads over all of them; the median over rounds of each run's median.
+    columns = list(STRATA_VARIANTS) + ["eager", "compile"]
     rows = []
     for name in args.sizes.split(","):
         size = SIZES[name]
-        r = {
-            "strata": strata(args.strata, size, args.steps, args.threads, False),
-            "fused": strata(args.strata, size, args.steps, args.threads, True),
-            "eager": pytorch(size, args.steps, args.threads, False),
-            "compile": pytorch(size, args.steps, args.threads, True),
-        }
+        runs = {c: [] for c in columns}
+        for _ in range(args.rounds):
+            for c in columns:
+                if c in STRATA_VARIANTS:
+                    runs[c].append(strata(args.strata, size, args.steps, args.threads, c))
+                else:
+                    runs[c].append(pytorch(size, args.steps, args.threads, c == "compile"))
+        r = {c: {"ms": statistics.median(x["ms"] for x in runs[c]), "peak": max(x["peak"] for x in runs[c])} for c in columns}
         rows.append((name, size, r))
         print(name, {k: (round(v["ms"], 1), round(v["peak"] / 2**20)) for k, v in r.items()}, flush=True)
 
     mib = lambda b: f"{b / 2**20:.0f}"
-    with open(args.out, "w") as f:
-        f.write("# Step time and peak memory: Strata (with and without fused kernels) vs PyTorch eager and torch.compile (CPU, fp32)\n\n")
-        f.write(f"Command: `~/.local/share/strata/venv/bin/python bench/fused_step_time.py --steps {args.steps} "
-                f"--threads {args.threads} --sizes {args.sizes}`  \n")
+    with open(args.out, "a" if args.append else "w") as f:
+        if not args.append:
+            f.write("# Step time and peak memory: Strata vs PyTorch eager and torch.compile (CPU, fp32)\n\n")
+            f.write("GPT-2 (tied head, tanh GELU), random tokens, AdamW, clipping at 1.0; the same model and loop in all "
+                    "columns. Strata reference: the reference operators (`module_replace` with attention and gelu = "
+                    "\"reference\": the ATen calls eager makes); Strata: the defaults (fused CPU kernels chosen by "
+                    "priority); + fused_loss: also the chunked linear + cross-entropy. Ratios are time over PyTorch "
+                    "eager's (< 1: faster).\n")
+        f.write(f"\n## {args.threads} thread(s)\n\nCommand: `~/.local/share/strata/venv/bin/python bench/fused_step_time.py "
+                f"--steps {args.steps} --rounds {args.rounds} --threads {args.threads} --sizes {args.sizes}"
+                f"{' --append' if args.append else ''}`  \n")
         f.write(f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared, noisy); {args.threads} threads for all; "
-                f"medians of steps {WARMUP + 1}..{args.steps}; one process each.\n\n")
-        f.write("GPT-2 (tied head), random tokens, AdamW, clipping at 1.0. \"Strata fused\" adds the fused_loss pass "
-                "(linear_cross_entropy.chunked_cpu). Ratios are time over PyTorch eager's (< 1: faster).\n\n")
-        f.write("| size | layers x d_model | seq x batch | vocab | Strata ms | Strata fused ms | eager ms | compile ms "
-                "| Strata / eager | fused / eager | compile / eager |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+                f"each run's median of steps {WARMUP + 1}..{args.steps}, then the median of {args.rounds} interleaved "
+                "rounds; one process each.\n\n")
+        f.write("| size | layers x d_model | seq x batch | vocab | Strata reference ms | Strata ms | + fused_loss ms | eager ms "
+                "| compile ms | Strata / eager | Strata / compile | + fused_loss / eager | compile / eager |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for name, (l, h, d, t, b, v), r in rows:
-            e = r["eager"]["ms"]
-            f.write(f"| {name} | {l} x {d} | {t} x {b} | {v} | {r['strata']['ms']:.1f} | {r['fused']['ms']:.1f} | {e:.1f} | "
-                    f"{r['compile']['ms']:.1f} | {r['strata']['ms'] / e:.3f} | {r['fused']['ms'] / e:.3f} | {r['compile']['ms'] / e:.3f} |\n")
-        f.write("\nPeak RSS (MiB) next to the logits formula N x V x 4 bytes:\n\n")
-        f.write("| size | N x V x 4 (MiB) | Strata | Strata fused | eager | compile | Strata - fused |\n|---|---|---|---|---|---|---|\n")
+            e, c, m = r["eager"]["ms"], r["compile"]["ms"], r["strata"]["ms"]
+            f.write(f"| {name} | {l} x {d} | {t} x {b} | {v} | {r['reference']['ms']:.1f} | {m:.1f} | {r['fused_loss']['ms']:.1f} | "
+                    f"{e:.1f} | {c:.1f} | {m / e:.3f} | {m / c:.3f} | {r['fused_loss']['ms'] / e:.3f} | {c / e:.3f} |\n")
+        f.write("\nPeak memory (MiB; Strata: its mem_peak_bytes, PyTorch: the process's peak RSS) next to the logits "
+                "formula N x V x 4 bytes:\n\n")
+        f.write("| size | N x V x 4 | Strata | + fused_loss | eager | compile |\n|---|---|---|---|---|---|\n")
         for name, (l, h, d, t, b, v), r in rows:
-            f.write(f"| {name} | {mib(t * b * v * 4)} | {mib(r['strata']['peak'])} | {mib(r['fused']['peak'])} | "
-                    f"{mib(r['eager']['peak'])} | {mib(r['compile']['peak'])} | {mib(r['strata']['peak'] - r['fused']['peak'])} |\n")
+            f.write(f"| {name} | {mib(t * b * v * 4)} | {mib(r['strata']['peak'])} | {mib(r['fused_loss']['peak'])} | "
+                    f"{mib(r['eager']['peak'])} | {mib(r['compile']['peak'])} |\n")
     print(open(args.out).read())
 
 

@@ -1,6 +1,7 @@
 // The kernels plugin: registers the operator implementations under kernels/ (registration only;
 // each kernel lives in its own file with its reference, test and bench named in README.md).
 #include "cpu/activations.h"
+#include "cpu/adamw.h"
 #include "cpu/attention.h"
 #include "cpu/linear_cross_entropy.h"
 #include "strata/plugin.h"
@@ -29,6 +30,9 @@ void register_components(Registry& registry) {
   registry.add(std::make_unique<ops::OperatorImpl<ops::SwiGlu>>(
       "swiglu.fused_cpu", "silu(gate) * up: one vectorised pass forward, one backward giving both gradients (float arithmetic)",
       &swiglu_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::AdamwUpdate>>(
+      "adamw_update.fused_cpu", "AdamW step in one vectorised pass over each tensor, the reference's operations in order (fp32)",
+      &adamw_update_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat}}, 10));
 }
 
 }  // namespace

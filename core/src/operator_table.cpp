@@ -201,6 +201,10 @@ void agd_update(const at::Tensor& param, const at::Tensor& grad, const at::Tenso
                 const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z, const AgdHyper& hyper) {
   pick<AgdUpdate>(param)(param, grad, exp_avg, exp_avg_diff_sq, max_exp_avg_diff_sq, z, hyper);
 }
+void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                  const AdamwHyper& hyper) {
+  pick<AdamwUpdate>(param)(param, grad, exp_avg, exp_avg_sq, hyper);
+}
 
 }  // namespace ops
 }  // namespace strata

@@ -112,6 +112,20 @@ at::Tensor linear_cross_entropy_reference(const at::Tensor& hidden, const at::Te
   return at::cross_entropy_loss(at::linear(hidden, weight, bias).to(at::kFloat), targets);
 }
 
+// torch.optim.AdamW's single-tensor update, one ATen operation per line (what the optimizers
+// plugin ran before the operator existed).
+void adamw_update_reference(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                            const at::Tensor& exp_avg_sq, const ops::AdamwHyper& h) {
+  at::NoGradGuard no_grad;
+  const double t = static_cast<double>(h.step);
+  const double bias1 = 1.0 - std::pow(h.beta1, t), bias2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
+  if (h.weight_decay != 0) param.mul_(1.0 - h.lr * h.weight_decay);
+  exp_avg.lerp_(grad, 1.0 - h.beta1);
+  exp_avg_sq.mul_(h.beta2).addcmul_(grad, grad, 1.0 - h.beta2);
+  at::Tensor denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(h.eps);
+  param.addcdiv_(exp_avg, denom, -h.lr / bias1);
+}
+
 // Written step for step from the formulas, one ATen operation each; the fused implementations
 // are tested against it.
 void agd_update_reference(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
@@ -181,6 +195,8 @@ void OperatorTable::reset() {
            reference<ops::LinearCrossEntropy>("at::linear, then mean cross entropy in fp32 (the [N, V] logits written out)",
                                               linear_cross_entropy_reference),
            reference<ops::AgdUpdate>("AGD step, one ATen operation per formula line", agd_update_reference),
+           reference<ops::AdamwUpdate>("AdamW step, one ATen operation per formula line (torch.optim.AdamW's)",
+                                       adamw_update_reference),
        }) {
     table_[impl->op()].push_back(impl);
     defined_by_[impl->op()] = "core";

@@ -1,7 +1,8 @@
 // Chooses, once, the compiled copy of each per-capability file this CPU runs (attention_rows.h,
-// activation_math.h), as ATen's DispatchStub does for its own kernels: AVX2+FMA where the CPU has
+// activation_math.h, adamw_rows.h), as ATen's DispatchStub does for its own kernels: AVX2+FMA where the CPU has
 // them, else the generic copy.
 #include "activation_math.h"
+#include "adamw_rows.h"
 #include "attention_rows.h"
 
 namespace strata::kernels {
@@ -46,6 +47,15 @@ template <>
 const ActivationOps<c10::Half>& activation_ops<c10::Half>() {
   static const ActivationOps<c10::Half>& ops = STRATA_PICK(activation_ops_half);
   return ops;
+}
+
+AdamwRows adamw_rows() {
+#if defined(STRATA_HAVE_AVX2_COPIES)
+  static const AdamwRows rows = cpu_has_avx2() ? &avx2::adamw_rows : &generic::adamw_rows;
+#else
+  static const AdamwRows rows = &generic::adamw_rows;
+#endif
+  return rows;
 }
 
 #undef STRATA_PICK

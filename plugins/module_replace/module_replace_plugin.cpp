@@ -17,7 +17,7 @@ const std::vector<std::string>& core_operators() {
   static const std::vector<std::string> names = {ops::Attention::name, ops::LayerNorm::name, ops::RmsNorm::name,
                                                  ops::Linear::name,    ops::Gelu::name,      ops::SwiGlu::name,
                                                  ops::Rope::name,      ops::CrossEntropy::name, ops::LinearCrossEntropy::name,
-                                                 ops::AgdUpdate::name};
+                                                 ops::AgdUpdate::name, ops::AdamwUpdate::name};
   return names;
 }
 

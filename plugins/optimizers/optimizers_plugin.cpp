@@ -40,22 +40,19 @@ class AdamW final : public Optimizer {
       for (size_t i = 0; i < g.params.size(); ++i) state_.add(g.names[i], g.params[i], {"exp_avg", "exp_avg_sq"});
   }
 
+  // Each parameter's update is the adamw_update operator: the reference is torch.optim.AdamW's
+  // arithmetic one ATen call at a time; kernels/ serves fp32 CPU tensors in one pass.
   void step(double lr) override {
     at::NoGradGuard no_grad;
     step_ += 1;
-    const double t = static_cast<double>(step_.item<int64_t>());
-    const double bias1 = 1.0 - std::pow(beta1_, t), bias2_sqrt = std::sqrt(1.0 - std::pow(beta2_, t));
+    ops::AdamwHyper h{lr, beta1_, beta2_, eps_, 0.0, step_.item<int64_t>()};
     size_t index = 0;
     for (auto& g : groups_)
       for (auto& p : g.params) {
         auto& s = state_.of(index++);
-        const at::Tensor& grad = p.grad();
-        if (!grad.defined()) continue;
-        if (g.weight_decay != 0) p.mul_(1.0 - lr * g.weight_decay);
-        s[0].lerp_(grad, 1.0 - beta1_);
-        s[1].mul_(beta2_).addcmul_(grad, grad, 1.0 - beta2_);
-        at::Tensor denom = (s[1].sqrt() / bias2_sqrt).add_(eps_);
-        p.addcdiv_(s[0], denom, -lr / bias1);
+        if (!p.grad().defined()) continue;
+        h.weight_decay = g.weight_decay;
+        ops::adamw_update(p, p.grad(), s[0], s[1], h);
       }
   }
 

@@ -105,6 +105,20 @@ struct AgdUpdate {
                       const AgdHyper& hyper);
 };
 
+// Hyperparameters of one AdamW update (torch.optim.AdamW's rule, decoupled weight decay).
+struct AdamwHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  int64_t step = 1;  // t, counted from 1
+};
+// One AdamW step of one parameter, in place: p *= 1 - lr wd; m = lerp(m, g, 1 - beta1);
+// v = beta2 v + (1 - beta2) g^2; p -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+// exp_avg and exp_avg_sq have the parameter's shape and dtype.
+struct AdamwUpdate {
+  static constexpr const char* name = "adamw_update";
+  using Fn = void(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                  const AdamwHyper& hyper);
+};
+
 STRATA_API AttentionResult attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask,
                                      bool with_lse = false);
 // The common case: causal or not, an optional additive mask, the output only.
@@ -123,6 +137,8 @@ STRATA_API at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::T
 STRATA_API void agd_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                            const at::Tensor& exp_avg_diff_sq, const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z,
                            const AgdHyper& hyper);
+STRATA_API void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                             const at::Tensor& exp_avg_sq, const AdamwHyper& hyper);
 
 // Where an implementation applies. Empty lists mean "any".
 struct Support {
