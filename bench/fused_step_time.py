@@ -8,7 +8,8 @@ usage: python bench/fused_step_time.py [--strata build/bin/strata] [--steps 8] [
 
 Columns:
 * Strata reference: `strata run` of the model (synthetic tokens, AdamW, clipping 1.0, fp32, one
-  rank) with module_replace choosing the reference attention and gelu (the ATen calls eager makes).
+  rank) with module_replace choosing the reference attention, gelu and adamw_update (the ATen calls
+  eager makes).
 * Strata: the defaults (attention.fused_cpu, gelu.fused_cpu by priority).
 * + fused_loss: also the output projection + cross entropy in chunks
   (linear_cross_entropy.chunked_cpu; the [tokens, vocab] logits never exist).
@@ -82,7 +83,7 @@ def pytorch(size, steps, threads, compile_):
 
 
 STRATA_VARIANTS = {  # column: passes added to the strategy
-    "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\ngelu = "reference"\n',
+    "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\ngelu = "reference"\nadamw_update = "reference"\n',
     "strata": "",
     "fused_loss": '\n[[pass]]\nname = "fused_loss"\n',
 }
@@ -144,7 +145,7 @@ def main():
         if not args.append:
             f.write("# Step time and peak memory: Strata vs PyTorch eager and torch.compile (CPU, fp32)\n\n")
             f.write("GPT-2 (tied head, tanh GELU), random tokens, AdamW, clipping at 1.0; the same model and loop in all "
-                    "columns. Strata reference: the reference operators (`module_replace` with attention and gelu = "
+                    "columns. Strata reference: the reference operators (`module_replace` with attention, gelu and adamw_update = "
                     "\"reference\": the ATen calls eager makes); Strata: the defaults (fused CPU kernels chosen by "
                     "priority); + fused_loss: also the chunked linear + cross-entropy. Ratios are time over PyTorch "
                     "eager's (< 1: faster).\n")
