@@ -3,7 +3,8 @@
 // through at::_scaled_mm on fp8 operands; tensor parallel's on_input/on_weight/on_output hooks
 // still run around it, so the hook sees this rank's local weight (gathered first under fsdp).
 // Scaling is Transformer Engine's delayed recipe (scales from the amax history of previous
-// steps, job state so a resumed run continues exactly) or the current (dynamic tensorwise) one.
+// steps, job state so a resumed run continues exactly), the current (dynamic tensorwise) one, or
+// rowwise (dynamic, a scale per row or column along each GEMM's contracted dimension).
 #include <iostream>
 
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 
 #include "fp8_layers.h"
 #include "fp8_linear.h"
+#include "fp8_rowwise.h"
 #include "strata/plugin.h"
 #include "strata/rng.h"
 
@@ -67,6 +69,17 @@ class NoAutocast {
   bool enabled_;
 };
 
+// Runs an fp8 layer's computation, given the dtype its output must have: under autocast, what the
+// high-precision linear it replaces would return (the autocast dtype). The layer's own casts are
+// explicit, so autocast is off inside.
+template <typename Compute>
+at::Tensor without_autocast(const at::Tensor& x, const Compute& compute) {
+  const c10::DeviceType device = x.device().type();
+  const at::ScalarType out_dtype = at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
+  const NoAutocast off(device);
+  return compute(out_dtype);
+}
+
 // Keys only the delayed recipe reads: refused when set under another recipe.
 const char* const kDelayedOnly[] = {"interval", "amax_history_len", "amax_compute_algo"};
 
@@ -86,7 +99,8 @@ class Fp8Pass final : public Pass {
                   .strings("exclude", {"lm_head"}, "Substrings of Linear module names kept in high precision (the output head)")
                   .string("recipe", "delayed",
                           "delayed: scales from the amax history of previous steps (Transformer Engine DelayedScaling); current: "
-                          "each tensor's own amax (dynamic tensorwise); rowwise: refused (_scaled_mm on CPU takes per-tensor scales only)",
+                          "each tensor's own amax (dynamic tensorwise); rowwise: dynamic, a scale per row or column along each GEMM's "
+                          "contracted dimension",
                           {"delayed", "current", "rowwise"})
                   .integer("margin", 0, "scale = fp8_max / amax / 2^margin", between(0, 64))
                   .integer("interval", 1, "delayed: recompute the scales every N steps", at_least(1))
@@ -98,12 +112,8 @@ class Fp8Pass final : public Pass {
                            "All-reduce amaxes (max) over the data, tensor and context ranks so every rank uses the same scales")},
              {Phase::ModelRewrite, {}, {}, {}, {}}) {}
 
-  void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
+  void validate(const Config& config, const SourcePos&, Diagnostics& diagnostics) const override {
     const std::string& recipe = config.get_string("recipe");
-    if (recipe == "rowwise")
-      diagnostics.error(config.entry("recipe").pos.file.empty() ? section : config.entry("recipe").pos,
-                        "pass 'fp8' recipe 'rowwise' is not supported: at::_scaled_mm in torch 2.11 takes only per-tensor scales on "
-                        "the CPU; use 'delayed' or 'current'");
     if (recipe != "delayed")
       for (const char* key : kDelayedOnly)
         if (config.entry(key).origin != Origin::Default)
@@ -153,6 +163,10 @@ class Fp8Pass final : public Pass {
     if (report && !choice.too_small.empty())
       std::cout << "fp8: left in high precision (a dimension not a multiple of 16): " << join(choice.too_small) << "\n";
 
+    if (config.get_string("recipe") == "rowwise") {
+      apply_rowwise(job, config, choice);
+      return;
+    }
     auto scaling = std::make_shared<Scaling>();
     scaling->recipe = config.get_string("recipe") == "current" ? Recipe::Current : Recipe::Delayed;
     scaling->backward = config.get_string("fp8_format") == "HYBRID" ? Format::E5M2 : Format::E4M3;
@@ -187,16 +201,37 @@ class Fp8Pass final : public Pass {
 
     for (int64_t k = 0; k < layers; ++k)
       choice.fp8[k].second->hooks.compute = [scaling, k](const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
-        // Under autocast the layer returns what the high-precision linear it replaces would (the
-        // autocast dtype); its own casts are explicit, so autocast is off inside.
-        const c10::DeviceType device = x.device().type();
-        const at::ScalarType out_dtype = at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
-        const NoAutocast off(device);
-        return fp8_linear(x, w, b, *scaling, k, out_dtype);
+        return without_autocast(x, [&](at::ScalarType out_dtype) { return fp8_linear(x, w, b, *scaling, k, out_dtype); });
       };
+    report_layer_count(job, layers);
+  }
+
+ private:
+  static void report_layer_count(Job& job, int64_t layers) {
     job.add_hook(HookPoint::AfterStep, [layers](StepContext& context) {
       context.metrics.emplace_back("fp8_layers", static_cast<double>(layers));
     });
+  }
+
+  // Rowwise is stateless: each layer knows which ranks share each of its GEMMs' contracted
+  // dimensions (fp8_rowwise.h), from its tensor-parallel split.
+  static void apply_rowwise(Job& job, const Config& config, const LayerChoice& choice) {
+    RowwiseScaling common;
+    common.backward = config.get_string("fp8_format") == "HYBRID" ? Format::E5M2 : Format::E4M3;
+    common.margin = config.get_int("margin");
+    const bool reduce = config.get_bool("reduce_amax");
+    const std::vector<Dim> token_dims{Dim::Data, Dim::Context};
+    Communicator* tensor = reduce && job.topology->size(Dim::Tensor) > 1 ? &job.topology->group(Dim::Tensor) : nullptr;
+    common.tokens = reduce && job.topology->size(token_dims) > 1 ? &job.topology->group(token_dims) : nullptr;
+    for (const auto& [name, linear] : choice.fp8) {
+      auto scaling = std::make_shared<RowwiseScaling>(common);
+      if (linear->parallel_style == nn::ParallelStyle::Row) scaling->in_split = tensor;
+      if (linear->parallel_style == nn::ParallelStyle::Column) scaling->out_split = tensor;
+      linear->hooks.compute = [scaling](const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+        return without_autocast(x, [&](at::ScalarType out_dtype) { return fp8_linear_rowwise(x, w, b, *scaling, out_dtype); });
+      };
+    }
+    report_layer_count(job, static_cast<int64_t>(choice.fp8.size()));
   }
 };
 

@@ -12,6 +12,7 @@
 
 #include "fp8_linear.h"
 #include "fp8_numerics.h"
+#include "fp8_rowwise.h"
 
 namespace strata::fp8 {
 namespace {
@@ -194,6 +195,78 @@ TEST(Fp8Linear, ForwardAndBackwardMatchTheDequantizedReference) {
     std::cout << "fp8 vs fp32 relative error (recipe " << (recipe == Recipe::Delayed ? "delayed" : "current") << "): y "
               << relative(y, y32) << ", dx " << relative(x.grad(), x32.grad()) << ", dw " << relative(w.grad(), w32.grad()) << "\n";
   }
+}
+
+// Row-wise: each operand quantized along each GEMM's contracted dimension with one scale per row
+// (or column), dequantized and multiplied in fp32 (fp8_rowwise.h's table).
+TEST(Fp8Rowwise, ForwardAndBackwardMatchTheDequantizedReference) {
+  LinearCase c = make_case();
+  // Outliers in one token and one input feature: a tensorwise scale would flatten the rest.
+  c.x.select(1, 3).mul_(300);
+  c.x.select(2, 5).mul_(50);
+  c.x.select(1, 7).zero_();  // an all-zero token keeps scale 1
+  for (Format backward : {Format::E5M2, Format::E4M3})
+    for (int64_t margin : {0, 2}) {
+      RowwiseScaling scaling;
+      scaling.backward = backward;
+      scaling.margin = margin;
+      at::Tensor x = c.x.clone().requires_grad_(), w = c.w.clone().requires_grad_(), b = c.b.clone().requires_grad_();
+      at::Tensor y = fp8_linear_rowwise(x, w, b, scaling, at::kFloat);
+      y.backward(c.dy);
+
+      // Reference: the scales of each slice from the formula, each operand dequantized per GEMM.
+      const double unit = std::ldexp(1.0, static_cast<int>(margin));
+      auto dequantized = [&](const at::Tensor& t, int64_t dim, Format f) {
+        const double max = f == Format::E4M3 ? 448.0 : 57344.0;
+        at::Tensor amax = t.abs().amax({dim}, true);
+        at::Tensor scale = at::where(amax.gt(0), max / amax / unit, at::ones_like(amax));
+        return quantize(t, scale, f).to(at::kFloat) / scale;
+      };
+      const at::Tensor x2 = c.x.reshape({-1, 64}), g = c.dy.reshape({-1, 48});
+      const at::Tensor y_ref = at::matmul(dequantized(x2, 1, Format::E4M3), dequantized(c.w, 1, Format::E4M3).t()) + c.b;
+      const at::Tensor dx_ref = at::matmul(dequantized(g, 1, backward), dequantized(c.w, 0, Format::E4M3));
+      const at::Tensor dw_ref = at::matmul(dequantized(g, 0, backward).t(), dequantized(x2, 0, Format::E4M3));
+      auto close = [](const at::Tensor& a, const at::Tensor& ref) {
+        return (a - ref).abs().max().item<double>() <= 1e-6 * ref.abs().max().item<double>();
+      };
+      EXPECT_TRUE(close(y.reshape({-1, 48}), y_ref)) << (y.reshape({-1, 48}) - y_ref).abs().max();
+      EXPECT_TRUE(close(x.grad().reshape({-1, 64}), dx_ref)) << (x.grad().reshape({-1, 64}) - dx_ref).abs().max();
+      EXPECT_TRUE(close(w.grad(), dw_ref)) << (w.grad() - dw_ref).abs().max();
+      EXPECT_TRUE(close(b.grad(), c.dy.reshape({-1, 48}).sum(0)));
+    }
+}
+
+// With outliers, row-wise scales keep the other rows precise where one tensorwise scale cannot.
+TEST(Fp8Rowwise, MorePreciseThanTensorwiseWithOutliers) {
+  LinearCase c = make_case();
+  c.x.select(1, 3).mul_(1e5);  // beyond E4M3's normal range (448 / 2^-6) above the other tokens
+  auto error = [&](bool rowwise) {
+    at::Tensor x = c.x.clone().requires_grad_(), w = c.w.clone().requires_grad_();
+    Scaling current;
+    current.recipe = Recipe::Current;
+    const at::Tensor y = rowwise ? fp8_linear_rowwise(x, w, std::nullopt, RowwiseScaling{}, at::kFloat)
+                                 : fp8_linear(x, w, std::nullopt, current, 0, at::kFloat);
+    const at::Tensor ref = at::linear(c.x, c.w);
+    // The rows without the outlier.
+    const at::Tensor keep = at::arange(24).ne(3);
+    const at::Tensor a = y.index({at::indexing::Slice(), keep}), r = ref.index({at::indexing::Slice(), keep});
+    return ((a - r).norm() / r.norm()).item<double>();
+  };
+  const double rowwise = error(true), tensorwise = error(false);
+  std::cout << "relative error of the rows without the outlier: rowwise " << rowwise << ", tensorwise " << tensorwise << "\n";
+  EXPECT_LT(rowwise, 0.05);
+  EXPECT_LT(rowwise * 4, tensorwise);
+}
+
+TEST(Fp8Rowwise, OutputDtypeAndBf16Inputs) {
+  const LinearCase c = make_case();
+  at::Tensor x = c.x.to(at::kBFloat16).requires_grad_();
+  at::Tensor w = c.w.clone().requires_grad_();
+  at::Tensor y = fp8_linear_rowwise(x, w, std::nullopt, RowwiseScaling{}, at::kBFloat16);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  y.backward(c.dy.to(at::kBFloat16));
+  EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
+  EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
 }
 
 TEST(Fp8Linear, OutputDtypeAndBf16Inputs) {
