@@ -9,13 +9,15 @@ using torch::autograd::variable_list;
 
 at::Tensor Scaling::scale_for(int64_t index, const at::Tensor& x, Format format) {
   at::NoGradGuard no_grad;
-  if (recipe == Recipe::Current) {
+  auto own_scale = [&] {
     at::Tensor a = abs_max(x);
     if (current_group) current_group->all_reduce(a, ReduceOp::Max)->wait();
     const at::Tensor fp8_max = at::full({}, max_of(format), a.options());
     return scale_from_amax(a, fp8_max, margin, at::ones({}, a.options()));
-  }
+  };
+  if (recipe == Recipe::Current) return own_scale();
   if (!evaluating) delayed->observe(index, abs_max(x));
+  if (!delayed->updated) return own_scale();
   // A copy: the state's scale changes in place after the step, and backward must dequantize with
   // the scale the forward quantized with.
   return delayed->scale.select(0, index).clone();

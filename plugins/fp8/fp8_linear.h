@@ -24,15 +24,17 @@ class Scaling {
   int64_t margin = 0;
   // Delayed: the amax histories and scales (job state). Unused by the current recipe.
   std::shared_ptr<DelayedScaling> delayed;
-  // Current recipe with reduce_amax: each amax is all-reduced (max) over this group before its
-  // scale is taken, so every rank quantizes with the same scale. Null: this rank's own amax.
+  // With reduce_amax: a tensor's own amax (the current recipe; the delayed one before its first
+  // scale update) is all-reduced (max) over this group before its scale is taken, so every rank
+  // quantizes with the same scale. Null: this rank's own amax.
   Communicator* current_group = nullptr;
   // Set between BeforeEvaluate and AfterEvaluate: evaluation does not record amaxes, so it
   // cannot change the scales training uses.
   bool evaluating = false;
 
   // The scale to quantize tensor `index` (holding x) with. Delayed: the scale from previous
-  // steps, and x's amax is recorded for the next update. Current: from x's own amax.
+  // steps (x's own before the first update), and x's amax is recorded for the next update.
+  // Current: from x's own amax.
   at::Tensor scale_for(int64_t index, const at::Tensor& x, Format format);
 };
 

@@ -54,6 +54,7 @@ void DelayedScaling::update_scales(bool use_max, int64_t margin) {
   at::NoGradGuard no_grad;
   const at::Tensor amaxes = use_max ? std::get<0>(history.max(1)) : history.select(1, 0);
   scale.copy_(scale_from_amax(amaxes, fp8_max, margin, scale));
+  updated = true;
 }
 
 }  // namespace strata::fp8

@@ -36,7 +36,10 @@ at::Tensor scale_from_amax(const at::Tensor& amax, const at::Tensor& fp8_max, in
 //   history [count, len]  amaxes of previous steps, column 0 the most recent
 //   scale   [count]       the scale quantization uses now (1 until the first update)
 // At the end of each step, roll() pushes pending into the history; every `interval` steps
-// update_scales() derives the scales from it.
+// update_scales() derives the scales from it. Until the first update (`updated` false) there is
+// no history to scale by: the fp8 layer then scales each tensor by its own amax, as torchao's
+// delayed scaling initialises from the first cast, rather than Transformer Engine's initial
+// scale 1, with which most E5M2 output gradients of the first step underflow.
 class DelayedScaling {
  public:
   DelayedScaling(int64_t count, int64_t history_len, at::Tensor fp8_max, at::Device device);
@@ -52,6 +55,7 @@ class DelayedScaling {
   int64_t count() const { return pending.size(0); }
 
   at::Tensor pending, history, scale;
+  bool updated = false;  // update_scales() has run: `scale` comes from a history
   at::Tensor fp8_max;  // [count], fp32: the format's max per tensor
 };
 

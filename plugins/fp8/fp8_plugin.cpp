@@ -19,26 +19,38 @@
 namespace strata::fp8 {
 namespace {
 
-// The delayed-scaling state, checkpointed as fp8/amax_history, fp8/scale and fp8/pending_amax.
+// The delayed-scaling state, checkpointed as fp8/amax_history, fp8/scale, fp8/pending_amax and
+// fp8/scales_updated.
 class State final : public Stateful {
  public:
   State(std::shared_ptr<DelayedScaling> scaling, bool reduced) : scaling_(std::move(scaling)), reduced_(reduced) {}
 
   NamedTensors save() const override {
-    return {{"amax_history", scaling_->history.clone()}, {"scale", scaling_->scale.clone()}, {"pending_amax", scaling_->pending.clone()}};
+    return {{"amax_history", scaling_->history.clone()},
+            {"scale", scaling_->scale.clone()},
+            {"pending_amax", scaling_->pending.clone()},
+            {"scales_updated", at::full({1}, scaling_->updated ? 1.0f : 0.0f)}};
   }
 
   void load(const NamedTensors& tensors) override {
+    std::optional<bool> updated;
     for (const auto& [name, t] : tensors) {
-      at::Tensor& mine = name == "amax_history" ? scaling_->history : name == "scale" ? scaling_->scale : scaling_->pending;
+      if (name == "scales_updated") {
+        updated = t.item<float>() != 0;
+        continue;
+      }
       if (name != "amax_history" && name != "scale" && name != "pending_amax")
         throw UserError("checkpoint state fp8/" + name + " is not fp8 state");
+      at::Tensor& mine = name == "amax_history" ? scaling_->history : name == "scale" ? scaling_->scale : scaling_->pending;
       if (t.sizes() != mine.sizes())
         throw UserError("checkpoint state fp8/" + name + " has shape " + shape(t) + " but this job's fp8 layers and amax_history_len need " +
                         shape(mine));
       at::NoGradGuard no_grad;
       mine.copy_(t);
     }
+    // Checkpoints from before scales_updated existed: the scales were updated once the history
+    // holds an amax.
+    scaling_->updated = updated.value_or(scaling_->history.ne(0).any().item<bool>());
   }
 
   // With reduce_amax every data (and tensor) rank records the same amaxes, so holds the same state.
@@ -175,9 +187,8 @@ class Fp8Pass final : public Pass {
     Communicator* group = config.get_bool("reduce_amax") && job.topology->size(amax_dims) > 1 ? &job.topology->group(amax_dims) : nullptr;
     const auto layers = static_cast<int64_t>(choice.fp8.size());
 
-    if (scaling->recipe == Recipe::Current) {
-      scaling->current_group = group;
-    } else {
+    scaling->current_group = group;
+    if (scaling->recipe == Recipe::Delayed) {
       // Per layer: input and weight in the forward format, output gradient in the backward one.
       std::vector<float> maxes;
       for (int64_t k = 0; k < layers; ++k)

@@ -269,6 +269,32 @@ TEST(Fp8Rowwise, OutputDtypeAndBf16Inputs) {
   EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
 }
 
+// Before its first scale update the delayed recipe has no history: it scales each tensor by its
+// own amax (the current recipe's scales), then by the history's.
+TEST(Fp8Linear, DelayedScalesByOwnAmaxUntilTheFirstUpdate) {
+  const LinearCase c = make_case();
+  auto run = [&](Scaling& scaling) {
+    at::Tensor x = c.x.clone().requires_grad_(), w = c.w.clone().requires_grad_();
+    at::Tensor y = fp8_linear(x, w, c.b, scaling, 0, at::kFloat);
+    y.backward(c.dy);
+    return std::vector<at::Tensor>{y, x.grad(), w.grad()};
+  };
+  Scaling current;
+  current.recipe = Recipe::Current;
+  Scaling delayed;
+  delayed.delayed = std::make_shared<DelayedScaling>(3, 4, at::tensor({448.0f, 448.0f, 57344.0f}), at::Device(at::kCPU));
+  const auto expected = run(current), first = run(delayed);
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(at::equal(first[i], expected[i])) << i;
+  EXPECT_FALSE(delayed.delayed->updated);
+  // The history then holds a 4x larger amax for the input: its scale is a quarter of its own.
+  delayed.delayed->observe(0, abs_max(c.x) * 4);
+  delayed.delayed->roll();
+  delayed.delayed->update_scales(true, 0);
+  EXPECT_TRUE(delayed.delayed->updated);
+  EXPECT_FLOAT_EQ(delayed.delayed->scale[0].item<float>(), 448.0f / (4 * abs_max(c.x).item<float>()));
+  EXPECT_FALSE(at::equal(run(delayed)[0], expected[0]));
+}
+
 TEST(Fp8Linear, OutputDtypeAndBf16Inputs) {
   const LinearCase c = make_case();
   Scaling scaling;
