@@ -5,7 +5,8 @@
 # tensor_parallel; ppN for [parallel] pipeline = N with pipeline.toml, pp1 without the pass;
 # tp2+on-fsdp adds a pass the strategy lists disabled), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
 # on TO_RANKS ranks with TO_PASS. Every later step's loss must match the uninterrupted run within
-# a relative 1e-5 (the tolerance of data-parallel parity: the sums run in another order).
+# a relative 1e-5 (the tolerance of data-parallel parity: the sums run in another order), or
+# $RESHARD_TOLERANCE (fp8, whose roundings amplify another summation order).
 set -euo pipefail
 strata=$1 strategy=$2 work=$3 from_ranks=$4 from_pass=$5 to_ranks=$6 to_pass=$7
 shift 7
@@ -31,8 +32,8 @@ rm -rf "$work/cut/checkpoints/step_00000008" "$work/cut/checkpoints/step_0000001
   { cat "$work/cut.log"; exit 1; }
 grep -q "resumed from .*step_00000004 at step 4" "$work/cut.log" || { cat "$work/cut.log"; exit 1; }
 losses() { sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1/metrics.jsonl"; }
-paste <(losses "$work/full") <(losses "$work/cut") | awk -v what="$from_pass@$from_ranks -> $to_pass@$to_ranks" '
+paste <(losses "$work/full") <(losses "$work/cut") | awk -v what="$from_pass@$from_ranks -> $to_pass@$to_ranks" -v tolerance="${RESHARD_TOLERANCE:-1e-5}" '
   $1 != $3 { print "step mismatch: " $0; exit 1 }
   $1 > 4 { d = $2 - $4; if (d < 0) d = -d; rel = d / $2; if (rel > worst) worst = rel; n++ }
   END { printf "%s: resumed at step 4, %d later steps, worst relative loss difference %.2e\n", what, n, worst;
-        if (n != 8 || worst > 1e-5) exit 1 }'
+        if (n != 8 || worst > tolerance) exit 1 }'
