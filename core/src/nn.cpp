@@ -238,6 +238,7 @@ at::Tensor AttentionCore::forward(const at::Tensor& q, const at::Tensor& k, cons
   const SequenceLayout& sequence = current_sequence();
   ops::AttentionMask mask;
   mask.causal = causal;
+  mask.sliding_window = sliding_window;
   if (sequence.token_index.defined()) mask.q_index = mask.kv_index = sequence.token_index.to(q.device());
   if (sequence.documents.defined()) mask.q_document = mask.kv_document = sequence.local_documents().to(q.device());
   if (attend) return attend(q, k, v, mask);

@@ -18,6 +18,8 @@ at::Tensor visible_pairs(const ops::AttentionMask& mask, int64_t tq, int64_t tk,
     const at::Tensor qi = mask.q_index.defined() ? mask.q_index : at::arange(tk - tq, tk, index);
     const at::Tensor ki = mask.kv_index.defined() ? mask.kv_index : at::arange(tk, index);
     visible = ki.unsqueeze(0).le(qi.unsqueeze(1)).view({1, 1, tq, tk});
+    if (mask.sliding_window > 0)  // and no more than sliding_window - 1 positions back
+      visible = visible.logical_and(ki.unsqueeze(0).gt(qi.unsqueeze(1) - mask.sliding_window).view({1, 1, tq, tk}));
   }
   if (mask.q_document.defined() != mask.kv_document.defined())
     throw std::invalid_argument("attention: a document mask needs the documents of both queries and keys");
@@ -51,6 +53,9 @@ ops::AttentionResult attention_with_lse(const at::Tensor& q, const at::Tensor& k
 
 ops::AttentionResult attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& mask,
                                          bool with_lse) {
+  if (mask.sliding_window < 0 || (mask.sliding_window > 0 && !mask.causal))
+    throw std::invalid_argument("attention: sliding_window " + std::to_string(mask.sliding_window) +
+                                " needs a causal mask and a positive size (0: none)");
   // Grouped-query attention: each key/value head serves heads(q) / heads(k) query heads.
   at::Tensor key = k, value = v;
   if (k.size(1) != q.size(1)) {
@@ -59,7 +64,7 @@ ops::AttentionResult attention_reference(const at::Tensor& q, const at::Tensor& 
     value = v.repeat_interleave(repeat, 1);
   }
   const int64_t tq = q.size(2), tk = key.size(2);
-  const bool plain_causal = mask.causal && !mask.q_index.defined() && !mask.kv_index.defined() && tq == tk;
+  const bool plain_causal = mask.causal && mask.sliding_window == 0 && !mask.q_index.defined() && !mask.kv_index.defined() && tq == tk;
   if (with_lse) return attention_with_lse(q, key, value, visible_pairs(mask, tq, tk, q.device()), mask.additive);
   // ATen's fused kernels where the mask is theirs: none, or causal over the same tokens.
   if (!mask.q_document.defined() && !mask.additive && (!mask.causal || plain_causal))

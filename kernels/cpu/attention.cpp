@@ -7,7 +7,8 @@
 //             delta = rowsum(dO o out) - dlse (d lse / dS = P); dK += dS^T (scale q);
 //             dQ += scale dS k.
 // Only q, k, v, out and lse are kept between the passes; scores and masks exist one tile at a
-// time. Tiles no query can see (later window positions under causality, no shared document) are
+// time. Tiles no query can see (later window positions under causality, keys beyond a sliding
+// window, no shared document) are
 // never computed. Matrix products are BLAS calls on raw tile pointers (blas.h) and the softmax
 // bookkeeping is vectorised row arithmetic (attention_rows.h), both on one thread each inside
 // at::parallel_for.
@@ -52,6 +53,7 @@ void block_bounds(const int64_t* x, int64_t n, int64_t block, std::vector<int64_
 struct Layout {
   int64_t batch = 0, heads = 0, kv_heads = 0, group = 1, tq = 0, tk = 0, block_q = 0, block_k = 0, q_blocks = 0, k_blocks = 0;
   bool causal = false, documents = false;
+  int64_t sliding_window = 0;  // causal only; 0: none
   at::Tensor q_pos, kv_pos;  // [Tq], [Tk] window positions (causal only)
   at::Tensor q_doc, kv_doc;  // [B, Tq], [B, Tk] document ids (documents only)
   at::Tensor additive;       // [B, H, Tq, Tk] as an expanded view (stride 0 where broadcast), compute dtype
@@ -63,6 +65,10 @@ struct Layout {
     if (causal) {
       if (kv_pos_lo[kb] > q_pos_hi[qb]) return Sight::none;  // every key after every query
       all = kv_pos_hi[kb] <= q_pos_lo[qb];
+      if (sliding_window > 0) {
+        if (kv_pos_hi[kb] <= q_pos_lo[qb] - sliding_window) return Sight::none;  // every key too old for every query
+        all = all && kv_pos_lo[kb] > q_pos_hi[qb] - sliding_window;
+      }
     }
     if (documents) {
       const int64_t qi = b * q_blocks + qb, ki = b * k_blocks + kb;
@@ -87,8 +93,12 @@ Layout make_layout(const at::Tensor& q, const at::Tensor& k, const ops::Attentio
   L.q_blocks = (L.tq + block_q - 1) / block_q;
   L.k_blocks = (L.tk + block_k - 1) / block_k;
   const auto longs = at::TensorOptions().dtype(at::kLong);
+  if (mask.sliding_window < 0 || (mask.sliding_window > 0 && !mask.causal))
+    throw std::invalid_argument("attention: sliding_window " + std::to_string(mask.sliding_window) +
+                                " needs a causal mask and a positive size (0: none)");
   if (mask.causal) {
     L.causal = true;
+    L.sliding_window = mask.sliding_window;
     // Undefined positions: the ends aligned (queries are the last Tq of the Tk keys).
     L.q_pos = mask.q_index.defined() ? mask.q_index.to(at::kLong).contiguous() : at::arange(L.tk - L.tq, L.tk, longs);
     L.kv_pos = mask.kv_index.defined() ? mask.kv_index.to(at::kLong).contiguous() : at::arange(L.tk, longs);
@@ -129,7 +139,8 @@ void add_bias(const Layout& L, int64_t b, int64_t h, int64_t i0, int64_t nq, int
   }
 }
 
-// -inf where query i0 + i may not see key j0 + j (later position, other document).
+// -inf where query i0 + i may not see key j0 + j (later position, beyond the sliding window, other
+// document).
 template <class T>
 void hide_invisible(const Layout& L, int64_t b, int64_t i0, int64_t nq, int64_t j0, int64_t nk, T* s) {
   const T hidden = -std::numeric_limits<T>::infinity();
@@ -137,10 +148,11 @@ void hide_invisible(const Layout& L, int64_t b, int64_t i0, int64_t nq, int64_t 
   const int64_t* kp = L.causal ? L.kv_pos.data_ptr<int64_t>() + j0 : nullptr;
   const int64_t* qd = L.documents ? L.q_doc.data_ptr<int64_t>() + b * L.tq + i0 : nullptr;
   const int64_t* kd = L.documents ? L.kv_doc.data_ptr<int64_t>() + b * L.tk + j0 : nullptr;
+  const int64_t window = L.sliding_window > 0 ? L.sliding_window : std::numeric_limits<int64_t>::max();
   for (int64_t i = 0; i < nq; ++i) {
     T* row = s + i * nk;
     for (int64_t j = 0; j < nk; ++j) {
-      const bool seen = (!qp || kp[j] <= qp[i]) && (!qd || kd[j] == qd[i]);
+      const bool seen = (!qp || (kp[j] <= qp[i] && qp[i] - kp[j] < window)) && (!qd || kd[j] == qd[i]);
       if (!seen) row[j] = hidden;
     }
   }
@@ -268,6 +280,7 @@ double softmax_scale(const at::Tensor& q) { return 1.0 / std::sqrt(static_cast<d
 // Mask tensors kept for the backward, by name (undefined ones too).
 void save_mask(AutogradContext* ctx, const ops::AttentionMask& mask) {
   ctx->saved_data["causal"] = mask.causal;
+  ctx->saved_data["sliding_window"] = mask.sliding_window;
   ctx->saved_data["q_index"] = mask.q_index;
   ctx->saved_data["kv_index"] = mask.kv_index;
   ctx->saved_data["q_document"] = mask.q_document;
@@ -283,6 +296,7 @@ at::Tensor saved_tensor(AutogradContext* ctx, const std::string& name) {
 ops::AttentionMask load_mask(AutogradContext* ctx) {
   ops::AttentionMask mask;
   mask.causal = ctx->saved_data.at("causal").toBool();
+  mask.sliding_window = ctx->saved_data.at("sliding_window").toInt();
   mask.q_index = saved_tensor(ctx, "q_index");
   mask.kv_index = saved_tensor(ctx, "kv_index");
   mask.q_document = saved_tensor(ctx, "q_document");
@@ -377,13 +391,13 @@ ops::AttentionResult attention_blocked_cpu(const at::Tensor& q, const at::Tensor
 // reference sends them: measured (bench/results/attention_cpu.md, 2 threads) ATen's CPU flash
 // kernel is faster at T = 128, the default job's length, and the blocked kernel's forward+backward
 // only from T = 256 up (1.1-1.4x). Everything else (with lse as ring attention asks, documents,
-// additive masks, window positions, GQA) runs the blocked kernel, which never materialises
+// additive masks, window positions, a sliding window, GQA) runs the blocked kernel, which never materialises
 // [Tq, Tk] and is 1.2-5.8x faster than ATen SDPA with a boolean document mask.
 ops::AttentionResult attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          const ops::AttentionMask& mask, bool with_lse) {
   const bool aligned = !mask.q_index.defined() && !mask.kv_index.defined() && q.size(2) == k.size(2);
   const bool plain = !with_lse && !mask.q_document.defined() && !mask.kv_document.defined() && !mask.additive &&
-                     k.size(1) == q.size(1) && (!mask.causal || aligned);
+                     k.size(1) == q.size(1) && (!mask.causal || (aligned && mask.sliding_window == 0));
   if (plain) return {at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, mask.causal), {}};
   return attention_blocked_cpu(q, k, v, mask, with_lse);
 }

@@ -100,16 +100,19 @@ at::Tensor ContextAttention::attend(const at::Tensor& q, const at::Tensor& k, co
     auto sorted = [&](const at::Tensor& x) { return x.index_select(2, order); };
     ops::AttentionMask mask;
     mask.causal = local.causal;
+    mask.sliding_window = local.sliding_window;
     if (documents.defined()) mask.q_document = mask.kv_document = documents.to(q.device());
     const at::Tensor in_window_order = ops::attention(sorted(query), sorted(key), sorted(value), mask).out;
     out = in_window_order.index_select(2, order.argsort());
   } else {
-    out = ring(query, key, value, local.causal, documents);
+    out = ring(query, key, value, local, documents);
   }
   return u > 1 ? dist::all_to_all(out, 2, 1, *inner_) : out;
 }
 
-at::Tensor ContextAttention::ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& documents) const {
+at::Tensor ContextAttention::ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& local,
+                                  const at::Tensor& documents) const {
+  const bool causal = local.causal;
   Communicator& ring = *outer_;
   const int r = ring.size(), me = ring.rank();
   const int64_t length = split_.chunk_length();
@@ -141,7 +144,9 @@ at::Tensor ContextAttention::ring(const at::Tensor& q, const at::Tensor& k, cons
         values.push_back(chunk_rows(block[1], b, length));
       }
       ops::AttentionMask mask;
-      mask.causal = causal && diagonal;
+      // Off the diagonal every key precedes every query, unless a sliding window hides the older ones.
+      mask.causal = causal && (diagonal || local.sliding_window > 0);
+      mask.sliding_window = local.sliding_window;
       const at::Tensor q_index = index_of({mine[a]}), kv_index = index_of(seen);
       if (mask.causal) {
         mask.q_index = q_index;

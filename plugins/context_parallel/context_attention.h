@@ -42,7 +42,8 @@ class ContextAttention {
   // The chunks the inner group with outer index `outer_rank` holds, in the order Ulysses
   // gathers its tokens.
   std::vector<int64_t> group_chunks(int outer_rank) const;
-  at::Tensor ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& documents) const;
+  at::Tensor ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& local,
+                  const at::Tensor& documents) const;
 
   SequenceSplit split_;
   int context_rank_;

@@ -103,7 +103,7 @@ class Gpt final : public ModelFactory {
  public:
   Gpt()
       : ModelFactory({ComponentKind::Model, "gpt", "GPT-2 architecture: learned positions, pre-LayerNorm, GELU, tied embeddings",
-                      Schema()
+                      add_sliding_window(Schema()
                           .integer("n_layer", 12, "Transformer blocks", between(1, 1 << 14))
                           .integer("n_head", 12, "Attention heads", between(1, 1 << 14))
                           .integer("d_model", 768, "Hidden size", between(1, 1 << 18))
@@ -111,7 +111,7 @@ class Gpt final : public ModelFactory {
                           .integer("seq_len", 1024, "Context length (learned positions)", between(1, 1 << 24))
                           .real("dropout", 0.0, "Dropout probability", between(0, 1))
                           .boolean("bias", true, "Biases in Linear and LayerNorm layers")
-                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory); empty = random init")}) {}
+                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory); empty = random init"))}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     check_heads(config, section, diagnostics);
@@ -154,12 +154,14 @@ class Gpt final : public ModelFactory {
     model->add_block("head", std::make_shared<Head>(d, bias, embed->wte));
     model->mark_shared("embed.wte.weight");
     model->set_attention_shape(n_layer, heads, d / heads);
+    apply_sliding_window(*model, c);
     init_from(*model, *this, c);
     return model;
   }
 
   NamedTensors to_hf(const nn::Model& model, const Config& c) const override {
     require_hf_compatible(c);
+    require_no_sliding_window(c, "GPT2LMHeadModel");
     return map_to_hf(model, hf_name);
   }
 
@@ -175,6 +177,7 @@ class Gpt final : public ModelFactory {
 
   std::string hf_config_json(const Config& c) const override {
     require_hf_compatible(c);
+    require_no_sliding_window(c, "GPT2LMHeadModel");
     const std::string dropout = json_number(c.get_float("dropout"));
     return "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": " +
            std::to_string(c.get_int("vocab_size")) + ",\n  \"n_positions\": " + std::to_string(c.get_int("seq_len")) +

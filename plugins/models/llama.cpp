@@ -145,7 +145,7 @@ class Llama final : public ModelFactory {
  public:
   Llama()
       : ModelFactory({ComponentKind::Model, "llama", "Llama architecture: RMSNorm, RoPE, SwiGLU, grouped-query attention",
-                      Schema()
+                      add_sliding_window(Schema()
                           .integer("n_layer", 16, "Transformer blocks", between(1, 1 << 14))
                           .integer("n_head", 16, "Query heads", between(1, 1 << 14))
                           .integer("n_kv_head", 16, "Key/value heads (grouped-query attention)", between(1, 1 << 14))
@@ -156,7 +156,7 @@ class Llama final : public ModelFactory {
                           .real("rope_theta", 10000.0, "RoPE base frequency", at_least(1))
                           .real("norm_eps", 1e-5, "RMSNorm epsilon", between(0, 1))
                           .boolean("tie_embeddings", false, "Share the input embedding with the output head")
-                          .string("init_from", "", "Hugging Face LlamaForCausalLM weights (model.safetensors, its directory, or a sharded index); empty = random init")}) {}
+                          .string("init_from", "", "Hugging Face LlamaForCausalLM weights (model.safetensors, its directory, or a sharded index); empty = random init"))}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     check_heads(config, section, diagnostics);
@@ -208,11 +208,15 @@ class Llama final : public ModelFactory {
                                                     c.get_bool("tie_embeddings") ? embed->embed_tokens : nullptr, shard));
     if (c.get_bool("tie_embeddings")) model->mark_shared("embed.embed_tokens.weight");
     model->set_attention_shape(n_layer, c.get_int("n_head"), d / c.get_int("n_head"));
+    apply_sliding_window(*model, c);
     init_from(*model, *this, c);
     return model;
   }
 
-  NamedTensors to_hf(const nn::Model& model, const Config&) const override { return map_to_hf(model, hf_name); }
+  NamedTensors to_hf(const nn::Model& model, const Config& c) const override {
+    require_no_sliding_window(c, "LlamaForCausalLM");
+    return map_to_hf(model, hf_name);
+  }
 
   NamedTensors from_hf(const NamedTensors& hf, const Config& c) const override {
     Config random_init = c;
@@ -224,6 +228,7 @@ class Llama final : public ModelFactory {
   }
 
   std::string hf_config_json(const Config& c) const override {
+    require_no_sliding_window(c, "LlamaForCausalLM");
     const int64_t d = c.get_int("d_model");
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
     return "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": " +

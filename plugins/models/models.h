@@ -14,6 +14,15 @@ std::unique_ptr<ModelFactory> make_llama();
 // d_model must split evenly into heads.
 void check_heads(const Config& config, const SourcePos& section, Diagnostics& diagnostics);
 
+// [model] sliding_window, the same key in every model: each token attends to its N most recent
+// tokens, itself included (Mistral's sliding-window attention); 0, the default, to all earlier ones.
+Schema& add_sliding_window(Schema& schema);
+// Sets every attention of `model` to the configured window.
+void apply_sliding_window(nn::Model& model, const Config& config);
+// Hugging Face's GPT2LMHeadModel and LlamaForCausalLM have no sliding window: exporting a windowed
+// model as one would silently change what it computes. (Importing weights into one is a choice.)
+void require_no_sliding_window(const Config& config, const std::string& hf_architecture);
+
 // How one Strata parameter is stored in the Hugging Face checkpoint.
 struct HfName {
   std::string name;

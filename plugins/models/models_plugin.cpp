@@ -12,6 +12,23 @@ void check_heads(const Config& config, const SourcePos& section, Diagnostics& di
                                    ") must be divisible by n_head (" + std::to_string(config.get_int("n_head")) + ")");
 }
 
+Schema& add_sliding_window(Schema& schema) {
+  return schema.integer("sliding_window", 0,
+                        "Each token attends to its N most recent tokens, itself included (Mistral's sliding window); 0 = all earlier tokens",
+                        between(0, 1 << 24));
+}
+
+void apply_sliding_window(nn::Model& model, const Config& config) {
+  for (const auto& module : model.modules())
+    if (auto* core = dynamic_cast<nn::AttentionCore*>(module.get())) core->sliding_window = config.get_int("sliding_window");
+}
+
+void require_no_sliding_window(const Config& config, const std::string& hf_architecture) {
+  if (config.get_int("sliding_window") > 0)
+    throw UserError(hf_architecture + " has no sliding window; a [model] sliding_window = " + std::to_string(config.get_int("sliding_window")) +
+                    " model cannot be exported as one");
+}
+
 NamedTensors map_to_hf(const nn::Model& model, ToHfName to_hf_name) {
   NamedTensors out;
   for (const auto& p : model.named_parameters()) {

@@ -223,6 +223,60 @@ TEST_F(AttentionKernel, SweepAtDefaultTiles) {
   check(at::kFloat, 1, 4, 2, 1000, 1000, 64, mask, bq, bk);
 }
 
+// Sliding window: the reference's pairs against the definition (key position in
+// (query - window, query]), written as an additive -inf mask; then the kernel against the
+// reference for windows of 1 token, a few tiles, and more than the sequence, aligned, as a
+// prefix, over permuted positions (context parallel), with documents, grouped-query heads, bf16.
+TEST_F(AttentionKernel, SlidingWindowReferenceFollowsTheDefinition) {
+  const int64_t t = 29, window = 6;
+  const at::Tensor q = at::randn({1, 2, t, 8}, at::kDouble), k = at::randn({1, 2, t, 8}, at::kDouble), v = at::randn({1, 2, t, 8}, at::kDouble);
+  at::Tensor hidden = at::zeros({t, t}, at::kDouble);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < t; ++j)
+      if (!(j <= i && j > i - window)) hidden[i][j] = -std::numeric_limits<double>::infinity();
+  ops::AttentionMask windowed;
+  windowed.causal = true;
+  windowed.sliding_window = window;
+  ops::AttentionMask additive;
+  additive.additive = hidden;
+  for (bool with_lse : {false, true}) {
+    const auto a = reference(q, k, v, windowed, with_lse), b = reference(q, k, v, additive, with_lse);
+    expect_close(a.out, b.out, 1e-12, "windowed reference vs the definition");
+    if (with_lse) expect_close(a.lse, b.lse, 1e-12, "lse");
+  }
+  ops::AttentionMask no_causal;
+  no_causal.sliding_window = window;
+  EXPECT_THROW(reference(q, k, v, no_causal, false), std::invalid_argument);
+  EXPECT_THROW(kernels::attention_blocked_cpu(q, k, v, no_causal, false), std::invalid_argument);
+}
+
+TEST_F(AttentionKernel, SlidingWindow) {
+  for (int64_t window : {1, 5, 19, 100}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    ops::AttentionMask mask;
+    mask.causal = true;
+    mask.sliding_window = window;
+    check(at::kDouble, 2, 2, 2, 45, 45, 8, mask);
+    check(at::kFloat, 2, 4, 2, 45, 45, 8, mask);  // grouped-query
+    check(at::kDouble, 2, 2, 2, 13, 41, 8, mask);  // queries are the last 13 of 41 keys
+    mask.q_document = mask.kv_document = documents(2, 45, 5);
+    check(at::kDouble, 2, 2, 2, 45, 45, 8, mask);
+    // Permuted positions with documents following them (a context-parallel rank's tokens).
+    const at::Tensor perm = at::randperm(45, at::kLong);
+    mask.q_index = perm.narrow(0, 0, 20);
+    mask.kv_index = perm.narrow(0, 20, 25);
+    const at::Tensor docs = documents(2, 45, 7).index_select(1, perm);
+    mask.q_document = docs.narrow(1, 0, 20);
+    mask.kv_document = docs.narrow(1, 20, 25);
+    check(at::kDouble, 2, 2, 2, 20, 25, 8, mask);
+  }
+  ops::AttentionMask mask;
+  mask.causal = true;
+  mask.sliding_window = 40;
+  check(at::kBFloat16, 1, 4, 2, 300, 300, 64, mask, kernels::kAttentionBlockQ, kernels::kAttentionBlockK);  // default tiles
+  check(at::kFloat, 1, 4, 2, 300, 300, 64, mask, kernels::kAttentionBlockQ, kernels::kAttentionBlockK);
+}
+
 // Queries that see no key: zero output, lse -inf, finite (zero) gradients, as the reference.
 TEST_F(AttentionKernel, QueriesThatSeeNothing) {
   ops::AttentionMask mask;
@@ -267,7 +321,9 @@ TEST_F(AttentionKernel, PluginIsSelectedAndMatchesTheReference) {
   causal.causal = true;
   ops::AttentionMask docs = causal;
   docs.q_document = docs.kv_document = documents(2, 33, 1);
-  for (const auto& mask : {ops::AttentionMask{}, causal, docs})
+  ops::AttentionMask windowed = causal;  // not ATen's: the blocked kernel, also without lse
+  windowed.sliding_window = 7;
+  for (const auto& mask : {ops::AttentionMask{}, causal, docs, windowed})
     for (bool with_lse : {false, true})
       for (int64_t repeat : {1, 2}) {  // grouped-query and one kv head per query head
         const at::Tensor key = k.repeat_interleave(repeat, 1), value = v.repeat_interleave(repeat, 1);

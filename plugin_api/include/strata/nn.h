@@ -201,9 +201,10 @@ STRATA_API const SequenceLayout& current_sequence();
 // `attend` to compute over a sequence split across ranks; unset, ops::attention computes it.
 class STRATA_API AttentionCore : public torch::nn::Module {
  public:
-  explicit AttentionCore(bool causal) : causal(causal) {}
+  explicit AttentionCore(bool causal, int64_t sliding_window = 0) : causal(causal), sliding_window(sliding_window) {}
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
   bool causal;
+  int64_t sliding_window;  // ops::AttentionMask::sliding_window: each query's most recent keys; 0: all
   // Receives this rank's q, k, v and the mask of its own tokens (the layout has the rest).
   std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& local)> attend;
 };

@@ -36,6 +36,10 @@ struct AttentionMask {
   // [Tq] and [Tk] int64 window positions; undefined: the ends aligned, q 0..Tq-1 shifted to end
   // where kv 0..Tk-1 ends (a query block attending its prefix).
   at::Tensor q_index, kv_index;
+  // Sliding window (with causal only; Mistral's, Longformer's local attention): a query at
+  // position p sees keys at positions p - window + 1 .. p, its `window` most recent tokens,
+  // itself included (positions as q_index/kv_index give them). 0: no limit.
+  int64_t sliding_window = 0;
   // [B, Tq] and [B, Tk] int64 document ids; undefined: one document.
   at::Tensor q_document, kv_document;
   std::optional<at::Tensor> additive;  // broadcastable to [B, H, Tq, Tk]
