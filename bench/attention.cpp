@@ -7,7 +7,7 @@
 // medians of the rounds, and the peak bytes of tensors one call allocates beyond those live
 // before it (bench/cpu_memory.h). Prints one JSON object per line; bench/attention.py tabulates.
 //
-// usage: strata_bench_attention B H T D MASK REPS THREADS [ONLY]    (MASK: causal | documents;
+// usage: strata_bench_attention B H T D MASK REPS THREADS [ONLY]    (MASK: causal | documents | window:N;
 //        ONLY: run only the implementations whose name starts with it, e.g. "fused" to profile it)
 #include <algorithm>
 #include <chrono>
@@ -81,6 +81,10 @@ int main(int argc, char** argv) {
     mask.q_document = mask.kv_document = documents(b, t);
     const at::Tensor same = mask.q_document.unsqueeze(2).eq(mask.kv_document.unsqueeze(1));
     sdpa_mask = same.logical_and(at::ones({t, t}, at::kBool).tril()).unsqueeze(1);  // [B, 1, T, T]
+  } else if (mask_name.rfind("window:", 0) == 0) {  // causal within a sliding window of N tokens
+    mask.sliding_window = std::stoll(mask_name.substr(7));
+    const at::Tensor i = at::arange(t).unsqueeze(1), j = at::arange(t).unsqueeze(0);
+    sdpa_mask = j.le(i).logical_and(j.gt(i - mask.sliding_window)).view({1, 1, t, t});
   } else if (mask_name != "causal") {
     std::fprintf(stderr, "unknown mask %s\n", mask_name.c_str());
     return 2;

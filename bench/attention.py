@@ -1,8 +1,9 @@
 """CPU attention: Strata's blocked kernel (attention.fused_cpu) vs ATen's fused
 scaled_dot_product_attention vs core's attention.reference, forward and forward+backward,
-causal and with a packed-document mask (causal within documents), fp32.
+causal, with a packed-document mask (causal within documents) and with a sliding window, fp32.
 
 usage: python bench/attention.py [--build build] [--threads 2] [--out bench/results/attention_cpu.md]
+                                 [--masks causal,documents,window:256,...] [--append]
 
 Each case is one strata_bench_attention run (bench/attention.cpp): REPS interleaved rounds (each
 times every implementation once), medians; peak MiB is measured (tensors one call allocates beyond
@@ -30,6 +31,10 @@ CASES = [  # mask, B, H, T, D, reps[, only the implementations whose name starts
     ("documents", 1, 4, 4096, 64, 3),
     ("causal", 1, 4, 16384, 64, 1, "fused"),  # the others need GBs ([T, T] masks and scores)
     ("documents", 1, 4, 16384, 64, 1, "fused"),
+    ("window:256", 1, 4, 1024, 64, 5),  # sliding window: ATen SDPA gets the [T, T] boolean mask
+    ("window:256", 1, 4, 4096, 64, 3),
+    ("window:1024", 1, 4, 4096, 64, 3),
+    ("window:256", 1, 4, 16384, 64, 1, "fused"),
 ]
 BLOCK_Q, BLOCK_K = 64, 128  # kernels/cpu/attention.h
 
@@ -46,7 +51,7 @@ ESTIMATES = """Extra memory (bytes beyond inputs, outputs and gradients; fp32, e
 def extra_mib(impl, mask, b, h, t, d, threads):
     mib = 1 << 20
     fused = (b * h * t * (d + 1) * 4 + threads * 2 * BLOCK_Q * BLOCK_K * 4) / mib
-    dense_mask = b * t * t * 5 / mib if mask == "documents" else 0.0
+    dense_mask = (b if mask == "documents" else 1) * t * t * 5 / mib if mask != "causal" else 0.0
     return {
         "fused": fused,
         "fused (with lse)": fused,
@@ -61,10 +66,15 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/results/attention_cpu.md")
+    ap.add_argument("--masks", help="only the cases with these masks (comma-separated)")
+    ap.add_argument("--append", action="store_true", help="add the cases' sections to --out")
     args = ap.parse_args()
+    masks = args.masks.split(",") if args.masks else None
     driver = pathlib.Path(args.build) / "bin" / "strata_bench_attention"
-    lines = [f"# Attention on CPU ({platform.machine()}, {args.threads} threads, fp32)", "",
-             f"Command: `~/.local/share/strata/venv/bin/python bench/attention.py --build {args.build} --threads {args.threads}`",
+    command = (f"`~/.local/share/strata/venv/bin/python bench/attention.py --build {args.build} --threads {args.threads}"
+               + (f" --masks {args.masks}" if args.masks else "") + (" --append" if args.append else "") + "`")
+    lines = [f"Command: {command}", ""] if args.append else [f"# Attention on CPU ({platform.machine()}, {args.threads} threads, fp32)", "",
+             f"Command: {command}",
              "Median ms per call over interleaved rounds (forward under no_grad; forward+backward of sum(out * w)",
              "to q, k, v). Peak MiB: measured, the tensors one call allocates beyond those live before it",
              "(outputs and gradients included); est.: the formula below for the extra memory alone.",
@@ -73,6 +83,8 @@ def main():
              "the other implementation's time over the fused kernel's (> 1: fused is faster).", "",
              ESTIMATES, ""]
     for mask, b, h, t, d, reps, *only in CASES:
+        if masks and mask not in masks:
+            continue
         out = subprocess.run([str(driver), str(b), str(h), str(t), str(d), mask, str(reps), str(args.threads)] + only,
                              check=True, capture_output=True, text=True).stdout
         rows = [json.loads(line) for line in out.splitlines()]
@@ -87,7 +99,8 @@ def main():
                          f"| {extra_mib(r['impl'], mask, b, h, t, d, args.threads):.1f} |")
         lines.append("")
         print("\n".join(lines[-len(rows) - 4:]), flush=True)
-    pathlib.Path(args.out).write_text("\n".join(lines))
+    with open(args.out, "a" if args.append else "w") as f:
+        f.write(("\n" if args.append else "") + "\n".join(lines))
 
 
 if __name__ == "__main__":
