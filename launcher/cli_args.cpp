@@ -13,11 +13,19 @@ namespace {
 // before anything is forked.
 constexpr int64_t kMaxRanks = 1 << 16;
 
-int64_t parse_count(const std::string& option, const std::string& text) {
+int64_t parse_count(const std::string& option, const std::string& text, const char* what = "a rank count") {
   int64_t value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || value < 1 || value > kMaxRanks)
-    throw UserError(option + " expects a rank count from 1 to " + std::to_string(kMaxRanks) + ", got '" + text + "'");
+    throw UserError(option + " expects " + what + " from 1 to " + std::to_string(kMaxRanks) + ", got '" + text + "'");
+  return value;
+}
+
+double parse_gib(const std::string& option, const std::string& text) {
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || !(value > 0) || value > 1e6)
+    throw UserError(option + " expects a size in GiB above 0 (e.g. 1.5), got '" + text + "'");
   return value;
 }
 
@@ -57,6 +65,9 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--set") args.given.push_back(arg), args.sets.push_back(value());
     else if (arg == "--disable") args.given.push_back(arg), args.disables.push_back(value());
     else if (arg == "-n" || arg == "--ranks") args.given.push_back(arg), args.ranks = parse_count(arg, value());
+    else if (arg == "--dry-run") flag(), args.dry_run = true;
+    else if (arg == "--memory-gb") args.given.push_back(arg), args.memory_gb = parse_gib(arg, value());
+    else if (arg == "--top") args.given.push_back(arg), args.top = parse_count(arg, value(), "a candidate count");
     else if (arg == "-o" || arg == "--output") args.given.push_back(arg), args.output = value();
     else if (arg.size() > 1 && arg[0] == '-') throw UserError("unknown option '" + arg + "'; see strata --help");
     else if (args.command.empty()) args.command = arg;

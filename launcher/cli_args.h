@@ -21,6 +21,9 @@ struct Args {
   bool help = false;
   bool version = false;
   bool verbose = false;
+  bool dry_run = false;                 // tune: rank the candidates without measuring
+  double memory_gb = 0;                 // tune: bytes per rank allowed, in GiB; 0 = no limit
+  int64_t top = 0;                      // tune: candidates shown (dry run) or measured; 0 = the command's default
   int argc = 0;  // the raw command line, for commands that re-execute themselves
   char** argv = nullptr;
   std::vector<std::string> given;  // option names as typed, to refuse those a command does not take

@@ -18,6 +18,14 @@ std::string cell(std::string text) {
   return out;
 }
 
+// " (strata tune tries 1f1b, gpipe)" for a key declared with tune values.
+std::string tune_note(const KeySpec& spec) {
+  if (spec.tune_values.empty()) return {};
+  std::string values;
+  for (const auto& v : spec.tune_values) values += (values.empty() ? "" : ", ") + value_to_toml(v);
+  return " (`strata tune` tries " + values + ")";
+}
+
 void key_table(std::ostream& out, const Schema& schema) {
   if (schema.keys().empty()) {
     out << "No keys.\n\n";
@@ -27,7 +35,7 @@ void key_table(std::ostream& out, const Schema& schema) {
   for (const auto& spec : schema.keys())
     out << "| `" << spec.key << "` | " << cell(describe_type(spec)) << " | "
         << (spec.default_value ? "`" + cell(value_to_toml(*spec.default_value)) + "`" : std::string("required")) << " | "
-        << cell(spec.doc) << " |\n";
+        << cell(spec.doc) << cell(tune_note(spec)) << " |\n";
   out << "\n";
 }
 

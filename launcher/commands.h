@@ -25,5 +25,6 @@ int run_ops(const Args& args);
 int run_docs(const Args& args);
 int run_doctor(const Args& args);
 int run_report(const Args& args);
+int run_tune(const Args& args);
 
 }  // namespace strata::cli

@@ -29,6 +29,22 @@ const std::vector<Command>& commands() {
        "  --disable PASS       switch a pass off, as enabled = false does\n"
        "  --json               machine-readable output\n",
        run_plan},
+      {"tune", "Search the layouts and pass options for N ranks and rank them by a cost model",
+       "usage: strata tune STRATEGY.toml -n N --dry-run [--memory-gb G] [--top K] [--set section.key=value]... [--disable PASS]...\n\n"
+       "Generates every strategy for N ranks around STRATEGY (what it states stays fixed): the mesh\n"
+       "factorisations over the dimensions the loaded passes claim, the pass serving each dimension,\n"
+       "passes that declare themselves worth trying (act_checkpoint), and the keys passes declare as\n"
+       "searched (micro_batch, pipeline schedule, ...). Each candidate is checked as `strata plan`\n"
+       "checks it; those that plan are ranked by predicted step time (FLOPs at this machine's matmul\n"
+       "rate, collective bytes at its copy rate, the pipeline bubble of the schedule's simulation) and\n"
+       "predicted peak memory per rank (model states by the ZeRO formulas, activations by Korthikanti's).\n\n"
+       "  -n, --ranks N        world size to search for\n"
+       "  --dry-run            print the ranked candidates without measuring (required for now)\n"
+       "  --memory-gb G        drop candidates predicted to need more than G GiB per rank\n"
+       "  --top K              candidates shown (default 20)\n"
+       "  --set S.K=V          fix a key before searching, e.g. parallel.tensor=2\n"
+       "  --disable PASS       keep a pass out of the search\n",
+       run_tune},
       {"run", "Train with a strategy",
        "usage: strata run STRATEGY.toml [-n N] [--out DIR] [--set section.key=value]... [--disable PASS]... [--resume | --overwrite]\n\n"
        "Trains in this process, or with -n N on N local ranks started through mpirun (a worker\n"

@@ -4,7 +4,7 @@
 
 #include "common.h"
 #include "strata/core/operator_table.h"
-#include "strata/core/pass_manager.h"
+#include "strata/core/tune.h"
 #include "strata/errors.h"
 
 namespace strata::cli {
@@ -17,12 +17,9 @@ bool load_plan(const Args& args, int64_t world_size, ComponentRegistry& registry
   if (diagnostics.ok()) {
     apply_overrides(raw, args.sets, args.disables, diagnostics);
     load_plugins(registry, strategy_plugin_path(raw));
-    out.plan = resolve_strategy(raw, registry, world_size, diagnostics);
-    out.order = order_passes(out.plan.passes, diagnostics);
-    check_claims(out.plan, registry, diagnostics);
     // Plan-time checks of operator choices (module_replace) read the operator table.
     OperatorTable::global().install(registry);
-    out.data_not_checked = check_sizes(out.plan, diagnostics);
+    check_plan(raw, registry, world_size, out, diagnostics);
   }
   if (diagnostics.ok()) return true;
   std::cerr << diagnostics.str();

@@ -6,14 +6,12 @@
 #include "cli_args.h"
 #include "strata/core/component_registry.h"
 #include "strata/core/strategy.h"
+#include "strata/core/tune.h"
 
 namespace strata::cli {
 
-struct LoadedPlan {
-  ResolvedStrategy plan;
-  std::vector<size_t> order;
-  std::string data_not_checked;  // why check_sizes could not open the data, if it could not
-};
+// The plan and its pass order after every check `strata plan` runs (strata/core/tune.h).
+using LoadedPlan = CheckedPlan;
 
 // Parses args.positional[0], applies --set/--disable, loads plugins into `registry` and resolves
 // for `world_size`. Returns false after printing every error to stderr.

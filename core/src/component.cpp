@@ -53,6 +53,8 @@ std::string Pass::describe_plan(const Config&, const PlanFacts&) const { return 
 std::string Pass::size_problem(const Config&, const Config&, const MeshSizes&) const { return {}; }
 std::optional<c10::ScalarType> Pass::compute_dtype(const Config&) const { return std::nullopt; }
 std::string Pass::plan_problem(const Config&, const PlanFacts&) const { return {}; }
+TuneUse Pass::tune_use() const { return TuneUse::UserOnly; }
+void Pass::estimate(const Config&, const PlanFacts&, CostEstimate&) const {}
 
 bool Pass::claims_stage(Stage stage, StageUse use) const {
   for (const auto& c : claims_.stages)

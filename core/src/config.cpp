@@ -68,6 +68,12 @@ Schema& Schema::add(KeySpec spec) {
   return *this;
 }
 
+Schema& Schema::tuned(std::vector<Value> values) {
+  if (keys_.empty()) throw std::logic_error("Schema::tuned() before any key");
+  keys_.back().tune_values = std::move(values);
+  return *this;
+}
+
 Schema& Schema::boolean(const std::string& key, bool default_value, const std::string& doc) {
   return add({key, ValueType::Bool, Value{default_value}, doc});
 }

@@ -11,6 +11,7 @@ const Schema& job_schema() {
       .integer("steps", 100, "Optimizer steps to train", between(1, 1e12))
       .integer("global_batch", 8, "Sequences per optimizer step across all data-parallel ranks (strong scaling)", between(1, 1 << 24))
       .integer("micro_batch", 0, "Sequences per rank per forward/backward; 0 = global_batch / data-parallel size (no accumulation)", between(0, 1 << 24))
+      .tuned({int64_t{0}, int64_t{1}, int64_t{2}, int64_t{4}})
       .integer("seed", 1234, "Seed for initialisation, data order and dropout", at_least(0))
       .boolean("shuffle", true, "Shuffle training windows each epoch (deterministically from seed)")
       .integer("eval_batches", 8, "Micro-batches of the validation split each evaluation averages", at_least(1))

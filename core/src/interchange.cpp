@@ -29,6 +29,13 @@ std::string ModelFactory::split_problem(const Config&, int64_t parts) const {
 
 std::string ModelFactory::describe_split(const Config&, int64_t) const { return {}; }
 
+ModelShape ModelFactory::shape(const Config& config) const {
+  ModelShape out;
+  for (const auto& p : create(config)->parameters())
+    if (p.requires_grad()) out.parameters += p.numel();
+  return out;
+}
+
 NamedTensors ModelFactory::to_hf(const nn::Model&, const Config&) const {
   throw UserError("model '" + name() + "' has no Hugging Face equivalent to export to");
 }

@@ -129,8 +129,24 @@ class ActCheckpointPass final : public Pass {
       : Pass({ComponentKind::Pass, "act_checkpoint", "Recompute activations of selected blocks during backward",
               Schema()
                   .strings("blocks", {"block"}, "Block types or names to checkpoint")
-                  .integer("every", 1, "Checkpoint every k-th matching block", at_least(1))},
+                  .integer("every", 1, "Checkpoint every k-th matching block", at_least(1))
+                  .tuned({int64_t{1}, int64_t{2}})},
              {Phase::Wrapping, {}, {}, {}, {"fsdp", "ddp", "zero1", "zero2"}}) {}
+
+  // Exact, and a trade of time for memory: strata tune tries it on and off.
+  TuneUse tune_use() const override { return TuneUse::Try; }
+
+  // A checkpointed layer keeps only its input ([s, b, h]) and recomputes its forward in backward
+  // (one layer's activations alive at a time); 1 of every `every` layers is checkpointed.
+  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
+    if (c.layers_per_rank <= 0) return;
+    const double share = 1.0 / static_cast<double>(config.get_int("every"));
+    const double per_layer = c.activation_bytes / c.layers_per_rank;
+    const double input = c.seq_per_rank * static_cast<double>(c.micro_batch) * static_cast<double>(c.model.hidden) * c.activation_element_bytes;
+    c.activation_bytes = (1 - share) * c.activation_bytes + share * c.layers_per_rank * input;
+    c.transient_bytes += per_layer;
+    c.flops *= 1 + share / 3;  // a forward is a third of forward + backward
+  }
 
   void apply(Job& job, const Config& config) const override {
     std::vector<size_t> matching = job.model->find_blocks(config.get_strings("blocks"));

@@ -100,6 +100,11 @@ class AmpPass final : public Pass {
     return config.get_string("dtype") == "fp16" ? at::kHalf : at::kBFloat16;
   }
 
+  // Autocast saves 16-bit activations and keeps a 16-bit copy of the weights it casts in forward.
+  void estimate(const Config&, const PlanFacts&, CostEstimate& c) const override {
+    c.activation_bytes /= 2, c.activation_element_bytes = 2, c.transient_bytes += c.weight_bytes / 2;
+  }
+
   void apply(Job& job, const Config& config) const override {
     const bool fp16 = config.get_string("dtype") == "fp16";
     const Settings settings{dtype_named(config.get_string("dtype")),

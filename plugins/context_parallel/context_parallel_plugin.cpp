@@ -122,6 +122,18 @@ class ContextParallelPass final : public Pass {
     return out.str();
   }
 
+  // Each rank holds 1/c of every sequence's tokens: activations, logits and FLOPs (its queries
+  // against all keys) divide by c. Per layer and micro-batch the ring passes the other ranks'
+  // keys and values forward, and in backward keys, values and their gradients.
+  void estimate(const Config&, const PlanFacts&, CostEstimate& c) const override {
+    const double cp = static_cast<double>(c.context);
+    c.activation_bytes /= cp, c.transient_bytes /= cp, c.flops /= cp;
+    if (c.model.heads <= 0) return;
+    const double kv_width = static_cast<double>(c.model.hidden) * static_cast<double>(c.model.kv_heads) / static_cast<double>(c.model.heads);
+    c.comm_bytes += c.layers_per_rank * static_cast<double>(c.micro_batches) * 3 * (cp - 1) * 2 * c.seq_per_rank *
+                    static_cast<double>(c.micro_batch) * kv_width / static_cast<double>(c.tensor) * c.activation_element_bytes;
+  }
+
   void apply(Job& job, const Config& config) const override {
     Communicator& group = job.topology->group(Dim::Context);
     const int c = group.size();

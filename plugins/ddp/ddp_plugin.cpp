@@ -23,6 +23,12 @@ class DdpPass final : public Pass {
              {Phase::Wrapping, {}, {"zero1", "zero2", "fsdp"}, {}, {}},
              {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}) {}
 
+  // A ring all-reduce of every gradient, once per step: 2(d-1)/d of their bytes sent per rank.
+  void estimate(const Config&, const PlanFacts&, CostEstimate& c) const override {
+    const double d = static_cast<double>(c.data);
+    c.comm_bytes += 2 * (d - 1) / d * c.gradient_bytes;
+  }
+
   void apply(Job& job, const Config& config) const override {
     Communicator& comm = job.topology->group(Dim::Data);
     {

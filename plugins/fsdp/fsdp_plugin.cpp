@@ -182,6 +182,7 @@ class FsdpPass final : public Pass {
                   .integer("min_params", 0, "Size-based wrapping: smallest unit in parameters; 0 = wrap by name only", at_least(0))
                   .strings("ignored", {}, "Block types or names whose parameters stay whole (gradients all-reduced, optimizer state sharded)")
                   .boolean("reshard_after_forward", true, "Free full parameters after a unit's forward")
+                  .tuned({true, false})
                   .boolean("forward_prefetch", false, "All-gather the next unit during the current forward")
                   .integer("limit_all_gathers", 2, "Most all-gathers in flight at once", at_least(1))
                   .boolean("sync_module_states", true, "Broadcast initial parameters from rank 0"))},
@@ -190,6 +191,20 @@ class FsdpPass final : public Pass {
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_strings("wrap").empty() && config.get_int("min_params") == 0)
       diagnostics.error(section, "pass 'fsdp' needs blocks to wrap: set wrap or min_params");
+  }
+
+  // Model states all sharded (16/d bytes per fp32 AdamW parameter) plus what is gathered at once:
+  // the root unit (embeddings, head, final norm) and up to limit_all_gathers layers, with their
+  // gradients before the reduce-scatter. Parameters are all-gathered for forward and again for
+  // backward when resharded after forward; gradients reduce-scattered.
+  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
+    const double d = static_cast<double>(c.data), t = static_cast<double>(c.tensor);
+    const double full_weights = c.weight_bytes;
+    c.comm_bytes += (config.get_bool("reshard_after_forward") ? 2 : 1) * (d - 1) / d * full_weights + (d - 1) / d * c.gradient_bytes;
+    c.weight_bytes /= d, c.gradient_bytes /= d, c.optimizer_bytes /= d;
+    const double layer = static_cast<double>(c.model.layer_parameters);
+    const double root = static_cast<double>(c.model.parameters) - static_cast<double>(c.model.layers) * layer;
+    c.transient_bytes += 2 * 4 * (root + static_cast<double>(config.get_int("limit_all_gathers")) * layer) / t;
   }
 
   void apply(Job& job, const Config& config) const override {

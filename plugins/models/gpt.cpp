@@ -129,6 +129,18 @@ class Gpt final : public ModelFactory {
     return {};
   }
 
+  ModelShape shape(const Config& c) const override {
+    ModelShape s;
+    s.layers = c.get_int("n_layer"), s.hidden = c.get_int("d_model"), s.heads = s.kv_heads = c.get_int("n_head");
+    s.ffn_hidden = 4 * s.hidden, s.seq_len = c.get_int("seq_len"), s.vocab = c.get_int("vocab_size");
+    const int64_t d = s.hidden, b = c.get_bool("bias") ? 1 : 0;
+    // Two LayerNorms, c_attn (d x 3d), c_proj (d x d), the MLP (d x 4d, 4d x d), with their biases.
+    s.layer_parameters = 12 * d * d + (2 + 11 * b) * d;
+    // Tied token embedding, learned positions, the final LayerNorm.
+    s.parameters = s.layers * s.layer_parameters + (s.vocab + s.seq_len) * d + (1 + b) * d;
+    return s;
+  }
+
   std::string describe_split(const Config& c, int64_t parts) const override {
     const int64_t heads = c.get_int("n_head"), d = c.get_int("d_model"), vocab = c.get_int("vocab_size");
     return "attention: " + std::to_string(heads / parts) + " of " + std::to_string(heads) + " heads per rank (c_attn per head, c_proj by rows)\n" +

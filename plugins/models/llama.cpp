@@ -193,6 +193,18 @@ class Llama final : public ModelFactory {
                                                                                              : " (token embedding and lm_head)\n");
   }
 
+  ModelShape shape(const Config& c) const override {
+    ModelShape s;
+    s.layers = c.get_int("n_layer"), s.hidden = c.get_int("d_model"), s.heads = c.get_int("n_head"), s.kv_heads = c.get_int("n_kv_head");
+    s.ffn_hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(s.hidden);
+    s.seq_len = c.get_int("seq_len"), s.vocab = c.get_int("vocab_size");
+    const int64_t d = s.hidden, kv_width = s.kv_heads * (d / s.heads);
+    // Two RMSNorms, q and o (d x d), k and v (d x kv_width), SwiGLU's three matrices.
+    s.layer_parameters = 2 * d + 2 * d * d + 2 * d * kv_width + 3 * d * s.ffn_hidden;
+    s.parameters = s.layers * s.layer_parameters + s.vocab * d * (c.get_bool("tie_embeddings") ? 1 : 2) + d;
+    return s;
+  }
+
   // Attention (by heads) and MLP split over the tensor ranks, the token embedding and the head by
   // vocabulary rows; norms stay whole.
   std::shared_ptr<nn::Model> create_shard(const Config& c, nn::TensorShard shard) const override {

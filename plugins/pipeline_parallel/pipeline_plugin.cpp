@@ -94,6 +94,7 @@ class PipelineParallelPass final : public Pass {
               "Pipeline parallel: blocks split into stages over the pipeline ranks, micro-batches run under a schedule",
               Schema()
                   .string("schedule", "1f1b", "Registered pipeline schedule: gpipe, 1f1b, interleaved, zero_bubble, or a plugin's")
+                  .tuned({std::string("1f1b"), std::string("gpipe"), std::string("interleaved"), std::string("zero_bubble")})
                   .integer("chunks", 0, "Model chunks per rank for interleaved schedules; 0 = the schedule's default (interleaved: 2)",
                            between(0, 64))
                   .string("partition", "uniform", "How blocks are split into stages", {"uniform", "balanced", "layout"})
@@ -106,6 +107,23 @@ class PipelineParallelPass final : public Pass {
   std::string size_problem(const Config& config, const Config&, const MeshSizes& mesh) const override {
     Settings settings;
     return resolve_settings(config, mesh, settings);
+  }
+
+  // A stage holds its share of the layers and their states; the first stage holds the most
+  // micro-batches in flight; the step stretches by the schedule's simulated idle fraction. Each
+  // micro-batch sends its activation forward and its gradient back across every boundary.
+  void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
+    Settings s;
+    if (!resolve_settings(config, facts.mesh, s).empty()) return;
+    const double p = static_cast<double>(c.pipeline);
+    c.weight_bytes /= p, c.gradient_bytes /= p, c.optimizer_bytes /= p, c.activation_bytes /= p, c.flops /= p;
+    const Simulation sim = simulate(add_communication(s.schedule->compute_order(s.shape), s.shape), s.shape);
+    if (!sim.problem.empty()) return;
+    c.bubble = sim.idle_fraction;
+    // Interleaved chunks hold 1/chunks of the stage's layers per micro-batch in flight.
+    c.in_flight = static_cast<double>(*std::max_element(sim.peak_in_flight.begin(), sim.peak_in_flight.end())) / s.shape.chunks;
+    c.comm_bytes += 2.0 * static_cast<double>(c.micro_batches) * s.shape.chunks * c.seq_per_rank * static_cast<double>(c.micro_batch) *
+                    static_cast<double>(c.model.hidden) * c.activation_element_bytes;
   }
 
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {

@@ -51,7 +51,8 @@ class TensorParallelPass final : public Pass {
               Schema().boolean("sequence_parallel", false,
                                "Split the residual stream (norms, dropout, residual adds) by tokens over the tensor ranks: "
                                "all-gather before column layers, reduce-scatter after row layers; needs [model] seq_len divisible "
-                               "by [parallel] tensor")},
+                               "by [parallel] tensor")
+                  .tuned({false, true})},
              {Phase::ModelRewrite, {}, {}, {}, {}}, {{Dim::Tensor}, {}}) {}
 
   std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const override {
@@ -61,6 +62,20 @@ class TensorParallelPass final : public Pass {
     return "pass 'tensor_parallel': sequence_parallel needs [model] seq_len " + std::to_string(model.get_int("seq_len")) +
            " to divide by [parallel] tensor = " + std::to_string(mesh.tensor) +
            (mesh.context > 1 ? " x context = " + std::to_string(mesh.context) : std::string());
+  }
+
+  // Each rank holds 1/t of the layers and the vocabulary and does 1/t of their FLOPs; activations
+  // shrink as Korthikanti et al. count them (all of them with sequence parallel, the attention's
+  // and MLP's inner ones without). Per layer and micro-batch, forward and backward move four
+  // [s, b, h] all-reduces (or all-gather/reduce-scatter pairs with sequence parallel: the same bytes).
+  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
+    const double t = static_cast<double>(c.tensor), h = static_cast<double>(c.model.hidden), a = static_cast<double>(c.model.heads);
+    c.weight_bytes /= t, c.gradient_bytes /= t, c.optimizer_bytes /= t, c.flops /= t, c.transient_bytes /= t;
+    if (h <= 0) return;
+    const double s = c.seq_per_rank;
+    c.activation_bytes *= config.get_bool("sequence_parallel") ? 1 / t : (10 + 24 / t + 5 * a * s / (h * t)) / (34 + 5 * a * s / h);
+    c.comm_bytes += c.layers_per_rank * static_cast<double>(c.micro_batches) * 4 * 2 * (t - 1) / t * s *
+                    static_cast<double>(c.micro_batch) * h * c.activation_element_bytes;
   }
 
   void apply(Job& job, const Config& config) const override {

@@ -27,6 +27,16 @@ class ZeroPass final : public Pass {
              {Phase::Wrapping, {}, conflicts(stage), {}, {}}, {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}),
         stage_(stage) {}
 
+  // The ZeRO paper's model states: stage 1 shards the optimizer state (8 + 8/d bytes per fp32
+  // parameter with AdamW), stage 2 the gradients too (4 + 12/d). Gradients are all-reduced
+  // (stage 1) or reduce-scattered (stage 2), then the updated chunks all-gathered.
+  void estimate(const Config&, const PlanFacts&, CostEstimate& c) const override {
+    const double d = static_cast<double>(c.data);
+    c.comm_bytes += (stage_ == 1 ? 2 : 1) * (d - 1) / d * c.gradient_bytes + (d - 1) / d * c.weight_bytes;
+    c.optimizer_bytes /= d;
+    if (stage_ == 2) c.gradient_bytes /= d;
+  }
+
   void apply(Job& job, const Config& config) const override {
     Communicator& comm = job.topology->group(Dim::Data);
     sharding::broadcast_model_state(*job.model, comm);

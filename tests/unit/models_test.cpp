@@ -92,6 +92,29 @@ TEST_P(Models, CausalityHolds) {
   EXPECT_FALSE(at::allclose(la.narrow(1, 10, 6), lb.narrow(1, 10, 6)));
 }
 
+// What strata tune's cost model reads without building the model is what building it gives.
+TEST_P(Models, ShapeCountsTheParametersWithoutBuilding) {
+  const auto* factory = dynamic_cast<const ModelFactory*>(bundled().find(ComponentKind::Model, GetParam()));
+  std::vector<std::map<std::string, Value>> variants{tiny(GetParam())};
+  auto other = tiny(GetParam());
+  other["n_layer"] = int64_t{3}, other["seq_len"] = int64_t{24}, other["vocab_size"] = int64_t{70};
+  if (GetParam() == "gpt") other["bias"] = false;
+  if (GetParam() == "llama") other["tie_embeddings"] = true, other["n_kv_head"] = int64_t{1}, other["ffn_hidden"] = int64_t{40};
+  variants.push_back(other);
+  for (const auto& values : variants) {
+    const Config config = config_for(*factory, values);
+    const ModelShape shape = factory->shape(config);
+    int64_t built = 0, layer = 0;
+    auto model = factory->create(config);
+    for (const auto& p : model->parameters()) built += p.numel();
+    for (const auto& p : model->block(model->find_blocks({"block"}).front()).parameters()) layer += p.numel();
+    EXPECT_EQ(shape.parameters, built);
+    EXPECT_EQ(shape.layer_parameters, layer);
+    EXPECT_EQ(shape.layers, config.get_int("n_layer"));
+    EXPECT_EQ(shape.seq_len, config.get_int("seq_len"));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Bundled, Models, ::testing::Values("gpt", "llama"));
 
 TEST(Gpt, TiedHeadIsOneParameterAndOnlyLinearWeightsDecay) {

@@ -41,6 +41,10 @@ struct STRATA_API KeySpec {
   std::optional<double> max;
   StringList choices;       // allowed values for String and each StringList element
   bool allow_auto = false;  // Int keys that also accept "auto"
+  // The values `strata tune` tries for this key when the strategy leaves it unset; empty: tune
+  // keeps the default. Only choices that never change the maths belong here (a schedule, a
+  // bucket size, a micro-batch count), so every candidate trains the same model.
+  std::vector<Value> tune_values;
 };
 
 // Inclusive numeric bounds for integer and real keys.
@@ -64,6 +68,8 @@ class STRATA_API Schema {
                   StringList choices = {});
   Schema& required_string(const std::string& key, const std::string& doc, StringList choices = {});
   Schema& add(KeySpec spec);
+  // Marks the key declared last as searched by `strata tune` over `values` (KeySpec::tune_values).
+  Schema& tuned(std::vector<Value> values);
 
   const KeySpec* find(const std::string& key) const;
   const std::vector<KeySpec>& keys() const { return keys_; }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "strata/component.h"
+#include "strata/cost.h"
 #include "strata/nn.h"
 #include "strata/optimizer.h"
 
@@ -29,6 +30,12 @@ class STRATA_API ModelFactory : public Component {
   // kv heads split or replicated, MLP columns, vocabulary rows), shown by `strata plan`. This
   // default says nothing.
   virtual std::string describe_split(const Config& config, int64_t parts) const;
+
+  // The sizes `strata tune`'s cost model reads (strata/cost.h), from `config` alone: it must not
+  // build the model, which may not fit. This default counts the parameters of create()'s model
+  // (so it does build it) and leaves the transformer sizes at 0; the cost model then predicts model
+  // states only.
+  virtual ModelShape shape(const Config& config) const;
 
   // Hugging Face interchange (transformers' names and layouts). A model without an equivalent
   // keeps these defaults, which refuse with a UserError.

@@ -10,12 +10,20 @@
 
 #include "strata/claims.h"
 #include "strata/component.h"
+#include "strata/cost.h"
 
 namespace strata {
 
 class Job;  // the training job a pass transforms; defined by the training runtime
 
 // Default order of passes; explicit after/before declarations override it.
+// How `strata tune` treats a pass the strategy does not name. A pass that claims a mesh dimension
+// is a layout choice: tune enables one of the passes claiming each dimension it sizes above one.
+enum class TuneUse {
+  UserOnly,  // never added by tune: it changes the maths (precision, the optimizer) or needs a choice only the user can make
+  Try,       // tune tries the strategy with and without it (exact: trades memory for time, or time for nothing)
+};
+
 enum class Phase { Topology, ModelRewrite, Precision, Wrapping, Optimizer, Schedule, Runtime };
 STRATA_API const char* phase_name(Phase phase);
 
@@ -77,6 +85,12 @@ class STRATA_API Pass : public Component {
   // does not support its device or dtype), or empty (this default). Refused before anything
   // starts, like size_problem.
   virtual std::string plan_problem(const Config& config, const PlanFacts& facts) const;
+
+  // Whether `strata tune` may add this pass on its own (this default: UserOnly).
+  virtual TuneUse tune_use() const;
+  // Rescales what this enabled pass changes of `cost` (strata/cost.h), which holds the figures of
+  // the passes applied before it. This default changes nothing.
+  virtual void estimate(const Config& config, const PlanFacts& facts, CostEstimate& cost) const;
 
  private:
   PassOrdering ordering_;

@@ -1,0 +1,79 @@
+// `strata tune`: the candidate strategies for N ranks, generated from what the loaded passes
+// declare, checked by the same validation `strata plan` runs, and ranked by an analytic cost
+// model (strata/cost.h) before any of them is measured.
+//
+// The search space is never a list written here. Its axes are
+//  * the mesh: every factorisation of N over the dimensions some loaded pass claims (a size the
+//    strategy fixes stays fixed);
+//  * for each dimension sized above one, which of the passes claiming it serves it (data: ddp,
+//    zero1, zero2, fsdp, or a plugin's) unless the strategy already names one;
+//  * every pass that declares TuneUse::Try and that the strategy does not name, on and off;
+//  * every key some enabled pass or [job] declares with tune values (KeySpec::tune_values) and
+//    the strategy leaves unset.
+// What the strategy states is never changed. A candidate whose plan fails validation is kept
+// with the first reason, so `strata tune` can say why it was dropped.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "strata/core/component_registry.h"
+#include "strata/core/strategy.h"
+#include "strata/cost.h"
+
+namespace strata {
+
+// A strategy after every plan-time check (resolve, pass order, claims, sizes), or the errors.
+struct CheckedPlan {
+  ResolvedStrategy plan;
+  std::vector<size_t> order;
+  std::string data_not_checked;  // why the data could not be opened, if it could not
+};
+// What `strata plan` runs on a parsed strategy. Returns false with the problems in `diagnostics`.
+STRATA_API bool check_plan(const RawStrategy& raw, const ComponentRegistry& registry, int64_t world_size, CheckedPlan& out,
+                           Diagnostics& diagnostics);
+
+// The cost model: core's single-process figures for the data rank's share, then every enabled
+// pass's Pass::estimate in pass order.
+STRATA_API CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_t>& order);
+
+// What the predictions divide by and add, per rank: matmul FLOP/s as ranks run concurrently,
+// collective bytes per second, the fixed cost of running one layer's forward and backward on one
+// micro-batch (operator dispatch: what makes many small micro-batches slower than few large ones
+// at equal FLOPs), and the memory a rank's process holds before its model (libtorch, plugins).
+struct HardwareRates {
+  double flops_per_s = 1e10;
+  double bytes_per_s = 1e9;
+  double layer_overhead_s = 1e-4;
+  double process_bytes = 0;
+};
+// Seconds per optimizer step: compute stretched by the pipeline bubble, plus communication
+// (not overlapped: a conservative bound that ranks layouts the way their traffic does), plus the
+// per-layer, per-micro-batch overhead.
+STRATA_API double predicted_step_seconds(const CostEstimate& cost, const HardwareRates& rates);
+// Bytes a rank holds at its peak: the model's and the passes' figures plus the process's own.
+STRATA_API double predicted_peak_bytes(const CostEstimate& cost, const HardwareRates& rates);
+
+struct TuneCandidate {
+  RawStrategy raw;                  // the strategy with tune's choices written in
+  std::vector<std::string> choices; // what tune chose, "parallel.tensor = 2", "pass fsdp", "pass.fsdp.x = y"
+  std::string layout;               // "data 2 (fsdp) x tensor 2 (tensor_parallel)"
+  std::string rejected;             // why its plan failed; empty when it planned
+  CheckedPlan checked;              // when it planned
+  CostEstimate cost;
+  double predicted_s = 0;
+  double predicted_bytes = 0;  // per rank, at the peak
+};
+
+struct TuneSpace {
+  std::vector<TuneCandidate> candidates;  // planned first, by predicted time (then memory); then the rejected
+  size_t generated = 0;
+  bool truncated = false;  // more than `limit` combinations: the rest were not generated
+};
+
+// Every candidate for `world_size` ranks around `base` (the user's strategy, plugins loaded in
+// `registry`), planned and predicted. `limit` caps the combinations generated.
+STRATA_API TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& registry, int64_t world_size,
+                                         const HardwareRates& rates, size_t limit = 20000);
+
+}  // namespace strata

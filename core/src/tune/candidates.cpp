@@ -1,0 +1,205 @@
+// The candidate strategies of `strata tune` (strata/core/tune.h): every axis comes from what the
+// loaded passes declare, every candidate is checked by the checks `strata plan` runs.
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "strata/core/operator_table.h"
+#include "strata/core/pass_manager.h"
+#include "strata/core/tune.h"
+#include "strata/pass.h"
+
+namespace strata {
+
+bool check_plan(const RawStrategy& raw, const ComponentRegistry& registry, int64_t world_size, CheckedPlan& out,
+                Diagnostics& diagnostics) {
+  out.plan = resolve_strategy(raw, registry, world_size, diagnostics);
+  out.order = order_passes(out.plan.passes, diagnostics);
+  check_claims(out.plan, registry, diagnostics);
+  out.data_not_checked = check_sizes(out.plan, diagnostics);
+  return diagnostics.ok();
+}
+
+namespace {
+
+constexpr Dim kDims[] = {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context};
+
+std::string section_pass_name(const RawSection& section) {
+  const RawEntry* name = section.find("name");
+  return name && std::holds_alternative<std::string>(name->value) ? std::get<std::string>(name->value) : std::string();
+}
+
+bool section_enabled(const RawSection& section) {
+  const RawEntry* enabled = section.find("enabled");
+  return !enabled || !std::holds_alternative<bool>(enabled->value) || std::get<bool>(enabled->value);
+}
+
+RawEntry tune_entry(Value value) { return RawEntry{std::move(value), SourcePos{"strata tune", 0, 0}, Origin::CommandLine}; }
+
+// Every way to write n as an ordered product of one factor per free dimension.
+void factorisations(int64_t n, size_t dim, std::vector<int64_t>& sizes, const std::vector<bool>& free,
+                    std::vector<std::vector<int64_t>>& out) {
+  if (dim == sizes.size()) {
+    if (n == 1) out.push_back(sizes);
+    return;
+  }
+  if (!free[dim]) return factorisations(n / sizes[dim], dim + 1, sizes, free, out);
+  for (int64_t f = 1; f <= n; ++f)
+    if (n % f == 0) {
+      sizes[dim] = f;
+      factorisations(n / f, dim + 1, sizes, free, out);
+    }
+  sizes[dim] = 1;
+}
+
+// One searched key: where it goes and the values tried.
+struct Axis {
+  std::string pass;  // empty: [job]
+  std::string key;
+  std::vector<Value> values;
+};
+
+}  // namespace
+
+TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& registry, int64_t world_size,
+                              const HardwareRates& rates, size_t limit) {
+  OperatorTable::global().install(registry);
+  // Passes by the dimension they claim; the passes the strategy names (enabled or not: a pass the
+  // user switched off stays off).
+  std::map<Dim, std::vector<const Pass*>> claimants;
+  std::vector<const Pass*> optional;
+  std::map<std::string, const RawSection*> named;
+  for (const auto& section : base.passes) named[section_pass_name(section)] = &section;
+  for (const Component* c : registry.components(ComponentKind::Pass)) {
+    const auto* pass = static_cast<const Pass*>(c);
+    for (Dim d : pass->claims().dims) claimants[d].push_back(pass);
+    if (pass->claims().dims.empty() && pass->tune_use() == TuneUse::Try && !named.count(pass->name())) optional.push_back(pass);
+  }
+  // A dimension the strategy sizes stays that size; one no pass can serve stays 1.
+  std::vector<int64_t> sizes(4, 1);
+  std::vector<bool> free(4, true);
+  for (size_t i = 0; i < 4; ++i) {
+    const RawEntry* e = base.parallel.find(dim_name(kDims[i]));
+    if (e && std::holds_alternative<int64_t>(e->value)) sizes[i] = std::get<int64_t>(e->value), free[i] = false;
+    if (!claimants.count(kDims[i])) free[i] = false;
+  }
+  std::vector<std::vector<int64_t>> meshes;
+  int64_t fixed_product = 1;
+  for (size_t i = 0; i < 4; ++i)
+    if (!free[i]) fixed_product *= sizes[i];
+  if (fixed_product > 0 && world_size % fixed_product == 0) {
+    std::vector<int64_t> start = sizes;
+    factorisations(world_size, 0, start, free, meshes);
+  }
+  if (meshes.empty()) meshes.push_back(sizes);  // the strategy's own sizes; its plan says why they fail
+
+  const Schema& job = job_schema();
+  TuneSpace space;
+  for (const auto& mesh : meshes) {
+    // Which pass serves each dimension above one that no named pass serves yet.
+    std::vector<std::vector<const Pass*>> dim_choices;
+    for (size_t i = 0; i < 4; ++i) {
+      bool served = false;
+      for (const Pass* p : claimants[kDims[i]])
+        if (named.count(p->name()) && section_enabled(*named[p->name()])) served = true;
+      if (mesh[i] > 1 && !served) dim_choices.push_back(claimants[kDims[i]]);
+    }
+    // Odometer over the dimension choices, then the optional passes on/off.
+    std::vector<size_t> pick(dim_choices.size(), 0);
+    for (bool more = true; more;) {
+      for (uint64_t mask = 0; mask < (uint64_t{1} << optional.size()); ++mask) {
+        std::vector<const Pass*> added;
+        for (size_t k = 0; k < dim_choices.size(); ++k) added.push_back(dim_choices[k][pick[k]]);
+        for (size_t k = 0; k < optional.size(); ++k)
+          if (mask >> k & 1) added.push_back(optional[k]);
+        // Keys to search: [job]'s and every enabled pass's, where the strategy leaves them unset.
+        std::vector<Axis> axes;
+        for (const auto& spec : job.keys())
+          if (!spec.tune_values.empty() && !base.job.find(spec.key)) axes.push_back({"", spec.key, spec.tune_values});
+        auto add_pass_axes = [&](const Pass* p, const RawSection* section) {
+          for (const auto& spec : p->info().schema.keys())
+            if (!spec.tune_values.empty() && !(section && section->find(spec.key))) axes.push_back({p->name(), spec.key, spec.tune_values});
+        };
+        for (const auto& [name, section] : named)
+          if (const Pass* p = registry.find_pass(name); p && section_enabled(*section)) add_pass_axes(p, section);
+        for (const Pass* p : added) add_pass_axes(p, nullptr);
+
+        std::vector<size_t> value(axes.size(), 0);
+        for (bool more_values = true; more_values;) {
+          if (++space.generated > limit) {
+            space.truncated = true;
+            break;
+          }
+          TuneCandidate c;
+          c.raw = base;
+          for (size_t i = 0; i < 4; ++i)
+            if (free[i]) {
+              c.raw.parallel.set(dim_name(kDims[i]), tune_entry(mesh[i]));
+              if (mesh[i] > 1) c.choices.push_back(std::string("parallel.") + dim_name(kDims[i]) + " = " + std::to_string(mesh[i]));
+            }
+          for (const Pass* p : added) {
+            RawSection section;
+            section.label = "[[pass]] '" + p->name() + "' (strata tune)";
+            section.pos = SourcePos{"strata tune", 0, 0};
+            section.set("name", tune_entry(p->name()));
+            c.raw.passes.push_back(std::move(section));
+            c.choices.push_back("pass " + p->name());
+          }
+          for (size_t a = 0; a < axes.size(); ++a) {
+            const Value& v = axes[a].values[value[a]];
+            RawSection* target = &c.raw.job;
+            if (!axes[a].pass.empty())
+              for (auto& section : c.raw.passes)
+                if (section_pass_name(section) == axes[a].pass) target = &section;
+            target->set(axes[a].key, tune_entry(v));
+            c.choices.push_back((axes[a].pass.empty() ? "job." : "pass." + axes[a].pass + ".") + axes[a].key + " = " + value_to_toml(v));
+          }
+          Diagnostics diagnostics;
+          if (check_plan(c.raw, registry, world_size, c.checked, diagnostics)) {
+            c.cost = estimate_cost(c.checked.plan, c.checked.order);
+            c.predicted_s = predicted_step_seconds(c.cost, rates);
+            c.predicted_bytes = predicted_peak_bytes(c.cost, rates);
+          } else {
+            c.rejected = diagnostics.items().front().message;
+          }
+          const ParallelLayout& l = c.checked.plan.layout;
+          for (size_t i = 0; i < 4; ++i) {
+            const int64_t size = c.rejected.empty() ? (i == 0 ? l.data : i == 1 ? l.tensor : i == 2 ? l.pipeline : l.context) : mesh[i];
+            if (size <= 1) continue;
+            std::string server;
+            for (const auto& entry : c.checked.plan.passes)
+              for (Dim d : entry.pass ? entry.pass->claims().dims : std::vector<Dim>{})
+                if (entry.enabled && d == kDims[i]) server = entry.pass->name();
+            c.layout += std::string(c.layout.empty() ? "" : " x ") + dim_name(kDims[i]) + " " + std::to_string(size) +
+                        (server.empty() ? "" : " (" + server + ")");
+          }
+          if (c.layout.empty()) c.layout = "one rank";
+          space.candidates.push_back(std::move(c));
+          // Next value combination.
+          more_values = false;
+          for (size_t a = 0; a < axes.size() && !more_values; ++a) {
+            if (++value[a] < axes[a].values.size()) more_values = true;
+            else value[a] = 0;
+          }
+        }
+        if (space.truncated) break;
+      }
+      if (space.truncated) break;
+      more = false;
+      for (size_t k = 0; k < pick.size() && !more; ++k) {
+        if (++pick[k] < dim_choices[k].size()) more = true;
+        else pick[k] = 0;
+      }
+    }
+    if (space.truncated) break;
+  }
+  std::stable_sort(space.candidates.begin(), space.candidates.end(), [](const TuneCandidate& a, const TuneCandidate& b) {
+    if (a.rejected.empty() != b.rejected.empty()) return a.rejected.empty();
+    if (!a.rejected.empty()) return false;
+    return a.predicted_s != b.predicted_s ? a.predicted_s < b.predicted_s : a.predicted_bytes < b.predicted_bytes;
+  });
+  return space;
+}
+
+}  // namespace strata

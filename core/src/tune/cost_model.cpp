@@ -1,0 +1,54 @@
+// Core's part of the cost model (strata/cost.h): one process training the data-parallel rank's
+// share of the global batch on the whole model, in fp32 with AdamW. The passes rescale it.
+#include <algorithm>
+
+#include "strata/core/tune.h"
+#include "strata/model.h"
+#include "strata/pass.h"
+
+namespace strata {
+
+CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_t>& order) {
+  const PlanFacts facts = plan_facts(plan);
+  CostEstimate c;
+  c.model = facts.model_factory.shape(plan.model);
+  c.data = facts.mesh.data, c.tensor = facts.mesh.tensor, c.pipeline = facts.mesh.pipeline, c.context = facts.mesh.context;
+  c.micro_batches = facts.mesh.micro_batches;
+  c.micro_batch = std::max<int64_t>(1, plan.job.get_int("global_batch") / c.data / c.micro_batches);
+
+  const ModelShape& m = c.model;
+  c.layers_per_rank = static_cast<double>(m.layers) / static_cast<double>(c.pipeline);
+  c.seq_per_rank = static_cast<double>(m.seq_len) / static_cast<double>(c.context);
+  const double params = static_cast<double>(m.parameters);
+  // Model states, fp32 AdamW: weights, gradients, two moments.
+  c.weight_bytes = 4 * params, c.gradient_bytes = 4 * params, c.optimizer_bytes = 8 * params;
+
+  if (m.layers > 0 && m.hidden > 0) {
+    const double s = static_cast<double>(m.seq_len), b = static_cast<double>(c.micro_batch), h = static_cast<double>(m.hidden),
+                 a = static_cast<double>(m.heads);
+    // Korthikanti et al. 2022, bytes of one layer's saved activations at 16 bits: sbh(34 + 5as/h);
+    // fp32 doubles them. The 5as/h term is the attention's [s, s] scores, softmax and dropout.
+    c.activation_bytes = 2 * static_cast<double>(m.layers) * s * b * h * (34 + 5 * a * s / h);
+    // The logits and their gradient in fp32, alive together at the loss.
+    c.transient_bytes = 2 * 4 * s * b * static_cast<double>(m.vocab);
+    // 6 FLOPs per parameter and token (forward 2, backward 4) plus the attention's scores and
+    // weighted sums, 12 L h s per token over forward and backward.
+    const double tokens = b * static_cast<double>(c.micro_batches) * s;
+    c.flops = 6 * params * tokens + 12 * static_cast<double>(m.layers) * h * s * tokens;
+  }
+  for (size_t i : order) {
+    const PassEntry& p = plan.passes[i];
+    if (p.enabled) p.pass->estimate(p.config, facts, c);
+  }
+  return c;
+}
+
+double predicted_step_seconds(const CostEstimate& cost, const HardwareRates& rates) {
+  const double compute = cost.flops / rates.flops_per_s / std::max(1e-3, 1 - cost.bubble);
+  const double overhead = cost.layers_per_rank * static_cast<double>(cost.micro_batches) * rates.layer_overhead_s;
+  return compute + cost.comm_bytes / rates.bytes_per_s + overhead;
+}
+
+double predicted_peak_bytes(const CostEstimate& cost, const HardwareRates& rates) { return cost.peak_bytes() + rates.process_bytes; }
+
+}  // namespace strata

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# tune_test.sh STRATA: `strata tune --dry-run` on 4 ranks (and 3) around the single-process
+# example: candidates plan, what the strategy fixes stays fixed, a memory budget a model does not
+# fit in drives the choice to a sharded layout, and a generous one does not.
+set -u
+strata=$1
+base=examples/strategies/single_process.toml
+fail=0
+check() { echo "tune_test: $1" >&2; fail=1; }
+# The rows of the ranked table: "rank predicted-s peak-MiB layout ... other choices".
+rows() { awk '/^ rank  predicted s/ {on = 1; next} on && /^ +[0-9]+ / {print} on && !/^ +[0-9]+ / {on = 0}' ; }
+
+out=$("$strata" tune $base -n 4 --dry-run --top 1000) || check "plain search failed: $out"
+[ "$(rows <<<"$out" | wc -l)" -ge 20 ] || check "fewer than 20 ranked candidates on 4 ranks: $out"
+grep -q "data 4 (ddp)" <<<"$out" && grep -q "data 4 (fsdp)" <<<"$out" && grep -q "pipeline 4 (pipeline_parallel)" <<<"$out" \
+  && grep -q "tensor 2 (tensor_parallel)" <<<"$out" && grep -q "pass act_checkpoint" <<<"$out" \
+  || check "the search misses a data, pipeline, tensor or act_checkpoint candidate"
+grep -q "n_head 2 does not divide by \[parallel\] tensor = 4" <<<"$out" || check "tensor 4 was not refused with the plan's reason"
+
+out=$("$strata" tune $base -n 3 --dry-run --top 1000 --set job.global_batch=6) || check "3 ranks failed: $out"
+rows <<<"$out" | grep -q "data 3 (zero1)" || check "no data 3 candidate on 3 ranks"
+
+# Fixed by the strategy: every candidate keeps tensor 2, and keeps a pass the strategy names.
+out=$("$strata" tune $base -n 4 --dry-run --top 1000 --set parallel.tensor=2) || check "fixed tensor failed: $out"
+rows <<<"$out" | grep -v "tensor 2 (tensor_parallel)" | grep . && check "a candidate dropped the fixed tensor = 2"
+[ "$(rows <<<"$out" | wc -l)" -ge 5 ] || check "too few candidates with tensor = 2: $out"
+
+# A 300M-parameter model (4.8 GB of model states at the 16 bytes per parameter tune assumes) in 1.5 GiB per rank: only sharded
+# layouts fit; without the budget the fastest predicted is chosen whatever its memory.
+big="--set model.n_layer=24 --set model.d_model=1024 --set model.n_head=16"
+out=$("$strata" tune $base -n 4 --dry-run $big --memory-gb 1.5) || check "budgeted search failed: $out"
+top=$(rows <<<"$out" | head -1)
+grep -q "over --memory-gb 1.5" <<<"$out" || check "no candidate was over the budget: $out"
+awk '{exit !($3 <= 1.5 * 1024)}' <<<"$top" || check "the top candidate is over the budget: $top"
+grep -Eq "fsdp|zero|tensor|pipeline" <<<"$top" || check "the top candidate under the budget is not sharded: $top"
+out=$("$strata" tune $base -n 4 --dry-run $big) || check "unbudgeted search failed: $out"
+awk '{exit !($3 > 1.5 * 1024)}' <<<"$(rows <<<"$out" | head -1)" || check "the fastest fits in 1.5 GiB: the budget decided nothing"
+
+# Errors: exit status 2 with one line.
+"$strata" tune $base -n 4 2>&1 | grep -q "with --dry-run" || check "tune without --dry-run did not say it needs it"
+"$strata" tune $base -n 4 --dry-run --set parallel.tensor=3 >/dev/null 2>&1; [ $? -eq 2 ] || check "an impossible fixed size did not exit 2"
+exit $fail
