@@ -29,6 +29,17 @@ double parse_gib(const std::string& option, const std::string& text) {
   return value;
 }
 
+// "90s", "10m", "1h" or plain seconds.
+double parse_duration(const std::string& option, const std::string& text) {
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  const std::string unit(end, text.data() + text.size());
+  const double scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : 0;
+  if (ec != std::errc() || scale == 0 || !(value > 0))
+    throw UserError(option + " expects a duration such as 90s, 10m or 1h, got '" + text + "'");
+  return value * scale;
+}
+
 }  // namespace
 
 Args parse_args(int argc, char** argv) {
@@ -67,6 +78,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "-n" || arg == "--ranks") args.given.push_back(arg), args.ranks = parse_count(arg, value());
     else if (arg == "--dry-run") flag(), args.dry_run = true;
     else if (arg == "--memory-gb") args.given.push_back(arg), args.memory_gb = parse_gib(arg, value());
+    else if (arg == "--budget") args.given.push_back(arg), args.budget_s = parse_duration(arg, value());
     else if (arg == "--top") args.given.push_back(arg), args.top = parse_count(arg, value(), "a candidate count");
     else if (arg == "-o" || arg == "--output") args.given.push_back(arg), args.output = value();
     else if (arg.size() > 1 && arg[0] == '-') throw UserError("unknown option '" + arg + "'; see strata --help");

@@ -24,6 +24,7 @@ struct Args {
   bool dry_run = false;                 // tune: rank the candidates without measuring
   double memory_gb = 0;                 // tune: bytes per rank allowed, in GiB; 0 = no limit
   int64_t top = 0;                      // tune: candidates shown (dry run) or measured; 0 = the command's default
+  double budget_s = 0;                  // tune: wall time for measured trials; 0 = no limit
   int argc = 0;  // the raw command line, for commands that re-execute themselves
   char** argv = nullptr;
   std::vector<std::string> given;  // option names as typed, to refuse those a command does not take

@@ -1,11 +1,21 @@
 // strata tune: search the strategies for N ranks around the one given (strata/core/tune.h).
-// This slice ranks the candidates by the analytic cost model (--dry-run); measuring them is next.
+// The candidates are ranked by the analytic cost model; the top K that fit the memory budget are
+// then trained for a few steps each in fresh processes (tune_trial.h), in predicted order, until
+// K are measured or --budget runs out; the fastest that ran is written as a strategy. Measured
+// results are cached by the candidate's strategy text, rank count and machine, so tuning the same
+// strategy again does not train again.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -14,9 +24,13 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
 #include "common.h"
 #include "strata/core/tune.h"
+#include "strata/core/version.h"
+#include "tune_trial.h"
 
 namespace strata::cli {
 
@@ -76,13 +90,72 @@ std::string other_choices(const TuneCandidate& c) {
   return out.empty() ? "-" : out;
 }
 
+namespace fs = std::filesystem;
+
+// What the cache key says about the machine: CPU model, cores, Strata and libtorch versions.
+std::string machine_fingerprint() {
+  std::string model;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; model.empty() && std::getline(cpuinfo, line);)
+    if (line.rfind("model name", 0) == 0) model = line.substr(line.find(':') + 1);
+  const VersionInfo v = version_info();
+  return model + "|" + std::to_string(std::thread::hardware_concurrency()) + "|" + v.strata + "|" + v.torch;
+}
+
+fs::path cache_file() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const fs::path base = xdg && *xdg ? fs::path(xdg) : fs::path(home ? home : ".") / ".cache";
+  return base / "strata" / "tune_cache.jsonl";
+}
+
+std::map<std::string, nlohmann::json> read_cache() {
+  std::map<std::string, nlohmann::json> out;
+  std::ifstream in(cache_file());
+  for (std::string line; std::getline(in, line);) {
+    auto record = nlohmann::json::parse(line, nullptr, false);
+    if (!record.is_discarded() && record.contains("key")) out[record["key"].get<std::string>()] = record;
+  }
+  return out;
+}
+
+void append_cache(const std::string& key, const TrialResult& r) {
+  std::error_code ec;
+  fs::create_directories(cache_file().parent_path(), ec);
+  std::ofstream(cache_file(), std::ios::app) << nlohmann::json{{"key", key}, {"step_s", r.step_s}, {"peak_bytes", r.peak_bytes}}.dump() << "\n";
+}
+
+std::string hex_key(const std::string& text) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016zx", std::hash<std::string>{}(text));
+  return buf;
+}
+
+// One candidate's record in tune.jsonl and the measured table.
+struct Outcome {
+  const TuneCandidate* candidate = nullptr;
+  std::string verdict;  // "refused: ...", "over the memory budget (predicted)", "not measured", "measured", "best", ...
+  std::optional<TrialResult> trial;
+  bool cached = false;
+};
+
+nlohmann::json outcome_json(const Outcome& o, size_t rank) {
+  const TuneCandidate& c = *o.candidate;
+  nlohmann::json j{{"layout", c.layout}, {"choices", c.choices}, {"verdict", o.verdict}};
+  if (rank > 0) j["predicted_rank"] = rank;
+  if (c.rejected.empty()) j["predicted_s"] = c.predicted_s, j["predicted_bytes"] = c.predicted_bytes;
+  if (o.trial && o.trial->ok) j["measured_s"] = o.trial->step_s, j["measured_bytes"] = o.trial->peak_bytes, j["cached"] = o.cached;
+  if (o.trial && !o.cached) j["trial_wall_s"] = o.trial->wall_s;
+  return j;
+}
+
 }  // namespace
 
 int run_tune(const Args& args) {
-  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top"});
+  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top", "--budget", "--out", "-o", "--output"});
   if (args.positional.size() != 1) throw UserError("'strata tune' takes one strategy file; see strata tune --help");
-  if (!args.dry_run)
-    throw UserError("strata tune measures candidates in a later release; for now it ranks them with --dry-run");
+  if (args.dry_run && (!args.out_dir.empty() || !args.output.empty() || args.budget_s > 0))
+    throw UserError("'strata tune --dry-run' measures nothing and writes nothing: drop --out, -o and --budget");
   Diagnostics diagnostics;
   RawStrategy raw = load_strategy_file(args.positional[0], diagnostics);
   if (diagnostics.ok()) apply_overrides(raw, args.sets, args.disables, diagnostics);
@@ -96,45 +169,124 @@ int run_tune(const Args& args) {
   const TuneSpace space = generate_candidates(raw, registry, args.ranks, rates);
   const double budget = args.memory_gb * double(1 << 30);
 
-  std::vector<const TuneCandidate*> ranked, over_budget;
+  std::vector<Outcome> ranked, others;
   std::map<std::string, std::pair<size_t, const TuneCandidate*>> refused;  // reason -> count, first
+  size_t over_budget = 0;
+  const TuneCandidate* smallest_over = nullptr;
   for (const auto& c : space.candidates) {
     if (!c.rejected.empty()) {
       auto& slot = refused[c.rejected];
       if (slot.first++ == 0) slot.second = &c;
+      others.push_back({&c, "refused: " + c.rejected});
     } else if (budget > 0 && c.predicted_bytes > budget) {
-      over_budget.push_back(&c);
+      ++over_budget;
+      if (!smallest_over || c.predicted_bytes < smallest_over->predicted_bytes) smallest_over = &c;
+      others.push_back({&c, "over --memory-gb (predicted)"});
     } else {
-      ranked.push_back(&c);
+      ranked.push_back({&c, "not measured"});
     }
   }
   std::printf("strata tune %s -n %ld: %zu candidates from the loaded passes' declarations%s; %zu plan, %zu refused by plan checks",
               args.positional[0].c_str(), static_cast<long>(args.ranks), space.candidates.size(),
-              space.truncated ? " (truncated)" : "", ranked.size() + over_budget.size(), space.candidates.size() - ranked.size() - over_budget.size());
-  if (budget > 0) std::printf(", %zu over --memory-gb %g", over_budget.size(), args.memory_gb);
+              space.truncated ? " (truncated)" : "", ranked.size() + over_budget, space.candidates.size() - ranked.size() - over_budget);
+  if (budget > 0) std::printf(", %zu over --memory-gb %g", over_budget, args.memory_gb);
+  if (space.duplicates > 0) std::printf("; %zu that plan the same as another dropped", space.duplicates);
   std::printf("\nrates per rank: matmul %.1f GFLOP/s, collectives %.2f GB/s (measured here, %ld ranks on %u cores)\n\n",
               rates.flops_per_s / 1e9, rates.bytes_per_s / 1e9, static_cast<long>(args.ranks),
               std::max(1u, std::thread::hardware_concurrency()));
-  const size_t shown = std::min<size_t>(ranked.size(), args.top > 0 ? static_cast<size_t>(args.top) : 20);
+  const size_t shown = std::min<size_t>(ranked.size(), args.dry_run && args.top > 0 ? static_cast<size_t>(args.top) : 20);
   std::printf("%5s %12s %14s  %-40s %s\n", "rank", "predicted s", "peak MiB/rank", "layout", "other choices");
   for (size_t i = 0; i < shown; ++i)
-    std::printf("%5zu %12.4f %14s  %-40s %s\n", i + 1, ranked[i]->predicted_s, mib(ranked[i]->predicted_bytes).c_str(),
-                ranked[i]->layout.c_str(), other_choices(*ranked[i]).c_str());
-  if (shown < ranked.size()) std::printf("  ... %zu more (--top N shows more)\n", ranked.size() - shown);
+    std::printf("%5zu %12.4f %14s  %-40s %s\n", i + 1, ranked[i].candidate->predicted_s, mib(ranked[i].candidate->predicted_bytes).c_str(),
+                ranked[i].candidate->layout.c_str(), other_choices(*ranked[i].candidate).c_str());
+  if (shown < ranked.size()) std::printf("  ... %zu more%s\n", ranked.size() - shown, args.dry_run ? " (--top N shows more)" : "");
   if (ranked.empty()) std::printf("  (none)\n");
-  if (!over_budget.empty()) {
-    const TuneCandidate* smallest = *std::min_element(over_budget.begin(), over_budget.end(), [](auto* a, auto* b) {
-      return a->predicted_bytes < b->predicted_bytes;
-    });
-    std::printf("\nOver the memory budget: %zu; the smallest needs %s MiB per rank: %s; %s\n", over_budget.size(),
-                mib(smallest->predicted_bytes).c_str(), smallest->layout.c_str(), other_choices(*smallest).c_str());
-  }
+  if (smallest_over)
+    std::printf("\nOver the memory budget: %zu; the smallest needs %s MiB per rank: %s; %s\n", over_budget,
+                mib(smallest_over->predicted_bytes).c_str(), smallest_over->layout.c_str(), other_choices(*smallest_over).c_str());
   if (!refused.empty()) {
     std::printf("\nRefused by the plan checks (count, reason, first candidate):\n");
     for (const auto& [reason, slot] : refused)
       std::printf("  %3zu  %s\n       e.g. %s; %s\n", slot.first, reason.c_str(), slot.second->layout.c_str(), other_choices(*slot.second).c_str());
   }
-  return ranked.empty() ? 2 : 0;
+  if (ranked.empty()) return 2;
+  if (args.dry_run) return 0;
+  if (const std::string& why = ranked.front().candidate->checked.data_not_checked; !why.empty())
+    throw UserError("the trials need the data, which cannot be opened here (" + why + "); --dry-run ranks the candidates without it");
+
+  // Measured trials, in predicted order.
+  const fs::path out_dir = args.out_dir.empty() ? fs::path("runs/tune") : fs::path(args.out_dir);
+  fs::create_directories(out_dir);
+  const size_t want = args.top > 0 ? static_cast<size_t>(args.top) : 3;
+  TrialSettings settings;
+  settings.ranks = args.ranks;
+  const std::string fingerprint = machine_fingerprint() + "|" + std::to_string(args.ranks) + "|" +
+                                  std::to_string(settings.warmup_steps) + "+" + std::to_string(settings.measured_steps);
+  auto cache = read_cache();
+  const auto started = std::chrono::steady_clock::now();
+  size_t measured = 0;
+  Outcome* best = nullptr;
+  std::printf("\nMeasuring the top %zu (%ld warm-up + %ld measured steps each, fresh processes; logs in %s):\n", want,
+              static_cast<long>(settings.warmup_steps), static_cast<long>(settings.measured_steps), out_dir.c_str());
+  std::printf("%5s %12s %11s %14s %12s  %-40s %s\n", "rank", "predicted s", "measured s", "predicted MiB", "measured MiB", "layout", "verdict");
+  for (size_t i = 0; i < ranked.size() && measured < want; ++i) {
+    if (args.budget_s > 0 && seconds_since(started) > args.budget_s) {
+      std::printf("  --budget %.0f s spent: the rest are not measured\n", args.budget_s);
+      break;
+    }
+    Outcome& o = ranked[i];
+    const std::string name = "candidate-" + std::to_string(i + 1);
+    const std::string text = raw_strategy_toml(o.candidate->raw, "# strata tune candidate " + std::to_string(i + 1) + ": " + o.candidate->layout +
+                                                                  "; " + other_choices(*o.candidate) + "\n");
+    std::ofstream(out_dir / (name + ".toml")) << text;
+    const std::string key = hex_key(text.substr(text.find('\n') + 1) + "|" + fingerprint);
+    if (auto hit = cache.find(key); hit != cache.end()) {
+      TrialResult r;
+      r.ok = true, r.verdict = "ok", r.step_s = hit->second.value("step_s", 0.0), r.peak_bytes = hit->second.value("peak_bytes", 0.0);
+      o.trial = r, o.cached = true;
+    } else {
+      settings.timeout_s = std::max(120.0, 20 * o.candidate->predicted_s * static_cast<double>(settings.warmup_steps + settings.measured_steps));
+      o.trial = run_trial(out_dir / (name + ".toml"), out_dir / name, settings);
+      if (o.trial->ok) append_cache(key, *o.trial);
+    }
+    ++measured;
+    if (!o.trial->ok) o.verdict = "failed: " + o.trial->verdict;
+    else if (budget > 0 && o.trial->peak_bytes > budget) o.verdict = "over --memory-gb (measured)";
+    else o.verdict = o.cached ? "measured (cached)" : "measured";
+    if (o.trial->ok && o.verdict.rfind("measured", 0) == 0 && (!best || o.trial->step_s < best->trial->step_s)) best = &o;
+    std::printf("%5zu %12.4f %11s %14s %12s  %-40s %s\n", i + 1, o.candidate->predicted_s,
+                o.trial->ok ? std::to_string(o.trial->step_s).substr(0, 7).c_str() : "-", mib(o.candidate->predicted_bytes).c_str(),
+                o.trial->ok ? mib(o.trial->peak_bytes).c_str() : "-", o.candidate->layout.c_str(), o.verdict.c_str());
+    std::fflush(stdout);
+  }
+  if (best) best->verdict = best->cached ? "best (cached)" : "best";
+
+  std::ofstream jsonl(out_dir / "tune.jsonl");
+  for (size_t i = 0; i < ranked.size(); ++i) jsonl << outcome_json(ranked[i], i + 1).dump() << "\n";
+  for (const auto& o : others) jsonl << outcome_json(o, 0).dump() << "\n";
+  if (!best) {
+    std::fprintf(stderr, "strata tune: error: none of the %zu measured candidates ran within the budget; see %s\n", measured,
+                 (out_dir / "tune.jsonl").c_str());
+    return 2;
+  }
+  const fs::path output = args.output.empty() ? out_dir / "best.toml" : fs::path(args.output);
+  const size_t best_rank = static_cast<size_t>(best - ranked.data()) + 1;
+  char header[1024];
+  std::snprintf(header, sizeof header,
+                "# Chosen by `strata tune %s -n %ld`%s: %s; %s.\n"
+                "# Measured %.4f s per step (median of %ld steps after %ld warm-up) and %s MiB peak on the busiest rank;\n"
+                "# predicted %.4f s and %s MiB (rank %zu of %zu by the cost model); %zu candidates measured, every one in %s.\n"
+                "# Run it with: strata run %s -n %ld\n",
+                args.positional[0].c_str(), static_cast<long>(args.ranks),
+                args.memory_gb > 0 ? (" --memory-gb " + std::to_string(args.memory_gb).substr(0, 6)).c_str() : "", best->candidate->layout.c_str(),
+                other_choices(*best->candidate).c_str(), best->trial->step_s, static_cast<long>(settings.measured_steps),
+                static_cast<long>(settings.warmup_steps), mib(best->trial->peak_bytes).c_str(), best->candidate->predicted_s,
+                mib(best->candidate->predicted_bytes).c_str(), best_rank, ranked.size(), measured, (out_dir / "tune.jsonl").c_str(),
+                output.c_str(), static_cast<long>(args.ranks));
+  std::ofstream(output) << raw_strategy_toml(best->candidate->raw, header);
+  std::printf("\nBest: %s; %s: %.4f s per step measured. Written to %s (all candidates: %s)\n", best->candidate->layout.c_str(),
+              other_choices(*best->candidate).c_str(), best->trial->step_s, output.c_str(), (out_dir / "tune.jsonl").c_str());
+  return 0;
 }
 
 }  // namespace strata::cli

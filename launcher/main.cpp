@@ -29,19 +29,27 @@ const std::vector<Command>& commands() {
        "  --disable PASS       switch a pass off, as enabled = false does\n"
        "  --json               machine-readable output\n",
        run_plan},
-      {"tune", "Search the layouts and pass options for N ranks and rank them by a cost model",
-       "usage: strata tune STRATEGY.toml -n N --dry-run [--memory-gb G] [--top K] [--set section.key=value]... [--disable PASS]...\n\n"
+      {"tune", "Find the fastest strategy for N ranks: search, predict, measure the best few, write the winner",
+       "usage: strata tune STRATEGY.toml -n N [--memory-gb G] [--top K] [--budget 10m] [--out DIR] [-o BEST.toml]\n"
+       "                   [--dry-run] [--set section.key=value]... [--disable PASS]...\n\n"
        "Generates every strategy for N ranks around STRATEGY (what it states stays fixed): the mesh\n"
        "factorisations over the dimensions the loaded passes claim, the pass serving each dimension,\n"
        "passes that declare themselves worth trying (act_checkpoint), and the keys passes declare as\n"
        "searched (micro_batch, pipeline schedule, ...). Each candidate is checked as `strata plan`\n"
        "checks it; those that plan are ranked by predicted step time (FLOPs at this machine's matmul\n"
        "rate, collective bytes at its copy rate, the pipeline bubble of the schedule's simulation) and\n"
-       "predicted peak memory per rank (model states by the ZeRO formulas, activations by Korthikanti's).\n\n"
+       "predicted peak memory per rank (model states by the ZeRO formulas, activations by Korthikanti's).\n"
+       "The top K that fit are then trained for 2 warm-up and 4 measured steps each by `strata run` in\n"
+       "fresh processes; the fastest that ran within the memory budget is written as a strategy\n"
+       "(a comment header says what was measured) and every candidate to DIR/tune.jsonl. Measured\n"
+       "results are cached (~/.cache/strata/tune_cache.jsonl) by strategy, ranks and machine.\n\n"
        "  -n, --ranks N        world size to search for\n"
-       "  --dry-run            print the ranked candidates without measuring (required for now)\n"
-       "  --memory-gb G        drop candidates predicted to need more than G GiB per rank\n"
-       "  --top K              candidates shown (default 20)\n"
+       "  --memory-gb G        drop candidates predicted (or measured) to need more than G GiB per rank\n"
+       "  --top K              candidates measured (default 3); with --dry-run, shown (default 20)\n"
+       "  --budget T           stop starting trials after T (90s, 10m, 1h); the best so far wins\n"
+       "  --out DIR            trials' run directories, logs and tune.jsonl (default runs/tune)\n"
+       "  -o BEST.toml         where the chosen strategy goes (default DIR/best.toml)\n"
+       "  --dry-run            print the ranked candidates without measuring anything\n"
        "  --set S.K=V          fix a key before searching, e.g. parallel.tensor=2\n"
        "  --disable PASS       keep a pass out of the search\n",
        run_tune},

@@ -22,7 +22,33 @@ Schema with(const Schema& base, const Component* component) {
   return out;
 }
 
+void write_raw_section(std::ostringstream& out, const std::string& header, const RawSection& section) {
+  out << header << "\n";
+  for (const auto& [key, entry] : section.entries) out << key << " = " << value_to_toml(entry.value) << "\n";
+  out << "\n";
+}
+
 }  // namespace
+
+std::string raw_strategy_toml(const RawStrategy& strategy, const std::string& header) {
+  std::ostringstream out;
+  out << header << "\n";
+  RawSection job = strategy.job;
+  if (const RawEntry* path = job.find("plugin_path"); path && std::holds_alternative<StringList>(path->value)) {
+    RawEntry absolute = *path;
+    absolute.value = StringList{};
+    for (const auto& p : strategy_plugin_path(strategy))
+      std::get<StringList>(absolute.value).push_back(std::filesystem::absolute(p).lexically_normal().string());
+    job.set("plugin_path", absolute);
+  }
+  write_raw_section(out, "[job]", job);
+  write_raw_section(out, "[model]", strategy.model);
+  write_raw_section(out, "[data]", strategy.data);
+  write_raw_section(out, "[optimizer]", strategy.optimizer);
+  if (!strategy.parallel.entries.empty()) write_raw_section(out, "[parallel]", strategy.parallel);
+  for (const auto& pass : strategy.passes) write_raw_section(out, "[[pass]]", pass);
+  return out.str();
+}
 
 std::string resolved_strategy_toml(const ResolvedStrategy& plan) {
   std::ostringstream out;

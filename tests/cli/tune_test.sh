@@ -37,6 +37,6 @@ out=$("$strata" tune $base -n 4 --dry-run $big) || check "unbudgeted search fail
 awk '{exit !($3 > 1.5 * 1024)}' <<<"$(rows <<<"$out" | head -1)" || check "the fastest fits in 1.5 GiB: the budget decided nothing"
 
 # Errors: exit status 2 with one line.
-"$strata" tune $base -n 4 2>&1 | grep -q "with --dry-run" || check "tune without --dry-run did not say it needs it"
+"$strata" tune $base -n 4 --dry-run --out /tmp/x 2>&1 | grep -q "measures nothing and writes nothing" || check "--dry-run took --out"
 "$strata" tune $base -n 4 --dry-run --set parallel.tensor=3 >/dev/null 2>&1; [ $? -eq 2 ] || check "an impossible fixed size did not exit 2"
 exit $fail

@@ -7,6 +7,7 @@
 
 #include "strata/core/operator_table.h"
 #include "strata/core/pass_manager.h"
+#include "strata/core/trainer.h"
 #include "strata/core/tune.h"
 #include "strata/pass.h"
 
@@ -33,6 +34,34 @@ std::string section_pass_name(const RawSection& section) {
 bool section_enabled(const RawSection& section) {
   const RawEntry* enabled = section.find("enabled");
   return !enabled || !std::holds_alternative<bool>(enabled->value) || std::get<bool>(enabled->value);
+}
+
+// What a planned candidate trains, written so that equivalent choices read the same: the
+// resolved strategy with micro_batch as the size it resolves to (0 and global_batch / data are
+// one choice).
+std::string effective_strategy(const ResolvedStrategy& plan) {
+  ResolvedStrategy copy = plan;
+  const MeshSizes mesh = mesh_sizes(plan);
+  copy.job.set("micro_batch", Config::Entry{plan.job.get_int("global_batch") / std::max<int64_t>(1, mesh.data) / mesh.micro_batches});
+  copy.file = "strategy.toml";  // the same for every candidate
+  return resolved_strategy_toml(copy);
+}
+
+// "data 2 (fsdp) x tensor 2 (tensor_parallel)": the sizes above one (as planned, or as tried
+// when the plan failed) and the pass serving each.
+void name_layout(TuneCandidate& c, const std::vector<int64_t>& tried) {
+  const ParallelLayout& l = c.checked.plan.layout;
+  for (size_t i = 0; i < 4; ++i) {
+    const int64_t size = c.rejected.empty() ? (i == 0 ? l.data : i == 1 ? l.tensor : i == 2 ? l.pipeline : l.context) : tried[i];
+    if (size <= 1) continue;
+    std::string server;
+    for (const auto& entry : c.checked.plan.passes)
+      for (Dim d : entry.pass ? entry.pass->claims().dims : std::vector<Dim>{})
+        if (entry.enabled && d == kDims[i]) server = entry.pass->name();
+    c.layout += std::string(c.layout.empty() ? "" : " x ") + dim_name(kDims[i]) + " " + std::to_string(size) +
+                (server.empty() ? "" : " (" + server + ")");
+  }
+  if (c.layout.empty()) c.layout = "one rank";
 }
 
 RawEntry tune_entry(Value value) { return RawEntry{std::move(value), SourcePos{"strata tune", 0, 0}, Origin::CommandLine}; }
@@ -96,6 +125,7 @@ TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& 
 
   const Schema& job = job_schema();
   TuneSpace space;
+  std::set<std::string> seen;  // effective strategies of the candidates that planned
   for (const auto& mesh : meshes) {
     // Which pass serves each dimension above one that no named pass serves yet.
     std::vector<std::vector<const Pass*>> dim_choices;
@@ -156,26 +186,20 @@ TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& 
             c.choices.push_back((axes[a].pass.empty() ? "job." : "pass." + axes[a].pass + ".") + axes[a].key + " = " + value_to_toml(v));
           }
           Diagnostics diagnostics;
-          if (check_plan(c.raw, registry, world_size, c.checked, diagnostics)) {
+          const bool planned = check_plan(c.raw, registry, world_size, c.checked, diagnostics);
+          if (planned && !seen.insert(effective_strategy(c.checked.plan)).second) {
+            ++space.duplicates;
+          } else if (planned) {
             c.cost = estimate_cost(c.checked.plan, c.checked.order);
             c.predicted_s = predicted_step_seconds(c.cost, rates);
             c.predicted_bytes = predicted_peak_bytes(c.cost, rates);
           } else {
             c.rejected = diagnostics.items().front().message;
           }
-          const ParallelLayout& l = c.checked.plan.layout;
-          for (size_t i = 0; i < 4; ++i) {
-            const int64_t size = c.rejected.empty() ? (i == 0 ? l.data : i == 1 ? l.tensor : i == 2 ? l.pipeline : l.context) : mesh[i];
-            if (size <= 1) continue;
-            std::string server;
-            for (const auto& entry : c.checked.plan.passes)
-              for (Dim d : entry.pass ? entry.pass->claims().dims : std::vector<Dim>{})
-                if (entry.enabled && d == kDims[i]) server = entry.pass->name();
-            c.layout += std::string(c.layout.empty() ? "" : " x ") + dim_name(kDims[i]) + " " + std::to_string(size) +
-                        (server.empty() ? "" : " (" + server + ")");
+          if (!c.rejected.empty() || c.predicted_bytes > 0) {
+            name_layout(c, mesh);
+            space.candidates.push_back(std::move(c));
           }
-          if (c.layout.empty()) c.layout = "one rank";
-          space.candidates.push_back(std::move(c));
           // Next value combination.
           more_values = false;
           for (size_t a = 0; a < axes.size() && !more_values; ++a) {

@@ -46,6 +46,10 @@ STRATA_API RawStrategy load_strategy_file(const std::filesystem::path& file, Dia
 STRATA_API void apply_overrides(RawStrategy& strategy, const StringList& sets, const StringList& disables,
                                 Diagnostics& diagnostics);
 
+// The strategy as TOML with only the keys it holds (what a user wrote, plus overrides), after
+// `header` (comment lines). plugin_path entries become absolute, so the file works from anywhere.
+STRATA_API std::string raw_strategy_toml(const RawStrategy& strategy, const std::string& header);
+
 // plugin_path entries from [job], relative to the strategy file's directory.
 STRATA_API std::vector<std::filesystem::path> strategy_plugin_path(const RawStrategy& strategy);
 

@@ -68,6 +68,7 @@ struct TuneCandidate {
 struct TuneSpace {
   std::vector<TuneCandidate> candidates;  // planned first, by predicted time (then memory); then the rejected
   size_t generated = 0;
+  size_t duplicates = 0;   // planned the same as an earlier candidate (micro_batch 0 and its size), dropped
   bool truncated = false;  // more than `limit` combinations: the rest were not generated
 };
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# tune_measure_test.sh STRATA WORK_DIR: `strata tune` measures the top candidates in fresh
+# processes, writes the fastest that ran as a strategy `strata run` takes unchanged and every
+# candidate to tune.jsonl; a second tune of the same strategy is answered from the cache; a size
+# the strategy fixes is in the strategy tune writes.
+set -u
+strata=$1 work=$2
+rm -rf "$work" && mkdir -p "$work"
+export XDG_CACHE_HOME=$work/cache
+base=examples/strategies/single_process.toml
+sets=(--set data.path=data/kjv.txt --set job.threads=1 --set job.global_batch=4 --set model.seq_len=32)
+fail=0
+check() { echo "tune_measure_test: $1" >&2; fail=1; }
+
+"$strata" tune $base -n 2 --top 2 --out "$work/tune" "${sets[@]}" > "$work/first.txt" 2>&1 || check "tune failed: $(cat "$work/first.txt")"
+cat "$work/first.txt"
+[ -f "$work/tune/best.toml" ] || check "no best.toml"
+grep -q '"verdict":"best"' "$work/tune/tune.jsonl" || check "tune.jsonl names no best candidate"
+[ "$(grep -c '"measured_s"' "$work/tune/tune.jsonl")" -eq 2 ] || check "tune.jsonl does not hold 2 measured candidates"
+grep -q '"verdict":"refused: ' "$work/tune/tune.jsonl" || check "tune.jsonl does not list the refused candidates"
+grep -q "^# Measured .* s per step" "$work/tune/best.toml" || check "best.toml has no measured header"
+"$strata" run "$work/tune/best.toml" -n 2 --out "$work/run" --set job.steps=2 > "$work/run.txt" 2>&1 || check "best.toml did not train: $(cat "$work/run.txt")"
+
+start=$(date +%s)
+"$strata" tune $base -n 2 --top 2 --out "$work/tune2" "${sets[@]}" > "$work/second.txt" 2>&1 || check "second tune failed"
+[ "$(grep -c "measured (cached)\|best (cached)" "$work/second.txt")" -eq 2 ] || check "the second tune measured again: $(cat "$work/second.txt")"
+[ $(( $(date +%s) - start )) -le 20 ] || check "the cached tune took more than 20 s"
+
+"$strata" tune $base -n 2 --top 1 --out "$work/tune3" "${sets[@]}" --set parallel.tensor=2 > "$work/third.txt" 2>&1 || check "fixed tensor tune failed: $(cat "$work/third.txt")"
+grep -q "^tensor = 2$" "$work/tune3/best.toml" || check "best.toml lost the fixed tensor = 2"
+exit $fail
