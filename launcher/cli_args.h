@@ -21,7 +21,8 @@ struct Args {
   bool help = false;
   bool version = false;
   bool verbose = false;
-  bool dry_run = false;                 // tune: rank the candidates without measuring
+  bool dry_run = false;
+  bool finetune = false;                // tune: search only around the complete strategy given                 // tune: rank the candidates without measuring
   double memory_gb = 0;                 // tune: bytes per rank allowed, in GiB; 0 = no limit
   int64_t top = 0;                      // tune: candidates shown (dry run) or measured; 0 = the command's default
   double budget_s = 0;                  // tune: wall time for measured trials; 0 = no limit

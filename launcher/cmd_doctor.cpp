@@ -80,6 +80,32 @@ double all_reduce_bandwidth(Communicator& group) {
   return bytes / seconds(start) / 1e9;
 }
 
+// Seconds per all-reduce of one float over `group` as training sees it: between collectives every
+// rank computes (a few small matmuls), and the time the rounds take beyond that compute is the
+// latency. When ranks share cores this includes waiting for a peer to be scheduled, which an
+// idle ping-pong does not show (on 2 cores, 4 ranks: about 40 us idle, milliseconds loaded).
+double all_reduce_latency(Communicator& group) {
+  const at::Tensor a = at::randn({128, 128}), b = at::randn({128, 128});
+  at::Tensor x = at::ones({1}), c;
+  constexpr int kRounds = 100, kMatmuls = 4;
+  auto compute = [&] {
+    for (int m = 0; m < kMatmuls; ++m) c = at::matmul(a, b);
+  };
+  for (int i = 0; i < 10; ++i) compute(), group.all_reduce(x, ReduceOp::Sum)->wait();  // warm-up
+  group.barrier()->wait();
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kRounds; ++i) compute();
+  const double compute_s = seconds(start);
+  group.barrier()->wait();
+  start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kRounds; ++i) compute(), group.all_reduce(x, ReduceOp::Sum)->wait();
+  const double total_s = seconds(start);
+  // The slowest rank's figure: a collective ends when the last rank arrives.
+  at::Tensor latency = at::tensor(std::vector<double>{std::max(0.0, total_s - compute_s) / kRounds}, at::kDouble);
+  group.all_reduce(latency, ReduceOp::Max)->wait();
+  return latency.item<double>();
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
@@ -107,6 +133,7 @@ int check_ranks(const LaunchEnv& env) {
   auto pair_group = world->split(pair);
   const double pair_bw = pair_group->size() > 1 ? all_reduce_bandwidth(*pair_group) : 0.0;
   const double world_bw = n > 1 ? all_reduce_bandwidth(*world) : 0.0;
+  const double world_latency = n > 1 ? all_reduce_latency(*world) : 0.0;
   at::Tensor mine = at::tensor(std::vector<double>{gflops, checksum, failed, pair_bw, static_cast<double>(env.slot)}, at::kDouble);
   at::Tensor all = at::empty({n, 5}, at::kDouble);
   world->all_gather(all, mine)->wait();
@@ -148,6 +175,7 @@ int check_ranks(const LaunchEnv& env) {
     verdicts << r << " " << static_cast<int>(all[r][4].item<double>()) << " " << verdict << " " << rate << " " << bw << " " << reason << "\n";
   }
   std::printf("all ranks: all-reduce bus bandwidth %.3f GB/s\n", world_bw);
+  std::printf("all ranks: all-reduce latency %.1f us (one float, between small matmuls)\n", world_latency * 1e6);
   std::printf("%s\n", faulty ? "result: faulty ranks found" : stragglers ? "result: healthy, with stragglers" : "result: healthy");
   // Under mpirun a rank's non-zero exit makes mpirun abort and report; the verdict goes to the
   // launching process through a file instead (run_doctor).

@@ -28,6 +28,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "strata/core/operator_table.h"
 #include "strata/core/tune.h"
 #include "strata/core/version.h"
 #include "tune_trial.h"
@@ -35,6 +36,8 @@
 namespace strata::cli {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -50,9 +53,9 @@ double resident_bytes() {
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
-// This machine's rates as `ranks` ranks of one thread each see them: an fp32 matmul's FLOP/s on
-// one thread, shared when there are more ranks than cores; and a memory copy's bytes per second
-// halved (a shared-memory collective copies into and out of a shared buffer).
+// This machine's rates as `ranks` ranks see them: an fp32 matmul's FLOP/s on one thread, how
+// many ranks share a core, and, from `strata doctor -n ranks` (the same ranks, launched the same
+// way), the all-reduce bus bandwidth and the latency of a one-float all-reduce.
 HardwareRates measure_rates(int64_t ranks) {
   HardwareRates rates;
   rates.process_bytes = resident_bytes();  // before the buffers below
@@ -60,18 +63,29 @@ HardwareRates measure_rates(int64_t ranks) {
   const int64_t n = 256;
   const at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
   at::Tensor c = at::matmul(a, b);
-  auto start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   int64_t rounds = 0;
   while (seconds_since(start) < 0.2) c = at::matmul(a, b), ++rounds;
-  const double flops = 2.0 * n * n * n * rounds / seconds_since(start);
+  rates.flops_per_s = 2.0 * n * n * n * rounds / seconds_since(start);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<char> from(64 << 20, 1), to(64 << 20);
-  std::memcpy(to.data(), from.data(), from.size());
-  start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 4; ++i) std::memcpy(to.data(), from.data(), from.size());
-  const double copy = 4.0 * from.size() / seconds_since(start);
-  rates.flops_per_s = flops * std::min(1.0, static_cast<double>(cores) / static_cast<double>(ranks));
-  rates.bytes_per_s = copy / 2;
+  rates.oversubscription = std::max(1.0, static_cast<double>(ranks) / cores);
+  if (ranks < 2) return rates;
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const std::string command = "'" + self + "' doctor -n " + std::to_string(ranks) + " 2>&1";
+  std::string output;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, pipe)) output += buf;
+    pclose(pipe);
+  }
+  double gbs = 0, us = 0;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::sscanf(line.c_str(), "all ranks: all-reduce bus bandwidth %lf GB/s", &gbs);
+    std::sscanf(line.c_str(), "all ranks: all-reduce latency %lf us", &us);
+  }
+  if (gbs <= 0 || us <= 0) throw UserError("strata tune could not measure the collectives with `strata doctor -n " + std::to_string(ranks) + "`:\n" + output);
+  rates.bytes_per_s = gbs * 1e9, rates.message_latency_s = us * 1e-6;
   return rates;
 }
 
@@ -89,8 +103,6 @@ std::string other_choices(const TuneCandidate& c) {
       out += (out.empty() ? "" : "; ") + choice;
   return out.empty() ? "-" : out;
 }
-
-namespace fs = std::filesystem;
 
 // What the cache key says about the machine: CPU model, cores, Strata and libtorch versions.
 std::string machine_fingerprint() {
@@ -131,6 +143,37 @@ std::string hex_key(const std::string& text) {
   return buf;
 }
 
+// --finetune (ATorch's finetune_strategy): the strategy must plan as it is; its layout and passes
+// stay, and the values it gives searched keys (Schema::tuned) become starting points: they are
+// removed so the search tries every declared value of them, and passes that declare
+// TuneUse::Try are tried on and off. The strategy itself is one of the candidates when its values
+// are among the declared ones.
+bool open_to_finetune(RawStrategy& raw, const ComponentRegistry& registry, int64_t ranks) {
+  Diagnostics diagnostics;
+  CheckedPlan checked;
+  OperatorTable::global().install(registry);
+  if (!check_plan(raw, registry, ranks, checked, diagnostics)) {
+    std::cerr << diagnostics.str() << "strata tune: error: --finetune starts from a strategy that plans on " << ranks << " ranks\n";
+    return false;
+  }
+  const ParallelLayout& l = checked.plan.layout;
+  const std::pair<const char*, int64_t> sizes[] = {{"data", l.data}, {"tensor", l.tensor}, {"pipeline", l.pipeline}, {"context", l.context}};
+  for (const auto& [dim, size] : sizes) raw.parallel.set(dim, RawEntry{Value{size}, SourcePos{"strata tune --finetune", 0, 0}, Origin::CommandLine});
+  auto open = [](RawSection& section, const Schema& schema) {
+    std::erase_if(section.entries, [&](const auto& entry) {
+      const KeySpec* spec = schema.find(entry.first);
+      return spec && !spec->tune_values.empty();
+    });
+  };
+  open(raw.job, job_schema());
+  for (auto& section : raw.passes) {
+    const RawEntry* name = section.find("name");
+    if (const Pass* pass = name && std::holds_alternative<std::string>(name->value) ? registry.find_pass(std::get<std::string>(name->value)) : nullptr)
+      open(section, pass->info().schema);
+  }
+  return true;
+}
+
 // One candidate's record in tune.jsonl and the measured table.
 struct Outcome {
   const TuneCandidate* candidate = nullptr;
@@ -143,7 +186,12 @@ nlohmann::json outcome_json(const Outcome& o, size_t rank) {
   const TuneCandidate& c = *o.candidate;
   nlohmann::json j{{"layout", c.layout}, {"choices", c.choices}, {"verdict", o.verdict}};
   if (rank > 0) j["predicted_rank"] = rank;
-  if (c.rejected.empty()) j["predicted_s"] = c.predicted_s, j["predicted_bytes"] = c.predicted_bytes;
+  if (c.rejected.empty())
+    j["predicted_s"] = c.predicted_s, j["predicted_bytes"] = c.predicted_bytes,
+    j["cost"] = {{"flops", c.cost.flops}, {"comm_bytes", c.cost.comm_bytes}, {"messages", c.cost.messages}, {"bubble", c.cost.bubble},
+                 {"layer_micro_batches", c.cost.layers_per_rank * static_cast<double>(c.cost.micro_batches)},
+                 {"model_state_bytes", c.cost.weight_bytes + c.cost.gradient_bytes + c.cost.optimizer_bytes},
+                 {"activation_bytes", c.cost.activation_bytes * c.cost.in_flight}, {"transient_bytes", c.cost.transient_bytes}};
   if (o.trial && o.trial->ok) j["measured_s"] = o.trial->step_s, j["measured_bytes"] = o.trial->peak_bytes, j["cached"] = o.cached;
   if (o.trial && !o.cached) j["trial_wall_s"] = o.trial->wall_s;
   return j;
@@ -152,7 +200,7 @@ nlohmann::json outcome_json(const Outcome& o, size_t rank) {
 }  // namespace
 
 int run_tune(const Args& args) {
-  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top", "--budget", "--out", "-o", "--output"});
+  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top", "--budget", "--out", "-o", "--output", "--finetune"});
   if (args.positional.size() != 1) throw UserError("'strata tune' takes one strategy file; see strata tune --help");
   if (args.dry_run && (!args.out_dir.empty() || !args.output.empty() || args.budget_s > 0))
     throw UserError("'strata tune --dry-run' measures nothing and writes nothing: drop --out, -o and --budget");
@@ -165,6 +213,7 @@ int run_tune(const Args& args) {
   }
   ComponentRegistry registry;
   load_plugins(registry, strategy_plugin_path(raw));
+  if (args.finetune && !open_to_finetune(raw, registry, args.ranks)) return 2;
   const HardwareRates rates = measure_rates(args.ranks);
   const TuneSpace space = generate_candidates(raw, registry, args.ranks, rates);
   const double budget = args.memory_gb * double(1 << 30);
@@ -191,9 +240,9 @@ int run_tune(const Args& args) {
               space.truncated ? " (truncated)" : "", ranked.size() + over_budget, space.candidates.size() - ranked.size() - over_budget);
   if (budget > 0) std::printf(", %zu over --memory-gb %g", over_budget, args.memory_gb);
   if (space.duplicates > 0) std::printf("; %zu that plan the same as another dropped", space.duplicates);
-  std::printf("\nrates per rank: matmul %.1f GFLOP/s, collectives %.2f GB/s (measured here, %ld ranks on %u cores)\n\n",
-              rates.flops_per_s / 1e9, rates.bytes_per_s / 1e9, static_cast<long>(args.ranks),
-              std::max(1u, std::thread::hardware_concurrency()));
+  std::printf("\nrates: matmul %.1f GFLOP/s on one thread, %ld ranks on %u cores; all-reduce %.2f GB/s, %.0f us latency (strata doctor)\n\n",
+              rates.flops_per_s / 1e9, static_cast<long>(args.ranks), std::max(1u, std::thread::hardware_concurrency()),
+              rates.bytes_per_s / 1e9, rates.message_latency_s * 1e6);
   const size_t shown = std::min<size_t>(ranked.size(), args.dry_run && args.top > 0 ? static_cast<size_t>(args.top) : 20);
   std::printf("%5s %12s %14s  %-40s %s\n", "rank", "predicted s", "peak MiB/rank", "layout", "other choices");
   for (size_t i = 0; i < shown; ++i)

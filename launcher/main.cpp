@@ -31,7 +31,7 @@ const std::vector<Command>& commands() {
        run_plan},
       {"tune", "Find the fastest strategy for N ranks: search, predict, measure the best few, write the winner",
        "usage: strata tune STRATEGY.toml -n N [--memory-gb G] [--top K] [--budget 10m] [--out DIR] [-o BEST.toml]\n"
-       "                   [--dry-run] [--set section.key=value]... [--disable PASS]...\n\n"
+       "                   [--dry-run] [--finetune] [--set section.key=value]... [--disable PASS]...\n\n"
        "Generates every strategy for N ranks around STRATEGY (what it states stays fixed): the mesh\n"
        "factorisations over the dimensions the loaded passes claim, the pass serving each dimension,\n"
        "passes that declare themselves worth trying (act_checkpoint), and the keys passes declare as\n"
@@ -50,6 +50,8 @@ const std::vector<Command>& commands() {
        "  --out DIR            trials' run directories, logs and tune.jsonl (default runs/tune)\n"
        "  -o BEST.toml         where the chosen strategy goes (default DIR/best.toml)\n"
        "  --dry-run            print the ranked candidates without measuring anything\n"
+       "  --finetune           start from a complete strategy: keep its layout and passes, search the\n"
+       "                       declared values of their keys (its own values included) and optional passes\n"
        "  --set S.K=V          fix a key before searching, e.g. parallel.tensor=2\n"
        "  --disable PASS       keep a pass out of the search\n",
        run_tune},

@@ -146,6 +146,7 @@ class ActCheckpointPass final : public Pass {
     c.activation_bytes = (1 - share) * c.activation_bytes + share * c.layers_per_rank * input;
     c.transient_bytes += per_layer;
     c.flops *= 1 + share / 3;  // a forward is a third of forward + backward
+    c.messages *= 1 + share / 3;  // the recomputed forward repeats the model-parallel collectives
   }
 
   void apply(Job& job, const Config& config) const override {

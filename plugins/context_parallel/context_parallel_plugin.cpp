@@ -132,6 +132,8 @@ class ContextParallelPass final : public Pass {
     const double kv_width = static_cast<double>(c.model.hidden) * static_cast<double>(c.model.kv_heads) / static_cast<double>(c.model.heads);
     c.comm_bytes += c.layers_per_rank * static_cast<double>(c.micro_batches) * 3 * (cp - 1) * 2 * c.seq_per_rank *
                     static_cast<double>(c.micro_batch) * kv_width / static_cast<double>(c.tensor) * c.activation_element_bytes;
+    // A ring step exchanges with both neighbours: (c - 1) steps forward, twice that backward.
+    c.messages += c.layers_per_rank * static_cast<double>(c.micro_batches) * 3 * (cp - 1) * 2;
   }
 
   void apply(Job& job, const Config& config) const override {

@@ -4,6 +4,8 @@
 // overlaps computation. Parameters and the optimizer stay whole; after the reduction each
 // parameter's gradient is a view of its bucket's averaged buffer. Buckets travel in amp's
 // reduce_dtype when one is set.
+#include <cmath>
+
 #include <ATen/ATen.h>
 
 #include "../sharding/bucketing.h"
@@ -24,9 +26,10 @@ class DdpPass final : public Pass {
              {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}) {}
 
   // A ring all-reduce of every gradient, once per step: 2(d-1)/d of their bytes sent per rank.
-  void estimate(const Config&, const PlanFacts&, CostEstimate& c) const override {
+  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
     const double d = static_cast<double>(c.data);
     c.comm_bytes += 2 * (d - 1) / d * c.gradient_bytes;
+    c.messages += std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));  // one per bucket
   }
 
   void apply(Job& job, const Config& config) const override {

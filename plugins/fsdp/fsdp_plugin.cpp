@@ -205,6 +205,8 @@ class FsdpPass final : public Pass {
     const double layer = static_cast<double>(c.model.layer_parameters);
     const double root = static_cast<double>(c.model.parameters) - static_cast<double>(c.model.layers) * layer;
     c.transient_bytes += 2 * 4 * (root + static_cast<double>(config.get_int("limit_all_gathers")) * layer) / t;
+    // Per unit (each layer and the root): gathers for forward (and backward), a reduce-scatter.
+    c.messages += (static_cast<double>(c.model.layers) / static_cast<double>(c.pipeline) + 1) * (config.get_bool("reshard_after_forward") ? 3 : 2);
   }
 
   void apply(Job& job, const Config& config) const override {

@@ -124,6 +124,8 @@ class PipelineParallelPass final : public Pass {
     c.in_flight = static_cast<double>(*std::max_element(sim.peak_in_flight.begin(), sim.peak_in_flight.end())) / s.shape.chunks;
     c.comm_bytes += 2.0 * static_cast<double>(c.micro_batches) * s.shape.chunks * c.seq_per_rank * static_cast<double>(c.micro_batch) *
                     static_cast<double>(c.model.hidden) * c.activation_element_bytes;
+    // Per micro-batch and chunk: receive and send the activation, receive and send its gradient.
+    c.messages += 4.0 * static_cast<double>(c.micro_batches) * s.shape.chunks;
   }
 
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {

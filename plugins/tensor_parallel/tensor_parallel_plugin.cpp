@@ -76,6 +76,9 @@ class TensorParallelPass final : public Pass {
     c.activation_bytes *= config.get_bool("sequence_parallel") ? 1 / t : (10 + 24 / t + 5 * a * s / (h * t)) / (34 + 5 * a * s / h);
     c.comm_bytes += c.layers_per_rank * static_cast<double>(c.micro_batches) * 4 * 2 * (t - 1) / t * s *
                     static_cast<double>(c.micro_batch) * h * c.activation_element_bytes;
+    // Per layer: 2 all-reduces forward, 2 backward (sequence parallel: an all-gather and a
+    // reduce-scatter for each); per micro-batch a few more for the vocabulary-parallel loss.
+    c.messages += static_cast<double>(c.micro_batches) * (c.layers_per_rank * (config.get_bool("sequence_parallel") ? 8 : 4) + 4);
   }
 
   void apply(Job& job, const Config& config) const override {

@@ -5,6 +5,7 @@
 // reduce-scatters (every rank keeps only its chunk of it). Gradients travel in amp's
 // reduce_dtype when one is set.
 #include <chrono>
+#include <cmath>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -30,8 +31,9 @@ class ZeroPass final : public Pass {
   // The ZeRO paper's model states: stage 1 shards the optimizer state (8 + 8/d bytes per fp32
   // parameter with AdamW), stage 2 the gradients too (4 + 12/d). Gradients are all-reduced
   // (stage 1) or reduce-scattered (stage 2), then the updated chunks all-gathered.
-  void estimate(const Config&, const PlanFacts&, CostEstimate& c) const override {
+  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
     const double d = static_cast<double>(c.data);
+    c.messages += 2 * std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));  // reduce, then gather, per bucket
     c.comm_bytes += (stage_ == 1 ? 2 : 1) * (d - 1) / d * c.gradient_bytes + (d - 1) / d * c.weight_bytes;
     c.optimizer_bytes /= d;
     if (stage_ == 2) c.gradient_bytes /= d;

@@ -44,9 +44,10 @@ CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_
 }
 
 double predicted_step_seconds(const CostEstimate& cost, const HardwareRates& rates) {
-  const double compute = cost.flops / rates.flops_per_s / std::max(1e-3, 1 - cost.bubble);
-  const double overhead = cost.layers_per_rank * static_cast<double>(cost.micro_batches) * rates.layer_overhead_s;
-  return compute + cost.comm_bytes / rates.bytes_per_s + overhead;
+  const double stretch = std::max(1 / std::max(1e-3, 1 - cost.bubble), rates.oversubscription);
+  const double compute = cost.flops / rates.flops_per_s * stretch;
+  const double overhead = cost.layers_per_rank * static_cast<double>(cost.micro_batches) * rates.layer_overhead_s * rates.oversubscription;
+  return compute + overhead + cost.comm_bytes / rates.bytes_per_s + cost.messages * rates.message_latency_s;
 }
 
 double predicted_peak_bytes(const CostEstimate& cost, const HardwareRates& rates) { return cost.peak_bytes() + rates.process_bytes; }

@@ -50,6 +50,7 @@ struct CostEstimate {
   // Work per rank per optimizer step.
   double flops = 0;              // forward, backward and recomputation
   double comm_bytes = 0;         // what this rank sends in collectives and point-to-point messages
+  double messages = 0;           // collectives and point-to-point calls it makes (each pays the latency)
   double bubble = 0;             // fraction of the step a rank idles (pipeline schedules)
 
   double peak_bytes() const {

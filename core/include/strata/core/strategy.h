@@ -19,7 +19,7 @@ struct RawEntry {
   Origin origin = Origin::File;
 };
 
-struct RawSection {
+struct STRATA_API RawSection {
   std::string label;  // "[job]", "[[pass]] #2", used in messages
   SourcePos pos;      // the header, or the file when the section is absent
   std::vector<std::pair<std::string, RawEntry>> entries;  // in file order

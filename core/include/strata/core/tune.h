@@ -42,13 +42,17 @@ STRATA_API CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::v
 // micro-batch (operator dispatch: what makes many small micro-batches slower than few large ones
 // at equal FLOPs), and the memory a rank's process holds before its model (libtorch, plugins).
 struct HardwareRates {
-  double flops_per_s = 1e10;
-  double bytes_per_s = 1e9;
+  double flops_per_s = 1e10;       // one rank alone on a core
+  double oversubscription = 1;     // ranks per core when there are more ranks than cores (CPU runs)
+  double bytes_per_s = 1e9;        // collective bus bandwidth (`strata doctor`)
+  double message_latency_s = 0;    // one small collective's time (`strata doctor`)
   double layer_overhead_s = 1e-4;
   double process_bytes = 0;
 };
-// Seconds per optimizer step: compute stretched by the pipeline bubble, plus communication
-// (not overlapped: a conservative bound that ranks layouts the way their traffic does), plus the
+// Seconds per optimizer step: compute stretched by the pipeline bubble, or, when ranks share
+// cores, by the sharing (a rank idle in a bubble leaves its core to the others, so the larger of
+// the two counts); plus communication, bytes over bandwidth and messages times latency (not
+// overlapped: a conservative bound that ranks layouts the way their traffic does); plus the
 // per-layer, per-micro-batch overhead.
 STRATA_API double predicted_step_seconds(const CostEstimate& cost, const HardwareRates& rates);
 // Bytes a rank holds at its peak: the model's and the passes' figures plus the process's own.

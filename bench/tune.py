@@ -1,0 +1,128 @@
+"""strata tune against exhaustive measurement (issue 35).
+
+usage: python bench/tune.py [--strata build/bin/strata] [--ranks 4] [--out bench/results/tune_cpu.md]
+                            [--set section.key=value]...
+
+1. Exhaustive: `strata tune -n R --top 65536` measures every candidate that plans (fresh cache),
+   in one run: each candidate's measured step time and peak memory.
+2. Tune as a user runs it: `strata tune -n R` (default --top 3, fresh cache), timed.
+3. Figures: tune's choice against the best of the exhaustive run (both as the exhaustive run
+   measured them, so run-to-run noise does not enter), tune's wall time over the exhaustive's,
+   the cost model's predicted peak memory against measured for every candidate (relative error,
+   also of the part above the process's own resident size), and the Spearman rank correlation of
+   predicted against measured step time.
+The strategy is the single-process example at a size where a step does some work (d_model 256,
+4 layers, global batch 4, micro_batch 1, one thread per rank); --set changes it.
+"""
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+
+BASE = "examples/strategies/single_process.toml"
+SETS = ["data.path=data/kjv.txt", "job.threads=1", "job.global_batch=4", "job.micro_batch=1",
+        "model.d_model=256", "model.n_layer=4", "model.n_head=4"]
+
+
+def tune(strata, ranks, sets, out, top, cache):
+    cmd = [strata, "tune", BASE, "-n", str(ranks), "--out", str(out)] + (["--top", str(top)] if top else [])
+    for s in sets:
+        cmd += ["--set", s]
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    start = time.monotonic()
+    text = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    wall = time.monotonic() - start
+    records = [json.loads(line) for line in open(out / "tune.jsonl")]
+    return cmd, wall, text, records
+
+
+def ranks_of(values):
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    r = [0.0] * len(values)
+    i = 0
+    while i < len(order):  # average ranks of ties
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2
+        i = j + 1
+    return r
+
+
+def spearman(a, b):
+    ra, rb = ranks_of(a), ranks_of(b)
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+
+
+def key(record):
+    return (record["layout"], tuple(record["choices"]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", default="build/bin/strata")
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--out", default="bench/results/tune_cpu.md")
+    ap.add_argument("--set", action="append", default=[])
+    args = ap.parse_args()
+    sets = SETS + args.set
+    work = pathlib.Path(tempfile.mkdtemp(prefix="strata_tune_bench_"))
+    ex_cmd, ex_wall, _, exhaustive = tune(args.strata, args.ranks, sets, work / "exhaustive", 65536, work / "cache1")
+    tu_cmd, tu_wall, tu_text, tuned = tune(args.strata, args.ranks, sets, work / "tune", 0, work / "cache2")
+
+    measured = [r for r in exhaustive if "measured_s" in r]
+    failed = [r for r in exhaustive if r["verdict"].startswith("failed")]
+    best = min(measured, key=lambda r: r["measured_s"])
+    choice = next(r for r in tuned if r["verdict"].startswith("best"))
+    choice_in_exhaustive = next(r for r in measured if key(r) == key(choice))
+    by_key = {key(r): r for r in measured}
+    tuned_measured = [by_key[key(r)] for r in tuned if "measured_s" in r and key(r) in by_key]
+    process = min(r["measured_bytes"] for r in measured)  # none is below the process's own size
+    mem_err = [abs(r["predicted_bytes"] - r["measured_bytes"]) / r["measured_bytes"] for r in measured]
+    rho = spearman([r["predicted_s"] for r in measured], [r["measured_s"] for r in measured])
+    top_n = sorted(measured, key=lambda r: r["predicted_rank"])
+
+    lines = [
+        "# strata tune against exhaustive measurement (CPU)", "",
+        f"Command: `python bench/tune.py --ranks {args.ranks}" + "".join(f" --set {s}" for s in args.set) + "`  ",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.ranks} ranks, one thread each.  ",
+        f"Strategy: `{BASE}` with " + ", ".join(f"`{s}`" for s in sets) + ".", "",
+        f"* Exhaustive: `{' '.join(ex_cmd[1:])}`: {len(measured)} candidates measured ({len(failed)} failed), "
+        f"{ex_wall:.0f} s.",
+        f"* Tune: `{' '.join(tu_cmd[1:])}`: {tu_wall:.0f} s = **{100 * tu_wall / ex_wall:.1f}%** of the exhaustive time "
+        f"(target <= 25%).",
+        f"* Best measured: {best['layout']}; {'; '.join(best['choices'])}: {best['measured_s'] * 1000:.2f} ms per step "
+        f"(predicted rank {best['predicted_rank']}).",
+        f"* Tune's choice: {choice['layout']}; {'; '.join(choice['choices'])}: {choice_in_exhaustive['measured_s'] * 1000:.2f} ms "
+        f"in the exhaustive run = **{choice_in_exhaustive['measured_s'] / best['measured_s']:.3f}x** the best (target <= 1.10x); "
+        f"{choice['measured_s'] * 1000:.2f} ms in its own trial.",
+        f"* Predicted vs measured step time over the {len(measured)} candidates: Spearman **{rho:.3f}** (target >= 0.8).",
+        f"* Predicted vs measured peak memory per rank: median error {100 * statistics.median(mem_err):.1f}%, "
+        f"worst **{100 * max(mem_err):.1f}%** (target <= 15%); the smallest measured peak, {process / 2**20:.0f} MiB, "
+        f"is mostly the process itself (libtorch, MPI, plugins).", "",
+        "Every candidate, in predicted order:", "",
+        "| predicted rank | layout | choices | predicted ms | measured ms | predicted MiB | measured MiB | memory error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in top_n:
+        lines.append(f"| {r['predicted_rank']} | {r['layout']} | {'; '.join(r['choices'])} | {r['predicted_s'] * 1000:.2f} | "
+                     f"{r['measured_s'] * 1000:.2f} | {r['predicted_bytes'] / 2**20:.0f} | {r['measured_bytes'] / 2**20:.0f} | "
+                     f"{100 * (r['predicted_bytes'] - r['measured_bytes']) / r['measured_bytes']:+.1f}% |")
+    for r in failed:
+        lines.append(f"| {r['predicted_rank']} | {r['layout']} | {'; '.join(r['choices'])} | {r['predicted_s'] * 1000:.2f} | "
+                     f"{r['verdict']} | | | |")
+    lines += ["", "Tune's own output:", "", "```", tu_text.strip(), "```", ""]
+    pathlib.Path(args.out).write_text("\n".join(lines))
+    print("\n".join(lines[:14]))
+
+
+if __name__ == "__main__":
+    main()
