@@ -25,6 +25,7 @@
 #include <ATen/Parallel.h>
 
 #include "commands.h"
+#include "strata/core/process_memory.h"
 #include "common.h"
 #include "strata/comm.h"
 #include "strata/core/launch_env.h"
@@ -36,10 +37,6 @@ namespace {
 
 constexpr double kStragglerFactor = 1.5;
 constexpr int64_t kMatmulSize = 1024, kMatmulRounds = 10, kReduceElements = 1 << 22, kReduceRounds = 5;
-
-double seconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Chaos testing: whether STRATA_FAULT (faults separated by ';') holds "KIND SLOT" for this slot:
 // wrong_matmul (the result differs) or slow_matmul (three times slower).
@@ -63,9 +60,9 @@ std::pair<double, double> matmul_check(int slot) {
   at::Tensor c = at::matmul(a, b);  // warm-up
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < kMatmulRounds; ++i) c = at::matmul(a, b);
-  if (doctor_fault("slow_matmul", slot)) std::this_thread::sleep_for(std::chrono::duration<double>(2 * seconds(start)));
+  if (doctor_fault("slow_matmul", slot)) std::this_thread::sleep_for(std::chrono::duration<double>(2 * seconds_since(start)));
   const double flops = 2.0 * kMatmulSize * kMatmulSize * kMatmulSize * kMatmulRounds;
-  return {flops / seconds(start) / 1e9, c.sum().item<double>()};
+  return {flops / seconds_since(start) / 1e9, c.sum().item<double>()};
 }
 
 // Bus bandwidth (GB/s) of an all-reduce of kReduceElements fp32 over `group`: bytes x 2(n-1)/n per
@@ -77,7 +74,7 @@ double all_reduce_bandwidth(Communicator& group) {
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < kReduceRounds; ++i) group.all_reduce(x, ReduceOp::Sum)->wait();
   const double n = group.size(), bytes = 4.0 * kReduceElements * kReduceRounds * 2.0 * (n - 1) / n;
-  return bytes / seconds(start) / 1e9;
+  return bytes / seconds_since(start) / 1e9;
 }
 
 // Seconds per all-reduce of one float over `group` as training sees it: between collectives every
@@ -95,20 +92,15 @@ double all_reduce_latency(Communicator& group) {
   group.barrier()->wait();
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < kRounds; ++i) compute();
-  const double compute_s = seconds(start);
+  const double compute_s = seconds_since(start);
   group.barrier()->wait();
   start = std::chrono::steady_clock::now();
   for (int i = 0; i < kRounds; ++i) compute(), group.all_reduce(x, ReduceOp::Sum)->wait();
-  const double total_s = seconds(start);
+  const double total_s = seconds_since(start);
   // The slowest rank's figure: a collective ends when the last rank arrives.
   at::Tensor latency = at::tensor(std::vector<double>{std::max(0.0, total_s - compute_s) / kRounds}, at::kDouble);
   group.all_reduce(latency, ReduceOp::Max)->wait();
   return latency.item<double>();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 int check_ranks(const LaunchEnv& env) {
@@ -117,6 +109,9 @@ int check_ranks(const LaunchEnv& env) {
   const auto* mpi = static_cast<const CommunicatorBackend*>(registry.find(ComponentKind::Communicator, "mpi"));
   if (!mpi) throw UserError("strata doctor needs the mpi communicator plugin (see `strata plugins`)");
   std::shared_ptr<Communicator> world = mpi->world(*local_communicator());
+  // What a rank holds before any model or data: libtorch, the plugins, the MPI library and its
+  // shared-memory segments. strata tune adds it to every candidate's predicted peak.
+  const double start_resident = resident_bytes();
   at::set_num_threads(1);
   const int n = world->size(), rank = world->rank();
   double gflops = 0, checksum = 0, failed = 0;
@@ -134,14 +129,16 @@ int check_ranks(const LaunchEnv& env) {
   const double pair_bw = pair_group->size() > 1 ? all_reduce_bandwidth(*pair_group) : 0.0;
   const double world_bw = n > 1 ? all_reduce_bandwidth(*world) : 0.0;
   const double world_latency = n > 1 ? all_reduce_latency(*world) : 0.0;
-  at::Tensor mine = at::tensor(std::vector<double>{gflops, checksum, failed, pair_bw, static_cast<double>(env.slot)}, at::kDouble);
-  at::Tensor all = at::empty({n, 5}, at::kDouble);
+  at::Tensor mine = at::tensor(std::vector<double>{gflops, checksum, failed, pair_bw, static_cast<double>(env.slot), start_resident}, at::kDouble);
+  at::Tensor all = at::empty({n, 6}, at::kDouble);
   world->all_gather(all, mine)->wait();
   if (rank != 0) return 0;
 
   std::vector<double> rates, pairs;
   std::map<double, int> checksums;
+  double most_resident = 0;
   for (int r = 0; r < n; ++r) {
+    most_resident = std::max(most_resident, all[r][5].item<double>());
     rates.push_back(all[r][0].item<double>());
     if (all[r][3].item<double>() > 0) pairs.push_back(all[r][3].item<double>());
     if (all[r][2].item<double>() == 0) ++checksums[all[r][1].item<double>()];
@@ -176,6 +173,7 @@ int check_ranks(const LaunchEnv& env) {
   }
   std::printf("all ranks: all-reduce bus bandwidth %.3f GB/s\n", world_bw);
   std::printf("all ranks: all-reduce latency %.1f us (one float, between small matmuls)\n", world_latency * 1e6);
+  std::printf("all ranks: resident memory at start %.1f MiB per rank at most (libtorch, plugins, MPI)\n", most_resident / (1 << 20));
   std::printf("%s\n", faulty ? "result: faulty ranks found" : stragglers ? "result: healthy, with stragglers" : "result: healthy");
   // Under mpirun a rank's non-zero exit makes mpirun abort and report; the verdict goes to the
   // launching process through a file instead (run_doctor).

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "common.h"
 
 namespace strata::cli {
 namespace {
@@ -174,12 +175,6 @@ std::vector<Series> field_series(const std::vector<Run>& runs, const std::string
     if (!s.points.empty()) out.push_back(std::move(s));
   }
   return out;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 std::string summary_table(const std::vector<Run>& runs) {

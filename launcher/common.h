@@ -1,6 +1,7 @@
 // Helpers the subcommands share.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -22,5 +23,10 @@ std::string describe_type(const KeySpec& spec);
 
 void insert_value(toml::table& table, const std::string& key, const Value& value);
 void print_json(const toml::table& table);
+
+// The middle value (the mean of the two middle ones for an even count); NaN for none.
+double median(std::vector<double> values);
+
+double seconds_since(std::chrono::steady_clock::time_point start);
 
 }  // namespace strata::cli

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common.h"
+
 namespace strata::cli {
 
 namespace {
@@ -61,7 +63,7 @@ TrialResult run_trial(const std::filesystem::path& strategy, const std::filesyst
   for (;;) {
     const pid_t done = waitpid(pid, &status, WNOHANG);
     if (done == pid || (done < 0 && errno != EINTR)) break;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > s.timeout_s) {
+    if (seconds_since(start) > s.timeout_s) {
       kill(-pid, SIGKILL);
       waitpid(pid, &status, 0);
       timed_out = true;
@@ -69,7 +71,7 @@ TrialResult run_trial(const std::filesystem::path& strategy, const std::filesyst
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.wall_s = seconds_since(start);
   if (timed_out) {
     result.verdict = "timed out after " + std::to_string(static_cast<int>(s.timeout_s)) + " s";
     return result;
@@ -94,9 +96,7 @@ TrialResult run_trial(const std::filesystem::path& strategy, const std::filesyst
     result.verdict = "no measured steps in " + (run_dir / "metrics.jsonl").string();
     return result;
   }
-  std::sort(step_ms.begin(), step_ms.end());
-  const size_t n = step_ms.size();
-  result.step_s = (n % 2 ? step_ms[n / 2] : (step_ms[n / 2 - 1] + step_ms[n / 2]) / 2) / 1000.0;
+  result.step_s = median(step_ms) / 1000.0;
   result.ok = true;
   result.verdict = "ok";
   return result;

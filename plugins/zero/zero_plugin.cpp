@@ -4,6 +4,7 @@
 // all-gathered. Stage 1 all-reduces (every rank keeps the averaged gradient); stage 2
 // reduce-scatters (every rank keeps only its chunk of it). Gradients travel in amp's
 // reduce_dtype when one is set.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -36,7 +37,9 @@ class ZeroPass final : public Pass {
     c.messages += 2 * std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));  // reduce, then gather, per bucket
     c.comm_bytes += (stage_ == 1 ? 2 : 1) * (d - 1) / d * c.gradient_bytes + (d - 1) / d * c.weight_bytes;
     c.optimizer_bytes /= d;
-    if (stage_ == 2) c.gradient_bytes /= d;
+    // ZeRO-2 keeps a shard of the gradients, but each bucket's full gradient is staged for its
+    // reduce-scatter and the stages of all buckets are alive when backward ends.
+    if (stage_ == 2) c.transient_bytes = std::max(c.transient_bytes, c.gradient_bytes), c.gradient_bytes /= d;
   }
 
   void apply(Job& job, const Config& config) const override {

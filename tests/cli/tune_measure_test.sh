@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tune_measure_test.sh STRATA WORK_DIR: `strata tune` measures the top candidates in fresh
 # processes, writes the fastest that ran as a strategy `strata run` takes unchanged and every
-# candidate to tune.jsonl; a second tune of the same strategy is answered from the cache; a size
+# candidate to tune.jsonl (near ties measured three times); a second tune of the same strategy is answered from the cache; a size
 # the strategy fixes is in the strategy tune writes.
 set -u
 strata=$1 work=$2
@@ -19,6 +19,12 @@ grep -q '"verdict":"best"' "$work/tune/tune.jsonl" || check "tune.jsonl names no
 [ "$(grep -c '"measured_s"' "$work/tune/tune.jsonl")" -eq 2 ] || check "tune.jsonl does not hold 2 measured candidates"
 grep -q '"verdict":"refused: ' "$work/tune/tune.jsonl" || check "tune.jsonl does not list the refused candidates"
 grep -q "^# Measured .* s per step" "$work/tune/best.toml" || check "best.toml has no measured header"
+# The first trial calibrates the memory predictions: the model's own figure is kept beside them.
+grep -q '"predicted_model_bytes"' "$work/tune/tune.jsonl" || check "tune.jsonl has no uncalibrated memory prediction"
+# Near ties are measured again, interleaved: three rounds each.
+if grep -q "^Confirming the 2 within" "$work/first.txt"; then
+  [ "$(grep -c '"measured_rounds_s":\[[^],]*,[^],]*,[^],]*\]' "$work/tune/tune.jsonl")" -eq 2 ] || check "the contenders were not measured three times"
+fi
 "$strata" run "$work/tune/best.toml" -n 2 --out "$work/run" --set job.steps=2 > "$work/run.txt" 2>&1 || check "best.toml did not train: $(cat "$work/run.txt")"
 
 start=$(date +%s)

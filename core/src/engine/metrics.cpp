@@ -1,7 +1,5 @@
 #include "metrics.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cerrno>
 #include <cstdio>
@@ -12,6 +10,7 @@
 #include <vector>
 
 #include "strata/core/launch_env.h"
+#include "strata/core/process_memory.h"
 #include "strata/core/log.h"
 #include "strata/errors.h"
 
@@ -37,15 +36,6 @@ int64_t step_of(const std::string& line) {
   for (; i < line.size() && line[i] >= '0' && line[i] <= '9' && i - digits_begin < 18; ++i) step = step * 10 + (line[i] - '0');
   if (i == digits_begin || i >= line.size() || line[i] != ',') return -1;
   return step;
-}
-
-double resident_mib() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
 }
 
 // Timings vary run to run; three decimals are plenty.
@@ -145,7 +135,7 @@ void Console::step(const StepRecord& r) {
       text += mfu;
     }
     char memory[32];
-    std::snprintf(memory, sizeof memory, " | mem %.0f MiB", resident_mib());
+    std::snprintf(memory, sizeof memory, " | mem %.0f MiB", resident_bytes() / (1024.0 * 1024.0));
     text += memory;
     if (r.val_loss) {
       char val[32];

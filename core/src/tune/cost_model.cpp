@@ -1,12 +1,33 @@
 // Core's part of the cost model (strata/cost.h): one process training the data-parallel rank's
-// share of the global batch on the whole model, in fp32 with AdamW. The passes rescale it.
+// share of the global batch on the whole model, in fp32. The passes rescale it.
 #include <algorithm>
+
+#include <ATen/ATen.h>
 
 #include "strata/core/tune.h"
 #include "strata/model.h"
+#include "strata/optimizer.h"
 #include "strata/pass.h"
 
 namespace strata {
+namespace {
+
+// Bytes of optimizer state per parameter element, found by building the chosen optimizer on a probe
+// parameter and weighing the state it holds from construction on (Optimizer::state_tensors): AdamW
+// 8, SGD with momentum 4, plain SGD 0, and a plugin's optimizer whatever it keeps.
+double optimizer_bytes_per_element(const ResolvedStrategy& plan) {
+  const auto* factory = dynamic_cast<const OptimizerFactory*>(plan.optimizer_component);
+  if (!factory) return 8;  // AdamW's two moments, core's default
+  constexpr int64_t kProbe = 4096;
+  at::Tensor probe = at::zeros({kProbe}).requires_grad_(true);
+  ParamGroup group{{"probe"}, {probe}, 0.0};
+  double bytes = 0;
+  for (const auto& [name, tensor] : factory->create({group}, plan.optimizer)->state_tensors())
+    if (tensor.defined()) bytes += static_cast<double>(tensor.numel() * tensor.element_size());
+  return bytes / kProbe;
+}
+
+}  // namespace
 
 CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_t>& order) {
   const PlanFacts facts = plan_facts(plan);
@@ -20,8 +41,8 @@ CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_
   c.layers_per_rank = static_cast<double>(m.layers) / static_cast<double>(c.pipeline);
   c.seq_per_rank = static_cast<double>(m.seq_len) / static_cast<double>(c.context);
   const double params = static_cast<double>(m.parameters);
-  // Model states, fp32 AdamW: weights, gradients, two moments.
-  c.weight_bytes = 4 * params, c.gradient_bytes = 4 * params, c.optimizer_bytes = 8 * params;
+  // Model states in fp32: weights, gradients, the optimizer's state.
+  c.weight_bytes = 4 * params, c.gradient_bytes = 4 * params, c.optimizer_bytes = optimizer_bytes_per_element(plan) * params;
 
   if (m.layers > 0 && m.hidden > 0) {
     const double s = static_cast<double>(m.seq_len), b = static_cast<double>(c.micro_batch), h = static_cast<double>(m.hidden),

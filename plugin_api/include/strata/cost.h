@@ -3,14 +3,15 @@
 //
 // The prediction is built in two steps so that a pass that lands later joins the cost model by
 // itself, without a change to tune. Core fills in the figures of one process training the
-// data-parallel rank's share of the global batch on the whole model (weights, gradients and AdamW
-// moments at 4 + 4 + 8 bytes per parameter; activations by Korthikanti et al. 2022; 6 FLOPs per
-// parameter and token plus attention), from the model's shape (ModelFactory::shape). Then every
-// enabled pass, in the order the passes apply, rescales what it changes (Pass::estimate): tensor
-// parallel divides the layers' parameters and activations by its size and adds its all-reduces,
-// zero and fsdp divide model states over the data ranks and add their collectives, a pipeline
-// keeps its stage's layers and sets the micro-batches in flight and the idle fraction its schedule
-// simulates, activation checkpointing keeps only block inputs and adds the recomputation.
+// data-parallel rank's share of the global batch on the whole model (weights and gradients at
+// 4 + 4 bytes per parameter, the optimizer's state as the optimizer holds it (AdamW 8),
+// activations by Korthikanti et al. 2022, 6 FLOPs per parameter and token plus attention), from
+// the model's shape (ModelFactory::shape). Then every enabled pass, in the order the passes
+// apply, rescales what it changes (Pass::estimate): tensor parallel divides the layers'
+// parameters and activations by its size and adds its all-reduces, zero and fsdp divide model
+// states over the data ranks and add their collectives, a pipeline keeps its stage's layers and
+// sets the micro-batches in flight and the idle fraction its schedule simulates, activation
+// checkpointing keeps only block inputs and adds the recomputation.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +44,7 @@ struct CostEstimate {
   // Memory per rank, bytes.
   double weight_bytes = 0;       // parameters as stored
   double gradient_bytes = 0;     // their gradients
-  double optimizer_bytes = 0;    // optimizer state (AdamW's two moments)
+  double optimizer_bytes = 0;    // optimizer state (AdamW's two moments: 8 bytes per parameter)
   double activation_bytes = 0;   // saved for backward by one micro-batch through this rank's layers
   double in_flight = 1;          // micro-batches whose activations are held at once (pipelines)
   double transient_bytes = 0;    // the largest short-lived buffer: logits and their gradient, a gathered unit

@@ -1,0 +1,18 @@
+#include "strata/core/process_memory.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace strata {
+
+double resident_bytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace strata
