@@ -1,7 +1,8 @@
 // strata report: one self-contained HTML file showing runs: a summary table, and curves of
 // loss, validation loss, learning rate, tokens/s, step time, peak memory and checkpoint blocking,
-// the runs overlaid to compare strategies, plus each run's goodput breakdown and strategy. The
-// charts are inline SVG drawn here: the file needs no script and no network to open.
+// the runs overlaid to compare strategies, plus each run's goodput breakdown and strategy; and for
+// each `strata tune` directory, predicted against measured (report_tune.cpp). The charts are
+// inline SVG (svg_chart.h): the file needs no script and no network to open.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -17,6 +18,8 @@
 
 #include "commands.h"
 #include "common.h"
+#include "report_tune.h"
+#include "svg_chart.h"
 
 namespace strata::cli {
 namespace {
@@ -44,7 +47,7 @@ Run load_run(const std::string& arg) {
   Run run;
   run.dir = fs::path(arg);
   const fs::path metrics = run.dir / "metrics.jsonl";
-  if (!fs::is_regular_file(metrics)) throw UserError(arg + " has no metrics.jsonl: not a run directory (strata run --out DIR)");
+  if (!fs::is_regular_file(metrics)) throw UserError(arg + " has no metrics.jsonl: not a run directory (strata run --out DIR) nor a tune's (strata tune --out DIR)");
   std::ifstream in(metrics);
   int line_number = 0;
   for (std::string line; std::getline(in, line);) {
@@ -72,96 +75,6 @@ Run load_run(const std::string& arg) {
 double num(const json& record, const char* key) {
   const auto it = record.find(key);
   return it != record.end() && it->is_number() ? it->get<double>() : NAN;
-}
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-std::string number(double v, int precision = 4) {
-  std::ostringstream out;
-  out.precision(precision);
-  out << v;
-  return out.str();
-}
-
-// An axis label: 80k rather than 8e+04.
-std::string tick_label(double v) {
-  const double a = std::abs(v);
-  if (a >= 1e9) return number(v / 1e9, 3) + "G";
-  if (a >= 1e6) return number(v / 1e6, 3) + "M";
-  if (a >= 1e4) return number(v / 1e3, 3) + "k";
-  return number(v);
-}
-
-const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"};
-
-struct Series {
-  std::string label;
-  const char* color;
-  bool dashed = false;
-  std::vector<std::pair<double, double>> points;
-};
-
-// Tick values at a round spacing (1, 2 or 5 x 10^k), about `count` of them over [low, high].
-std::vector<double> ticks(double low, double high, int count = 5) {
-  const double raw = (high - low) / count;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  const double step = magnitude * (raw / magnitude < 1.5 ? 1 : raw / magnitude < 3.5 ? 2 : raw / magnitude < 7.5 ? 5 : 10);
-  std::vector<double> out;
-  for (double t = std::ceil(low / step) * step; t <= high + step * 1e-9; t += step) out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
-  return out;
-}
-
-// One line chart as inline SVG; x is the step.
-std::string chart(const std::string& title, const std::string& unit, const std::vector<Series>& series) {
-  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
-  for (const auto& s : series)
-    for (const auto& [x, y] : s.points) x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
-  if (!std::isfinite(x0)) return "";
-  if (x1 == x0) x0 -= 1, x1 += 1;
-  if (y1 == y0) y0 -= std::max(1e-12, std::abs(y0) * 0.05), y1 += std::max(1e-12, std::abs(y1) * 0.05);
-  const double pad = (y1 - y0) * 0.05;
-  y0 -= pad, y1 += pad;
-  constexpr double W = 560, H = 300, L = 70, R = 16, T = 44, B = 40;
-  auto sx = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
-  auto sy = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
-  std::ostringstream svg;
-  svg << "<figure><svg class=\"chart\" viewBox=\"0 0 " << W << " " << H << "\" role=\"img\" aria-label=\"" << escape(title) << "\">";
-  svg << "<text x=\"" << L << "\" y=\"18\" class=\"title\">" << escape(title) << (unit.empty() ? "" : " (" + escape(unit) + ")") << "</text>";
-  double legend_x = L;
-  for (const auto& s : series) {  // legend
-    svg << "<rect x=\"" << legend_x << "\" y=\"26\" width=\"10\" height=\"10\" fill=\"" << s.color << "\"/><text x=\"" << legend_x + 14
-        << "\" y=\"35\" class=\"legend\">" << escape(s.label) << "</text>";
-    legend_x += 24 + 6.5 * static_cast<double>(s.label.size());
-  }
-  for (double t : ticks(y0, y1))
-    svg << "<line x1=\"" << L << "\" x2=\"" << W - R << "\" y1=\"" << sy(t) << "\" y2=\"" << sy(t) << "\" class=\"grid\"/><text x=\"" << L - 6
-        << "\" y=\"" << sy(t) + 4 << "\" class=\"ytick\">" << tick_label(t) << "</text>";
-  for (double t : ticks(x0, x1, 6))
-    svg << "<text x=\"" << sx(t) << "\" y=\"" << H - B + 16 << "\" class=\"xtick\">" << number(t, 6) << "</text>";
-  svg << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 6 << "\" class=\"xtick\">step</text>";
-  svg << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << W - L - R << "\" height=\"" << H - T - B << "\" class=\"frame\"/>";
-  for (const auto& s : series) {
-    svg << "<polyline data-run=\"" << escape(s.label) << "\" fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"1.6\""
-        << (s.dashed ? " stroke-dasharray=\"5 3\"" : "") << " points=\"";
-    for (const auto& [x, y] : s.points) svg << number(sx(x), 6) << "," << number(sy(y), 6) << " ";
-    svg << "\"><title>" << escape(s.label) << "</title></polyline>";
-    if (s.points.size() == 1)
-      svg << "<circle cx=\"" << sx(s.points[0].first) << "\" cy=\"" << sy(s.points[0].second) << "\" r=\"3\" fill=\"" << s.color << "\"/>";
-  }
-  svg << "</svg></figure>\n";
-  return svg.str();
 }
 
 // The series of `field` (scaled) for every run that records it.
@@ -250,12 +163,18 @@ int run_report(const Args& args) {
   allow_only(args, {"-o", "--output"});
   if (args.positional.empty()) throw UserError("strata report needs at least one run directory; see strata report --help");
   std::vector<Run> runs;
-  for (const auto& dir : args.positional) runs.push_back(load_run(dir));
+  std::vector<fs::path> tunes;
+  for (const auto& dir : args.positional)
+    if (is_tune_dir(dir) && !fs::is_regular_file(fs::path(dir) / "metrics.jsonl")) tunes.emplace_back(dir);
+    else runs.push_back(load_run(dir));
   // Runs are named by their directory's name, or by the whole path where two names are alike.
   for (auto& run : runs) run.name = run.dir.filename().empty() ? run.dir.parent_path().filename().string() : run.dir.filename().string();
   for (auto& run : runs)
     if (std::count_if(runs.begin(), runs.end(), [&](const Run& other) { return other.name == run.name; }) > 1) run.name = run.dir.string();
 
+  auto count = [](size_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
+  const std::string what = runs.empty() ? count(tunes.size(), "tune") : tunes.empty() ? count(runs.size(), "run")
+                                                                                      : count(runs.size(), "run") + ", " + count(tunes.size(), "tune");
   std::vector<Series> loss = field_series(runs, "loss");
   for (auto& s : field_series(runs, "val_loss", 1.0, " (validation)", /*dashed=*/true)) loss.push_back(std::move(s));
   std::vector<Series> throughput;
@@ -276,23 +195,30 @@ int run_report(const Args& args) {
           ".grid{stroke:#eee}.frame{fill:none;stroke:#999}.ytick{font-size:10px;text-anchor:end}.xtick{font-size:10px;text-anchor:middle}\n"
           "pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:400px}\n"
           "</style></head><body>\n<h1>strata report: "
-       << runs.size() << " run" << (runs.size() == 1 ? "" : "s") << "</h1>\n"
-       << summary_table(runs) << "<h2>Curves</h2>\n<div class=\"charts\">\n"
-       << chart("loss (dashed: validation)", "", loss) << chart("learning rate", "", field_series(runs, "lr"))
-       << chart("throughput", "tokens/s", throughput) << chart("step time", "ms", field_series(runs, "step_ms"))
-       << chart("peak memory", "MiB", field_series(runs, "mem_peak_bytes", 1.0 / (1 << 20)))
-       << chart("gradient norm", "", field_series(runs, "grad_norm"))
-       << chart("checkpoint blocking", "ms", field_series(runs, "checkpoint_ms")) << "</div>\n<h2>Goodput</h2>\n"
-       << goodput_chart(runs) << "<h2>Strategies</h2>\n";
-  for (const auto& run : runs)
-    html << "<details><summary>" << escape(run.name) << " (" << escape(run.dir.string()) << ")</summary><pre>"
-         << escape(run.strategy.empty() ? "(no strategy.toml)" : run.strategy) << "</pre></details>\n";
+       << what << "</h1>\n";
+  if (!runs.empty()) {
+    html << summary_table(runs) << "<h2>Curves</h2>\n<div class=\"charts\">\n"
+         << chart("loss (dashed: validation)", "", loss) << chart("learning rate", "", field_series(runs, "lr"))
+         << chart("throughput", "tokens/s", throughput) << chart("step time", "ms", field_series(runs, "step_ms"))
+         << chart("peak memory", "MiB", field_series(runs, "mem_peak_bytes", 1.0 / (1 << 20)))
+         << chart("gradient norm", "", field_series(runs, "grad_norm"))
+         << chart("checkpoint blocking", "ms", field_series(runs, "checkpoint_ms")) << "</div>\n<h2>Goodput</h2>\n"
+         << goodput_chart(runs) << "<h2>Strategies</h2>\n";
+    for (const auto& run : runs)
+      html << "<details><summary>" << escape(run.name) << " (" << escape(run.dir.string()) << ")</summary><pre>"
+           << escape(run.strategy.empty() ? "(no strategy.toml)" : run.strategy) << "</pre></details>\n";
+  }
+  for (const auto& dir : tunes) {
+    std::string summary;
+    html << tune_section(dir, summary);
+    std::cout << summary << "\n";
+  }
   html << "</body></html>\n";
 
   const fs::path out = args.output.empty() ? fs::path("report.html") : fs::path(args.output);
   std::ofstream file(out);
   if (!(file << html.str())) throw UserError("cannot write " + out.string());
-  std::cout << "wrote " << out.string() << " (" << runs.size() << " run" << (runs.size() == 1 ? "" : "s") << ")\n";
+  std::cout << "wrote " << out.string() << " (" << what << ")\n";
   return 0;
 }
 

@@ -105,12 +105,14 @@ const std::vector<Command>& commands() {
        "  -n, --ranks N        number of local ranks (started through mpirun)\n",
        run_doctor},
       {"report", "Write an HTML report of runs: loss, learning rate, throughput, memory and goodput curves",
-       "usage: strata report RUN_DIR... [-o FILE]\n\n"
+       "usage: strata report RUN_DIR|TUNE_DIR... [-o FILE]\n\n"
        "Reads each run's metrics.jsonl (and events.jsonl, strategy.toml where present) and writes one\n"
        "self-contained HTML file (inline SVG, no script, no network): a summary table; curves of loss\n"
        "and validation loss, learning rate, tokens/s, step time, peak memory, gradient norm and\n"
        "checkpoint blocking with the runs overlaid; each supervised run's goodput breakdown; and\n"
-       "each run's strategy.\n\n"
+       "each run's strategy. A `strata tune --out` directory (tune.jsonl) among them shows predicted\n"
+       "against measured step time and peak memory for every candidate measured, with their rank\n"
+       "correlation and errors.\n\n"
        "  -o, --output FILE    the HTML file to write (default report.html)\n",
        run_report},
   };

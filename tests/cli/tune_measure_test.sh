@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tune_measure_test.sh STRATA WORK_DIR: `strata tune` measures the top candidates in fresh
 # processes, writes the fastest that ran as a strategy `strata run` takes unchanged and every
-# candidate to tune.jsonl (near ties measured three times); a second tune of the same strategy is answered from the cache; a size
+# candidate to tune.jsonl (near ties measured three times), which strata report shows; a second tune of the same strategy is answered from the cache; a size
 # the strategy fixes is in the strategy tune writes.
 set -u
 strata=$1 work=$2
@@ -25,6 +25,10 @@ grep -q '"predicted_model_bytes"' "$work/tune/tune.jsonl" || check "tune.jsonl h
 if grep -q "^Confirming the 2 within" "$work/first.txt"; then
   [ "$(grep -c '"measured_rounds_s":\[[^],]*,[^],]*,[^],]*\]' "$work/tune/tune.jsonl")" -eq 2 ] || check "the contenders were not measured three times"
 fi
+# strata report shows predicted against measured for the tune.
+"$strata" report "$work/tune" -o "$work/tune.html" > "$work/report.txt" 2>&1 || check "strata report of the tune failed: $(cat "$work/report.txt")"
+grep -q "2 measured of [0-9]* that plan; predicted vs measured step time Spearman" "$work/report.txt" || check "no tune summary: $(cat "$work/report.txt")"
+grep -q "step time: measured against predicted" "$work/tune.html" && grep -q "<circle" "$work/tune.html" || check "the report has no predicted-vs-measured chart"
 "$strata" run "$work/tune/best.toml" -n 2 --out "$work/run" --set job.steps=2 > "$work/run.txt" 2>&1 || check "best.toml did not train: $(cat "$work/run.txt")"
 
 start=$(date +%s)
