@@ -81,6 +81,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--memory-gb") args.given.push_back(arg), args.memory_gb = parse_gib(arg, value());
     else if (arg == "--budget") args.given.push_back(arg), args.budget_s = parse_duration(arg, value());
     else if (arg == "--top") args.given.push_back(arg), args.top = parse_count(arg, value(), "a candidate count");
+    else if (arg == "--rounds") args.given.push_back(arg), args.rounds = parse_count(arg, value(), "a trial count");
     else if (arg == "-o" || arg == "--output") args.given.push_back(arg), args.output = value();
     else if (arg.size() > 1 && arg[0] == '-') throw UserError("unknown option '" + arg + "'; see strata --help");
     else if (args.command.empty()) args.command = arg;

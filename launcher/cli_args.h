@@ -25,6 +25,7 @@ struct Args {
   bool finetune = false;                // tune: search only around the complete strategy given                 // tune: rank the candidates without measuring
   double memory_gb = 0;                 // tune: bytes per rank allowed, in GiB; 0 = no limit
   int64_t top = 0;                      // tune: candidates shown (dry run) or measured; 0 = the command's default
+  int64_t rounds = 0;                   // tune: trials of each near tie; 0 = the default
   double budget_s = 0;                  // tune: wall time for measured trials; 0 = no limit
   int argc = 0;  // the raw command line, for commands that re-execute themselves
   char** argv = nullptr;

@@ -41,7 +41,7 @@ namespace fs = std::filesystem;
 
 constexpr size_t kDefaultTrials = 6;     // --top: candidates measured, in predicted order
 constexpr double kContenderMargin = 1.25;  // measured within this of the fastest: measured again
-constexpr int kConfirmRounds = 2;         // the further trials of each contender
+constexpr int64_t kDefaultRounds = 3;    // --rounds: trials of each contender, the first included
 
 // This machine's rates as `ranks` ranks see them: an fp32 matmul's FLOP/s on one thread, how
 // many ranks share a core, and, from `strata doctor -n ranks` (the same ranks, launched the same
@@ -201,10 +201,10 @@ nlohmann::json outcome_json(const Outcome& o, size_t rank, double calibration) {
 }  // namespace
 
 int run_tune(const Args& args) {
-  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top", "--budget", "--out", "-o", "--output", "--finetune"});
+  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top", "--rounds", "--budget", "--out", "-o", "--output", "--finetune"});
   if (args.positional.size() != 1) throw UserError("'strata tune' takes one strategy file; see strata tune --help");
-  if (args.dry_run && (!args.out_dir.empty() || !args.output.empty() || args.budget_s > 0))
-    throw UserError("'strata tune --dry-run' measures nothing and writes nothing: drop --out, -o and --budget");
+  if (args.dry_run && (!args.out_dir.empty() || !args.output.empty() || args.budget_s > 0 || args.rounds > 0))
+    throw UserError("'strata tune --dry-run' measures nothing and writes nothing: drop --out, -o, --rounds and --budget");
   Diagnostics diagnostics;
   RawStrategy raw = load_strategy_file(args.positional[0], diagnostics);
   if (diagnostics.ok()) apply_overrides(raw, args.sets, args.disables, diagnostics);
@@ -268,11 +268,12 @@ int run_tune(const Args& args) {
   const fs::path out_dir = args.out_dir.empty() ? fs::path("runs/tune") : fs::path(args.out_dir);
   fs::create_directories(out_dir);
   const size_t want = args.top > 0 ? static_cast<size_t>(args.top) : kDefaultTrials;
+  const int64_t rounds = args.rounds > 0 ? args.rounds : kDefaultRounds;
   TrialSettings settings;
   settings.ranks = args.ranks;
   const std::string fingerprint = machine_fingerprint() + "|" + std::to_string(args.ranks) + "|" +
                                   std::to_string(settings.warmup_steps) + "+" + std::to_string(settings.measured_steps) + "x" +
-                                  std::to_string(1 + kConfirmRounds);
+                                  std::to_string(rounds);
   auto cache = read_cache();
   const auto started = std::chrono::steady_clock::now();
   auto out_of_time = [&] { return args.budget_s > 0 && seconds_since(started) > args.budget_s; };
@@ -331,26 +332,26 @@ int run_tune(const Args& args) {
     return best;
   };
   // Four steps on shared cores vary by tens of percent from one process to the next, so the ones
-  // within kContenderMargin of the fastest are trained again, interleaved, and compared by the
-  // median of their rounds. Cached results are such medians already.
+  // within kContenderMargin of the fastest are trained again (--rounds trials in all),
+  // interleaved, and compared by their median. Cached results are such medians already.
   std::vector<Outcome*> contenders;
   if (const Outcome* lead = fastest())
     for (auto& o : ranked)
       if (o.verdict == "measured" && o.trial->step_s <= kContenderMargin * lead->trial->step_s) contenders.push_back(&o);
-  if (contenders.size() > 1) {
-    std::printf("\nConfirming the %zu within %.0f%% of the fastest: %d more rounds each, interleaved (median of the rounds):\n",
-                contenders.size(), 100 * (kContenderMargin - 1), kConfirmRounds);
-    for (int round = 1; round <= kConfirmRounds && !out_of_time(); ++round)
+  if (contenders.size() > 1 && rounds > 1) {
+    std::printf("\nConfirming the %zu within %.0f%% of the fastest: %ld more trials each, interleaved (median of all):\n",
+                contenders.size(), 100 * (kContenderMargin - 1), static_cast<long>(rounds - 1));
+    for (int64_t round = 1; round < rounds && !out_of_time(); ++round)
       for (Outcome* o : contenders) {
         const TrialResult r = trial(*o, o->name + "-round" + std::to_string(round + 1));
         if (r.ok) o->trial->peak_bytes = std::max(o->trial->peak_bytes, r.peak_bytes);
       }
     for (Outcome* o : contenders) {
       o->trial->step_s = median(o->samples);
-      std::string rounds;
-      for (double sample : o->samples) rounds += (rounds.empty() ? "" : ", ") + std::to_string(sample).substr(0, 7);
+      std::string trials;
+      for (double sample : o->samples) trials += (trials.empty() ? "" : ", ") + std::to_string(sample).substr(0, 7);
       std::printf("  %-40s %s: median %.4f s (%s)\n", o->candidate->layout.c_str(), other_choices(*o->candidate).c_str(), o->trial->step_s,
-                  rounds.c_str());
+                  trials.c_str());
     }
   }
   for (auto& o : ranked)
