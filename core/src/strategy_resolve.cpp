@@ -261,6 +261,8 @@ PlanFacts plan_facts(const ResolvedStrategy& plan) {
     // [job] device is checked when the job starts; the plan's checks assume the CPU meanwhile.
   }
   for (const auto& entry : plan.passes)
+    if (entry.enabled) facts.enabled_passes.push_back(entry.pass->name());
+  for (const auto& entry : plan.passes)
     if (entry.enabled)
       if (const auto dtype = entry.pass->compute_dtype(entry.config)) {
         facts.compute_dtype = *dtype;

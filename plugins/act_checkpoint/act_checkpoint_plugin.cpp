@@ -151,7 +151,15 @@ class ActCheckpointPass final : public Pass {
 
   void apply(Job& job, const Config& config) const override {
     std::vector<size_t> matching = job.model->find_blocks(config.get_strings("blocks"));
-    if (matching.empty())
+    // A pipeline stage may hold no matching block (the stage of the embedding alone): only a
+    // selector that no stage matches is an error, found by every stage together.
+    double matched = static_cast<double>(matching.size());
+    if (job.topology->size(Dim::Pipeline) > 1) {
+      at::Tensor count = at::full({1}, matched, at::kDouble);
+      job.topology->group(Dim::Pipeline).all_reduce(count, ReduceOp::Sum)->wait();
+      matched = count.item<double>();
+    }
+    if (matched == 0)
       throw UserError("pass 'act_checkpoint': no block of the model matches blocks = [" + join(config.get_strings("blocks")) + "]");
     const auto every = static_cast<size_t>(config.get_int("every"));
     // Counts recomputations, reported per step as "recomputed_blocks" in metrics.jsonl.

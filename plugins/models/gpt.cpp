@@ -138,6 +138,7 @@ class Gpt final : public ModelFactory {
     s.layer_parameters = 12 * d * d + (2 + 11 * b) * d;
     // Tied token embedding, learned positions, the final LayerNorm.
     s.parameters = s.layers * s.layer_parameters + (s.vocab + s.seq_len) * d + (1 + b) * d;
+    s.blocks = s.layers + 2;  // embed, h0.., head
     return s;
   }
 

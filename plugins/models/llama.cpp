@@ -202,6 +202,7 @@ class Llama final : public ModelFactory {
     // Two RMSNorms, q and o (d x d), k and v (d x kv_width), SwiGLU's three matrices.
     s.layer_parameters = 2 * d + 2 * d * d + 2 * d * kv_width + 3 * d * s.ffn_hidden;
     s.parameters = s.layers * s.layer_parameters + s.vocab * d * (c.get_bool("tie_embeddings") ? 1 : 2) + d;
+    s.blocks = s.layers + 2;  // embed, h0.., head
     return s;
   }
 

@@ -109,6 +109,29 @@ class PipelineParallelPass final : public Pass {
     return resolve_settings(config, mesh, settings);
   }
 
+  // What the runtime would find only after every rank has built the model: more stages than
+  // blocks, and a gradient-sync pass that frees parameters between uses (fsdp) under a schedule
+  // whose rank gets its last gradients in several actions (chunks > 1 or held-back weight
+  // gradients), which opens the sync window after the backward by a backward through the
+  // parameters themselves (StageRuntime::open_sync_window_after_split_backward).
+  std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
+    Settings s;
+    if (!resolve_settings(config, facts.mesh, s).empty()) return {};  // size_problem says why
+    const int stages = s.shape.virtual_stages();
+    if (const int64_t blocks = facts.model_factory.shape(facts.model).blocks; blocks > 0 && blocks < stages)
+      return "pass 'pipeline_parallel': the model has " + std::to_string(blocks) + " blocks, fewer than the " + std::to_string(stages) +
+             " stages (pipeline x chunks)";
+    const auto& passes = facts.enabled_passes;
+    if (std::find(passes.begin(), passes.end(), "fsdp") == passes.end()) return {};
+    bool splits = s.shape.chunks > 1;
+    for (const auto& program : s.schedule->compute_order(s.shape))
+      for (const Action& a : program) splits |= a.kind == ActionKind::BackwardInput;
+    if (splits)
+      return "pass 'pipeline_parallel': schedule '" + s.schedule->name() +
+             "' does not compose with pass 'fsdp', which frees parameters between uses; use schedule \"gpipe\" or \"1f1b\" with it";
+    return {};
+  }
+
   // A stage holds its share of the layers and their states; the first stage holds the most
   // micro-batches in flight; the step stretches by the schedule's simulated idle fraction. Each
   // micro-batch sends its activation forward and its gradient back across every boundary.

@@ -29,6 +29,7 @@ struct ModelShape {
   int64_t ffn_hidden = 0;     // the MLP's inner width
   int64_t seq_len = 0;        // tokens per sequence
   int64_t vocab = 0;
+  int64_t blocks = 0;         // blocks of the built nn::Model (what a pipeline partitions); 0: not known
 };
 
 struct CostEstimate {

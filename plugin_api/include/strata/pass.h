@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -55,6 +56,7 @@ struct PlanFacts {
   c10::DeviceType device = c10::DeviceType::CPU;
   c10::ScalarType compute_dtype = c10::ScalarType::Float;
   std::string compute_dtype_by;  // the pass that set compute_dtype, or empty
+  std::vector<std::string> enabled_passes;  // by name, in the order they apply
 };
 
 class STRATA_API Pass : public Component {
