@@ -19,7 +19,6 @@
 #include <thread>
 #include <vector>
 
-
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
