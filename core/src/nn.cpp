@@ -1,6 +1,7 @@
 #include "strata/nn.h"
 
 #include <algorithm>
+#include <atomic>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -101,6 +102,36 @@ void WeightGradientQueue::run_all() {
   tasks_.clear();
   for (auto& task : tasks) task();
 }
+
+namespace {
+std::atomic<double> loss_gradient_scale{1.0};
+
+// Identity on `output`; backward also sends LossGradientScale::current() into `loss`.
+class AuxiliaryLoss : public torch::autograd::Function<AuxiliaryLoss> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& output, const at::Tensor&) { return output; }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list grads) {
+    return {grads[0], at::scalar_tensor(LossGradientScale::current(), grads[0].options().dtype(at::kFloat))};
+  }
+};
+}  // namespace
+
+at::Tensor add_auxiliary_loss(const at::Tensor& output, const at::Tensor& loss) {
+  if (loss.numel() != 1) throw std::invalid_argument("add_auxiliary_loss: the loss must be a scalar, not " + c10::str(loss.sizes()));
+  if (!at::GradMode::is_enabled() || !loss.requires_grad()) return output;
+  return AuxiliaryLoss::apply(output, loss.reshape({}).to(at::kFloat));
+}
+
+LossGradientScale::LossGradientScale(double scale) : previous_(loss_gradient_scale.exchange(scale)) {}
+LossGradientScale::~LossGradientScale() { loss_gradient_scale = previous_; }
+double LossGradientScale::current() { return loss_gradient_scale.load(); }
+
+GroupedLinear::GroupedLinear(int64_t groups_, int64_t in, int64_t out, double init_std)
+    : groups(groups_), in_features(in), out_features(out) {
+  weight = register_parameter("weight", at::empty({groups, out, in}).normal_(0.0, init_std));
+}
+
+at::Tensor GroupedLinear::forward(const at::Tensor& x, at::IntArrayRef group_sizes) { return ops::grouped_mm(x, weight, group_sizes); }
 
 ShardRange shard_range(int64_t size, TensorShard shard) {
   const int64_t base = size / shard.parts, extra = size % shard.parts;
@@ -339,7 +370,8 @@ std::vector<std::string> Model::decayed_parameter_names() const {
     const auto* module = item.value().get();
     for (const auto& p : module->named_parameters(/*recurse=*/false)) {
       if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
-      if (dynamic_cast<const Linear*>(module) && p.key() == "weight") out.push_back(item.key() + "." + p.key());
+      if ((dynamic_cast<const Linear*>(module) || dynamic_cast<const GroupedLinear*>(module)) && p.key() == "weight")
+        out.push_back(item.key() + "." + p.key());
     }
   }
   return out;
@@ -352,9 +384,25 @@ void Model::set_attention_shape(int64_t layers, int64_t heads, int64_t head_dim)
 }
 
 double Model::training_flops_per_token() const {
-  double n = 0;
+  double n = -inactive_parameters_;
   for (const auto& p : parameters()) n += static_cast<double>(p.numel());
   return 6.0 * n + 12.0 * static_cast<double>(layers_ * heads_ * head_dim_ * seq_len_);
+}
+
+ReportsMetrics::~ReportsMetrics() = default;
+
+void Model::collect_metrics(std::vector<std::pair<std::string, double>>& out) const {
+  std::vector<std::pair<std::string, double>> figures;
+  for (const auto& module : modules(/*include_self=*/false))
+    if (auto* reporter = dynamic_cast<ReportsMetrics*>(module.get())) reporter->report_metrics(figures);
+  const size_t first = out.size();
+  for (const auto& [name, value] : figures) {
+    auto same = std::find_if(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(), [&](const auto& f) { return f.first == name; });
+    if (same == out.end())
+      out.emplace_back(name, value);
+    else
+      same->second += value;
+  }
 }
 
 }  // namespace strata::nn

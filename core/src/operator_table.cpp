@@ -190,6 +190,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 at::Tensor gelu(const at::Tensor& x) { return pick<Gelu>(x)(x); }
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return pick<SwiGlu>(gate)(gate, up); }
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) { return pick<Rope>(x)(x, cos, sin); }
+at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef group_sizes) {
+  return pick<GroupedMm>(x)(x, weight, group_sizes);
+}
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
   return pick<CrossEntropy>(logits)(logits, targets);
 }

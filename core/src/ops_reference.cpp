@@ -100,6 +100,20 @@ at::Tensor gelu_reference(const at::Tensor& x) { return at::gelu(x, "tanh"); }
 
 at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
 
+at::Tensor grouped_mm_reference(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef group_sizes) {
+  if (x.dim() != 2 || weight.dim() != 3 || weight.size(0) != static_cast<int64_t>(group_sizes.size()) || x.size(1) != weight.size(2))
+    throw std::invalid_argument("grouped_mm: x [M, in] and weight [G, out, in] with G group sizes, not " + c10::str(x.sizes()) + ", " +
+                                c10::str(weight.sizes()) + " and " + std::to_string(group_sizes.size()) + " sizes");
+  // split and cat differentiate into cat and split: one copy of x's and y's gradients, not one
+  // zero-filled full-size gradient per group as narrow's backward would make.
+  const std::vector<at::Tensor> rows = x.split_with_sizes(group_sizes);
+  const std::vector<at::Tensor> weights = weight.unbind(0);
+  std::vector<at::Tensor> out;
+  out.reserve(rows.size());
+  for (size_t g = 0; g < rows.size(); ++g) out.push_back(at::matmul(rows[g], weights[g].t()));
+  return at::cat(out, 0);
+}
+
 at::Tensor rope_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
@@ -196,6 +210,8 @@ void OperatorTable::reset() {
            reference<ops::Gelu>("GELU, tanh approximation", gelu_reference),
            reference<ops::SwiGlu>("silu(gate) * up", swiglu_reference),
            reference<ops::Rope>("rotary embedding, rotate-half layout", rope_reference),
+           reference<ops::GroupedMm>("one at::matmul per group on its rows (split_with_sizes), results concatenated",
+                                     grouped_mm_reference),
            reference<ops::CrossEntropy>("mean cross entropy in fp32", cross_entropy_reference),
            reference<ops::LinearCrossEntropy>("at::linear, then mean cross entropy in fp32 (the [N, V] logits written out)",
                                               linear_cross_entropy_reference),

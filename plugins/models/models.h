@@ -10,6 +10,7 @@ namespace strata::models {
 
 std::unique_ptr<ModelFactory> make_gpt();
 std::unique_ptr<ModelFactory> make_llama();
+std::unique_ptr<ModelFactory> make_mixtral();
 
 // d_model must split evenly into heads.
 void check_heads(const Config& config, const SourcePos& section, Diagnostics& diagnostics);

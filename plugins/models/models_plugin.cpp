@@ -1,4 +1,4 @@
-// Model factories: GPT-2 and Llama architectures, configured by [model].
+// Model factories: GPT-2, Llama and Mixtral architectures, configured by [model].
 #include "models.h"
 
 #include <cstdio>
@@ -89,6 +89,7 @@ namespace {
 void register_components(Registry& registry) {
   registry.add(make_gpt());
   registry.add(make_llama());
+  registry.add(make_mixtral());
 }
 }  // namespace
 

@@ -162,8 +162,10 @@ void StageRuntime::run_step(StepContext& context) {
         {
           std::optional<nn::WeightGradientQueue::Scope> deferring;
           if (a.kind == ActionKind::BackwardInput) deferring.emplace(&weight_gradients_[key]);
+          const double weight = context.loss_scale / static_cast<double>(count);
+          const nn::LossGradientScale auxiliary_losses(weight);  // the micro-batch's weight on every stage
           if (last_stage(a.chunk)) {
-            (f.output * (context.loss_scale / static_cast<double>(count))).backward();
+            (f.output * weight).backward();
           } else {
             const auto grad_key = std::make_pair(-1 - a.micro, a.chunk);
             torch::autograd::backward({f.output}, {received_.at(grad_key)});

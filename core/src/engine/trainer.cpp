@@ -560,7 +560,9 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
                       job.run_hooks(HookPoint::AfterForward, context);
                       context.last_backward = micro + 1 == count;
                       job.run_hooks(HookPoint::BeforeBackward, context);
-                      (context.loss * (context.loss_scale / static_cast<double>(count))).backward();
+                      const double weight = context.loss_scale / static_cast<double>(count);
+                      const nn::LossGradientScale auxiliary_losses(weight);
+                      (context.loss * weight).backward();
                       job.run_hooks(HookPoint::AfterBackward, context);
                       context.last_backward = false;
                       loss_sum += context.loss.item<double>();
@@ -774,6 +776,7 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     const MemoryFigures memory = memory_figures(job);
     program.run(Stage::OptimizerStep, context);
     job.run_hooks(HookPoint::AfterStep, context);
+    job.model->collect_metrics(context.metrics);
     progress.beat(step, StepPhase::Updated);
 
     // The largest figure of any rank: what the busiest one needs.

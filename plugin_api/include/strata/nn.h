@@ -136,6 +136,41 @@ class STRATA_API TiedLinear : public torch::nn::Module {
   std::shared_ptr<Embedding> embedding_;
 };
 
+// The experts of a mixture-of-experts layer as one parameter: weight [groups, out, in], each
+// group's matrix drawn as a Linear's (normal, std init_std) in group order. forward takes rows
+// sorted by group (group_sizes rows each) and computes ops::grouped_mm. Its weight decays like
+// a Linear weight.
+class STRATA_API GroupedLinear : public torch::nn::Module {
+ public:
+  GroupedLinear(int64_t groups, int64_t in, int64_t out, double init_std = 0.02);
+  at::Tensor forward(const at::Tensor& x, at::IntArrayRef group_sizes);
+  at::Tensor weight;  // [groups, out, in]
+  int64_t groups, in_features, out_features;
+};
+
+// Losses a layer adds to the training objective where it computes them (a mixture-of-experts
+// router's load-balancing and z losses), without passing them to the end of the model: the layer
+// returns add_auxiliary_loss(output, loss), which is `output` in the forward, and whose backward
+// also differentiates `loss` with the weight the micro-batch loss has in this backward
+// (LossGradientScale), as if `loss` were added to that micro-batch's loss. So it works on every
+// pipeline stage and under recomputation (activation checkpointing), and the reported loss stays
+// the language-model loss. A scalar `loss`; its value is not reported here (the layer reports it).
+STRATA_API at::Tensor add_auxiliary_loss(const at::Tensor& output, const at::Tensor& loss);
+// The weight of a micro-batch's loss in the backward running now: the step runs backward on
+// loss * scale (amp's loss scale / micro-batches per step) and sets this around it, process-wide
+// (CUDA's autograd runs on its own threads). 1 outside a backward.
+class STRATA_API LossGradientScale {
+ public:
+  explicit LossGradientScale(double scale);
+  ~LossGradientScale();
+  LossGradientScale(const LossGradientScale&) = delete;
+  LossGradientScale& operator=(const LossGradientScale&) = delete;
+  static double current();
+
+ private:
+  double previous_;
+};
+
 // Norms: style Sequence for a norm on the residual stream whose output feeds Column layers (all
 // of the bundled models' norms); None for any other.
 class STRATA_API LayerNorm : public torch::nn::Module {
@@ -226,6 +261,15 @@ class STRATA_API Dropout : public torch::nn::Module {
   TensorShard sequence_shard;  // set by sequence parallel
 };
 
+// A module that keeps per-step figures (a router's expert loads): report_metrics appends
+// name/value pairs for the training micro-batches since its last call, on this rank and its
+// blocks, and starts counting again. Several modules may report one name: the model sums them.
+class STRATA_API ReportsMetrics {
+ public:
+  virtual ~ReportsMetrics();
+  virtual void report_metrics(std::vector<std::pair<std::string, double>>& out) = 0;
+};
+
 // A block: the unit passes address by name and by type ("embedding", "block", "head", ...).
 class STRATA_API Block : public torch::nn::Module {
  public:
@@ -275,13 +319,20 @@ class STRATA_API Model : public torch::nn::Module {
 
   int64_t vocab_size() const { return vocab_size_; }
   int64_t seq_len() const { return seq_len_; }
-  // Parameters that weight decay applies to by default: Linear weights only (not norms, biases
+  // Parameters that weight decay applies to by default: Linear and GroupedLinear weights only (not norms, biases
   // or embeddings). A tied parameter counts as what it was first registered as.
   std::vector<std::string> decayed_parameter_names() const;
 
-  // Training FLOPs per token, nanoGPT/PaLM style: 6 N + 12 L H Q T, N the parameter count.
+  // Training FLOPs per token, nanoGPT/PaLM style: 6 N + 12 L H Q T, N the parameter count less
+  // the parameters a token does not use (a mixture of experts' unchosen experts).
   void set_attention_shape(int64_t layers, int64_t heads, int64_t head_dim);
+  void set_inactive_parameters(double count) { inactive_parameters_ = count; }
   double training_flops_per_token() const;
+
+  // The step's figures of every module that reports some (ReportsMetrics), in module order,
+  // values of one name summed over the modules. Core appends them to the step's metrics after
+  // each optimizer step.
+  void collect_metrics(std::vector<std::pair<std::string, double>>& out) const;
 
  private:
   struct Entry {
@@ -294,6 +345,7 @@ class STRATA_API Model : public torch::nn::Module {
   std::vector<std::string> shared_;
   int64_t vocab_size_, seq_len_;
   int64_t layers_ = 0, heads_ = 0, head_dim_ = 0;
+  double inactive_parameters_ = 0;
 };
 
 // Placements of the parameters split over the tensor-parallel ranks, by name as

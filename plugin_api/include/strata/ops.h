@@ -81,6 +81,14 @@ struct Rope {  // x: [B, H, T, D], cos/sin: [T, D/2], or [B, 1, T, D/2] when pos
   static constexpr const char* name = "rope";
   using Fn = at::Tensor(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 };
+// The experts of a mixture-of-experts layer in one call: x [M, in] holds the rows of group 0,
+// then group 1, ... (tokens sorted by expert), group_sizes[g] rows each (summing to M, any of
+// them 0); weight [G, out, in]. Row block g of the result [M, out] is x_g w_g^T: one GEMM per
+// group on contiguous rows, never a gather per expert nor padding to a capacity.
+struct GroupedMm {
+  static constexpr const char* name = "grouped_mm";
+  using Fn = at::Tensor(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef group_sizes);
+};
 struct CrossEntropy {  // logits [N, V], targets [N] int64 -> mean loss (fp32)
   static constexpr const char* name = "cross_entropy";
   using Fn = at::Tensor(const at::Tensor& logits, const at::Tensor& targets);
@@ -135,6 +143,7 @@ STRATA_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, cons
 STRATA_API at::Tensor gelu(const at::Tensor& x);
 STRATA_API at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 STRATA_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+STRATA_API at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef group_sizes);
 STRATA_API at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
 STRATA_API at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                            const at::Tensor& targets);

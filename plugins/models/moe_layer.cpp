@@ -1,0 +1,129 @@
+// The mixture-of-experts layer: routing, grouped expert computation, auxiliary losses (moe_layer.h).
+#include "moe_layer.h"
+
+#include <cmath>
+
+namespace strata::models {
+
+Schema& add_moe_keys(Schema& schema) {
+  return schema.integer("n_experts", 8, "Routed experts per MoE layer", between(1, 1 << 16))
+      .integer("top_k", 2, "Experts each token is routed to (their weights renormalised to sum to 1)", between(1, 1 << 16))
+      .integer("moe_every", 1, "Every n-th block has an MoE MLP (blocks n-1, 2n-1, ...); the others a dense SwiGLU", between(1, 1 << 14))
+      .integer("shared_experts", 0, "Always-on experts added to the routed output (DeepSeekMoE), as one SwiGLU of that many widths",
+               between(0, 1 << 10))
+      .real("capacity_factor", 0.0,
+            "Tokens an expert takes per micro-batch: ceil(factor x top_k x tokens / n_experts), the rest dropped; 0 = dropless",
+            between(0, 1 << 10))
+      .real("router_aux_loss_coef", 0.001, "Weight of the load-balancing loss (Switch Transformer's, mean over MoE layers)",
+            between(0, 1e6))
+      .real("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE's, mean over MoE layers)", between(0, 1e6));
+}
+
+void validate_moe(const Config& config, const SourcePos& section, Diagnostics& diagnostics) {
+  if (config.get_int("top_k") > config.get_int("n_experts"))
+    diagnostics.error(section, "[model] top_k (" + std::to_string(config.get_int("top_k")) + ") must not exceed n_experts (" +
+                                   std::to_string(config.get_int("n_experts")) + ")");
+  if (config.get_int("moe_every") > config.get_int("n_layer"))
+    diagnostics.error(section, "[model] moe_every (" + std::to_string(config.get_int("moe_every")) + ") exceeds n_layer (" +
+                                   std::to_string(config.get_int("n_layer")) + "): the model would have no MoE block");
+}
+
+bool is_moe_layer(const Config& config, int64_t layer) { return (layer + 1) % config.get_int("moe_every") == 0; }
+int64_t moe_layer_count(const Config& config) { return config.get_int("n_layer") / config.get_int("moe_every"); }
+
+MoeSettings MoeSettings::from(const Config& c) {
+  MoeSettings s;
+  s.experts = c.get_int("n_experts"), s.top_k = c.get_int("top_k"), s.shared_experts = c.get_int("shared_experts");
+  s.capacity_factor = c.get_float("capacity_factor");
+  s.aux_loss_coef = c.get_float("router_aux_loss_coef"), s.z_loss_coef = c.get_float("router_z_loss_coef");
+  s.moe_layers = moe_layer_count(c);
+  return s;
+}
+
+GroupedExperts::GroupedExperts(int64_t experts, int64_t d_model, int64_t hidden) {
+  gate_proj = register_module("gate_proj", std::make_shared<nn::GroupedLinear>(experts, d_model, hidden));
+  up_proj = register_module("up_proj", std::make_shared<nn::GroupedLinear>(experts, d_model, hidden));
+  down_proj = register_module("down_proj", std::make_shared<nn::GroupedLinear>(experts, hidden, d_model));
+}
+
+at::Tensor GroupedExperts::forward(const at::Tensor& x, at::IntArrayRef group_sizes) {
+  return down_proj->forward(ops::swiglu(gate_proj->forward(x, group_sizes), up_proj->forward(x, group_sizes)), group_sizes);
+}
+
+MoeLayer::MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden) : settings_(settings) {
+  gate = register_module("gate", std::make_shared<nn::Linear>(d_model, settings.experts, false));
+  experts = register_module("experts", std::make_shared<GroupedExperts>(settings.experts, d_model, hidden));
+  if (settings.shared_experts > 0)
+    shared_experts = register_module("shared_experts", std::make_shared<llama::Mlp>(d_model, settings.shared_experts * hidden, nn::TensorShard{}));
+  counts_.tokens.assign(static_cast<size_t>(settings.experts), 0.0);
+}
+
+at::Tensor MoeLayer::forward(const at::Tensor& x) {
+  const int64_t n_experts = settings_.experts, k = settings_.top_k;
+  const at::Tensor tokens = x.reshape({-1, x.size(-1)});
+  const int64_t n = tokens.size(0);
+  const at::Tensor logits = gate->forward(tokens).to(at::kFloat);
+  const at::Tensor probs = logits.softmax(-1);
+  auto [top_weights, top_experts] = probs.topk(k, -1);
+  top_weights = top_weights / top_weights.sum(-1, /*keepdim=*/true);
+
+  // Assignments choice-major: every token's first choice, then every second choice, ...
+  at::Tensor expert = top_experts.t().reshape(-1);
+  at::Tensor token = at::arange(n, expert.options()).repeat({k});
+  at::Tensor weight = top_weights.t().reshape(-1);
+  const at::Tensor selections = at::bincount(expert, {}, n_experts);  // before capacity: the balance loss's f
+  int64_t dropped = 0;
+  if (settings_.capacity_factor > 0) {
+    const auto capacity = static_cast<int64_t>(std::ceil(settings_.capacity_factor * static_cast<double>(k * n) / static_cast<double>(n_experts)));
+    // Each assignment's place in its expert's queue, in choice-major order.
+    const at::Tensor one_hot = at::one_hot(expert, n_experts);
+    const at::Tensor place = (one_hot.cumsum(0) * one_hot).sum(1) - 1;
+    const at::Tensor kept = place.lt(capacity).nonzero().squeeze(1);
+    dropped = expert.size(0) - kept.size(0);
+    expert = expert.index_select(0, kept), token = token.index_select(0, kept), weight = weight.index_select(0, kept);
+  }
+  // Sorted by expert, stably: an expert's rows keep the choice-major order.
+  const at::Tensor order = std::get<1>(expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const at::Tensor sorted_token = token.index_select(0, order);
+  const at::Tensor sizes_tensor = at::bincount(expert, {}, n_experts).cpu();
+  const std::vector<int64_t> group_sizes(sizes_tensor.data_ptr<int64_t>(), sizes_tensor.data_ptr<int64_t>() + n_experts);
+
+  at::Tensor routed = experts->forward(tokens.index_select(0, sorted_token), group_sizes);
+  routed = routed * weight.index_select(0, order).unsqueeze(1).to(routed.scalar_type());
+  at::Tensor out = at::zeros_like(tokens).index_add(0, sorted_token, routed.to(tokens.scalar_type()));
+  if (shared_experts) out = out + shared_experts->forward(tokens);
+
+  // Switch's balance loss and the z-loss, each this layer's share of the mean over MoE layers.
+  const at::Tensor aux = static_cast<double>(n_experts) * (selections.to(at::kFloat) / static_cast<double>(n) * probs.mean(0)).sum();
+  const at::Tensor z = logits.logsumexp(-1).pow(2).mean();
+  const double per_layer = 1.0 / static_cast<double>(settings_.moe_layers);
+  at::Tensor objective;
+  if (settings_.aux_loss_coef > 0) objective = aux * (settings_.aux_loss_coef * per_layer);
+  if (settings_.z_loss_coef > 0) objective = objective.defined() ? objective + z * (settings_.z_loss_coef * per_layer) : z * (settings_.z_loss_coef * per_layer);
+  if (objective.defined()) out = nn::add_auxiliary_loss(out, objective);
+
+  if (at::GradMode::is_enabled()) {  // a training forward, or the recomputation of one
+    const at::Tensor kept_counts = sizes_tensor.to(at::kDouble);
+    for (int64_t e = 0; e < n_experts; ++e) counts_.tokens[static_cast<size_t>(e)] += kept_counts[e].item<double>();
+    counts_.dropped += static_cast<double>(dropped);
+    counts_.routed += static_cast<double>(k * n);
+    counts_.aux += aux.item<double>();
+    counts_.z += z.item<double>();
+    ++counts_.forwards;
+  }
+  return out.view(x.sizes());
+}
+
+void MoeLayer::report_metrics(std::vector<std::pair<std::string, double>>& out) {
+  if (counts_.forwards == 0) return;
+  // Means over micro-batches; the per-layer share makes the model's sum a mean over MoE layers.
+  const double share = 1.0 / static_cast<double>(settings_.moe_layers), forwards = static_cast<double>(counts_.forwards);
+  out.emplace_back("moe_aux_loss", counts_.aux / forwards * share);
+  out.emplace_back("moe_z_loss", counts_.z / forwards * share);
+  out.emplace_back("moe_dropped_fraction", counts_.dropped / counts_.routed * share);
+  for (size_t e = 0; e < counts_.tokens.size(); ++e) out.emplace_back("moe_tokens_e" + std::to_string(e), counts_.tokens[e]);
+  counts_ = Counts{};
+  counts_.tokens.assign(static_cast<size_t>(settings_.experts), 0.0);
+}
+
+}  // namespace strata::models

@@ -1,0 +1,75 @@
+// A mixture-of-experts MLP (Mixtral's sparse block, with DeepSeekMoE's shared experts and GShard's
+// capacity as options), the layer behind [job] model = "mixtral".
+//
+// Routing, per micro-batch of this rank's N tokens: logits = x W_g^T in fp32, probs = softmax,
+// the top_k experts of each token by probability, their weights renormalised to sum to 1.
+// Assignments are taken choice-major (every token's first choice, in token order, then every
+// second choice): with capacity_factor c > 0 an expert keeps its first C = ceil(c k N / E) and the
+// rest are dropped (the token's output from that expert is 0; the residual carries it);
+// capacity_factor 0 is dropless. The kept assignments are sorted by expert (stably, so each
+// expert's rows stay in that order) and every projection is one ops::grouped_mm over the
+// variable-size groups: no gather per expert, no padding. Outputs come back to their tokens by
+// index_add, weighted.
+//
+// Auxiliary losses, per micro-batch and layer: Switch's load balancing
+// L_aux = E sum_i f_i P_i (f_i: top-k selections of expert i, before capacity, over N; P_i: mean
+// router probability of expert i; uniform routing gives k) and ST-MoE's z-loss
+// L_z = mean_tokens logsumexp(logits)^2, each averaged over the model's MoE layers and added to
+// the objective times router_aux_loss_coef / router_z_loss_coef through nn::add_auxiliary_loss
+// (so pipeline stages and recomputation need nothing special). The reported loss stays the
+// language-model loss; moe_aux_loss and moe_z_loss go to the metrics with the expert loads.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "llama_layers.h"
+
+namespace strata::models {
+
+// [model] keys of the mixture of experts, added to a Llama schema.
+Schema& add_moe_keys(Schema& schema);
+void validate_moe(const Config& config, const SourcePos& section, Diagnostics& diagnostics);
+// Whether block `layer` (0-based) of n_layer is an MoE block: every moe_every-th, the last of each group.
+bool is_moe_layer(const Config& config, int64_t layer);
+int64_t moe_layer_count(const Config& config);
+
+struct MoeSettings {
+  int64_t experts = 8, top_k = 2, shared_experts = 0;
+  double capacity_factor = 0, aux_loss_coef = 0, z_loss_coef = 0;
+  int64_t moe_layers = 1;  // in the model: each layer's losses weigh 1 / moe_layers
+  static MoeSettings from(const Config& config);
+};
+
+// The experts' SwiGLU projections, one [E, ., .] parameter each (transformers 5 keeps them so).
+class GroupedExperts final : public torch::nn::Module {
+ public:
+  GroupedExperts(int64_t experts, int64_t d_model, int64_t hidden);
+  // Rows sorted by expert, group_sizes per expert.
+  at::Tensor forward(const at::Tensor& x, at::IntArrayRef group_sizes);
+  std::shared_ptr<nn::GroupedLinear> gate_proj, up_proj, down_proj;
+};
+
+class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics {
+ public:
+  MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden);
+  at::Tensor forward(const at::Tensor& x);
+  void report_metrics(std::vector<std::pair<std::string, double>>& out) override;
+
+  std::shared_ptr<nn::Linear> gate;  // the router, d -> E
+  std::shared_ptr<GroupedExperts> experts;
+  std::shared_ptr<llama::Mlp> shared_experts;  // width shared_experts x hidden, or null
+
+ private:
+  // Figures of the training forwards since the last report (recomputations count, the forwards
+  // they replace ran without gradients and do not).
+  struct Counts {
+    std::vector<double> tokens;  // per expert, kept assignments
+    double dropped = 0, routed = 0, aux = 0, z = 0;
+    int64_t forwards = 0;
+  };
+  MoeSettings settings_;
+  Counts counts_;
+};
+
+}  // namespace strata::models
