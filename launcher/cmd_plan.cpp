@@ -81,7 +81,7 @@ void print_json_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
       {"strategy", plan.file},
       {"world_size", l.world_size},
       {"layout", toml::table{{"data", l.data}, {"tensor", l.tensor}, {"pipeline", l.pipeline}, {"context", l.context},
-                             {"order", std::move(layout_order)}}},
+                             {"expert", l.expert}, {"order", std::move(layout_order)}}},
       {"job", config_json(plan.job)},
       {"model", config_json(plan.model)},
       {"data", config_json(plan.data)},
@@ -119,12 +119,16 @@ void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
     if (!p.enabled) std::cout << "Disabled: " << p.pass->name() << " (" << p.pos.str() << ")\n";
 
   std::cout << "\nMesh dimensions and the passes that claim them:\n";
-  for (Dim dim : {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context}) {
+  for (Dim dim : {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context, Dim::Expert}) {
     std::string claimant;
     for (size_t i : order)
       for (Dim d : plan.passes[i].pass->claims().dims)
         if (d == dim) claimant = plan.passes[i].pass->name();
-    const int64_t size = dim == Dim::Data ? l.data : dim == Dim::Tensor ? l.tensor : dim == Dim::Pipeline ? l.pipeline : l.context;
+    const int64_t size = dim == Dim::Data       ? l.data
+                         : dim == Dim::Tensor   ? l.tensor
+                         : dim == Dim::Pipeline ? l.pipeline
+                         : dim == Dim::Context  ? l.context
+                                                : l.expert;
     std::cout << "  " << dim_name(dim) << std::string(10 - std::string(dim_name(dim)).size(), ' ') << size << "  "
               << (claimant.empty() ? (size > 1 ? "UNCLAIMED" : "-") : "pass " + claimant) << "\n";
   }

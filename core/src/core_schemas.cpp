@@ -65,6 +65,8 @@ const Schema& parallel_schema() {
       .integer("tensor", 1, "Tensor-parallel size", at_least(1))
       .integer("pipeline", 1, "Pipeline-parallel size (stages)", at_least(1))
       .integer("context", 1, "Context (sequence) parallel size", at_least(1))
+      .integer("expert", 1, "Expert-parallel size: a factor of data, not of the world; each group of this many data ranks splits every mixture-of-experts layer's experts",
+               at_least(1))
       .strings("order", {"tensor", "context", "pipeline", "data"},
                "Rank layout of the dimensions, innermost (adjacent ranks) first",
                {"tensor", "context", "pipeline", "data"})

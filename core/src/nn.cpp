@@ -133,6 +133,76 @@ GroupedLinear::GroupedLinear(int64_t groups_, int64_t in, int64_t out, double in
 
 at::Tensor GroupedLinear::forward(const at::Tensor& x, at::IntArrayRef group_sizes) { return ops::grouped_mm(x, weight, group_sizes); }
 
+void GroupedLinear::keep_groups(TensorShard shard) {
+  check_shard(shard);
+  if (groups % shard.parts != 0)
+    throw UserError(std::to_string(groups) + " experts do not split evenly over " + std::to_string(shard.parts) + " expert-parallel ranks");
+  const int64_t local = groups / shard.parts;
+  at::NoGradGuard no_grad;
+  weight.set_data(weight.narrow(0, shard.index * local, local).clone());
+  expert_shard = shard;
+}
+
+ExpertParallelLayer::~ExpertParallelLayer() = default;
+
+namespace {
+class AllToAllRows : public torch::autograd::Function<AllToAllRows> {
+ public:
+  static at::Tensor exchange(Communicator& group, const at::Tensor& x, const std::vector<int64_t>& send_rows,
+                             const std::vector<int64_t>& recv_rows) {
+    const at::Tensor input = x.contiguous();
+    std::vector<int64_t> shape = input.sizes().vec();
+    int64_t row = 1;  // elements per row, from the shape (a rank may send no rows)
+    for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+    shape[0] = 0;
+    for (int64_t n : recv_rows) shape[0] += n;
+    at::Tensor output = at::empty(shape, input.options());
+    std::vector<int64_t> send_elements, recv_elements;
+    for (int64_t n : send_rows) send_elements.push_back(n * row);
+    for (int64_t n : recv_rows) recv_elements.push_back(n * row);
+    group.all_to_all(output, input, recv_elements, send_elements)->wait();
+    return output;
+  }
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, Communicator* group,
+                            std::vector<int64_t> send_rows, std::vector<int64_t> recv_rows) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["send"] = send_rows;
+    ctx->saved_data["recv"] = recv_rows;
+    return exchange(*group, x, send_rows, recv_rows);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    auto* group = reinterpret_cast<Communicator*>(ctx->saved_data["group"].toInt());
+    // The way back: what came from rank r returns to it.
+    return {exchange(*group, grads[0], ctx->saved_data["recv"].toIntVector(), ctx->saved_data["send"].toIntVector()), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+class ScaleGradient : public torch::autograd::Function<ScaleGradient> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double factor) {
+    ctx->saved_data["factor"] = factor;
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    return {grads[0] * ctx->saved_data["factor"].toDouble(), at::Tensor()};
+  }
+};
+}  // namespace
+
+at::Tensor all_to_all_rows(Communicator& group, const at::Tensor& x, const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows) {
+  if (static_cast<int>(send_rows.size()) != group.size() || static_cast<int>(recv_rows.size()) != group.size())
+    throw std::invalid_argument("all_to_all_rows: one send and one receive count per rank of the group");
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return AllToAllRows::exchange(group, x, send_rows, recv_rows);
+  return AllToAllRows::apply(x, &group, send_rows, recv_rows);
+}
+
+at::Tensor scale_gradient(const at::Tensor& x, double factor) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return x;
+  return ScaleGradient::apply(x, factor);
+}
+
 ShardRange shard_range(int64_t size, TensorShard shard) {
   const int64_t base = size / shard.parts, extra = size % shard.parts;
   return {shard.index * base + std::min(shard.index, extra), base + (shard.index < extra ? 1 : 0)};
@@ -358,6 +428,10 @@ Placements parameter_placements(const Model& model) {
         out.emplace(prefix + "bias", piece_placement(linear->bias, 0, linear->out_features, linear->shard, fused));
     } else if (const auto* embedding = dynamic_cast<const Embedding*>(item.value().get()); embedding && embedding->shard.parts > 1) {
       out.emplace(prefix + "weight", piece_placement(embedding->weight, 0, embedding->count, embedding->shard, 1));
+    } else if (const auto* experts = dynamic_cast<const GroupedLinear*>(item.value().get()); experts && experts->expert_shard.parts > 1) {
+      Placement p = piece_placement(experts->weight, 0, experts->groups, experts->expert_shard, 1);
+      p.sharded_over = {Dim::Expert};
+      out.emplace(prefix + "weight", p);
     }
   }
   return out;

@@ -132,6 +132,7 @@ int64_t layout_size(const ParallelLayout& layout, Dim dim) {
     case Dim::Tensor: return layout.tensor;
     case Dim::Pipeline: return layout.pipeline;
     case Dim::Context: return layout.context;
+    case Dim::Expert: return layout.expert;
   }
   return 1;
 }
@@ -144,7 +145,7 @@ void check_claims(const ResolvedStrategy& plan, const ComponentRegistry& registr
     if (p.enabled) enabled.push_back(&p);
   const SourcePos parallel_pos = plan.parallel.has("data") && plan.parallel.entry("data").pos.line ? plan.parallel.entry("data").pos
                                                                                                     : SourcePos{plan.file, 0, 0};
-  for (Dim dim : {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context}) {
+  for (Dim dim : {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context, Dim::Expert}) {
     std::vector<const PassEntry*> claimants;
     for (const PassEntry* p : enabled) {
       const auto& dims = p->pass->claims().dims;

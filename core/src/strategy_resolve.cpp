@@ -194,6 +194,13 @@ ParallelLayout resolve_layout(const Config& parallel, const SourcePos& pos, int6
                             std::to_string(layout.data * model_parallel) + " ranks, but the world size is " +
                             std::to_string(world_size) + "; set data = \"auto\" or change the sizes");
   }
+  if (parallel.has("expert")) {
+    layout.expert = parallel.get_int("expert");
+    if (layout.data % layout.expert != 0)
+      diagnostics.error(parallel.entry("expert").pos.line ? parallel.entry("expert").pos : pos,
+                        "[parallel] expert " + std::to_string(layout.expert) + " does not divide the data size " +
+                            std::to_string(layout.data) + " (experts split over groups of data ranks)");
+  }
   return layout;
 }
 
@@ -250,7 +257,7 @@ MeshSizes mesh_sizes(const ResolvedStrategy& plan) {
   const ParallelLayout& l = plan.layout;
   const int64_t local_batch = plan.job.get_int("global_batch") / std::max<int64_t>(1, l.data);
   const int64_t micro_batch = plan.job.get_int("micro_batch") > 0 ? plan.job.get_int("micro_batch") : local_batch;
-  return {l.data, l.tensor, l.pipeline, l.context, micro_batch > 0 ? std::max<int64_t>(1, local_batch / micro_batch) : 1};
+  return {l.data, l.tensor, l.pipeline, l.context, micro_batch > 0 ? std::max<int64_t>(1, local_batch / micro_batch) : 1, l.expert};
 }
 
 PlanFacts plan_facts(const ResolvedStrategy& plan) {

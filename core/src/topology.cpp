@@ -11,6 +11,7 @@ const char* dim_name(Dim dim) {
     case Dim::Tensor: return "tensor";
     case Dim::Pipeline: return "pipeline";
     case Dim::Context: return "context";
+    case Dim::Expert: return "expert";
   }
   return "?";
 }
@@ -22,9 +23,14 @@ CommunicatorBackend::~CommunicatorBackend() = default;
 Topology::Topology(std::map<Dim, int> sizes, std::vector<Dim> order, int rank)
     : sizes_(std::move(sizes)), order_(std::move(order)), world_size_(1), rank_(rank) {
   for (Dim d : order_) {
+    if (d == Dim::Expert) throw std::invalid_argument("the expert dimension is a factor of data, not of the world");
     stride_[d] = world_size_;
     world_size_ *= sizes_.at(d);
   }
+  sizes_.emplace(Dim::Expert, 1);
+  if (sizes_.at(Dim::Expert) < 1 || sizes_.at(Dim::Data) % sizes_.at(Dim::Expert) != 0)
+    throw std::invalid_argument("expert size " + std::to_string(sizes_.at(Dim::Expert)) + " does not divide data size " +
+                                std::to_string(sizes_.at(Dim::Data)));
   if (rank < 0 || rank >= world_size_) throw std::invalid_argument("rank outside the topology");
 }
 
@@ -35,6 +41,10 @@ int Topology::size(const std::vector<Dim>& dims) const {
 }
 
 std::vector<int> Topology::group_ranks(const std::vector<Dim>& dims, int rank) const {
+  if (std::find(dims.begin(), dims.end(), Dim::Expert) != dims.end()) {
+    if (dims.size() != 1) throw std::invalid_argument("the expert dimension makes groups on its own");
+    return expert_ranks(rank, /*same_experts=*/false);
+  }
   // Walk every combination of coordinates along `dims`, keeping the others of `rank`.
   int base = rank;
   for (Dim d : dims) base -= (rank / stride_.at(d) % sizes_.at(d)) * stride_.at(d);
@@ -50,7 +60,22 @@ std::vector<int> Topology::group_ranks(const std::vector<Dim>& dims, int rank) c
   return out;
 }
 
-int Topology::rank_in(Dim dim) const { return rank_ / stride_.at(dim) % sizes_.at(dim); }
+// Data coordinate c = replica x E + expert coordinate: the expert group of a rank is its data
+// group's ranks with its replica index, the expert-data group those with its expert coordinate.
+std::vector<int> Topology::expert_ranks(int rank, bool same_experts) const {
+  const int experts = sizes_.at(Dim::Expert);
+  const std::vector<int> data = group_ranks(Dim::Data, rank);
+  const int c = static_cast<int>(std::find(data.begin(), data.end(), rank) - data.begin());
+  std::vector<int> out;
+  for (int i = 0; i < static_cast<int>(data.size()); ++i)
+    if (same_experts ? i % experts == c % experts : i / experts == c / experts) out.push_back(data[static_cast<size_t>(i)]);
+  return out;
+}
+
+int Topology::rank_in(Dim dim) const {
+  if (dim == Dim::Expert) return rank_in(Dim::Data) % sizes_.at(Dim::Expert);
+  return rank_ / stride_.at(dim) % sizes_.at(dim);
+}
 
 int Topology::rank_in(const std::vector<Dim>& dims) const {
   const std::vector<int> ranks = group_ranks(dims, rank_);
@@ -86,6 +111,10 @@ void Topology::attach(std::shared_ptr<Communicator> world) {
       if (mask & (1u << static_cast<unsigned>(d))) dims.push_back(d);
     groups_[mask] = mask == full ? world_ : world_->split(group_ranks(dims, rank_));
   }
+  if (sizes_.at(Dim::Expert) > 1) {
+    expert_group_ = world_->split(expert_ranks(rank_, false));
+    expert_data_group_ = world_->split(expert_ranks(rank_, true));
+  }
 }
 
 Communicator& Topology::world() const {
@@ -95,7 +124,18 @@ Communicator& Topology::world() const {
 
 Communicator& Topology::group(const std::vector<Dim>& dims) const {
   if (!world_) throw std::logic_error("no communicator attached to the topology");
+  if (std::find(dims.begin(), dims.end(), Dim::Expert) != dims.end()) {
+    if (dims.size() != 1) throw std::invalid_argument("the expert dimension makes groups on its own");
+    return expert_group_ ? *expert_group_ : *groups_.at(0);
+  }
   return *groups_.at(effective_mask(dims));
 }
+
+Communicator& Topology::expert_data_group() const {
+  if (!world_) throw std::logic_error("no communicator attached to the topology");
+  return expert_data_group_ ? *expert_data_group_ : group(Dim::Data);
+}
+
+std::vector<int> Topology::expert_data_ranks(int rank) const { return expert_ranks(rank, /*same_experts=*/true); }
 
 }  // namespace strata

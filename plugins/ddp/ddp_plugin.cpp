@@ -3,7 +3,10 @@
 // soon as all of its gradients are final during the step's last backward, so communication
 // overlaps computation. Parameters and the optimizer stay whole; after the reduction each
 // parameter's gradient is a view of its bucket's averaged buffer. Buckets travel in amp's
-// reduce_dtype when one is set.
+// reduce_dtype when one is set. Experts split by expert_parallel (placed over Dim::Expert) are
+// replicated only over the data ranks that hold the same experts: they are broadcast and averaged
+// over that group (Topology::expert_data_group) in buckets of their own.
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -34,14 +37,26 @@ class DdpPass final : public Pass {
 
   void apply(Job& job, const Config& config) const override {
     Communicator& comm = job.topology->group(Dim::Data);
+    Communicator& expert_comm = job.topology->expert_data_group();
+    const Placements placements = nn::parameter_placements(*job.model);
+    auto split_expert = [placements](const std::string& name) {
+      const auto p = placements.find(name);
+      if (p == placements.end()) return false;
+      const std::vector<Dim>& dims = p->second.sharded_over;  // (Placement::is_sharded_over is core-internal)
+      return std::find(dims.begin(), dims.end(), Dim::Expert) != dims.end();
+    };
     {
       at::NoGradGuard no_grad;
-      for (auto& p : job.model->parameters()) comm.broadcast(p, 0)->wait();
+      for (auto& p : job.model->named_parameters()) (split_expert(p.key()) ? expert_comm : comm).broadcast(p.value(), 0)->wait();
       if (config.get_bool("broadcast_buffers"))
         for (auto& b : job.model->buffers()) comm.broadcast(b, 0)->wait();
     }
-    const sharding::Units units = sharding::make_buckets(*job.model, comm, config.get_float("bucket_mb"),
-                                                         sharding::GradReduce::AllReduce, job.reduce_dtype);
+    const double bucket_mb = config.get_float("bucket_mb");
+    sharding::Units units = sharding::make_buckets(*job.model, comm, bucket_mb, sharding::GradReduce::AllReduce, job.reduce_dtype,
+                                                   [&](const std::string& name) { return !split_expert(name); });
+    for (auto& unit : sharding::make_buckets(*job.model, expert_comm, bucket_mb, sharding::GradReduce::AllReduce, job.reduce_dtype,
+                                             split_expert))
+      units.push_back(unit);
     auto reducer = std::make_shared<sharding::BucketReducer>("ddp", units, sharding::ignores_unused_parameters(config));
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
     // WSAM's local gradient (sync_gradients false) is left alone.

@@ -52,7 +52,9 @@ Schema llama_schema(bool moe) {
       .real("rope_theta", 10000.0, "RoPE base frequency", at_least(1))
       .real("norm_eps", 1e-5, "RMSNorm epsilon", between(0, 1))
       .boolean("tie_embeddings", false, "Share the input embedding with the output head");
-  if (moe) return add_moe_keys(schema);
+  if (moe)
+    return add_moe_keys(schema).string("init_from", "",
+                                       "Hugging Face MixtralForCausalLM weights (model.safetensors, its directory, or a sharded index); empty = random init");
   return schema.string("init_from", "", "Hugging Face LlamaForCausalLM weights (model.safetensors, its directory, or a sharded index); empty = random init");
 }
 
@@ -141,34 +143,38 @@ class Llama final : public ModelFactory {
     if (moe_) {  // a token runs top_k of the routed experts: 3 d hidden parameters each
       const double unchosen = static_cast<double>(c.get_int("n_experts") - c.get_int("top_k"));
       model->set_inactive_parameters(static_cast<double>(moe_layer_count(c)) * unchosen * 3.0 * static_cast<double>(d * hidden));
-      return model;
     }
     init_from(*model, *this, c);
     return model;
   }
 
   NamedTensors to_hf(const nn::Model& model, const Config& c) const override {
-    require_no_moe();
-    require_no_sliding_window(c, "LlamaForCausalLM");
-    return map_to_hf(model, hf_name);
+    require_hub_layout(c);
+    const NamedTensors out = map_to_hf(model, hf_name);
+    return moe_ ? hub_experts_from_stacked(out) : out;
   }
 
   NamedTensors from_hf(const NamedTensors& hf, const Config& c) const override {
-    require_no_moe();
+    if (moe_) require_hub_mixtral(c);
     Config random_init = c;
     random_init.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
     const bool tied = c.get_bool("tie_embeddings");
     auto ignored = tied ? +[](const std::string& n) { return n == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq"); }
                         : +[](const std::string& n) { return n.ends_with("rotary_emb.inv_freq"); };
-    return map_from_hf(hf, *create(random_init), hf_name, ignored);
+    return map_from_hf(moe_ ? stacked_from_hub_experts(hf, c.get_int("n_experts")) : hf, *create(random_init), hf_name, ignored);
   }
 
   std::string hf_config_json(const Config& c) const override {
-    require_no_moe();
-    require_no_sliding_window(c, "LlamaForCausalLM");
+    require_hub_layout(c);
     const int64_t d = c.get_int("d_model");
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
-    return "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": " +
+    const std::string experts =  // MixtralForCausalLM's routing; its sliding window is off
+        moe_ ? "  \"num_local_experts\": " + std::to_string(c.get_int("n_experts")) + ",\n  \"num_experts_per_tok\": " +
+                   std::to_string(c.get_int("top_k")) + ",\n  \"router_aux_loss_coef\": " + json_number(c.get_float("router_aux_loss_coef")) +
+                   ",\n  \"output_router_logits\": false,\n  \"router_jitter_noise\": 0.0,\n  \"sliding_window\": null,\n"
+             : "";
+    return "{\n  \"architectures\": [\"" + hub_architecture() + "\"],\n  \"model_type\": \"" + (moe_ ? "mixtral" : "llama") +
+           "\",\n" + experts + "  \"vocab_size\": " +
            std::to_string(c.get_int("vocab_size")) + ",\n  \"hidden_size\": " + std::to_string(d) +
            ",\n  \"intermediate_size\": " + std::to_string(hidden) + ",\n  \"num_hidden_layers\": " +
            std::to_string(c.get_int("n_layer")) + ",\n  \"num_attention_heads\": " + std::to_string(c.get_int("n_head")) +
@@ -180,8 +186,10 @@ class Llama final : public ModelFactory {
   }
 
  private:
-  void require_no_moe() const {
-    if (moe_) throw UserError("mixtral has no Hugging Face interchange yet (MixtralForCausalLM's layout is not written)");
+  std::string hub_architecture() const { return moe_ ? "MixtralForCausalLM" : "LlamaForCausalLM"; }
+  void require_hub_layout(const Config& c) const {
+    require_no_sliding_window(c, hub_architecture());
+    if (moe_) require_hub_mixtral(c);
   }
 
   bool moe_;

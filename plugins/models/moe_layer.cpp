@@ -2,6 +2,7 @@
 #include "moe_layer.h"
 
 #include <cmath>
+#include <map>
 
 namespace strata::models {
 
@@ -28,6 +29,66 @@ void validate_moe(const Config& config, const SourcePos& section, Diagnostics& d
                                    std::to_string(config.get_int("n_layer")) + "): the model would have no MoE block");
 }
 
+namespace {
+constexpr std::pair<const char*, const char*> kHubProjections[] = {{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}};
+const std::string kExperts = ".block_sparse_moe.experts.";
+}  // namespace
+
+NamedTensors hub_experts_from_stacked(const NamedTensors& tensors) {
+  NamedTensors out;
+  for (const auto& [name, tensor] : tensors) {
+    bool split = false;
+    for (const auto& [ours, hub] : kHubProjections)
+      if (const size_t at = name.find(kExperts + ours + ".weight"); at != std::string::npos) {
+        for (int64_t j = 0; j < tensor.size(0); ++j)
+          out.emplace_back(name.substr(0, at) + kExperts + std::to_string(j) + "." + hub + ".weight", tensor[j].clone());  // a tensor of its own: safetensors refuses aliases
+        split = true;
+      }
+    if (!split) out.emplace_back(name, tensor);
+  }
+  return out;
+}
+
+NamedTensors stacked_from_hub_experts(const NamedTensors& tensors, int64_t experts) {
+  NamedTensors out;
+  std::map<std::string, std::vector<at::Tensor>> stacks;  // stacked name -> one tensor per expert
+  for (const auto& [name, tensor] : tensors) {
+    const size_t at = name.find(kExperts);
+    if (at == std::string::npos) {
+      out.emplace_back(name, tensor);
+      continue;
+    }
+    // ...experts.J.wX.weight
+    const std::string rest = name.substr(at + kExperts.size());
+    const size_t dot = rest.find('.');
+    std::string ours;
+    for (const auto& [mine, hub] : kHubProjections)
+      if (dot != std::string::npos && rest.substr(dot + 1) == std::string(hub) + ".weight") ours = mine;
+    int64_t j = -1;
+    try {
+      j = std::stoll(rest.substr(0, dot));
+    } catch (const std::exception&) {
+    }
+    if (ours.empty() || j < 0 || j >= experts)
+      throw UserError("Hugging Face tensor '" + name + "' is not an expert of a " + std::to_string(experts) + "-expert MixtralForCausalLM");
+    auto& stack = stacks[name.substr(0, at) + kExperts + ours + ".weight"];
+    stack.resize(static_cast<size_t>(experts));
+    stack[static_cast<size_t>(j)] = tensor;
+  }
+  for (auto& [name, stack] : stacks) {
+    for (size_t j = 0; j < stack.size(); ++j)
+      if (!stack[j].defined()) throw UserError("Hugging Face checkpoint lacks expert " + std::to_string(j) + " of '" + name + "'");
+    out.emplace_back(name, at::stack(stack));
+  }
+  return out;
+}
+
+void require_hub_mixtral(const Config& c) {
+  if (c.get_int("moe_every") != 1) throw UserError("MixtralForCausalLM has an MoE MLP in every block; [model] moe_every must be 1");
+  if (c.get_int("shared_experts") != 0) throw UserError("MixtralForCausalLM has no shared experts; [model] shared_experts must be 0");
+  if (c.get_float("capacity_factor") != 0) throw UserError("MixtralForCausalLM routes without capacity; [model] capacity_factor must be 0");
+}
+
 bool is_moe_layer(const Config& config, int64_t layer) { return (layer + 1) % config.get_int("moe_every") == 0; }
 int64_t moe_layer_count(const Config& config) { return config.get_int("n_layer") / config.get_int("moe_every"); }
 
@@ -52,7 +113,7 @@ at::Tensor GroupedExperts::forward(const at::Tensor& x, at::IntArrayRef group_si
 
 MoeLayer::MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden) : settings_(settings) {
   gate = register_module("gate", std::make_shared<nn::Linear>(d_model, settings.experts, false));
-  experts = register_module("experts", std::make_shared<GroupedExperts>(settings.experts, d_model, hidden));
+  routed_experts = register_module("experts", std::make_shared<GroupedExperts>(settings.experts, d_model, hidden));
   if (settings.shared_experts > 0)
     shared_experts = register_module("shared_experts", std::make_shared<llama::Mlp>(d_model, settings.shared_experts * hidden, nn::TensorShard{}));
   counts_.tokens.assign(static_cast<size_t>(settings.experts), 0.0);
@@ -88,7 +149,7 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   const at::Tensor sizes_tensor = at::bincount(expert, {}, n_experts).cpu();
   const std::vector<int64_t> group_sizes(sizes_tensor.data_ptr<int64_t>(), sizes_tensor.data_ptr<int64_t>() + n_experts);
 
-  at::Tensor routed = experts->forward(tokens.index_select(0, sorted_token), group_sizes);
+  at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes);
   routed = routed * weight.index_select(0, order).unsqueeze(1).to(routed.scalar_type());
   at::Tensor out = at::zeros_like(tokens).index_add(0, sorted_token, routed.to(tokens.scalar_type()));
   if (shared_experts) out = out + shared_experts->forward(tokens);
@@ -114,6 +175,54 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   return out.view(x.sizes());
 }
 
+void MoeLayer::split_experts(Communicator& group) {
+  const nn::TensorShard shard{group.size(), group.rank()};
+  for (auto* layer : {routed_experts->gate_proj.get(), routed_experts->up_proj.get(), routed_experts->down_proj.get()}) layer->keep_groups(shard);
+  expert_group_ = &group;
+}
+
+at::Tensor MoeLayer::run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes) {
+  if (!expert_group_ || expert_group_->size() == 1) return routed_experts->forward(rows, group_sizes);
+  Communicator& group = *expert_group_;
+  const int64_t ranks = group.size(), local = settings_.experts / ranks;
+  // Rows per destination, then every source's rows per local expert ([source, local expert]).
+  std::vector<int64_t> send_rows(static_cast<size_t>(ranks), 0);
+  for (int64_t e = 0; e < settings_.experts; ++e) send_rows[static_cast<size_t>(e / local)] += group_sizes[static_cast<size_t>(e)];
+  const at::Tensor sizes = at::tensor(group_sizes, at::kLong).to(rows.device());
+  at::Tensor received_sizes = at::empty_like(sizes);
+  group.all_to_all(received_sizes, sizes, {}, {})->wait();
+  received_sizes = received_sizes.cpu().view({ranks, local});
+  const auto* counts = received_sizes.data_ptr<int64_t>();
+  std::vector<int64_t> recv_rows(static_cast<size_t>(ranks), 0);
+  for (int64_t r = 0; r < ranks; ++r)
+    for (int64_t l = 0; l < local; ++l) recv_rows[static_cast<size_t>(r)] += counts[r * local + l];
+  // Received rows come source-major; the experts need them expert-major.
+  std::vector<int64_t> starts(static_cast<size_t>(ranks * local)), by_expert, local_sizes(static_cast<size_t>(local), 0);
+  for (int64_t i = 0, at_row = 0; i < ranks * local; ++i) starts[static_cast<size_t>(i)] = at_row, at_row += counts[i];
+  for (int64_t l = 0; l < local; ++l)
+    for (int64_t r = 0; r < ranks; ++r) {
+      const int64_t first = starts[static_cast<size_t>(r * local + l)], n = counts[r * local + l];
+      for (int64_t k = 0; k < n; ++k) by_expert.push_back(first + k);
+      local_sizes[static_cast<size_t>(l)] += n;
+    }
+  const at::Tensor order = at::tensor(by_expert, at::kLong).to(rows.device());
+  if (at::GradMode::is_enabled()) {
+    // Rows to others in dispatch (S) and back in combine (R); backward sends S and R again.
+    const int64_t me = group.rank();
+    double others = 0;
+    for (int64_t r = 0; r < ranks; ++r)
+      if (r != me) others += static_cast<double>(send_rows[static_cast<size_t>(r)] + recv_rows[static_cast<size_t>(r)]);
+    counts_.exchanged_bytes += 2 * others * static_cast<double>(rows.size(1) * rows.element_size());
+  }
+  const at::Tensor received = nn::all_to_all_rows(group, rows, send_rows, recv_rows);
+  // 1/P on the experts' output gradient (so on their weight gradients), P back on their input's.
+  const double parts = static_cast<double>(ranks);
+  at::Tensor grouped = nn::scale_gradient(received.index_select(0, order), parts);
+  at::Tensor computed = nn::scale_gradient(routed_experts->forward(grouped, local_sizes), 1.0 / parts);
+  const at::Tensor back = at::empty_like(order).index_copy_(0, order, at::arange(order.size(0), order.options()));
+  return nn::all_to_all_rows(group, computed.index_select(0, back), recv_rows, send_rows);
+}
+
 void MoeLayer::report_metrics(std::vector<std::pair<std::string, double>>& out) {
   if (counts_.forwards == 0) return;
   // Means over micro-batches; the per-layer share makes the model's sum a mean over MoE layers.
@@ -122,6 +231,7 @@ void MoeLayer::report_metrics(std::vector<std::pair<std::string, double>>& out) 
   out.emplace_back("moe_z_loss", counts_.z / forwards * share);
   out.emplace_back("moe_dropped_fraction", counts_.dropped / counts_.routed * share);
   for (size_t e = 0; e < counts_.tokens.size(); ++e) out.emplace_back("moe_tokens_e" + std::to_string(e), counts_.tokens[e]);
+  if (expert_group_ && expert_group_->size() > 1) out.emplace_back("moe_all_to_all_bytes", counts_.exchanged_bytes);
   counts_ = Counts{};
   counts_.tokens.assign(static_cast<size_t>(settings_.experts), 0.0);
 }

@@ -34,6 +34,16 @@ void validate_moe(const Config& config, const SourcePos& section, Diagnostics& d
 bool is_moe_layer(const Config& config, int64_t layer);
 int64_t moe_layer_count(const Config& config);
 
+// Hugging Face's MixtralForCausalLM keeps one tensor per expert and projection
+// (model.layers.N.block_sparse_moe.experts.J.w1/w3/w2.weight: gate, up, down), Strata one
+// [E, ., .] tensor per projection (its names mapped as model.layers.N.block_sparse_moe.experts.
+// gate_proj/up_proj/down_proj.weight). These convert between the two, other tensors untouched.
+NamedTensors hub_experts_from_stacked(const NamedTensors& tensors);
+NamedTensors stacked_from_hub_experts(const NamedTensors& tensors, int64_t experts);
+// MixtralForCausalLM computes what this model computes only with an MoE MLP in every block, no
+// shared experts and no capacity: anything else is refused, naming the key.
+void require_hub_mixtral(const Config& config);
+
 struct MoeSettings {
   int64_t experts = 8, top_k = 2, shared_experts = 0;
   double capacity_factor = 0, aux_loss_coef = 0, z_loss_coef = 0;
@@ -50,14 +60,24 @@ class GroupedExperts final : public torch::nn::Module {
   std::shared_ptr<nn::GroupedLinear> gate_proj, up_proj, down_proj;
 };
 
-class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics {
+// Under expert parallel (split_experts, the expert_parallel pass) rank r of the expert group of
+// P ranks keeps experts [r E/P, (r+1) E/P). Routing stays on each token's own rank; the rows
+// sorted by expert are contiguous per destination, so dispatch is one all-to-all (counts
+// exchanged first), the received rows are regrouped by local expert (from every source, in
+// source order), computed, put back, and returned by a second all-to-all (combine) before the
+// weighted sum. An expert's gradient sums over every rank's tokens; it is scaled by 1/P inside
+// the layer so that averaging it over the ranks that hold the same experts (ddp over the
+// expert-data group) gives the single-process gradient.
+class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics, public nn::ExpertParallelLayer {
  public:
   MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden);
   at::Tensor forward(const at::Tensor& x);
   void report_metrics(std::vector<std::pair<std::string, double>>& out) override;
+  int64_t experts() const override { return settings_.experts; }
+  void split_experts(Communicator& group) override;
 
   std::shared_ptr<nn::Linear> gate;  // the router, d -> E
-  std::shared_ptr<GroupedExperts> experts;
+  std::shared_ptr<GroupedExperts> routed_experts;  // registered as "experts"
   std::shared_ptr<llama::Mlp> shared_experts;  // width shared_experts x hidden, or null
 
  private:
@@ -66,10 +86,15 @@ class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics {
   struct Counts {
     std::vector<double> tokens;  // per expert, kept assignments
     double dropped = 0, routed = 0, aux = 0, z = 0;
+    double exchanged_bytes = 0;  // expert parallel: sent to other ranks, forward and backward
     int64_t forwards = 0;
   };
+  // The experts' outputs for rows sorted by (global) expert, group_sizes per expert: computed
+  // here, or by the ranks holding them under expert parallel.
+  at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes);
   MoeSettings settings_;
   Counts counts_;
+  Communicator* expert_group_ = nullptr;
 };
 
 }  // namespace strata::models

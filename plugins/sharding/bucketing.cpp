@@ -7,10 +7,10 @@
 namespace strata::sharding {
 
 Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, GradReduce reduce,
-                   std::optional<at::ScalarType> reduce_dtype) {
+                   std::optional<at::ScalarType> reduce_dtype, const std::function<bool(const std::string&)>& include) {
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& p : model.named_parameters())
-    if (p.value().requires_grad()) params.emplace_back(p.key(), p.value());
+    if (p.value().requires_grad() && (!include || include(p.key()))) params.emplace_back(p.key(), p.value());
   const auto limit = static_cast<int64_t>(bucket_mb * 1024 * 1024);
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> groups;
   int64_t bytes = 0;

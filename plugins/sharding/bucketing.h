@@ -12,9 +12,10 @@
 namespace strata::sharding {
 
 // Buckets of at most `bucket_mb`, filled from the last parameter backwards (the order gradients
-// arrive in), one dtype each; gradients travel in `reduce_dtype` when set.
+// arrive in), one dtype each; gradients travel in `reduce_dtype` when set. `include` selects the
+// parameters (by name); none: every trainable one.
 Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, GradReduce reduce,
-                   std::optional<at::ScalarType> reduce_dtype);
+                   std::optional<at::ScalarType> reduce_dtype, const std::function<bool(const std::string&)>& include = {});
 
 // Reduces each bucket as soon as backward has finished all of its gradients.
 class BucketReducer {

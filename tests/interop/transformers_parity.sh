@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# transformers_parity.sh UNIT_TESTS PYTHON WORKDIR: Strata writes tiny GPT and Llama models in
+# transformers_parity.sh UNIT_TESTS PYTHON WORKDIR: Strata writes tiny GPT, Llama and Mixtral models in
 # Hugging Face layout with their logits; transformers loads them and must give the same logits.
 set -euo pipefail
 unit_tests=$1 python=$2 work=$3

@@ -1,4 +1,4 @@
-// The bundled GPT and Llama models: shapes, gradients, parameter naming, and learning.
+// The bundled GPT, Llama and Mixtral models: shapes, gradients, parameter naming, and learning.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -32,7 +32,8 @@ std::shared_ptr<nn::Model> make(const std::string& name, const std::map<std::str
 std::map<std::string, Value> tiny(const std::string& name) {
   std::map<std::string, Value> v{{"n_layer", int64_t{2}}, {"n_head", int64_t{4}}, {"d_model", int64_t{32}},
                                  {"vocab_size", int64_t{64}}, {"seq_len", int64_t{16}}};
-  if (name == "llama") v["n_kv_head"] = int64_t{2};
+  if (name == "llama" || name == "mixtral") v["n_kv_head"] = int64_t{2};
+  if (name == "mixtral") v["n_experts"] = int64_t{4};
   return v;
 }
 
@@ -115,7 +116,7 @@ TEST_P(Models, ShapeCountsTheParametersWithoutBuilding) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Bundled, Models, ::testing::Values("gpt", "llama"));
+INSTANTIATE_TEST_SUITE_P(Bundled, Models, ::testing::Values("gpt", "llama", "mixtral"));
 
 TEST(Gpt, TiedHeadIsOneParameterAndOnlyLinearWeightsDecay) {
   auto model = make("gpt", tiny("gpt"));
@@ -204,7 +205,7 @@ TEST(Interchange, RefusesWeightsThatAreNotWeights) {
 TEST(Interchange, WritesFilesForTransformers) {
   const char* dir = std::getenv("STRATA_HF_EXPORT_DIR");
   if (!dir) GTEST_SKIP() << "STRATA_HF_EXPORT_DIR not set";
-  for (const std::string name : {"gpt", "llama"}) {
+  for (const std::string name : {"gpt", "llama", "mixtral"}) {
     at::manual_seed(5);
     auto model = make(name, tiny(name));
     model->eval();

@@ -92,7 +92,7 @@ Reference reference_moe(const MoeLayer& layer, const at::Tensor& tokens, int64_t
         continue;
       }
       ++r.load[static_cast<size_t>(e)];
-      r.out[t] += w[t][j] * expert_of(*layer.experts, e, tokens[t]);
+      r.out[t] += w[t][j] * expert_of(*layer.routed_experts, e, tokens[t]);
     }
   const at::Tensor mean_probs = probs.mean(0);
   for (int64_t e = 0; e < e_count; ++e)
@@ -173,7 +173,7 @@ TEST(MoeLayer, AuxiliaryLossesReachTheRouterGradient) {
   const at::Tensor z = logits.logsumexp(-1).pow(2).mean();
   ((out.sum() + 0.5 * (0.3 * aux + 0.2 * z)) * scale).backward();
   expect_close(a.gate->weight.grad(), b.gate->weight.grad(), 1e-5, "router gradient");
-  expect_close(a.experts->gate_proj->weight.grad(), b.experts->gate_proj->weight.grad(), 1e-6, "expert gradient");
+  expect_close(a.routed_experts->gate_proj->weight.grad(), b.routed_experts->gate_proj->weight.grad(), 1e-6, "expert gradient");
 }
 
 TEST(MoeLayer, SharedExpertsAddADenseSwiGlu) {

@@ -84,14 +84,15 @@ using engine::BatchSampler;
 // Stateful adaptors for the pieces core owns.
 class ModelState final : public Stateful {
  public:
-  explicit ModelState(std::shared_ptr<nn::Model> model) : model_(std::move(model)), placements_(nn::parameter_placements(*model_)) {}
+  explicit ModelState(std::shared_ptr<nn::Model> model) : model_(std::move(model)) {}
   NamedTensors save() const override {
     NamedTensors out;
     for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), p.value());
     return out;
   }
   void load(const NamedTensors& tensors) override { copy_into(save(), tensors, "model"); }
-  Placements placements() const override { return placements_; }
+  // As the passes left the parameters (tensor-parallel pieces, split experts).
+  Placements placements() const override { return nn::parameter_placements(*model_); }
   bool same_on_data_ranks() const override { return true; }
 
   // Copies `from` into the same-named tensors of `into`, which must match exactly.
@@ -112,7 +113,6 @@ class ModelState final : public Stateful {
 
  private:
   std::shared_ptr<nn::Model> model_;
-  Placements placements_;  // of the tensor-parallel layers' pieces
 };
 
 class OptimizerState final : public Stateful {
@@ -181,7 +181,8 @@ struct SavedState {
 // data rank holds alike is written by one of them, so replicas write no byte twice; they are
 // shared out by bytes (largest first, each to the data rank with the fewest bytes so far, the
 // same on every rank), since a snapshot or save waits for the rank with the most. Pieces sharded
-// over the data ranks and per-rank state (the RNG) are written by their own rank.
+// over the data ranks and per-rank state (the RNG) are written by their own rank, pieces of split
+// experts by one rank of those holding them.
 SavedState gather_state(const Job& job) {
   struct Entry {
     std::string name;
@@ -194,7 +195,8 @@ SavedState gather_state(const Job& job) {
     const Placements placements = state->placements();
     for (auto& [name, tensor] : state->save()) {
       const auto placement = placements.find(name);
-      const bool data_sharded = placement != placements.end() && placement->second.is_sharded_over(Dim::Data);
+      const bool data_sharded = placement != placements.end() &&
+                                (placement->second.is_sharded_over(Dim::Data) || placement->second.is_sharded_over(Dim::Expert));
       entries.push_back({key + "/" + name, tensor.detach(),
                          placement != placements.end() ? std::optional<Placement>(placement->second) : std::nullopt,
                          state->same_on_data_ranks() && !data_sharded});
@@ -212,6 +214,11 @@ SavedState gather_state(const Job& job) {
     writer[i] = static_cast<int>(least);
     bytes[static_cast<size_t>(least)] += entries[i].tensor.nbytes();
   }
+  // A piece of split experts is held alike by the data ranks with its expert coordinate (data
+  // index c = replica x expert + coordinate): the first replica writes it.
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (entries[i].placement && entries[i].placement->is_sharded_over(Dim::Expert) && !entries[i].placement->is_sharded_over(Dim::Data))
+      writer[i] = dp_rank % job.topology->size(Dim::Expert);
   SavedState out;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (writer[i] != dp_rank) continue;
@@ -369,7 +376,8 @@ std::shared_ptr<Topology> make_topology(const ResolvedStrategy& plan, const Comp
     order.push_back(name == "tensor" ? Dim::Tensor : name == "context" ? Dim::Context : name == "pipeline" ? Dim::Pipeline : Dim::Data);
   auto topology = std::make_shared<Topology>(
       std::map<Dim, int>{{Dim::Data, static_cast<int>(l.data)}, {Dim::Tensor, static_cast<int>(l.tensor)},
-                         {Dim::Pipeline, static_cast<int>(l.pipeline)}, {Dim::Context, static_cast<int>(l.context)}},
+                         {Dim::Pipeline, static_cast<int>(l.pipeline)}, {Dim::Context, static_cast<int>(l.context)},
+                         {Dim::Expert, static_cast<int>(l.expert)}},
       order, env.rank);
   const std::string& name = plan.parallel.get_string("backend");
   auto backend_named = [&](const std::string& n) {
@@ -521,8 +529,10 @@ RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>&
     const nn::SequenceScope sequence(micro.sequence);
     return job.loss(job.model->forward(micro.inputs), micro.targets);
   };
-  // Every parameter's gradient, placed as its parameter; stages hold disjoint parameters.
-  job.local_gradients = [&job, placements = nn::parameter_placements(*job.model)] {
+  // Every parameter's gradient, placed as its parameter (as passes left it: expert parallel
+  // splits experts after this point); stages hold disjoint parameters.
+  job.local_gradients = [&job] {
+    const Placements placements = nn::parameter_placements(*job.model);
     std::vector<LocalGradient> grads;
     for (const auto& p : job.model->named_parameters()) {
       const auto placement = placements.find(p.key());

@@ -10,8 +10,10 @@
 
 namespace strata {
 
-// Named dimensions of the device mesh ([parallel]).
-enum class Dim { Data, Tensor, Pipeline, Context };
+// Named dimensions of the device mesh ([parallel]). Expert is not a factor of the world size but
+// of data's: each group of `expert` consecutive data ranks splits the experts of every
+// mixture-of-experts layer among its members (Megatron's expert parallel inside data parallel).
+enum class Dim { Data, Tensor, Pipeline, Context, Expert };
 STRATA_API const char* dim_name(Dim dim);
 
 // The stages of one training step, in the order they run, then evaluation.

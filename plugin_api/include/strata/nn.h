@@ -11,6 +11,7 @@
 
 #include <torch/nn/module.h>
 
+#include "strata/comm.h"
 #include "strata/export.h"
 #include "strata/ops.h"
 #include "strata/placement.h"
@@ -138,15 +139,37 @@ class STRATA_API TiedLinear : public torch::nn::Module {
 
 // The experts of a mixture-of-experts layer as one parameter: weight [groups, out, in], each
 // group's matrix drawn as a Linear's (normal, std init_std) in group order. forward takes rows
-// sorted by group (group_sizes rows each) and computes ops::grouped_mm. Its weight decays like
-// a Linear weight.
+// sorted by group (group_sizes rows each, one per group this rank holds) and computes
+// ops::grouped_mm. Its weight decays like a Linear weight.
 class STRATA_API GroupedLinear : public torch::nn::Module {
  public:
   GroupedLinear(int64_t groups, int64_t in, int64_t out, double init_std = 0.02);
   at::Tensor forward(const at::Tensor& x, at::IntArrayRef group_sizes);
-  at::Tensor weight;  // [groups, out, in]
-  int64_t groups, in_features, out_features;
+  // Keeps the groups of piece `shard.index` of `shard.parts` (equal parts): expert parallel.
+  // The parameter keeps its identity (its data is replaced), so call it before anything holds
+  // views of it; its placement is then a block sharded over Dim::Expert.
+  void keep_groups(TensorShard shard);
+  at::Tensor weight;  // [groups, out, in], or this rank's groups
+  int64_t groups, in_features, out_features;  // groups of the whole layer
+  TensorShard expert_shard;
 };
+
+// A mixture-of-experts layer whose experts the expert_parallel pass splits: each rank of `group`
+// keeps experts() / group.size() of them and exchanges tokens with the others (all-to-all).
+class STRATA_API ExpertParallelLayer {
+ public:
+  virtual ~ExpertParallelLayer();
+  virtual int64_t experts() const = 0;
+  virtual void split_experts(Communicator& group) = 0;
+};
+
+// Rows of x exchanged over `group` (a differentiable all-to-all): send_rows[r] consecutive rows
+// go to rank r, recv_rows[r] rows come from it, in rank order. Backward sends the gradients back
+// the same way.
+STRATA_API at::Tensor all_to_all_rows(Communicator& group, const at::Tensor& x, const std::vector<int64_t>& send_rows,
+                                      const std::vector<int64_t>& recv_rows);
+// x in the forward; its gradient times `factor` in the backward.
+STRATA_API at::Tensor scale_gradient(const at::Tensor& x, double factor);
 
 // Losses a layer adds to the training objective where it computes them (a mixture-of-experts
 // router's load-balancing and z losses), without passing them to the end of the model: the layer
@@ -351,7 +374,8 @@ class STRATA_API Model : public torch::nn::Module {
 // Placements of the parameters split over the tensor-parallel ranks, by name as
 // Model::named_parameters gives them: weights of split layers and the biases of Column-split ones
 // (a Row-split layer's bias is whole on every rank), each a block of the whole tensor sharded
-// over Dim::Tensor. Parameters without an entry are whole.
+// over Dim::Tensor, and the experts an expert-parallel GroupedLinear keeps, sharded over
+// Dim::Expert. Parameters without an entry are whole.
 STRATA_API Placements parameter_placements(const Model& model);
 
 }  // namespace strata::nn

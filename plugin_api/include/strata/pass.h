@@ -41,6 +41,7 @@ struct PassOrdering {
 struct MeshSizes {
   int64_t data = 1, tensor = 1, pipeline = 1, context = 1;
   int64_t micro_batches = 1;
+  int64_t expert = 1;  // a factor of data
 };
 
 class ModelFactory;

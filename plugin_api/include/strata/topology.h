@@ -38,6 +38,12 @@ class STRATA_API Topology {
   int next_pipeline_rank() const { return neighbour(Dim::Pipeline, 1); }
   int previous_pipeline_rank() const { return neighbour(Dim::Pipeline, -1); }
 
+  // The data ranks that hold the same experts as `rank` (its expert coordinate, every replica):
+  // they average the experts' gradients (Megatron's expert-data-parallel group). Without expert
+  // parallel, the data group.
+  std::vector<int> expert_data_ranks(int rank) const;
+  Communicator& expert_data_group() const;
+
   // Creates the communicator of every group (collective: every rank attaches in step).
   void attach(std::shared_ptr<Communicator> world);
   Communicator& world() const;
@@ -48,6 +54,8 @@ class STRATA_API Topology {
  private:
   // Dimensions of size > 1 among `dims`, as a bit set: groups over equal sets are the same.
   unsigned effective_mask(const std::vector<Dim>& dims) const;
+  // The expert group of `rank` (same_experts false) or its expert-data group (true).
+  std::vector<int> expert_ranks(int rank, bool same_experts) const;
 
   std::map<Dim, int> sizes_;
   std::vector<Dim> order_;
@@ -55,6 +63,7 @@ class STRATA_API Topology {
   int world_size_, rank_;
   std::shared_ptr<Communicator> world_;
   std::map<unsigned, std::shared_ptr<Communicator>> groups_;  // by effective mask
+  std::shared_ptr<Communicator> expert_group_, expert_data_group_;  // with expert size > 1
 };
 
 }  // namespace strata

@@ -63,6 +63,7 @@ struct PassEntry {
 struct ParallelLayout {
   int64_t world_size = 1;
   int64_t data = 1, tensor = 1, pipeline = 1, context = 1;
+  int64_t expert = 1;  // divides data
   StringList order;  // innermost first
 };
 

@@ -1,0 +1,149 @@
+"""Mixture of experts on CPU: the Mixtral model against the dense Llama of equal active
+parameters, the bytes expert parallel exchanges against the formula, and Strata's grouped
+expert computation against a loop over experts.
+
+usage: python bench/moe.py [--strata build/bin/strata] [--out bench/results/moe_cpu.md] [--steps 8] [--rounds 3]
+
+1. tokens/s, one process, 1 thread: mixtral (8 experts of width f, top 2) vs llama with SwiGLU
+   width 2f (the same active parameters per token: two experts' worth), same attention, data,
+   batch; interleaved rounds, medians of steps 3..steps of each run, then the median over rounds.
+2. moe_all_to_all_bytes (rank 0's bytes to other ranks in one step, forward and backward) under
+   expert parallel at P = 2 and 4 against 4 T k d 4 (P - 1) / P per MoE layer and micro-batch
+   (uniform routing; measured routing is not uniform, so they differ by the imbalance).
+3. The expert computation of one MoE layer, forward and backward, in PyTorch (the same ATen calls
+   on this machine): tokens sorted by expert and one GEMM per expert on contiguous rows (what
+   Strata's grouped_mm does) vs transformers' Mixtral loop (per expert: find its tokens, gather,
+   compute, scatter-add).
+"""
+import argparse, json, os, statistics, subprocess, sys, tempfile, time
+
+MODEL = ["--set", "model.n_layer=4", "--set", "model.d_model=256", "--set", "model.n_head=4", "--set", "model.n_kv_head=4",
+         "--set", "model.vocab_size=256", "--set", "model.seq_len=128"]
+
+
+def run(strata, strategy, steps, extra, n=1):
+    out = tempfile.mkdtemp(prefix="moe_bench_")
+    cmd = [strata, "run", "-n", str(n), strategy, "--set", f"job.steps={steps}", "--set", "job.eval_every=0",
+           "--set", "job.checkpoint_every=0", "--set", "job.threads=1", "--set", "job.log_every=100",
+           *MODEL, *extra, "--out", out, "--overwrite"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+    return rows[2:], cmd
+
+
+def part1(strata, steps, rounds):
+    f = 256
+    cases = {
+        "mixtral 8 x f=256, top 2": ("examples/strategies/mixtral.toml",
+                                     ["--set", f"model.ffn_hidden={f}", "--set", "parallel.expert=1", "--disable", "expert_parallel",
+                                      "--disable", "ddp", "--set", "job.global_batch=8", "--set", "job.micro_batch=8"]),
+        "llama, SwiGLU 2f=512": ("examples/strategies/llama_text.toml",
+                                 ["--set", f"model.ffn_hidden={2 * f}", "--set", "job.global_batch=8", "--set", "job.micro_batch=8",
+                                  "--set", "model.tie_embeddings=false"]),
+    }
+    per = {k: [] for k in cases}
+    cmds = {}
+    for _ in range(rounds):
+        for name, (strategy, extra) in cases.items():
+            rows, cmds[name] = run(strata, strategy, steps, extra)
+            per[name].append(statistics.median(r["tokens"] / r["step_ms"] * 1000 for r in rows))
+    lines = ["## 1. Tokens/s: mixtral vs the dense Llama of equal active parameters (1 process, 1 thread)", "",
+             "| model | tokens/s (median of rounds) | rounds | vs dense |", "|---|---|---|---|"]
+    dense = statistics.median(per["llama, SwiGLU 2f=512"])
+    for name in cases:
+        m = statistics.median(per[name])
+        lines.append(f"| {name} | {m:.0f} | {', '.join(f'{x:.0f}' for x in per[name])} | {m / dense:.3f} |")
+    lines += ["", "Commands (one round): " + "; ".join("`" + " ".join(c[1:]) + "`" for c in cmds.values()), ""]
+    return lines
+
+
+def part2(strata, steps):
+    lines = ["## 2. All-to-all bytes per step (rank 0) vs the formula", "",
+             "4 MoE layers, micro-batch 2 sequences x 128 tokens, top 2, d 256, fp32, 2 micro-batches per step per rank.", "",
+             "| expert P | ranks | measured bytes/step (median) | formula 4 T k d 4 (P-1)/P x layers x micro-batches | ratio |",
+             "|---|---|---|---|---|"]
+    for p in (2, 4):
+        rows, cmd = run(strata, "examples/strategies/mixtral.toml", steps,
+                        ["--set", f"parallel.expert={p}", "--set", f"job.global_batch={4 * p}", "--set", "job.micro_batch=2"], n=p)
+        measured = statistics.median(r["moe_all_to_all_bytes"] for r in rows)
+        t, k, d, layers, micro = 2 * 128, 2, 256, 4, 2
+        formula = 4 * t * k * d * 4 * (p - 1) / p * layers * micro
+        lines.append(f"| {p} | {p} | {measured:.0f} | {formula:.0f} | {measured / formula:.3f} |")
+    lines += ["", "Command (P = 4): `" + " ".join(cmd[1:]) + "`", ""]
+    return lines
+
+
+def part3(rounds):
+    import torch
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    n, d, f, e, k = 2048, 256, 256, 8, 2
+    x = torch.randn(n, d, requires_grad=True)
+    w1, w3 = (torch.randn(e, f, d) * 0.02).requires_grad_(), (torch.randn(e, f, d) * 0.02).requires_grad_()
+    w2 = (torch.randn(e, d, f) * 0.02).requires_grad_()
+    probs = torch.randn(n, e).softmax(-1)
+    top_w, top_i = probs.topk(k, -1)
+    top_w = top_w / top_w.sum(-1, keepdim=True)
+
+    def sorted_grouped():
+        expert = top_i.t().reshape(-1)
+        token = torch.arange(n).repeat(k)
+        weight = top_w.t().reshape(-1)
+        order = torch.sort(expert, stable=True).indices
+        sizes = torch.bincount(expert, minlength=e).tolist()
+        rows = x.index_select(0, token[order]).split(sizes)
+        outs = [(torch.nn.functional.silu(r @ w1[i].t()) * (r @ w3[i].t())) @ w2[i].t() for i, r in enumerate(rows)]
+        y = torch.cat(outs) * weight[order].unsqueeze(1)
+        return torch.zeros_like(x).index_add(0, token[order], y)
+
+    def loop_over_experts():
+        out = torch.zeros_like(x)
+        mask = torch.nn.functional.one_hot(top_i, e).permute(2, 1, 0)  # transformers' expert_mask
+        for i in range(e):
+            idx, tok = torch.where(mask[i])
+            if tok.numel() == 0:
+                continue
+            r = x[tok]
+            y = ((torch.nn.functional.silu(r @ w1[i].t()) * (r @ w3[i].t())) @ w2[i].t()) * top_w[tok, idx, None]
+            out.index_add_(0, tok, y)
+        return out
+
+    ref = loop_over_experts().detach()
+    assert torch.allclose(sorted_grouped().detach(), ref, atol=1e-5), "the two formulations differ"
+    times = {"sorted, one GEMM per expert (Strata's)": [], "loop over experts (transformers')": []}
+    fns = {"sorted, one GEMM per expert (Strata's)": sorted_grouped, "loop over experts (transformers')": loop_over_experts}
+    for _ in range(rounds * 5):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn().sum().backward()
+            times[name].append((time.perf_counter() - start) * 1000)
+            for t in (x, w1, w2, w3):
+                t.grad = None
+    lines = ["## 3. One MoE layer's experts, forward + backward, PyTorch ATen, 1 thread", "",
+             f"{n} tokens, d {d}, expert width {f}, {e} experts, top {k}; {rounds * 5} interleaved repetitions, medians.", "",
+             "| formulation | ms | vs loop |", "|---|---|---|"]
+    loop = statistics.median(times["loop over experts (transformers')"])
+    for name, t in times.items():
+        lines.append(f"| {name} | {statistics.median(t):.2f} | {statistics.median(t) / loop:.3f} |")
+    return lines + [""]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", default="build/bin/strata")
+    ap.add_argument("--out", default="bench/results/moe_cpu.md")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    lines = ["# Mixture of experts on CPU", "",
+             f"Command: `python bench/moe.py --steps {a.steps} --rounds {a.rounds}`", "",
+             f"Machine: {os.cpu_count()} cores (shared, noisy); one thread per rank.", ""]
+    lines += part1(a.strata, a.steps, a.rounds)
+    lines += part2(a.strata, a.steps)
+    lines += part3(a.rounds)
+    open(a.out, "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+// Expert parallel (as Megatron's expert-data-parallel and torchtitan place it): the experts of
+// every mixture-of-experts layer split over an `expert` mesh group carved out of the data ranks.
+//
+//   [parallel] expert = P   a factor of data, not of the world size: data rank c belongs to
+//                           expert group c / P at coordinate c % P; every rank still reads its
+//                           own slice of the batch
+//   experts                 rank p of a group keeps experts [p E/P, (p+1) E/P) of each layer
+//                           (nn::GroupedLinear::keep_groups: placement sharded over Dim::Expert,
+//                           so checkpoints record it and load under any expert size)
+//   dispatch / combine      routing stays on the token's rank; per-expert row counts go out by an
+//                           all-to-all, then the rows (variable splits) to the ranks holding their
+//                           experts, and back after the experts ran (nn::all_to_all_rows, whose
+//                           backward is the reverse exchange); the layer holds the details
+//                           (plugins/models/moe_layer.h)
+//   gradients               an expert's gradient sums every source rank's tokens; the layer scales
+//                           it by 1/P, and ddp averages it over the expert-data group (the data
+//                           ranks holding the same experts) instead of the data group: together
+//                           the single-process mean. Router, attention, norms and embeddings
+//                           are replicated over all data ranks and averaged as before.
+//   bytes                   per MoE layer and micro-batch of T tokens routed to k experts of width
+//                           d, a rank sends T k d b (P-1)/P bytes to dispatch and as much to
+//                           combine, the same again in backward (uniform routing)
+// Composes with ddp (required when data > 1) and pipeline parallel; zero and fsdp do not yet
+// shard expert parameters and are refused.
+#include <cmath>
+
+#include "strata/job.h"
+#include "strata/plugin.h"
+
+namespace strata::expert_parallel {
+namespace {
+
+int64_t micro_batch_of(const Config& job, int64_t data) {
+  return job.get_int("micro_batch") > 0 ? job.get_int("micro_batch") : job.get_int("global_batch") / std::max<int64_t>(1, data);
+}
+
+class ExpertParallelPass final : public Pass {
+ public:
+  ExpertParallelPass()
+      : Pass({ComponentKind::Pass, "expert_parallel",
+              "Experts of mixture-of-experts layers split over [parallel] expert ranks (a factor of data); tokens dispatched and "
+              "combined by all-to-all",
+              Schema()},
+             {Phase::ModelRewrite, {}, {"fsdp", "zero1", "zero2"}, {}, {}}, {{Dim::Expert}, {}}) {}
+
+  std::string size_problem(const Config&, const Config& model, const MeshSizes& mesh) const override {
+    if (!model.has("n_experts")) return "pass 'expert_parallel': the model has no experts ([model] n_experts); use model = \"mixtral\"";
+    const int64_t experts = model.get_int("n_experts");
+    if (experts % mesh.expert != 0)
+      return "[model] n_experts " + std::to_string(experts) + " does not divide by [parallel] expert = " + std::to_string(mesh.expert);
+    return {};
+  }
+
+  std::string describe_plan(const Config&, const PlanFacts& facts) const override {
+    const int64_t p = facts.mesh.expert, experts = facts.model.get_int("n_experts");
+    const double tokens = static_cast<double>(micro_batch_of(facts.job, facts.mesh.data) * facts.model.get_int("seq_len"));
+    const double bytes = tokens * static_cast<double>(facts.model.get_int("top_k") * facts.model.get_int("d_model")) * 4.0 *
+                         static_cast<double>(p - 1) / static_cast<double>(p);
+    char line[200];
+    std::snprintf(line, sizeof line, "%.0f", bytes);
+    return "experts: " + std::to_string(experts / p) + " of " + std::to_string(experts) + " per rank in each MoE layer (expert groups of " +
+           std::to_string(p) + " data ranks)\nall-to-all per MoE layer and micro-batch, uniform routing, fp32: " + line +
+           " bytes sent per rank to dispatch, as many to combine, and the same again in backward\n";
+  }
+
+  void apply(Job& job, const Config&) const override {
+    Communicator& group = job.topology->group(Dim::Expert);
+    int64_t layers = 0;
+    for (const auto& module : job.model->modules(/*include_self=*/false))
+      if (auto* layer = dynamic_cast<nn::ExpertParallelLayer*>(module.get())) {
+        layer->split_experts(group);
+        ++layers;
+      }
+    if (layers == 0 && job.topology->size(Dim::Pipeline) == 1)
+      throw UserError("pass 'expert_parallel': the model has no mixture-of-experts layer to split");
+  }
+};
+
+void register_components(Registry& registry) { registry.add(std::make_unique<ExpertParallelPass>()); }
+
+}  // namespace
+}  // namespace strata::expert_parallel
+
+STRATA_PLUGIN("expert_parallel", "0.1.0", strata::expert_parallel::register_components)
