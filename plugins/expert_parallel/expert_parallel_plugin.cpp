@@ -22,7 +22,8 @@
 //                           combine, the same again in backward (uniform routing)
 // Composes with ddp (required when data > 1) and pipeline parallel; zero and fsdp do not yet
 // shard expert parameters and are refused.
-#include <cmath>
+#include <algorithm>
+#include <cstdio>
 
 #include "strata/job.h"
 #include "strata/plugin.h"

@@ -164,8 +164,7 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   if (objective.defined()) out = nn::add_auxiliary_loss(out, objective);
 
   if (at::GradMode::is_enabled()) {  // a training forward, or the recomputation of one
-    const at::Tensor kept_counts = sizes_tensor.to(at::kDouble);
-    for (int64_t e = 0; e < n_experts; ++e) counts_.tokens[static_cast<size_t>(e)] += kept_counts[e].item<double>();
+    for (int64_t e = 0; e < n_experts; ++e) counts_.tokens[static_cast<size_t>(e)] += static_cast<double>(group_sizes[static_cast<size_t>(e)]);
     counts_.dropped += static_cast<double>(dropped);
     counts_.routed += static_cast<double>(k * n);
     counts_.aux += aux.item<double>();
