@@ -46,7 +46,7 @@ class RecordedWork final : public Work {
   bool done_ = false;
 };
 
-// The beacon outlives the communicators: both live in run_training, the beacon declared first.
+// The beacon outlives the communicators: both live in the Trainer (trainer_impl.h), the beacon declared first.
 class RecordingCommunicator final : public Communicator {
  public:
   RecordingCommunicator(std::shared_ptr<Communicator> inner, ProgressBeacon& beacon, std::vector<int> global_ranks)

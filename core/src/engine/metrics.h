@@ -11,18 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include "strata/core/trainer.h"
+
 namespace strata::engine {
 
-struct StepRecord {
-  int64_t step = 0;
-  double loss = 0;
-  double grad_norm = 0;
-  double lr = 0;
-  int64_t tokens = 0;  // tokens this step consumed
-  double step_ms = 0;
-  std::optional<double> val_loss;
-  std::vector<std::pair<std::string, double>> extra;  // reported by passes
-};
+using StepRecord = strata::StepRecord;  // strata/core/trainer.h
 
 class MetricsFile {
  public:

@@ -1,11 +1,16 @@
-// Single-process training of a resolved strategy: the step program, metrics and checkpoints.
+// Training on this rank (the Trainer): the step program, metrics and checkpoints of a resolved strategy.
 #pragma once
 
 #include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/core/component_registry.h"
 #include "strata/core/strategy.h"
+#include "strata/job.h"
 
 namespace strata {
 
@@ -21,7 +26,55 @@ struct RunSummary {
   double last_loss = 0;
 };
 
-// `order` is the pass order from order_passes. User errors are UserErrors.
+// What one optimizer step did: the figures metrics.jsonl records for it.
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  int64_t tokens = 0;  // tokens this step consumed
+  double step_ms = 0;
+  std::optional<double> val_loss;
+  std::vector<std::pair<std::string, double>> extra;  // reported by passes and the model
+};
+
+// The training of a resolved strategy on this rank: what `strata run` runs, and what the library
+// API hands a program that trains its own way. Construction does everything before the first
+// step: the ranks meet (a collective over the world, as are step, save and load), the run
+// directory is claimed, the model, data and core's step program are built, the passes applied
+// in `order` (from order_passes), the optimizer made, and with options.resume the newest
+// checkpoint restored. `registry` must outlive the trainer. User errors are UserErrors.
+class STRATA_API Trainer {
+ public:
+  Trainer(const ResolvedStrategy& plan, std::vector<size_t> order, const ComponentRegistry& registry, RunOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Runs the next step of the step program, then evaluates and checkpoints when [job]
+  // eval_every, checkpoint_every or flash_every say so (and at the last step), and records it in
+  // metrics.jsonl. Past [job] steps it is a UserError: the learning-rate schedule ends there.
+  const StepRecord& step();
+  // Steps through [job] steps, then waits for the last flash snapshot.
+  RunSummary run();
+  // A checkpoint of the last completed step on disk (collective); returns the seconds it took.
+  double save();
+  // Restores the newest checkpoint of the run directory that every rank can read (a flash
+  // snapshot in shared memory first, under a supervisor), falling back to older ones; returns
+  // false when there is none, a UserError when none can be restored.
+  bool load();
+
+  int64_t completed_steps() const;  // the last step done (or restored)
+  int64_t total_steps() const;      // [job] steps
+  const StepRecord& last_record() const;
+  Job& job();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// `strata run` on this rank: Trainer(plan, order, registry, options).run().
 STRATA_API RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>& order,
                                    const ComponentRegistry& registry, const RunOptions& options);
 

@@ -50,25 +50,44 @@ inline Config config_for(const Component& c, const std::map<std::string, Value>&
   return config;
 }
 
-// Trains `strategy_toml` (the text of a strategy file) in this process, as `strata run --out
-// out_dir --set ...` would on one rank. Plugins in `plugin_dirs` are loaded as with plugin_path.
-inline RunSummary train(const std::string& strategy_toml, const std::filesystem::path& out_dir,
-                        const std::vector<std::filesystem::path>& plugin_dirs = {}, const StringList& sets = {},
-                        const StringList& disables = {}) {
+// A strategy planned for one rank as `strata plan` plans it, with the registry it was resolved
+// against (which must outlive what is built from the plan).
+struct PlannedStrategy {
+  std::unique_ptr<ComponentRegistry> registry;
+  ResolvedStrategy plan;
+  std::vector<size_t> order;  // of plan.passes
+};
+
+// Plans `strategy_toml` (the text of a strategy file) with `--set` and `--disable` overrides;
+// plugins in `plugin_dirs` are loaded as with plugin_path. A plan-time error is a UserError.
+inline PlannedStrategy plan_strategy(const std::string& strategy_toml, const std::vector<std::filesystem::path>& plugin_dirs = {},
+                                     const StringList& sets = {}, const StringList& disables = {}) {
   Diagnostics diagnostics;
   RawStrategy raw = parse_strategy_text(strategy_toml, "<test strategy>", diagnostics);
   if (diagnostics.ok()) apply_overrides(raw, sets, disables, diagnostics);
   if (!diagnostics.ok()) throw UserError(diagnostics.str());
-  auto registry = load_plugins(plugin_dirs);
-  ResolvedStrategy plan = resolve_strategy(raw, *registry, 1, diagnostics);
-  std::vector<size_t> order = diagnostics.ok() ? order_passes(plan.passes, diagnostics) : std::vector<size_t>{};
-  if (const std::string unread = check_sizes(plan, diagnostics); !unread.empty()) throw UserError(unread);
+  PlannedStrategy out;
+  out.registry = load_plugins(plugin_dirs);
+  out.plan = resolve_strategy(raw, *out.registry, 1, diagnostics);
+  out.order = diagnostics.ok() ? order_passes(out.plan.passes, diagnostics) : std::vector<size_t>{};
+  if (const std::string unread = check_sizes(out.plan, diagnostics); !unread.empty()) throw UserError(unread);
   if (!diagnostics.ok()) throw UserError(diagnostics.str());
-  // Training installs the registry's operators in the process-wide table; they die with it.
-  struct ResetOperators {
-    ~ResetOperators() { OperatorTable::global().reset(); }
-  } reset;
-  return run_training(plan, order, *registry, RunOptions{out_dir, false});
+  return out;
+}
+
+// Training installs the registry's operators in the process-wide table; they die with it, so a
+// test holds one of these while it trains.
+struct ResetOperatorsOnExit {
+  ~ResetOperatorsOnExit() { OperatorTable::global().reset(); }
+};
+
+// Trains `strategy_toml` in this process, as `strata run --out out_dir --set ...` would on one rank.
+inline RunSummary train(const std::string& strategy_toml, const std::filesystem::path& out_dir,
+                        const std::vector<std::filesystem::path>& plugin_dirs = {}, const StringList& sets = {},
+                        const StringList& disables = {}) {
+  const PlannedStrategy planned = plan_strategy(strategy_toml, plugin_dirs, sets, disables);
+  const ResetOperatorsOnExit reset;
+  return run_training(planned.plan, planned.order, *planned.registry, RunOptions{out_dir, false});
 }
 
 // The piece of `whole` that `placement` names: its block (a placement without a flat offset).

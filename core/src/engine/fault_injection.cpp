@@ -1,0 +1,32 @@
+#include "fault_injection.h"
+
+#include <csignal>
+#include <cstdlib>
+#include <sstream>
+
+namespace strata::engine {
+
+bool inject_fault(int rank, int64_t step, const std::string& point, const std::function<void()>& before_kill) {
+  const char* fault = std::getenv("STRATA_FAULT");
+  const char* attempt = std::getenv("STRATA_RESTART_COUNT");
+  if (!fault || (attempt && std::string(attempt) != "0" && !std::getenv("STRATA_FAULT_EVERY_ATTEMPT"))) return false;
+  std::istringstream faults(fault);
+  for (std::string one; std::getline(faults, one, ';');) {
+    std::istringstream in(one);
+    std::string kind;
+    int fault_rank = -1;
+    int64_t fault_step = -1;
+    if (!(in >> kind >> fault_rank >> fault_step) || fault_rank != rank || fault_step != step) continue;
+    if (point == "step" && kind == "kill") {
+      if (before_kill) before_kill();
+      std::raise(SIGKILL);
+    }
+    if (point == "step" && kind == "stop") std::raise(SIGSTOP);
+    if (point == "backward" && kind == "stop_in_backward") std::raise(SIGSTOP);
+    if (point == "snapshot" && kind == "kill_in_snapshot") std::raise(SIGKILL);
+    if (point == "snapshot_done" && kind == "corrupt_snapshot") return true;
+  }
+  return false;
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,22 @@
+// Chaos testing (tests/cli/chaos_test.sh, flash_chaos_test.sh): faults injected into a training
+// rank at named points of the step, as STRATA_FAULT asks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace strata::engine {
+
+// STRATA_FAULT holds faults separated by ';', each "KIND RANK STEP", applied in the first attempt
+// of a supervised run only (STRATA_RESTART_COUNT 0) so that the restarted ranks run clean, or in
+// every attempt with STRATA_FAULT_EVERY_ATTEMPT set (to test giving up). At `point`:
+//   "step"     (as step STEP starts; STEP 0: at start-up) kill: SIGKILL, stop: SIGSTOP;
+//   "backward" (as the backward of step STEP's first micro-batch starts) stop_in_backward: SIGSTOP;
+//   "snapshot" (halfway through the flash copy of step STEP) kill_in_snapshot: SIGKILL;
+//   "snapshot_done" (after the flash snapshot of step STEP) corrupt_snapshot: returns true, and
+//              the caller flips a byte of that snapshot.
+// `before_kill` runs before a "step" kill.
+bool inject_fault(int rank, int64_t step, const std::string& point = "step", const std::function<void()>& before_kill = {});
+
+}  // namespace strata::engine

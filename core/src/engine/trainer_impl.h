@@ -1,0 +1,79 @@
+// What a Trainer holds (strata/core/trainer.h), shared by the files that implement it:
+// trainer.cpp (set-up, step, run, save) and resume.cpp (load).
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "metrics.h"
+#include "op_profile.h"
+#include "sampler.h"
+#include "schedule.h"
+#include "strata/core/flash_checkpoint.h"
+#include "strata/core/launch_env.h"
+#include "strata/core/progress.h"
+#include "strata/core/run_directory.h"
+#include "strata/core/trainer.h"
+#include "strata/data.h"
+
+namespace strata {
+
+// Declared in the order they are built; destroyed in reverse, so the beacon outlives the
+// communicators that record into it, the sampler its dataset, and the job's states the optimizer.
+struct Trainer::Impl {
+  ResolvedStrategy plan;
+  std::vector<size_t> order;
+  const ComponentRegistry& registry;
+  RunOptions options;
+  LaunchEnv env;
+  std::filesystem::path out_dir, checkpoints_dir;
+  bool leader = false;
+
+  std::optional<ProgressBeacon> progress;  // where this rank is, for the supervisor's hang detection
+  std::shared_ptr<Topology> topology;
+  std::optional<RunDirectoryClaim> claim;
+  c10::Device device{c10::kCPU};
+  std::unique_ptr<Job> job;
+  std::unique_ptr<TokenDataset> dataset;
+  std::unique_ptr<engine::BatchSampler> sampler;
+  std::unique_ptr<Optimizer> optimizer;  // built once passes are applied
+  std::optional<engine::LrSchedule> schedule;
+  std::optional<engine::Console> console;
+  std::optional<engine::MetricsFile> metrics;  // rank 0's
+  // Flash checkpoints: under a supervisor that persists them (STRATA_FLASH_DIR), the ranks
+  // snapshot into shared memory and never write to disk themselves.
+  std::optional<FlashWriter> flash;
+  std::string flash_dir;
+  bool snapshot_skipped = false;  // by some rank, at the last save
+
+  // Checkpoints found at set-up (the newest one that passes its checksums, older ones to fall
+  // back on, why newer ones were passed over), consumed by the first load().
+  std::optional<engine::Checkpoint> newest;
+  std::vector<std::filesystem::path> older;
+  std::vector<std::string> skipped;
+  bool checkpoints_found = false;
+
+  int64_t steps = 0, global_batch = 0, seq_len = 0, micro_count = 0;
+  int64_t step = 0;  // the last step done or restored
+  int64_t first_step = 1;
+  std::vector<at::Tensor> params;
+  engine::OpProfile profile;
+  int64_t profile_first = 0, profile_last = 0;  // [job] profile_steps after two warm-up steps
+  StepRecord last;
+
+  Impl(const ResolvedStrategy& plan, std::vector<size_t> order, const ComponentRegistry& registry, RunOptions options);
+  void find_checkpoints();  // into newest/older/skipped
+  // The flash snapshot every rank agrees is the newest whole one, restored into the job; its
+  // step, or 0 with `problem` saying why not.
+  int64_t restore_flash(std::string& problem);
+  // From the step resumed at: the metrics kept, snapshots of later steps dropped, the profile
+  // window placed.
+  void continue_from(int64_t resumed_step);
+  double save(int64_t step, bool to_disk);  // the seconds training was blocked
+  double evaluate(int64_t step);
+};
+
+}  // namespace strata

@@ -1,0 +1,257 @@
+// Core's checkpointed state and one rank's share of it (training_state.h).
+#include "training_state.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <sys/resource.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "../sha256.h"
+#include "strata/errors.h"
+
+namespace strata::engine {
+
+namespace {
+
+// Stateful adaptors for the pieces core owns.
+class ModelState final : public Stateful {
+ public:
+  explicit ModelState(std::shared_ptr<nn::Model> model) : model_(std::move(model)) {}
+  NamedTensors save() const override {
+    NamedTensors out;
+    for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), p.value());
+    return out;
+  }
+  void load(const NamedTensors& tensors) override { copy_into(save(), tensors, "model"); }
+  // As the passes left the parameters (tensor-parallel pieces, split experts).
+  Placements placements() const override { return nn::parameter_placements(*model_); }
+  bool same_on_data_ranks() const override { return true; }
+
+  // Copies `from` into the same-named tensors of `into`, which must match exactly.
+  static void copy_into(const NamedTensors& into, const NamedTensors& from, const std::string& what) {
+    if (into.size() != from.size())
+      throw UserError("checkpoint " + what + " state has " + std::to_string(from.size()) + " tensors, the job has " +
+                      std::to_string(into.size()));
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < into.size(); ++i) {
+      const auto& [name, target] = into[i];
+      auto it = std::find_if(from.begin(), from.end(), [&](const auto& f) { return f.first == name; });
+      if (it == from.end()) throw UserError("checkpoint has no " + what + " tensor '" + name + "'");
+      if (it->second.sizes() != target.sizes() || it->second.scalar_type() != target.scalar_type())
+        throw UserError("checkpoint " + what + " tensor '" + name + "' has another shape or dtype than the job's");
+      target.copy_(it->second);
+    }
+  }
+
+ private:
+  std::shared_ptr<nn::Model> model_;
+};
+
+class OptimizerState final : public Stateful {
+ public:
+  OptimizerState(Optimizer& optimizer, const nn::Model& model) : optimizer_(optimizer), model_(model) {}
+  NamedTensors save() const override { return optimizer_.state_tensors(); }
+  void load(const NamedTensors& tensors) override { ModelState::copy_into(optimizer_.state_tensors(), tensors, "optimizer"); }
+  // An optimizer that places its own state (a sharding pass's) says so; a plain one's state
+  // follows the parameters, tensor-parallel pieces included.
+  Placements placements() const override {
+    Placements own = optimizer_.state_placements();
+    if (!own.empty()) return own;
+    std::map<std::string, at::Tensor> params;
+    for (const auto& p : model_.named_parameters()) params.emplace(p.key(), p.value());
+    return state_placements_by_parameter(optimizer_.state_tensors(), params, nn::parameter_placements(model_));
+  }
+  // A data-sharded optimizer's whole tensors (step counters) exist only on ranks that hold a
+  // piece of their parameter, so then nothing is known to be the same on every data rank.
+  bool same_on_data_ranks() const override {
+    for (const auto& [name, placement] : optimizer_.state_placements())
+      if (placement.is_sharded_over(Dim::Data)) return false;
+    return true;
+  }
+
+ private:
+  Optimizer& optimizer_;
+  const nn::Model& model_;
+};
+
+class DataState final : public Stateful {
+ public:
+  explicit DataState(BatchSampler& sampler) : sampler_(sampler) {}
+  NamedTensors save() const override {
+    return {{"position", at::tensor(std::vector<int64_t>{sampler_.epoch(), sampler_.cursor()}, at::kLong)}};
+  }
+  void load(const NamedTensors& tensors) override {
+    at::Tensor position = at::zeros({2}, at::kLong);
+    ModelState::copy_into({{"position", position}}, tensors, "data");
+    sampler_.set_position(position[0].item<int64_t>(), position[1].item<int64_t>());
+  }
+  bool same_on_data_ranks() const override { return true; }
+
+ private:
+  BatchSampler& sampler_;
+};
+
+// The default CPU generator drives initialisation and dropout.
+class RngState final : public Stateful {
+ public:
+  NamedTensors save() const override { return {{"cpu", at::detail::getDefaultCPUGenerator().get_state()}}; }
+  void load(const NamedTensors& tensors) override {
+    at::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
+    ModelState::copy_into({{"cpu", state}}, tensors, "rng");
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(state);
+  }
+};
+
+double storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::set<const void*> seen;
+  double bytes = 0;
+  for (const auto& t : tensors)
+    if (t.defined() && t.has_storage() && seen.insert(t.storage().unsafeGetStorageImpl()).second)
+      bytes += static_cast<double>(t.storage().nbytes());
+  return bytes;
+}
+
+std::vector<at::Tensor> tensors_of(const Stateful& state) {
+  std::vector<at::Tensor> out;
+  for (auto& [name, tensor] : state.save()) out.push_back(tensor);
+  return out;
+}
+
+}  // namespace
+
+std::shared_ptr<Stateful> model_state(std::shared_ptr<nn::Model> model) { return std::make_shared<ModelState>(std::move(model)); }
+std::shared_ptr<Stateful> optimizer_state(Optimizer& optimizer, const nn::Model& model) {
+  return std::make_shared<OptimizerState>(optimizer, model);
+}
+std::shared_ptr<Stateful> data_state(BatchSampler& sampler) { return std::make_shared<DataState>(sampler); }
+std::shared_ptr<Stateful> rng_state() { return std::make_shared<RngState>(); }
+
+SavedState gather_state(const Job& job) {
+  struct Entry {
+    std::string name;
+    at::Tensor tensor;
+    std::optional<Placement> placement;
+    bool replicated;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [key, state] : job.states()) {
+    const Placements placements = state->placements();
+    for (auto& [name, tensor] : state->save()) {
+      const auto placement = placements.find(name);
+      const bool data_sharded = placement != placements.end() &&
+                                (placement->second.is_sharded_over(Dim::Data) || placement->second.is_sharded_over(Dim::Expert));
+      entries.push_back({key + "/" + name, tensor.detach(),
+                         placement != placements.end() ? std::optional<Placement>(placement->second) : std::nullopt,
+                         state->same_on_data_ranks() && !data_sharded});
+    }
+  }
+  const int dp = job.topology->size(Dim::Data), dp_rank = job.topology->rank_in(Dim::Data);
+  std::vector<size_t> by_size;
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (entries[i].replicated) by_size.push_back(i);
+  std::stable_sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) { return entries[a].tensor.nbytes() > entries[b].tensor.nbytes(); });
+  std::vector<int> writer(entries.size(), dp_rank);
+  std::vector<uint64_t> bytes(static_cast<size_t>(dp), 0);
+  for (size_t i : by_size) {
+    const auto least = std::min_element(bytes.begin(), bytes.end()) - bytes.begin();
+    writer[i] = static_cast<int>(least);
+    bytes[static_cast<size_t>(least)] += entries[i].tensor.nbytes();
+  }
+  // A piece of split experts is held alike by the data ranks with its expert coordinate (data
+  // index c = replica x expert + coordinate): the first replica writes it.
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (entries[i].placement && entries[i].placement->is_sharded_over(Dim::Expert) && !entries[i].placement->is_sharded_over(Dim::Data))
+      writer[i] = dp_rank % job.topology->size(Dim::Expert);
+  SavedState out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (writer[i] != dp_rank) continue;
+    out.tensors.emplace_back(entries[i].name, entries[i].tensor);
+    if (entries[i].placement) out.placements.emplace(entries[i].name, *entries[i].placement);
+  }
+  return out;
+}
+
+NamedTensors for_disk(const NamedTensors& tensors) {
+  NamedTensors out;
+  for (const auto& [name, tensor] : tensors) {
+    at::Tensor cpu = tensor.to(at::kCPU);
+    if (cpu.storage().nbytes() != cpu.nbytes()) cpu = cpu.clone(at::MemoryFormat::Contiguous);
+    out.emplace_back(name, cpu);
+  }
+  return out;
+}
+
+bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::string& problem) {
+  std::vector<TensorRequest> requests;
+  std::vector<std::pair<size_t, size_t>> ranges;  // per state: its requests
+  for (const auto& [key, state] : job.states()) {
+    const Placements placements = state->placements();
+    const size_t first = requests.size();
+    for (const auto& [name, tensor] : state->save()) {
+      auto placement = placements.find(name);
+      requests.push_back({key + "/" + name, at::empty(tensor.sizes(), tensor.options().device(at::kCPU)),
+                          placement == placements.end() ? std::nullopt : std::optional<Placement>(placement->second)});
+    }
+    ranges.emplace_back(first, requests.size());
+  }
+  int failed = 0;
+  try {
+    checkpoint.fill(requests, rank);
+  } catch (const UserError& e) {
+    problem = e.what();
+    failed = 1;
+  }
+  at::Tensor any_failed = at::tensor(failed, at::kInt).to(job.device());
+  job.topology->world().all_reduce(any_failed, ReduceOp::Max)->wait();
+  if (any_failed.item<int>() != 0) {
+    if (problem.empty()) problem = "another rank could not read it";
+    return false;
+  }
+  size_t index = 0;
+  for (const auto& [key, state] : job.states()) {
+    NamedTensors mine;
+    const auto [first, last] = ranges[index++];
+    for (size_t i = first; i < last; ++i) mine.emplace_back(requests[i].name.substr(key.size() + 1), requests[i].target);
+    state->load(mine);
+  }
+  return true;
+}
+
+MemoryFigures memory_figures(const Job& job) {
+  std::vector<at::Tensor> params = tensors_of(*job.states().at("model"));
+  for (const auto& p : job.model->parameters()) params.push_back(p);
+  MemoryFigures m;
+  m.params = storage_bytes(params);
+  std::vector<at::Tensor> grads;
+  for (const auto& g : job.local_gradients()) grads.push_back(g.grad);
+  m.grads = storage_bytes(grads);
+  m.optimizer = storage_bytes(tensors_of(*job.states().at("optimizer")));
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  m.peak = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  return m;
+}
+
+std::string state_hash(const ResolvedStrategy& plan) {
+  std::string text;
+  auto add = [&](const std::string& section, const Config& config) {
+    for (const auto& [key, entry] : config.entries()) text += section + "." + key + "=" + value_to_toml(entry.value) + "\n";
+  };
+  Config job;
+  for (const char* key : {"model", "dataset", "global_batch", "seed", "shuffle"}) job.set(key, plan.job.entry(key));
+  add("job", job);
+  add("model", plan.model);
+  add("data", plan.data);
+  add("optimizer", plan.optimizer);
+  Sha256 hash;
+  hash.update(text.data(), text.size());
+  return hash.hex_digest();
+}
+
+}  // namespace strata::engine

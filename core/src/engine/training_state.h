@@ -1,0 +1,57 @@
+// The state a checkpoint carries (model, optimizer, data position, RNG) as core registers it in
+// the job, and how one rank saves and restores its share of it under any layout.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "checkpoint.h"
+#include "sampler.h"
+#include "strata/core/strategy.h"
+#include "strata/job.h"
+
+namespace strata::engine {
+
+// Stateful adaptors for the pieces core owns ("model" before passes apply, the rest after).
+std::shared_ptr<Stateful> model_state(std::shared_ptr<nn::Model> model);
+std::shared_ptr<Stateful> optimizer_state(Optimizer& optimizer, const nn::Model& model);
+std::shared_ptr<Stateful> data_state(BatchSampler& sampler);
+std::shared_ptr<Stateful> rng_state();
+
+struct SavedState {
+  NamedTensors tensors;
+  Placements placements;
+};
+
+// What this rank writes (as the tensors are, on their device: a flash snapshot copies them
+// straight into shared memory, a disk save through for_disk). A tensor (or piece) that every
+// data rank holds alike is written by one of them, so replicas write no byte twice; they are
+// shared out by bytes (largest first, each to the data rank with the fewest bytes so far, the
+// same on every rank), since a snapshot or save waits for the rank with the most. Pieces sharded
+// over the data ranks and per-rank state (the RNG) are written by their own rank, pieces of split
+// experts by one rank of those holding them.
+SavedState gather_state(const Job& job);
+
+// The tensors on the CPU, each with a storage of its own (pieces of one flat buffer share one;
+// a safetensors file needs each apart).
+NamedTensors for_disk(const NamedTensors& tensors);
+
+// Every state asks the checkpoint for exactly the tensors (and pieces) it saves itself, so a
+// checkpoint saved by any number of ranks under any layout loads here. A checkpoint that passed
+// its checksums but cannot be read (a damaged shard under a manifest rewritten to match it)
+// loads nothing on any rank: the ranks agree before loading, and `problem` says what failed.
+bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::string& problem);
+
+// Identifies what shapes the saved state and the sequence of batches: a resume with another
+// model, data or optimizer is refused. Ranks, parallel layout, passes, steps, logging and paths
+// may change; state a pass keeps is checked when it loads.
+std::string state_hash(const ResolvedStrategy& plan);
+
+// Bytes held in model states, each storage counted once (views of one flat buffer, parameters
+// freed between uses), and the process's peak resident memory.
+struct MemoryFigures {
+  double params = 0, grads = 0, optimizer = 0, peak = 0;
+};
+MemoryFigures memory_figures(const Job& job);
+
+}  // namespace strata::engine
