@@ -82,9 +82,15 @@ void ComponentRegistry::register_plugin(PluginRecord record, void (*register_fn)
     throw UserError(describe(record) + " failed while registering its components (unknown exception)");
   }
   pending_ = nullptr;
+  register_components(std::move(record), std::move(pending));
+}
 
+void ComponentRegistry::register_components(PluginRecord record, std::vector<std::unique_ptr<Component>> pending) {
+  if (const PluginRecord* other = find_plugin(record.name))
+    throw UserError("plugin name '" + record.name + "' is used by both " + other->path + " and " + record.path);
   std::set<Key> seen;
   for (const auto& c : pending) {
+    if (!c) throw std::invalid_argument("null component");
     check_declaration(*c, record);
     Key key{c->kind(), c->name()};
     if (auto it = components_.find(key); it != components_.end())

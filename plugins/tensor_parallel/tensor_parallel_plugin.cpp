@@ -140,10 +140,12 @@ class TensorParallelPass final : public Pass {
     }
     if (split_layers == 0)
       throw UserError("tensor_parallel: model '" + job.job_config().get_string("model") + "' has no layer split over the tensor ranks");
-    // The logits are this rank's vocabulary columns (nn::shard_range of the vocabulary).
-    const int64_t vocab_start = nn::shard_range(job.model->vocab_size(), shard).start;
-    job.loss = [&group, vocab_start](const at::Tensor& logits, const at::Tensor& targets) {
+    // The logits are this rank's vocabulary columns (nn::shard_range of the vocabulary), or all of
+    // them when the model's output layer is not split (a program's own model may keep it whole).
+    const int64_t vocab = job.model->vocab_size(), vocab_start = nn::shard_range(vocab, shard).start;
+    job.loss = [&group, vocab, vocab_start](const at::Tensor& logits, const at::Tensor& targets) {
       const int64_t local = logits.size(-1);
+      if (local == vocab) return ops::cross_entropy(logits.reshape({-1, vocab}), targets.reshape(-1));
       return dist::vocab_parallel_cross_entropy(logits.reshape({-1, local}), targets.reshape(-1), vocab_start, group);
     };
     // Bytes this rank's model-parallel collectives moved in the step, forward and backward.

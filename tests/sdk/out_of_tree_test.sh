@@ -2,7 +2,8 @@
 # out_of_tree_test.sh BUILD_DIR SOURCE_DIR WORK
 # What a third party does: install Strata into a fresh prefix, copy sdk/template elsewhere,
 # build it with find_package(Strata), train with it loaded, then with it switched off; build
-# the sdk/examples the same way and run their tests (which use Strata::testing).
+# the sdk/examples the same way and run their tests (which use Strata::testing), and a program
+# with its own model trained through the library API.
 set -euo pipefail
 build=$1 src=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -37,6 +38,15 @@ for example in ema fast_gelu eager_1f1b; do
   ctest --test-dir "$work/$example/build" --output-on-failure > "$work/$example.test.log" 2>&1 || { cat "$work/$example.test.log"; exit 1; }
   echo "example $example: built out of tree, its tests pass"
 done
+
+# A program with its own model, trained through the library API (strata/accelerate.h); its
+# tensor-parallel parity under mpirun is parity.accelerate_program_model.
+cp -r "$src/sdk/examples/mlp_lm" "$work/mlp_lm"
+build_plugin "$work/mlp_lm"
+cd "$work/mlp_lm"
+build/train_mlp_lm strategy.toml parallel.tensor=1 pass.tensor_parallel.enabled=false > run.log 2>&1 || { cat run.log; exit 1; }
+grep -q "^last step 4 loss " run.log || { echo "train_mlp_lm did not train 4 steps"; cat run.log; exit 1; }
+echo "example mlp_lm: a program's own model built out of tree and trained through strata::accelerate"
 
 # The third-party schedule trains two pipeline stages through the installed launcher.
 cd "$work/eager_1f1b"

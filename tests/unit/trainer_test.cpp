@@ -6,32 +6,20 @@
 
 #include "strata/core/trainer.h"
 #include "strata/testing.h"
+#include "tiny_strategies.h"
 
 namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kStrategy = R"(
-[job]
-model = "gpt"
-dataset = "synthetic"
-steps = 6
-global_batch = 4
-micro_batch = 2
-eval_every = 0
-checkpoint_every = 0
-log_every = 100
-threads = 1
-[model]
-n_layer = 1
-n_head = 2
-d_model = 16
-vocab_size = 32
-seq_len = 8
-[data]
-vocab_size = 32
-)";
+// The tiny GPT for 6 steps of 2 micro-batches.
+StringList settings(StringList more = {}) {
+  StringList out = test::kTinyGptModel;
+  out.insert(out.end(), {"job.steps=6", "job.micro_batch=2"});
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path dir = fs::path(STRATA_TEST_SCRATCH_DIR) / name;
@@ -40,8 +28,7 @@ fs::path fresh_dir(const std::string& name) {
 }
 
 TEST(Trainer, StepByStepIsWhatRunRuns) {
-  const auto planned = testing::plan_strategy(kStrategy);
-  const testing::ResetOperatorsOnExit reset;
+  const auto planned = testing::plan_strategy(test::kTinyGpt, {}, settings());
   const RunSummary whole = run_training(planned.plan, planned.order, *planned.registry, {fresh_dir("trainer_run"), false});
   Trainer trainer(planned.plan, planned.order, *planned.registry, {fresh_dir("trainer_steps"), false});
   double loss = 0;
@@ -55,8 +42,7 @@ TEST(Trainer, StepByStepIsWhatRunRuns) {
 }
 
 TEST(Trainer, SaveThenLoadContinuesExactly) {
-  const auto planned = testing::plan_strategy(kStrategy);
-  const testing::ResetOperatorsOnExit reset;
+  const auto planned = testing::plan_strategy(test::kTinyGpt, {}, settings());
   const fs::path dir = fresh_dir("trainer_save_load");
   std::vector<double> after_save;
   {
@@ -76,8 +62,7 @@ TEST(Trainer, SaveThenLoadContinuesExactly) {
 }
 
 TEST(Trainer, RefusesToStepPastTheSchedule) {
-  const auto planned = testing::plan_strategy(kStrategy, {}, {"job.steps=1"});
-  const testing::ResetOperatorsOnExit reset;
+  const auto planned = testing::plan_strategy(test::kTinyGpt, {}, settings({"job.steps=1"}));
   Trainer trainer(planned.plan, planned.order, *planned.registry, {fresh_dir("trainer_past_end"), false});
   trainer.step();
   EXPECT_THROW(trainer.step(), UserError);

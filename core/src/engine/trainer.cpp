@@ -26,6 +26,12 @@ using engine::inject_fault;
 
 namespace {
 
+// The loss a program gave (RunOptions::loss), told apart from one a pass put in its place.
+struct ProgramLoss {
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss;
+  at::Tensor operator()(const at::Tensor& logits, const at::Tensor& targets) const { return loss(logits, targets); }
+};
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -114,6 +120,7 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
 
   // Core's step program, then the passes own or wrap its stages (their Claims say which).
   engine::provide_core_step(*job, *sampler, optimizer, engine::BatchShape{micro_batch, micro_count});
+  if (options.loss) job->loss = ProgramLoss{options.loss};
   job->register_state("model", engine::model_state(job->model));
   OperatorTable::global().bind(*job);  // stateful operator implementations reach the job's groups
   for (size_t i : order) {
@@ -121,6 +128,9 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
     job->program.begin_pass(pass.name(), pass.claims());
     pass.apply(*job, plan.passes[i].config);
     job->program.end_pass();
+    if (options.loss && !job->loss.target<ProgramLoss>())
+      throw UserError("pass " + pass.name() + " replaces the loss with its own, so the program's loss function cannot be used with "
+                      "it; disable the pass or train with core's cross entropy (no loss function)");
   }
   log::record("step program:\n" + describe_step_program(job->program));  // the rank log keeps what ran
 
@@ -204,7 +214,12 @@ Trainer::Trainer(const ResolvedStrategy& plan, std::vector<size_t> order, const 
   else impl_->continue_from(0);
 }
 
-Trainer::~Trainer() = default;
+// The process-wide operator table holds the registry's implementations, whose code the registry's
+// plugins own: it is emptied with the trainer that installed them, before the registry can go.
+Trainer::~Trainer() {
+  impl_.reset();
+  OperatorTable::global().reset();
+}
 
 const StepRecord& Trainer::step() {
   Impl& t = *impl_;

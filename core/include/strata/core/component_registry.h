@@ -32,6 +32,9 @@ class STRATA_API ComponentRegistry final : public Registry {
   // Runs a plugin's register function. All of its components are added, or none: on any error
   // (a duplicate name, an exception from the plugin) the registry is left as it was.
   void register_plugin(PluginRecord record, void (*register_fn)(Registry&));
+  // Adds components a program built itself (the library API's model, dataset or optimizer) as
+  // the plugin `record`, with the same checks and the same all-or-nothing rule.
+  void register_components(PluginRecord record, std::vector<std::unique_ptr<Component>> components);
 
   const Component* find(ComponentKind kind, const std::string& name) const;
   const Pass* find_pass(const std::string& name) const;

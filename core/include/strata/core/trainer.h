@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,10 @@ struct RunOptions {
   std::filesystem::path out_dir;  // empty: [job] run_dir
   bool resume = false;            // continue from the newest valid checkpoint in out_dir
   bool overwrite = false;         // replace the run out_dir holds (else a non-empty out_dir is refused)
+  // The loss of one micro-batch, (logits [B, T, V] as the model returns them, targets [B, T]) ->
+  // the mean loss, in place of core's cross entropy (the library API's). A pass that replaces the
+  // loss itself (a vocab-parallel or fused loss) cannot serve it: the Trainer refuses the pair.
+  std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)> loss;
 };
 
 struct RunSummary {

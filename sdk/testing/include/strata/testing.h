@@ -75,18 +75,11 @@ inline PlannedStrategy plan_strategy(const std::string& strategy_toml, const std
   return out;
 }
 
-// Training installs the registry's operators in the process-wide table; they die with it, so a
-// test holds one of these while it trains.
-struct ResetOperatorsOnExit {
-  ~ResetOperatorsOnExit() { OperatorTable::global().reset(); }
-};
-
 // Trains `strategy_toml` in this process, as `strata run --out out_dir --set ...` would on one rank.
 inline RunSummary train(const std::string& strategy_toml, const std::filesystem::path& out_dir,
                         const std::vector<std::filesystem::path>& plugin_dirs = {}, const StringList& sets = {},
                         const StringList& disables = {}) {
   const PlannedStrategy planned = plan_strategy(strategy_toml, plugin_dirs, sets, disables);
-  const ResetOperatorsOnExit reset;
   return run_training(planned.plan, planned.order, *planned.registry, RunOptions{out_dir, false});
 }
 

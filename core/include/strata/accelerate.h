@@ -1,0 +1,107 @@
+// The library API: a program keeps its own model, data and loss, and hands Strata the "how" (a
+// strategy: a file, a string, or the cost model's choice). What comes back is the Trainer that
+// `strata run` runs: the same step program, passes, checkpoints, metrics and resume.
+//
+//   auto result = strata::accelerate(std::make_unique<MyModel>(), {"adamw", {"lr=1e-3"}},
+//                                    nullptr, {}, strata::Strategy::from_file("fsdp.toml"));
+//   if (!result.ok) { std::cerr << result.status << "\n"; return 2; }
+//   result.trainer->run();
+//
+// The model is a ModelFactory building an nn::Model of blocks (strata/nn.h), so every pass that
+// applies to the bundled models applies to it, model-parallel ones included where its layers
+// declare how they split (create_shard). Under mpirun or `strata run -n N` each rank calls
+// accelerate() with the same arguments. Compared with `strata run`, nothing is re-read from
+// disk and no child processes are started (restarts are the launcher's: see docs/library.md).
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/component_registry.h"
+#include "strata/core/trainer.h"
+#include "strata/data.h"
+#include "strata/model.h"
+#include "strata/optimizer.h"
+
+namespace strata {
+
+// How to train: a strategy's text with `--set` and `--disable` overrides, as `strata run` takes
+// it. The program's own model, dataset and optimizer (accelerate's arguments) fill in [job] model,
+// [job] dataset and [optimizer] name; a strategy naming another is refused.
+class STRATA_API Strategy {
+ public:
+  // Read now; an unreadable file is a UserError.
+  static Strategy from_file(const std::filesystem::path& file);
+  static Strategy from_toml(std::string text, std::string label = "<strategy>");
+  // The layout and passes the cost model (strata/core/tune.h, at its default hardware rates)
+  // predicts fastest for `ranks` ranks within `memory_gb` per rank (0: no limit), around `base`
+  // (what the program fixes: [job] steps and batch, a pass it wants). Predicted, not measured:
+  // `strata tune` measures candidates in fresh `strata run` processes, which cannot build a model
+  // that lives in this program.
+  static Strategy automatic(int64_t ranks, std::string base = "", double memory_gb = 0);
+
+  Strategy& set(std::string key_value);  // "job.steps=10", "pass.fsdp.bucket_mb=4"
+  Strategy& disable(std::string pass);
+
+  const std::string& text() const { return text_; }
+  const std::string& label() const { return label_; }
+  const StringList& sets() const { return sets_; }
+  const StringList& disables() const { return disables_; }
+  int64_t automatic_ranks() const { return automatic_ranks_; }  // 0: not automatic
+  double memory_gb() const { return memory_gb_; }
+
+ private:
+  std::string text_, label_;
+  StringList sets_, disables_;
+  int64_t automatic_ranks_ = 0;
+  double memory_gb_ = 0;
+};
+
+// The optimizer: a registered one by name ("adamw", "agd", ...; empty: the strategy's [optimizer]
+// name) or the program's own factory, with [optimizer] keys as "key=value".
+struct OptimizerSpec {
+  std::string name;
+  StringList settings;
+  std::unique_ptr<OptimizerFactory> custom;
+};
+
+// (logits [B, T, V], targets [B, T]) -> the mean loss of the micro-batch.
+using LossFn = std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)>;
+
+struct AccelerateOptions {
+  RunOptions run;                                   // run directory, resume, overwrite
+  std::vector<std::filesystem::path> plugin_dirs;   // plugins beyond the bundled ones
+};
+
+struct Accelerated {
+  bool ok = false;
+  std::string status;    // what failed (every problem, one per line) when !ok; notes otherwise
+  std::string strategy;  // the strategy as planned, every key resolved (strata run's strategy.toml)
+  std::string step_program;  // what one step runs, as `strata plan` prints it
+  std::unique_ptr<ComponentRegistry> registry;  // the components the trainer was built from
+  std::unique_ptr<Trainer> trainer;             // set when ok
+
+  Accelerated() = default;
+  Accelerated(Accelerated&&) = default;
+  // The trainer goes before the registry whose plugins' code it runs.
+  Accelerated& operator=(Accelerated&& other) noexcept {
+    trainer.reset();
+    ok = other.ok, status = std::move(other.status), strategy = std::move(other.strategy);
+    step_program = std::move(other.step_program);
+    registry = std::move(other.registry);
+    trainer = std::move(other.trainer);
+    return *this;
+  }
+};
+
+// Plans `strategy` with the program's components (null: the strategy names a registered one)
+// and builds the trainer on this rank, as `strata plan` then `strata run` would. A loss function
+// (empty: core's cross entropy) replaces core's. Problems come back in `status`, never thrown.
+STRATA_API Accelerated accelerate(std::unique_ptr<ModelFactory> model, OptimizerSpec optimizer,
+                                  std::unique_ptr<DatasetFactory> dataset, LossFn loss, Strategy strategy,
+                                  AccelerateOptions options = {});
+
+}  // namespace strata

@@ -1,0 +1,95 @@
+// The library API (strata/accelerate.h): a model the program defines itself, trained through the
+// Trainer `strata run` runs, with the program's loss; the same losses as `strata run` for the same
+// strategy; refusals come back in the status.
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "strata/accelerate.h"
+#include "strata/ops.h"
+#include "strata/testing.h"
+#include "tiny_strategies.h"
+#include "../../sdk/examples/mlp_lm/mlp_lm_model.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using mlp_lm::MlpLanguageModel;
+
+using test::kTinyGpt;
+using test::kTinyJob;
+
+AccelerateOptions in(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_TEST_SCRATCH_DIR) / name;
+  fs::remove_all(dir);
+  return AccelerateOptions{RunOptions{dir}, {}};
+}
+
+TEST(Accelerate, SameLossesAsStrataRunForTheSameStrategy) {
+  const RunSummary run = testing::train(kTinyGpt, in("accelerate_run").run.out_dir, {}, test::kTinyGptModel);
+  Accelerated api = accelerate(nullptr, {}, nullptr, {}, Strategy::from_toml(kTinyGpt).set("job.model=gpt"), in("accelerate_api"));
+  ASSERT_TRUE(api.ok) << api.status;
+  const RunSummary summary = api.trainer->run();
+  EXPECT_EQ(summary.last_step, 3);
+  EXPECT_EQ(summary.last_loss, run.last_loss);  // bit for bit: one step program
+}
+
+TEST(Accelerate, TrainsTheProgramsOwnModelWithItsLoss) {
+  Accelerated core = accelerate(std::make_unique<MlpLanguageModel>(), {"adamw", {"lr=1e-2"}}, nullptr, {},
+                                Strategy::from_toml(kTinyJob).set("model.layers=3"), in("accelerate_own_model"));
+  ASSERT_TRUE(core.ok) << core.status;
+  EXPECT_NE(core.strategy.find("model = \"mlp_lm\""), std::string::npos) << core.strategy;
+  EXPECT_NE(core.strategy.find("layers = 3"), std::string::npos);
+  const double core_first = core.trainer->step().loss;
+  const RunSummary rest = core.trainer->run();
+  EXPECT_EQ(rest.last_step, 3);
+  EXPECT_TRUE(std::isfinite(rest.last_loss));
+  core = {};
+  // The program's loss replaces core's: twice the cross entropy reports twice the first loss.
+  auto doubled = [](const at::Tensor& logits, const at::Tensor& targets) {
+    return 2 * ops::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape(-1));
+  };
+  Accelerated own = accelerate(std::make_unique<MlpLanguageModel>(), {"adamw", {"lr=1e-2"}}, nullptr, doubled,
+                               Strategy::from_toml(kTinyJob).set("model.layers=3"), in("accelerate_own_loss"));
+  ASSERT_TRUE(own.ok) << own.status;
+  EXPECT_EQ(own.trainer->step().loss, 2 * core_first);
+}
+
+TEST(Accelerate, ProblemsComeBackInTheStatus) {
+  // A strategy naming another model than the program's.
+  Accelerated named = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {}, Strategy::from_toml(kTinyGpt).set("job.model=gpt"),
+                                 in("accelerate_named"));
+  EXPECT_FALSE(named.ok);
+  EXPECT_NE(named.status.find("model = \"gpt\" but accelerate() was given \"mlp_lm\""), std::string::npos) << named.status;
+  // A key the program's model does not declare: refused by plan, as strata plan refuses it.
+  Accelerated unknown = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {}, Strategy::from_toml(kTinyJob).set("model.depth=3"),
+                                   in("accelerate_unknown_key"));
+  EXPECT_FALSE(unknown.ok);
+  EXPECT_NE(unknown.status.find("depth"), std::string::npos) << unknown.status;
+  // A pass that replaces the loss cannot serve the program's.
+  auto loss = [](const at::Tensor& logits, const at::Tensor& targets) {
+    return ops::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape(-1));
+  };
+  Accelerated fused = accelerate(nullptr, {}, nullptr, loss, Strategy::from_toml(kTinyGpt + "[[pass]]\nname = \"fused_loss\"\n").set("job.model=gpt"),
+                                 in("accelerate_fused_loss"));
+  EXPECT_FALSE(fused.ok);
+  EXPECT_NE(fused.status.find("pass fused_loss replaces the loss"), std::string::npos) << fused.status;
+  EXPECT_FALSE(fused.trainer);
+}
+
+TEST(Accelerate, AutomaticPicksAStrategyThatPlansAndSaysSo) {
+  Accelerated automatic = accelerate(std::make_unique<MlpLanguageModel>(), {"adamw", {}}, nullptr, {}, Strategy::automatic(1, kTinyJob),
+                                     in("accelerate_automatic"));
+  ASSERT_TRUE(automatic.ok) << automatic.status;
+  EXPECT_NE(automatic.status.find("automatic strategy"), std::string::npos) << automatic.status;
+  EXPECT_NE(automatic.status.find("not measured"), std::string::npos);
+  EXPECT_EQ(automatic.trainer->run().last_step, 3);
+  Accelerated mismatch = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {}, Strategy::automatic(4, kTinyJob),
+                                    in("accelerate_automatic_4"));
+  EXPECT_FALSE(mismatch.ok);
+  EXPECT_NE(mismatch.status.find("Strategy::automatic(4) is for 4 ranks, but 1 started"), std::string::npos) << mismatch.status;
+}
+
+}  // namespace
+}  // namespace strata
