@@ -11,6 +11,7 @@
 #include "strata/core/step_plan.h"
 #include "strata/core/tune.h"
 #include "strata/errors.h"
+#include "strata/nn.h"
 
 namespace strata {
 
@@ -48,6 +49,44 @@ Strategy& Strategy::disable(std::string pass) {
 
 namespace {
 
+// A plain module is one block (of type "block", as passes select by default): the unit fsdp
+// gathers and act_checkpoint recomputes.
+class PlainModuleBlock final : public nn::Block {
+ public:
+  explicit PlainModuleBlock(PlainModule plain) : Block("block"), forward_(std::move(plain.forward)) {
+    register_module("net", std::move(plain.module));
+  }
+  at::Tensor forward(const at::Tensor& tokens) override { return forward_(tokens); }
+
+ private:
+  std::function<at::Tensor(const at::Tensor&)> forward_;
+};
+
+class PlainModuleFactory final : public ModelFactory {
+ public:
+  PlainModuleFactory(std::string name, std::function<PlainModule()> build, int64_t vocab_size, int64_t seq_len)
+      : ModelFactory({ComponentKind::Model, std::move(name), "a program's plain torch::nn::Module", Schema()}),
+        build_(std::move(build)),
+        vocab_size_(vocab_size),
+        seq_len_(seq_len) {}
+  std::shared_ptr<nn::Model> create(const Config&) const override {
+    PlainModule plain = build_();
+    if (!plain.module || !plain.forward) throw UserError("model '" + name() + "': the plain module's build function returned no module");
+    auto model = std::make_shared<nn::Model>(vocab_size_, seq_len_);
+    model->add_block("module", std::make_shared<PlainModuleBlock>(std::move(plain)));
+    return model;
+  }
+  std::string split_problem(const Config&, int64_t parts) const override { return parts > 1 ? model_parallel_refusal("tensor") : ""; }
+  std::string model_parallel_refusal(const std::string& dim) const {
+    return "model '" + name() + "' is a plain torch::nn::Module, which [parallel] " + dim +
+           " cannot split: write it as blocks of strata::nn layers (an nn::Model; docs/library.md) to use model parallelism";
+  }
+
+ private:
+  std::function<PlainModule()> build_;
+  int64_t vocab_size_, seq_len_;
+};
+
 // The program's component fills `dotted` ("job.model"); a strategy naming another is refused.
 void name_component(const RawSection& section, const std::string& dotted, const std::string& name, StringList& sets) {
   const std::string key = dotted.substr(dotted.find('.') + 1);
@@ -78,6 +117,11 @@ RawStrategy automatic_choice(const RawStrategy& base, const ComponentRegistry& r
 }
 
 }  // namespace
+
+std::unique_ptr<ModelFactory> plain_module_factory(std::string name, std::function<PlainModule()> build, int64_t vocab_size,
+                                                   int64_t seq_len) {
+  return std::make_unique<PlainModuleFactory>(std::move(name), std::move(build), vocab_size, seq_len);
+}
 
 Accelerated accelerate(std::unique_ptr<ModelFactory> model, OptimizerSpec optimizer, std::unique_ptr<DatasetFactory> dataset,
                        LossFn loss, Strategy strategy, AccelerateOptions options) {
@@ -111,6 +155,12 @@ Accelerated accelerate(std::unique_ptr<ModelFactory> model, OptimizerSpec optimi
 
     CheckedPlan checked;
     if (!check_plan(raw, *out.registry, env.world_size, checked, diagnostics)) throw UserError(diagnostics.str());
+    if (const auto* plain = dynamic_cast<const PlainModuleFactory*>(checked.plan.model_component)) {
+      const ParallelLayout& l = checked.plan.layout;
+      for (const auto& [dim, size] : {std::pair<const char*, int64_t>{"tensor", l.tensor}, {"pipeline", l.pipeline}, {"context", l.context},
+                                      {"expert", l.expert}})
+        if (size > 1) throw UserError(plain->model_parallel_refusal(std::string(dim) + " = " + std::to_string(size)));
+    }
     out.strategy = resolved_strategy_toml(checked.plan);
     RunOptions run = options.run;
     run.loss = std::move(loss);

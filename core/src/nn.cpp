@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/modules/linear.h>
 
 #include "strata/errors.h"
 #include "strata/ops.h"
@@ -444,7 +445,10 @@ std::vector<std::string> Model::decayed_parameter_names() const {
     const auto* module = item.value().get();
     for (const auto& p : module->named_parameters(/*recurse=*/false)) {
       if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
-      if ((dynamic_cast<const Linear*>(module) || dynamic_cast<const GroupedLinear*>(module)) && p.key() == "weight")
+      // libtorch's own Linear too: a program's plain module (strata/accelerate.h) is made of them.
+      if ((dynamic_cast<const Linear*>(module) || dynamic_cast<const GroupedLinear*>(module) ||
+           dynamic_cast<const torch::nn::LinearImpl*>(module)) &&
+          p.key() == "weight")
         out.push_back(item.key() + "." + p.key());
     }
   }

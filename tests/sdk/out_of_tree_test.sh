@@ -39,14 +39,19 @@ for example in ema fast_gelu eager_1f1b; do
   echo "example $example: built out of tree, its tests pass"
 done
 
-# A program with its own model, trained through the library API (strata/accelerate.h); its
-# tensor-parallel parity under mpirun is parity.accelerate_program_model.
-cp -r "$src/sdk/examples/mlp_lm" "$work/mlp_lm"
-build_plugin "$work/mlp_lm"
-cd "$work/mlp_lm"
-build/train_mlp_lm strategy.toml parallel.tensor=1 pass.tensor_parallel.enabled=false > run.log 2>&1 || { cat run.log; exit 1; }
-grep -q "^last step 4 loss " run.log || { echo "train_mlp_lm did not train 4 steps"; cat run.log; exit 1; }
-echo "example mlp_lm: a program's own model built out of tree and trained through strata::accelerate"
+# Programs with their own models, trained through the library API (strata/accelerate.h): one
+# written as blocks, one a plain torch::nn::Module; their parity under mpirun is
+# parity.accelerate_programs.
+declare -A one_process=([mlp_lm]="parallel.tensor=1 pass.tensor_parallel.enabled=false" [plain_module]="parallel.data=1 pass.fsdp.enabled=false")
+for program in mlp_lm plain_module; do
+  cp -r "$src/sdk/examples/$program" "$work/$program"
+  build_plugin "$work/$program"
+  cd "$work/$program"
+  # shellcheck disable=SC2086  # the settings are separate words
+  "build/train_$program" strategy.toml ${one_process[$program]} > run.log 2>&1 || { cat run.log; exit 1; }
+  grep -q "^last step 4 loss " run.log || { echo "train_$program did not train 4 steps"; cat run.log; exit 1; }
+  echo "example $program: a program's own model built out of tree and trained through strata::accelerate"
+done
 
 # The third-party schedule trains two pipeline stages through the installed launcher.
 cd "$work/eager_1f1b"

@@ -68,6 +68,34 @@ struct OptimizerSpec {
   std::unique_ptr<OptimizerFactory> custom;
 };
 
+// A plain libtorch module (not written as blocks) and its forward: tokens [B, T] int64 -> logits
+// [B, T, vocab_size].
+struct PlainModule {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor& tokens)> forward;
+};
+
+// The model factory of a plain module: `build` runs on every rank after Strata seeded the RNG,
+// so every rank starts from the same values (and a resumed run from the checkpoint's). Only the
+// passes that need no knowledge of the model's layers apply: ddp, zero1/zero2, fsdp (the module as
+// one unit), amp, half, act_checkpoint (the whole module), AGD/WSAM; weight decay goes to the
+// weights of its torch::nn::Linear layers. A tensor, pipeline, context or expert layout is
+// refused by accelerate(): those need the model written as blocks of strata::nn layers.
+STRATA_API std::unique_ptr<ModelFactory> plain_module_factory(std::string name, std::function<PlainModule()> build, int64_t vocab_size,
+                                                               int64_t seq_len);
+// The same for a module type with `at::Tensor forward(const at::Tensor&)`.
+template <class M>
+std::unique_ptr<ModelFactory> plain_module(std::string name, std::function<std::shared_ptr<M>()> build, int64_t vocab_size,
+                                           int64_t seq_len) {
+  return plain_module_factory(
+      std::move(name),
+      [build = std::move(build)] {
+        std::shared_ptr<M> module = build();
+        return PlainModule{module, [module](const at::Tensor& tokens) { return module->forward(tokens); }};
+      },
+      vocab_size, seq_len);
+}
+
 // (logits [B, T, V], targets [B, T]) -> the mean loss of the micro-batch.
 using LossFn = std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)>;
 

@@ -8,6 +8,7 @@
 
 #include "mlp_lm_model.h"
 #include "strata/accelerate.h"
+#include "strata/core/launch_env.h"
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -18,7 +19,7 @@ int main(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) strategy.set(argv[i]);
   strata::Accelerated result = strata::accelerate(std::make_unique<mlp_lm::MlpLanguageModel>(), {}, nullptr, {}, strategy);
   if (!result.ok) {
-    std::cerr << "train_mlp_lm: " << result.status << "\n";
+    if (strata::detect_launch_env().rank == 0) std::cerr << "train_mlp_lm: " << result.status << "\n";  // once, not per rank
     return 2;
   }
   const strata::RunSummary summary = result.trainer->run();
