@@ -3,8 +3,11 @@
 // runs is built from the plan. Nothing here trains: the trainer's step program does.
 #include "strata/accelerate.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+
+#include <ATen/ATen.h>
 
 #include "strata/core/launch_env.h"
 #include "strata/core/plugin_loader.h"
@@ -87,6 +90,48 @@ class PlainModuleFactory final : public ModelFactory {
   int64_t vocab_size_, seq_len_;
 };
 
+class TensorTokens final : public TokenDataset {
+ public:
+  TensorTokens(int64_t vocab_size, at::Tensor train, at::Tensor validation)
+      : vocab_size_(vocab_size), train_(std::move(train)), validation_(std::move(validation)) {}
+  int64_t vocab_size() const override { return vocab_size_; }
+  int64_t num_tokens(Split split) const override { return tokens(split).numel(); }
+  void read(Split split, int64_t begin, int64_t count, int64_t* out) const override {
+    std::copy_n(tokens(split).data_ptr<int64_t>() + begin, count, out);
+  }
+
+ private:
+  const at::Tensor& tokens(Split split) const { return split == Split::Train ? train_ : validation_; }
+  int64_t vocab_size_;
+  at::Tensor train_, validation_;
+};
+
+class TensorDatasetFactory final : public DatasetFactory {
+ public:
+  TensorDatasetFactory(std::string name, int64_t vocab_size, at::Tensor train, at::Tensor validation)
+      : DatasetFactory({ComponentKind::Dataset, std::move(name), "token streams held by the program", Schema()}),
+        vocab_size_(vocab_size),
+        train_(as_stream(train, "train")),
+        validation_(as_stream(validation, "validation")) {}
+  std::unique_ptr<TokenDataset> open(const Config&, const DataContext&) const override {
+    return std::make_unique<TensorTokens>(vocab_size_, train_, validation_);
+  }
+
+ private:
+  // 1-D int64 on the CPU, contiguous, every token below the vocabulary size.
+  at::Tensor as_stream(const at::Tensor& tokens, const std::string& split) const {
+    const std::string what = "dataset '" + name() + "': the " + split + " tokens ";
+    if (!tokens.defined() || tokens.dim() != 1 || at::isFloatingType(tokens.scalar_type()) || tokens.numel() < 2)
+      throw UserError(what + "must be a 1-D integer tensor of at least 2 tokens");
+    at::Tensor stream = tokens.to(at::kCPU, at::kLong).contiguous();
+    if (stream.min().item<int64_t>() < 0 || stream.max().item<int64_t>() >= vocab_size_)
+      throw UserError(what + "must lie in [0, " + std::to_string(vocab_size_) + ")");
+    return stream;
+  }
+  int64_t vocab_size_;
+  at::Tensor train_, validation_;
+};
+
 // The program's component fills `dotted` ("job.model"); a strategy naming another is refused.
 void name_component(const RawSection& section, const std::string& dotted, const std::string& name, StringList& sets) {
   const std::string key = dotted.substr(dotted.find('.') + 1);
@@ -121,6 +166,10 @@ RawStrategy automatic_choice(const RawStrategy& base, const ComponentRegistry& r
 std::unique_ptr<ModelFactory> plain_module_factory(std::string name, std::function<PlainModule()> build, int64_t vocab_size,
                                                    int64_t seq_len) {
   return std::make_unique<PlainModuleFactory>(std::move(name), std::move(build), vocab_size, seq_len);
+}
+
+std::unique_ptr<DatasetFactory> tensor_dataset(std::string name, int64_t vocab_size, at::Tensor train, at::Tensor validation) {
+  return std::make_unique<TensorDatasetFactory>(std::move(name), vocab_size, std::move(train), std::move(validation));
 }
 
 Accelerated accelerate(std::unique_ptr<ModelFactory> model, OptimizerSpec optimizer, std::unique_ptr<DatasetFactory> dataset,

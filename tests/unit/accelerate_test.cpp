@@ -56,6 +56,34 @@ TEST(Accelerate, TrainsTheProgramsOwnModelWithItsLoss) {
   EXPECT_EQ(own.trainer->step().loss, 2 * core_first);
 }
 
+// The text with `part` taken out.
+std::string without(std::string text, const std::string& part) {
+  const auto at = text.find(part);
+  if (at != std::string::npos) text.erase(at, part.size());
+  return text;
+}
+
+TEST(Accelerate, TensorDatasetTrainsAsTheSameTokensFromAFactory) {
+  // The synthetic dataset's token streams, handed over as tensors the program holds.
+  auto registry = testing::load_plugins({});
+  const auto& synthetic = testing::component<DatasetFactory>(*registry, ComponentKind::Dataset, "synthetic");
+  const auto stream = synthetic.open(testing::config_for(synthetic, {{"vocab_size", Value(int64_t{32})}}), {});
+  auto tokens = [&](Split split) {
+    at::Tensor out = at::empty({stream->num_tokens(split)}, at::kLong);
+    stream->read(split, 0, out.numel(), out.data_ptr<int64_t>());
+    return out;
+  };
+  const RunSummary run = testing::train(kTinyGpt, in("accelerate_tokens_run").run.out_dir, {}, test::kTinyGptModel);
+  const std::string no_data = without(without(kTinyGpt, "dataset = \"synthetic\"\n"), "[data]\nvocab_size = 32\n");
+  Accelerated api = accelerate(nullptr, {}, tensor_dataset("program_tokens", 32, tokens(Split::Train), tokens(Split::Val)), {},
+                               Strategy::from_toml(no_data).set("job.model=gpt"), in("accelerate_tokens_api"));
+  ASSERT_TRUE(api.ok) << api.status;
+  EXPECT_EQ(api.trainer->run().last_loss, run.last_loss);
+  EXPECT_EQ(api.trainer->metrics().step, 3);
+  // Tokens outside the vocabulary are refused when the dataset is made.
+  EXPECT_THROW(tensor_dataset("bad", 4, at::arange(10), at::arange(4)), UserError);
+}
+
 TEST(Accelerate, ProblemsComeBackInTheStatus) {
   // A strategy naming another model than the program's.
   Accelerated named = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {}, Strategy::from_toml(kTinyGpt).set("job.model=gpt"),

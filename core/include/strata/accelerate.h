@@ -96,6 +96,12 @@ std::unique_ptr<ModelFactory> plain_module(std::string name, std::function<std::
       vocab_size, seq_len);
 }
 
+// A dataset held by the program: token streams (int64 or any integer dtype, 1-D) for the train
+// and validation splits, tokens below `vocab_size`. Core's sampler windows, shuffles and batches
+// them as it does any dataset, so resume and elastic restarts stay exact. The factory takes no
+// [data] keys.
+STRATA_API std::unique_ptr<DatasetFactory> tensor_dataset(std::string name, int64_t vocab_size, at::Tensor train, at::Tensor validation);
+
 // (logits [B, T, V], targets [B, T]) -> the mean loss of the micro-batch.
 using LossFn = std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)>;
 

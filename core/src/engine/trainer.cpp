@@ -321,7 +321,7 @@ double Trainer::save() {
 
 int64_t Trainer::completed_steps() const { return impl_->step; }
 int64_t Trainer::total_steps() const { return impl_->steps; }
-const StepRecord& Trainer::last_record() const { return impl_->last; }
+const StepRecord& Trainer::metrics() const { return impl_->last; }
 Job& Trainer::job() { return *impl_->job; }
 
 RunSummary run_training(const ResolvedStrategy& plan, const std::vector<size_t>& order, const ComponentRegistry& registry,

@@ -71,7 +71,7 @@ class STRATA_API Trainer {
 
   int64_t completed_steps() const;  // the last step done (or restored)
   int64_t total_steps() const;      // [job] steps
-  const StepRecord& last_record() const;
+  const StepRecord& metrics() const;  // the last step's record
   Job& job();
 
  private:
