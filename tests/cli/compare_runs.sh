@@ -5,6 +5,8 @@
 # for bit). MODE "differ": the trajectories must differ by more than TOLERANCE somewhere (to show
 # that an option changes training at all). With B_METRICS_MATCH set, every line of run B's
 # metrics.jsonl must also match that extended regex (to show that B really used its option).
+# With B_LAUNCHER set (a command, e.g. "torchrun --nproc-per-node 2 --no-python"), run B is
+# started by it instead of directly.
 set -euo pipefail
 strata=$1 work=$2 mode=$3 tolerance=$4
 shift 4
@@ -16,7 +18,8 @@ shift
 b=("$@")
 rm -rf "$work" && mkdir -p "$work"
 "$strata" run "${a[@]}" --out "$work/a" > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
-"$strata" run "${b[@]}" --out "$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
+read -ra launcher <<< "${B_LAUNCHER:-}"
+"${launcher[@]}" "$strata" run "${b[@]}" --out "$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
 losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$1/metrics.jsonl"; }
 paste <(losses "$work/a") <(losses "$work/b") | awk -v mode="$mode" -v tol="$tolerance" '
   { d = $1 - $2; if (d < 0) d = -d; rel = d / ($1 < 0 ? -$1 : $1); if (rel > worst) worst = rel; n++ }

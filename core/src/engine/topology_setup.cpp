@@ -41,15 +41,20 @@ std::shared_ptr<Topology> make_topology(const ResolvedStrategy& plan, const Comp
     if (!b) throw UserError("[parallel] backend \"" + n + "\" is not a registered communicator (see `strata plugins`)");
     return b;
   };
-  // One host rank needs no MPI; several are bootstrapped by the mpi backend.
+  // One host rank needs no bootstrap; several meet through MPI (mpirun, srun) or through c10d's
+  // store (torchrun and the launchers that set its environment), where c10d is the default.
   std::shared_ptr<Communicator> bootstrap = local_communicator();
-  if (env.world_size > 1) {
-    if (env.launcher == "torchrun")
-      throw UserError("started by torchrun, but the mpi bootstrap needs mpirun or srun; use strata run -n N or mpirun");
-    bootstrap = backend_named("mpi")->world(*bootstrap);
+  const bool torchrun = env.launcher == "torchrun";
+  std::string bootstrap_name = name == "c10d" ? "c10d" : "mpi";
+  if (env.world_size > 1 && torchrun) {
+    if (name == "mpi" && plan.parallel.entry("backend").origin != Origin::Default)
+      throw UserError("started by torchrun, but [parallel] backend = \"mpi\" needs mpirun or srun; use backend \"c10d\" (the "
+                      "default under torchrun) or start the ranks with mpirun");
+    bootstrap_name = "c10d";
   }
+  if (env.world_size > 1) bootstrap = backend_named(bootstrap_name)->world(*bootstrap);
   // A host-tensor job on one rank keeps the local communicator; device backends always start.
-  auto world = name == "mpi" ? bootstrap : backend_named(name)->world(*bootstrap);
+  auto world = name == "mpi" || name == "c10d" ? bootstrap : backend_named(name)->world(*bootstrap);
   // Under a supervisor every operation goes to the flight recorder (strata/core/flight_recorder.h).
   topology->attach(record_collectives(std::move(world), progress));
   const std::vector<std::pair<Dim, const char*>> dims{{Dim::Data, "data"}, {Dim::Tensor, "tensor"}, {Dim::Pipeline, "pipeline"}, {Dim::Context, "context"}};
