@@ -250,7 +250,11 @@ int run_train(const Args& args) {
   if (loaded.plan.job.get_string("health_check") != "off" && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
     std::cerr << "strata: note: [job] health_check applies under `strata run -n N`; this run is not checked (run `strata doctor` "
                  "before it)\n";
-  run_training(loaded.plan, loaded.order, registry, RunOptions{args.out_dir, args.resume, args.overwrite});
+  // A worker group that torchelastic restarted (torchrun --max-restarts) continues the run from
+  // its newest checkpoint, whatever the first attempt was told.
+  const char* elastic_restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool restarted = env.launcher == "torchrun" && elastic_restart && std::string(elastic_restart) != "0";
+  run_training(loaded.plan, loaded.order, registry, RunOptions{args.out_dir, args.resume || restarted, args.overwrite && !restarted});
   return 0;
 }
 

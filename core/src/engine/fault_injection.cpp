@@ -8,7 +8,9 @@ namespace strata::engine {
 
 bool inject_fault(int rank, int64_t step, const std::string& point, const std::function<void()>& before_kill) {
   const char* fault = std::getenv("STRATA_FAULT");
+  // The attempt: strata run -n N's, or torchelastic's for a worker group torchrun restarted.
   const char* attempt = std::getenv("STRATA_RESTART_COUNT");
+  if (!attempt) attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   if (!fault || (attempt && std::string(attempt) != "0" && !std::getenv("STRATA_FAULT_EVERY_ATTEMPT"))) return false;
   std::istringstream faults(fault);
   for (std::string one; std::getline(faults, one, ';');) {

@@ -9,7 +9,8 @@
 namespace strata::engine {
 
 // STRATA_FAULT holds faults separated by ';', each "KIND RANK STEP", applied in the first attempt
-// of a supervised run only (STRATA_RESTART_COUNT 0) so that the restarted ranks run clean, or in
+// of a supervised run only (STRATA_RESTART_COUNT, or under torchrun TORCHELASTIC_RESTART_COUNT,
+// 0) so that the restarted ranks run clean, or in
 // every attempt with STRATA_FAULT_EVERY_ATTEMPT set (to test giving up). At `point`:
 //   "step"     (as step STEP starts; STEP 0: at start-up) kill: SIGKILL, stop: SIGSTOP;
 //   "backward" (as the backward of step STEP's first micro-batch starts) stop_in_backward: SIGSTOP;
