@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -65,5 +66,7 @@ bool stdout_is_terminal() {
   if (const char* told = std::getenv(kStdoutIsTerminalEnv)) return std::string(told) == "1";
   return ::isatty(STDOUT_FILENO) != 0;
 }
+
+int cuda_device_for_slot(int slot, int device_count) { return slot % std::max(1, device_count); }
 
 }  // namespace strata

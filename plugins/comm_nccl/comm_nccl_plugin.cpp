@@ -200,14 +200,13 @@ class NcclBackend final : public CommunicatorBackend {
  public:
   NcclBackend()
       : CommunicatorBackend({ComponentKind::Communicator, "nccl",
-                             "NCCL collectives on CUDA tensors, one stream per group, bootstrapped over the mpi backend", {}}) {}
+                             "NCCL collectives on CUDA tensors, one stream per group, bootstrapped over the mpi or c10d backend", {}}) {}
 
   std::shared_ptr<Communicator> world(Communicator& bootstrap) const override {
     if (!at::hasCUDA()) throw UserError("[parallel] backend = \"nccl\" but no CUDA device is available");
-    // One device per local rank; the rank count per node comes from the launcher.
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!local) local = std::getenv("SLURM_LOCALID");
-    const int device = (local ? std::atoi(local) : 0) % static_cast<int>(at::detail::getCUDAHooks().getNumGPUs());
+    // The job's device: core makes it current before starting communicators (one device per
+    // local rank under any launcher, slots excluded by the health check skipped).
+    const int device = c10::cuda::current_device();
     c10::cuda::CUDAGuard guard(device);
     ncclUniqueId id;
     if (bootstrap.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");

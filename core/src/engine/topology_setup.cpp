@@ -14,7 +14,7 @@ c10::Device parse_device(const std::string& text, int local_rank) {
     c10::Device device(text);
     if (device.is_cuda() && !at::hasCUDA()) throw UserError("[job] device = \"" + text + "\" but no CUDA device is available");
     if (device.is_cuda() && !device.has_index())
-      device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % std::max<int>(1, at::getNumGPUs())));
+      device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device_for_slot(local_rank, at::getNumGPUs())));
     return device;
   } catch (const c10::Error&) {
     throw UserError("[job] device \"" + text + "\" is not a device name (cpu, cuda, cuda:N)");

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "core_stages.h"
 #include "fault_injection.h"
@@ -54,6 +55,10 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   // so that a rank stuck starting up is named too.
   progress.emplace(env.rank);
   progress->beat(0, StepPhase::StartingUp);
+  // The job's device is current before any communicator starts: a device backend (nccl) binds
+  // its communicators to the current device.
+  device = engine::parse_device(job_cfg.get_string("device"), env.slot);
+  if (device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
   topology = engine::make_topology(plan, registry, env, *progress);
   // The run directory is claimed (locked, and refused if it holds another run) by the launcher
   // that started the ranks, or else here by rank 0 before any rank writes into it.
@@ -73,7 +78,6 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   const int64_t threads = job_cfg.get_int("threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, cores / static_cast<unsigned>(env.local_size))));
-  device = engine::parse_device(job_cfg.get_string("device"), env.slot);
   // Denormal floats make CPU arithmetic many times slower (seen: PyTorch eager's backward 3.7x
   // slower by the fourth step of a GPT); flushing them to zero changes results only below 1e-38.
   at::globalContext().setFlushDenormal(true);

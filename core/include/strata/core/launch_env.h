@@ -21,6 +21,11 @@ inline constexpr const char* kSlotsEnv = "STRATA_SLOTS";
 
 STRATA_API LaunchEnv detect_launch_env();
 
+// The CUDA device a rank on device slot `slot` uses when the node lists `device_count` devices:
+// slot % device_count, so the ranks of a node spread over its devices (cuda:LOCAL_RANK when
+// there are as many devices as local ranks) instead of all taking cuda:0.
+STRATA_API int cuda_device_for_slot(int slot, int device_count);
+
 // Set by `strata run -n N` for its ranks to "1" or "0": whether the launcher's own standard
 // output is a terminal. Ranks under mpirun write to mpirun's pipe or pseudo-terminal, so only the
 // launcher knows whether progress bars (ANSI redraws) belong in the output.

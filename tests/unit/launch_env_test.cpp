@@ -1,0 +1,41 @@
+// Which rank and device a process is, from its launcher's environment (strata/core/launch_env.h).
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+#include "strata/core/launch_env.h"
+
+namespace strata {
+namespace {
+
+// Sets torchrun's variables for the test's lifetime, with MPI's and Slurm's out of the way.
+class TorchrunEnvironment : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", kSlotsEnv})
+      ::unsetenv(name);
+    ::setenv("RANK", "1", 1), ::setenv("WORLD_SIZE", "2", 1), ::setenv("LOCAL_RANK", "1", 1), ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+  }
+  void TearDown() override {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", kSlotsEnv}) ::unsetenv(name);
+  }
+};
+
+TEST_F(TorchrunEnvironment, LocalRankOneOnTwoDevicesAsksForCudaOne) {
+  const LaunchEnv env = detect_launch_env();
+  EXPECT_EQ(env.launcher, "torchrun");
+  EXPECT_EQ(env.rank, 1);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(cuda_device_for_slot(env.slot, /*device_count=*/2), 1);
+  // More local ranks than devices share them round robin; no listing at all is device 0.
+  EXPECT_EQ(cuda_device_for_slot(3, 2), 1);
+  EXPECT_EQ(cuda_device_for_slot(1, 0), 0);
+}
+
+TEST_F(TorchrunEnvironment, SlotsExcludedByTheHealthCheckAreSkipped) {
+  ::setenv(kSlotsEnv, "0,2", 1);  // slot 1 failed its check: local rank 1 runs on slot 2
+  EXPECT_EQ(cuda_device_for_slot(detect_launch_env().slot, 4), 2);
+}
+
+}  // namespace
+}  // namespace strata
