@@ -4,8 +4,9 @@
 # rank running the program under mpirun, against one process with no passes: every step's loss
 # must agree within a relative 2e-6.
 #  * mlp_lm (a model written as blocks): tensor parallel on 2 and 3 ranks, ddp on 3;
-#  * plain_module (a plain torch::nn::Module): ddp 2, fsdp 2 and 3; fsdp 2 with amp bf16 trains
-#    (within 2e-2); a tensor-parallel layout is refused with the way out.
+#  * plain_module (a plain torch::nn::Module): ddp 2, fsdp 2 and 3, zero2 2, fsdp 2 with
+#    act_checkpoint (the module recomputed as one block); fsdp 2 with amp bf16 trains (within
+#    2e-2); a tensor-parallel layout is refused with the way out.
 set -euo pipefail
 bin=$1 examples=$2 work=$3
 shift 3
@@ -48,7 +49,28 @@ compare plain_baseline plain_ddp2
 compare plain_baseline plain_fsdp2
 compare plain_baseline_batch6 plain_fsdp3
 compare plain_baseline plain_fsdp2_amp 2e-2
-{ cat "$examples/plain_module/strategy.toml"; printf '[[pass]]\nname = "tensor_parallel"\n'; } > "$work/plain_tensor2.toml"
+# The passes the example's strategy does not list, appended to a copy of it.
+with_passes() {  # NAME PASS...: writes $work/NAME.toml
+  local name=$1
+  shift
+  { cat "$examples/plain_module/strategy.toml"; for pass in "$@"; do printf '[[pass]]\nname = "%s"\n' "$pass"; done; } > "$work/$name.toml"
+}
+run_file() {  # STRATEGY NAME RANKS SETTINGS...: as run, with another strategy file
+  local strategy=$1 name=$2 ranks=$3
+  shift 3
+  local launch=()
+  ((ranks > 1)) && launch=("${mpirun[@]}" -np "$ranks")
+  (cd "$work" && "${launch[@]}" "$bin/train_plain_module" "$strategy" job.run_dir="$work/$name" job.steps=12 "$@" > "$work/$name.log" 2>&1) ||
+    { cat "$work/$name.log"; exit 1; }
+}
+with_passes plain_zero2 zero2
+run_file "$work/plain_zero2.toml" plain_zero2 2 pass.fsdp.enabled=false "${fp32[@]}"
+compare plain_baseline plain_zero2
+with_passes plain_act_checkpoint act_checkpoint
+run_file "$work/plain_act_checkpoint.toml" plain_fsdp2_act_checkpoint 2 "${fp32[@]}"
+compare plain_baseline plain_fsdp2_act_checkpoint
+
+with_passes plain_tensor2 tensor_parallel
 set +e
 (cd "$work" && "${mpirun[@]}" -np 2 "$bin/train_plain_module" "$work/plain_tensor2.toml" job.run_dir="$work/plain_tensor2" \
   parallel.data=1 parallel.tensor=2 pass.fsdp.enabled=false > "$work/plain_tensor2.log" 2>&1)
