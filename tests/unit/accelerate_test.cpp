@@ -106,6 +106,17 @@ TEST(Accelerate, ProblemsComeBackInTheStatus) {
   EXPECT_FALSE(fused.trainer);
 }
 
+TEST(Accelerate, OneTrainerPerProcessAtATime) {
+  Accelerated first = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {}, Strategy::from_toml(kTinyJob), in("accelerate_first"));
+  ASSERT_TRUE(first.ok) << first.status;
+  Accelerated second = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {}, Strategy::from_toml(kTinyJob), in("accelerate_second"));
+  EXPECT_FALSE(second.ok);
+  EXPECT_NE(second.status.find("another Trainer is alive in this process"), std::string::npos) << second.status;
+  first = {};
+  Accelerated third = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {}, Strategy::from_toml(kTinyJob), in("accelerate_third"));
+  EXPECT_TRUE(third.ok) << third.status;
+}
+
 TEST(Accelerate, AutomaticPicksAStrategyThatPlansAndSaysSo) {
   Accelerated automatic = accelerate(std::make_unique<MlpLanguageModel>(), {"adamw", {}}, nullptr, {}, Strategy::automatic(1, kTinyJob),
                                      in("accelerate_automatic"));

@@ -2,6 +2,7 @@
 // step runs is core's step program (core_stages.cpp) as the passes left it; `strata plan` prints it.
 #include "strata/core/trainer.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -39,11 +40,34 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+namespace {
+std::atomic<bool> trainer_alive{false};
+}  // namespace
+
+ProcessTrainerSlot::ProcessTrainerSlot(const ComponentRegistry& registry) {
+  if (trainer_alive.exchange(true))
+    throw UserError("another Trainer is alive in this process; destroy it before building the next (the operator table is "
+                    "process-wide)");
+  try {
+    OperatorTable::global().install(registry);
+  } catch (...) {
+    OperatorTable::global().reset();
+    trainer_alive = false;
+    throw;
+  }
+}
+
+ProcessTrainerSlot::~ProcessTrainerSlot() {
+  OperatorTable::global().reset();
+  trainer_alive = false;
+}
+
 Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_in, const ComponentRegistry& registry_in,
                     RunOptions options_in)
     : plan(plan_in),
       order(std::move(order_in)),
       registry(registry_in),
+      process_slot(registry_in),
       options(std::move(options_in)),
       env(detect_launch_env()),
       out_dir(options.out_dir.empty() ? fs::path(plan.job.get_string("run_dir")) : options.out_dir),
@@ -83,7 +107,6 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   at::globalContext().setFlushDenormal(true);
   const int64_t seed = job_cfg.get_int("seed");
   at::manual_seed(static_cast<uint64_t>(seed));
-  OperatorTable::global().install(registry);
 
   job = std::make_unique<Job>(plan.job, plan.model, plan.data, plan.optimizer, device);
   job->topology = topology;
@@ -218,12 +241,7 @@ Trainer::Trainer(const ResolvedStrategy& plan, std::vector<size_t> order, const 
   else impl_->continue_from(0);
 }
 
-// The process-wide operator table holds the registry's implementations, whose code the registry's
-// plugins own: it is emptied with the trainer that installed them, before the registry can go.
-Trainer::~Trainer() {
-  impl_.reset();
-  OperatorTable::global().reset();
-}
+Trainer::~Trainer() = default;
 
 const StepRecord& Trainer::step() {
   Impl& t = *impl_;

@@ -21,12 +21,24 @@
 
 namespace strata {
 
+// One Trainer per process at a time, holding the process-wide operator table: the registry's
+// implementations are installed for the Trainer's life and removed when it goes (also when its
+// set-up fails), before the registry whose plugins own their code can go.
+class ProcessTrainerSlot {
+ public:
+  explicit ProcessTrainerSlot(const ComponentRegistry& registry);
+  ~ProcessTrainerSlot();
+  ProcessTrainerSlot(const ProcessTrainerSlot&) = delete;
+  ProcessTrainerSlot& operator=(const ProcessTrainerSlot&) = delete;
+};
+
 // Declared in the order they are built; destroyed in reverse, so the beacon outlives the
 // communicators that record into it, the sampler its dataset, and the job's states the optimizer.
 struct Trainer::Impl {
   ResolvedStrategy plan;
   std::vector<size_t> order;
   const ComponentRegistry& registry;
+  ProcessTrainerSlot process_slot;
   RunOptions options;
   LaunchEnv env;
   std::filesystem::path out_dir, checkpoints_dir;
