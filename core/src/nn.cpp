@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 
 #include "strata/errors.h"
 #include "strata/ops.h"
+#include "strata/rng.h"
 
 namespace strata::nn {
 
@@ -383,14 +385,60 @@ void Model::set_executor(size_t i, BlockExecutor executor) { blocks_.at(i).execu
 void Model::add_pre_forward_hook(size_t i, BlockHook hook) { blocks_.at(i).pre.push_back(std::move(hook)); }
 void Model::add_post_forward_hook(size_t i, BlockHook hook) { blocks_.at(i).post.push_back(std::move(hook)); }
 
+namespace {
+
+thread_local const MicroBatchRandomness* current_randomness = nullptr;
+
+// splitmix64's finaliser: every input bit moves every output bit.
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// Seeds the generators for one block's draws and puts them back when the block is done, also
+// when it throws.
+class BlockRandomness {
+ public:
+  BlockRandomness(const c10::Device& device, uint64_t seed) : outside_(device) { seed_generators(device, seed); }
+  ~BlockRandomness() { outside_.restore(); }
+  BlockRandomness(const BlockRandomness&) = delete;
+  BlockRandomness& operator=(const BlockRandomness&) = delete;
+
+ private:
+  RngSnapshot outside_;
+};
+
+}  // namespace
+
+MicroBatchRandomness::MicroBatchRandomness(uint64_t seed, int64_t step, int64_t micro, int64_t data_rank)
+    : key_(mix(mix(mix(mix(seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(micro)) ^ static_cast<uint64_t>(data_rank))),
+      outer_(current_randomness) {
+  current_randomness = this;
+}
+
+MicroBatchRandomness::~MicroBatchRandomness() { current_randomness = outer_; }
+
+const MicroBatchRandomness* MicroBatchRandomness::current() { return current_randomness; }
+
+uint64_t MicroBatchRandomness::block_seed(const std::string& name) const {
+  uint64_t h = 0xCBF29CE484222325ULL;  // FNV-1a over the name
+  for (const unsigned char c : name) h = (h ^ c) * 0x100000001B3ULL;
+  return mix(key_ ^ h);
+}
+
 at::Tensor Model::forward(const at::Tensor& tokens) { return forward_blocks(0, blocks_.size(), tokens); }
 
 at::Tensor Model::forward_blocks(size_t first, size_t last, const at::Tensor& input) {
   at::Tensor x = input;
+  const MicroBatchRandomness* randomness = is_training() ? MicroBatchRandomness::current() : nullptr;
   for (size_t i = first; i < last; ++i) {
     Entry& entry = blocks_.at(i);
     // Operators called in the block (its hooks included) see which block runs: pins per block.
     const ops::BlockScope scope(entry.name, entry.block->type());
+    std::optional<BlockRandomness> draws;
+    if (randomness) draws.emplace(x.device(), randomness->block_seed(entry.name));
     for (auto& hook : entry.pre) hook(*entry.block, x);
     x = entry.executor ? entry.executor(*entry.block, x) : entry.block->forward(x);
     for (auto& hook : entry.post) hook(*entry.block, x);

@@ -7,6 +7,7 @@
 // its stages and drops the rest before any wrapping pass sees the model.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -16,6 +17,7 @@
 #include "stage_runtime.h"
 #include "strata/model.h"
 #include "strata/plugin.h"
+#include "strata/rng.h"
 
 namespace strata::pipeline {
 namespace {
@@ -81,6 +83,22 @@ Partition partition_model(nn::Model& model, const Config& config, const Config& 
   return out;
 }
 
+// The whole model at tensor rank 0's shapes, as every rank builds it before keeping its stages;
+// for plan-time checks and the printed stages. Null, with `problem` set, when it cannot be built.
+// The generator is left as it was (a program planning before it trains draws the same weights).
+std::shared_ptr<nn::Model> build_for_plan(const PlanFacts& facts, std::string& problem) {
+  const RngSnapshot rng{c10::Device(c10::kCPU)};
+  std::shared_ptr<nn::Model> model;
+  try {
+    at::NoGradGuard no_grad;
+    model = facts.model_factory.create_shard(facts.model, nn::TensorShard{facts.mesh.tensor, 0});
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  rng.restore();
+  return model;
+}
+
 std::string format(const char* pattern, double value) {
   char buf[64];
   std::snprintf(buf, sizeof buf, pattern, value);
@@ -110,7 +128,8 @@ class PipelineParallelPass final : public Pass {
   }
 
   // What the runtime would find only after every rank has built the model: more stages than
-  // blocks, and a gradient-sync pass that frees parameters between uses (fsdp) under a schedule
+  // blocks, a layout that names a block the model lacks, leaves one out or repeats one (the model
+  // is built here for its block names, as describe_plan builds it), and a gradient-sync pass that frees parameters between uses (fsdp) under a schedule
   // whose rank gets its last gradients in several actions (chunks > 1 or held-back weight
   // gradients), which opens the sync window after the backward by a backward through the
   // parameters themselves (StageRuntime::open_sync_window_after_split_backward).
@@ -121,6 +140,13 @@ class PipelineParallelPass final : public Pass {
     if (const int64_t blocks = facts.model_factory.shape(facts.model).blocks; blocks > 0 && blocks < stages)
       return "pass 'pipeline_parallel': the model has " + std::to_string(blocks) + " blocks, fewer than the " + std::to_string(stages) +
              " stages (pipeline x chunks)";
+    if (config.get_string("partition") == "layout") {
+      std::string problem;
+      if (const auto model = build_for_plan(facts, problem)) {
+        layout_partition(*model, config.get_strings("layout"), stages, problem);
+        if (!problem.empty()) return "pass 'pipeline_parallel': " + problem;
+      }
+    }
     const auto& passes = facts.enabled_passes;
     if (std::find(passes.begin(), passes.end(), "fsdp") == passes.end()) return {};
     bool splits = s.shape.chunks > 1;
@@ -155,12 +181,9 @@ class PipelineParallelPass final : public Pass {
     Settings s;
     if (std::string problem = resolve_settings(config, facts.mesh, s); !problem.empty()) return {};
     std::ostringstream out;
-    std::shared_ptr<nn::Model> model;
-    try {
-      model = facts.model_factory.create_shard(facts.model, nn::TensorShard{facts.mesh.tensor, 0});
-    } catch (const std::exception& e) {
-      return "Pipeline: the model could not be built to show its stages (" + std::string(e.what()) + ")\n";
-    }
+    std::string build_problem;
+    const std::shared_ptr<nn::Model> model = build_for_plan(facts, build_problem);
+    if (!model) return "Pipeline: the model could not be built to show its stages (" + build_problem + ")\n";
     const int64_t local_batch = facts.job.get_int("global_batch") / std::max<int64_t>(1, facts.mesh.data);
     const int64_t micro_batch = facts.job.get_int("micro_batch") > 0 ? facts.job.get_int("micro_batch") : local_batch;
     const int64_t heads = facts.model.has("n_head") ? facts.model.get_int("n_head") / facts.mesh.tensor : 0;

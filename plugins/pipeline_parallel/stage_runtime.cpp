@@ -1,6 +1,7 @@
 #include "stage_runtime.h"
 
 #include <chrono>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -89,6 +90,12 @@ at::Tensor StageRuntime::forward_chunk(int chunk, const at::Tensor& input, const
   const MicroBatch micro = job_.split_batch(batch);
   const nn::SequenceScope sequence(micro.sequence);
   const at::Tensor x = first_stage(chunk) ? micro.inputs : input;
+  // Training forwards draw dropout masks keyed by micro-batch, as core's forward-backward does, so
+  // each block's masks are the ones one process draws for it.
+  std::optional<nn::MicroBatchRandomness> randomness;
+  if (context)
+    randomness.emplace(static_cast<uint64_t>(job_.job_config().get_int("seed")), context->step, context->micro,
+                       job_.topology->rank_in(Dim::Data));
   at::Tensor out = job_.model->forward_blocks(blocks.first, blocks.last, x);
   if (!last_stage(chunk)) return out;
   at::Tensor loss = job_.loss(out, micro.targets);

@@ -1,5 +1,6 @@
 // The bundled GPT, Llama and Mixtral models: shapes, gradients, parameter naming, and learning.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -349,6 +350,39 @@ TEST(Dropout, SequenceShardsApplyRowsOfTheWholeSequencesMask) {
   dropout.sequence_shard = {2, 1};
   dropout.eval();
   EXPECT_TRUE(at::equal(dropout.forward(x), x));
+}
+
+// Dropout keyed by micro-batch: inside a scope each block draws from generators seeded by (seed,
+// step, micro-batch, data rank, block name), whatever ran before and whichever blocks a call runs
+// (a pipeline stage runs some), and the job's generator does not move.
+TEST(MicroBatchRandomness, BlocksDrawByKeyNotByOrder) {
+  auto values = tiny("gpt");
+  values["dropout"] = 0.2;
+  auto model = make("gpt", values);
+  model->train();
+  at::manual_seed(5);
+  const at::Tensor tokens = at::randint(model->vocab_size(), {2, model->seq_len()}, at::kLong);
+  at::NoGradGuard no_grad;
+  auto run = [&](int64_t step, int64_t micro, int64_t data_rank, bool split) {
+    const nn::MicroBatchRandomness randomness(1234, step, micro, data_rank);
+    if (!split) return model->forward(tokens);
+    const size_t n = model->num_blocks();
+    at::Tensor mid = model->forward_blocks(0, 2, tokens);
+    at::rand({7});  // draws between stages do not matter
+    return model->forward_blocks(2, n, mid);
+  };
+  const at::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
+  const at::Tensor a = run(3, 1, 0, false);
+  EXPECT_TRUE(at::equal(at::detail::getDefaultCPUGenerator().get_state(), state));
+  at::rand({3});
+  EXPECT_TRUE(at::equal(run(3, 1, 0, true), a));
+  EXPECT_FALSE(at::equal(run(3, 2, 0, false), a));
+  EXPECT_FALSE(at::equal(run(4, 1, 0, false), a));
+  EXPECT_FALSE(at::equal(run(3, 1, 1, false), a));
+  // Without a scope the generator's stream is drawn from and moves on.
+  const at::Tensor before = at::detail::getDefaultCPUGenerator().get_state();
+  model->forward(tokens);
+  EXPECT_FALSE(at::equal(at::detail::getDefaultCPUGenerator().get_state(), before));
 }
 
 TEST(LayerHooks, InterceptInputAndOutputAndRowBiasAfterTheSum) {

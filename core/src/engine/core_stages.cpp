@@ -73,12 +73,15 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
     program.run(Stage::ForwardBackward, context);
     program.run(Stage::SyncGradients, context);
   });
+  // Dropout masks keyed by (step, micro-batch, data rank, block): a pipeline's stages draw them alike.
+  const auto seed = static_cast<uint64_t>(job.job_config().get_int("seed"));
   program.provide(Stage::ForwardBackward, core_stage_description(Stage::ForwardBackward),
-                  [&job, batch_loss](StepContext& context) {
+                  [&job, batch_loss, seed, dp_rank](StepContext& context) {
                     double loss_sum = 0;
                     const int64_t count = static_cast<int64_t>(context.batches.size());
                     for (int64_t micro = 0; micro < count; ++micro) {
                       context.micro = micro;
+                      const nn::MicroBatchRandomness randomness(seed, context.step, micro, dp_rank);
                       job.run_hooks(HookPoint::BeforeForward, context);
                       context.loss = batch_loss(context.batches[static_cast<size_t>(micro)]);
                       job.run_hooks(HookPoint::AfterForward, context);

@@ -284,6 +284,33 @@ class STRATA_API Dropout : public torch::nn::Module {
   TensorShard sequence_shard;  // set by sequence parallel
 };
 
+// Random numbers keyed by micro-batch: the rule that lets a pipeline draw one process's dropout
+// masks. Inside a scope (core's forward-backward and the pipeline runtime open one per training
+// micro-batch), Model::forward_blocks seeds the generators before each block from (seed, step,
+// micro-batch, data rank, block name) and puts them back after it. A block's masks then depend
+// on which micro-batch of which step it computes, not on which rank runs it nor in what order a
+// schedule runs the micro-batches, and the job's own generator stream (data order, the
+// checkpointed "rng" state) is not advanced by dropout. Recomputation (act_checkpoint captures
+// the seeded state) and WSAM's second pass (it opens the same scope) draw the same masks again.
+// Tensor and context ranks share the data rank, so they draw alike, as they must; data ranks
+// differ, so their masks do too. Without a scope (evaluation, a program calling forward itself)
+// blocks draw from the generators as they stand.
+class STRATA_API MicroBatchRandomness {
+ public:
+  MicroBatchRandomness(uint64_t seed, int64_t step, int64_t micro, int64_t data_rank);
+  ~MicroBatchRandomness();
+  MicroBatchRandomness(const MicroBatchRandomness&) = delete;
+  MicroBatchRandomness& operator=(const MicroBatchRandomness&) = delete;
+  // The innermost scope open on this thread, or null.
+  static const MicroBatchRandomness* current();
+  // The seed of the draws of block `name` in this micro-batch.
+  uint64_t block_seed(const std::string& name) const;
+
+ private:
+  uint64_t key_;
+  const MicroBatchRandomness* outer_;
+};
+
 // A module that keeps per-step figures (a router's expert loads): report_metrics appends
 // name/value pairs for the training micro-batches since its last call, on this rank and its
 // blocks, and starts counting again. Several modules may report one name: the model sums them.
@@ -334,7 +361,8 @@ class STRATA_API Model : public torch::nn::Module {
   // tokens [B, T] int64 -> logits [B, T, vocab]
   at::Tensor forward(const at::Tensor& tokens);
   // Blocks [first, last) on x, with their executors and hooks: a pipeline stage's chunk, which
-  // starts from tokens when it holds the embedding and from an activation otherwise.
+  // starts from tokens when it holds the embedding and from an activation otherwise. In training
+  // and inside a MicroBatchRandomness scope, each block draws from generators seeded for it.
   at::Tensor forward_blocks(size_t first, size_t last, const at::Tensor& x);
   // Keeps only the blocks at `indices` (ascending) and drops the others and their parameters: a
   // pipeline stage's model. Parameter names do not change. Call before any pass hooks blocks.

@@ -2,6 +2,7 @@
 // can run a computation again with the same random numbers (dropout masks).
 #pragma once
 
+#include <mutex>
 #include <vector>
 
 #include <ATen/Context.h>
@@ -27,15 +28,24 @@ class RngSnapshot {
     }
   }
 
- private:
+  // The generators a computation on `device` draws from: the CPU's, and the device's own.
   static std::vector<at::Generator> generators_of(const c10::Device& device) {
     std::vector<at::Generator> out{at::globalContext().defaultGenerator(c10::Device(c10::kCPU))};
     if (!device.is_cpu()) out.push_back(at::globalContext().defaultGenerator(device));
     return out;
   }
 
+ private:
   std::vector<at::Generator> generators_;
   std::vector<at::Tensor> states_;
 };
+
+// Seeds every generator a computation on `device` draws from.
+inline void seed_generators(const c10::Device& device, uint64_t seed) {
+  for (auto& generator : RngSnapshot::generators_of(device)) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_current_seed(seed);
+  }
+}
 
 }  // namespace strata
