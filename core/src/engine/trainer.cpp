@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -102,6 +104,13 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   const int64_t threads = job_cfg.get_int("threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, cores / static_cast<unsigned>(env.local_size))));
+  // Where this rank runs, as its launcher said: across nodes the local rank picks the device slot
+  // and the thread share, so a wrong one shows here first.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  log::record("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + ", local rank " +
+              std::to_string(env.local_rank) + " of " + std::to_string(env.local_size) + " on host " + host + " (launcher " +
+              env.launcher + "), device " + device.str() + ", " + std::to_string(at::get_num_threads()) + " threads");
   // Denormal floats make CPU arithmetic many times slower (seen: PyTorch eager's backward 3.7x
   // slower by the fourth step of a GPT); flushing them to zero changes results only below 1e-38.
   at::globalContext().setFlushDenormal(true);
