@@ -7,8 +7,10 @@
 #include <ATen/ATen.h>
 
 #include <fstream>
+#include <iterator>
 
 #include "strata/errors.h"
+#include "strata/safetensors.h"
 
 namespace strata {
 namespace {
@@ -43,6 +45,28 @@ TEST(FlashCheckpoint, ChecksumSeesEveryByte) {
   }
   EXPECT_EQ(flash_checksum(bytes.data(), bytes.size()), before);
   EXPECT_NE(flash_checksum(bytes.data(), bytes.size() - 1), before);
+}
+
+// The copy into a slot streams 16-byte blocks after an unaligned head: tensors of sizes that are
+// no multiple of 16, at every offset, come out as the file write_safetensors writes, byte for byte.
+TEST(FlashCheckpoint, ImageIsTheCheckpointFileByteForByte) {
+  const fs::path dir = scratch("image");
+  NamedTensors tensors;
+  for (int64_t n : {1, 7, 16, 17, 33, 1000, 4099})
+    tensors.emplace_back("t" + std::to_string(n), at::randint(256, {n}, at::kByte));
+  tensors.emplace_back("strided", at::arange(60, at::kFloat).reshape({6, 10}).t());  // not contiguous
+  FlashWriter writer(dir, 0);
+  std::string problem;
+  ASSERT_EQ(writer.write({3, 1, "hash"}, tensors, {{"step", "3"}}, problem), FlashWrite::Written) << problem;
+  writer.wait();
+  const auto sets = complete_flash_sets(dir);
+  ASSERT_EQ(sets.size(), 1u);
+  EXPECT_FALSE(flash_slot_problem(sets[0].slots[0]));
+  const MappedFlashSet mapped = map_flash_set(sets[0]);
+  write_safetensors(dir / "expected.safetensors", tensors, {{"step", "3"}});
+  std::ifstream file(dir / "expected.safetensors", std::ios::binary);
+  const std::string expected((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(std::string(mapped.images[0]), expected);
 }
 
 TEST(FlashCheckpoint, DoubleBufferingKeepsTheTwoNewest) {
