@@ -516,6 +516,12 @@ double Model::training_flops_per_token() const {
 }
 
 ReportsMetrics::~ReportsMetrics() = default;
+AdjustsAfterStep::~AdjustsAfterStep() = default;
+
+void Model::after_optimizer_step(Communicator& token_ranks) {
+  for (const auto& module : modules(/*include_self=*/false))
+    if (auto* adjusts = dynamic_cast<AdjustsAfterStep*>(module.get())) adjusts->after_optimizer_step(token_ranks);
+}
 
 void Model::collect_metrics(std::vector<std::pair<std::string, double>>& out) const {
   std::vector<std::pair<std::string, double>> figures;

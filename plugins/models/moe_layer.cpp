@@ -17,7 +17,14 @@ Schema& add_moe_keys(Schema& schema) {
             between(0, 1 << 10))
       .real("router_aux_loss_coef", 0.001, "Weight of the load-balancing loss (Switch Transformer's, mean over MoE layers)",
             between(0, 1e6))
-      .real("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE's, mean over MoE layers)", between(0, 1e6));
+      .real("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE's, mean over MoE layers)", between(0, 1e6))
+      .string("balance", "aux_loss",
+              "How expert loads are balanced: \"aux_loss\" (the load-balancing loss alone) or \"bias\" (DeepSeek-V3: a per-expert "
+              "bias on the selection scores, moved after each step towards the mean load; the loss still applies with "
+              "router_aux_loss_coef, 0 for V3's auxiliary-loss-free recipe)",
+              {"aux_loss", "bias"})
+      .real("bias_update_rate", 0.001, "balance = \"bias\": the bias step gamma per optimizer step (DeepSeek-V3: 0.001)",
+            between(0, 1e3));
 }
 
 void validate_moe(const Config& config, const SourcePos& section, Diagnostics& diagnostics) {
@@ -27,6 +34,8 @@ void validate_moe(const Config& config, const SourcePos& section, Diagnostics& d
   if (config.get_int("moe_every") > config.get_int("n_layer"))
     diagnostics.error(section, "[model] moe_every (" + std::to_string(config.get_int("moe_every")) + ") exceeds n_layer (" +
                                    std::to_string(config.get_int("n_layer")) + "): the model would have no MoE block");
+  if (config.get_string("balance") != "bias" && config.entry("bias_update_rate").origin != Origin::Default)
+    diagnostics.error(config.entry("bias_update_rate").pos, "[model] bias_update_rate applies only to balance = \"bias\"");
 }
 
 namespace {
@@ -87,6 +96,8 @@ void require_hub_mixtral(const Config& c) {
   if (c.get_int("moe_every") != 1) throw UserError("MixtralForCausalLM has an MoE MLP in every block; [model] moe_every must be 1");
   if (c.get_int("shared_experts") != 0) throw UserError("MixtralForCausalLM has no shared experts; [model] shared_experts must be 0");
   if (c.get_float("capacity_factor") != 0) throw UserError("MixtralForCausalLM routes without capacity; [model] capacity_factor must be 0");
+  if (c.get_string("balance") != "aux_loss")
+    throw UserError("MixtralForCausalLM selects experts by probability alone; [model] balance must be \"aux_loss\" (not a selection bias)");
 }
 
 bool is_moe_layer(const Config& config, int64_t layer) { return (layer + 1) % config.get_int("moe_every") == 0; }
@@ -98,6 +109,7 @@ MoeSettings MoeSettings::from(const Config& c) {
   s.capacity_factor = c.get_float("capacity_factor");
   s.aux_loss_coef = c.get_float("router_aux_loss_coef"), s.z_loss_coef = c.get_float("router_z_loss_coef");
   s.moe_layers = moe_layer_count(c);
+  s.bias_balance = c.get_string("balance") == "bias", s.bias_update_rate = c.get_float("bias_update_rate");
   return s;
 }
 
@@ -117,6 +129,10 @@ MoeLayer::MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden)
   if (settings.shared_experts > 0)
     shared_experts = register_module("shared_experts", std::make_shared<llama::Mlp>(d_model, settings.shared_experts * hidden, nn::TensorShard{}));
   counts_.tokens.assign(static_cast<size_t>(settings.experts), 0.0);
+  if (settings.bias_balance) {
+    expert_bias = register_buffer("expert_bias", at::zeros({settings.experts}, at::kFloat));
+    step_selections_ = at::zeros({settings.experts}, at::kLong);
+  }
 }
 
 at::Tensor MoeLayer::forward(const at::Tensor& x) {
@@ -125,7 +141,13 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   const int64_t n = tokens.size(0);
   const at::Tensor logits = gate->forward(tokens).to(at::kFloat);
   const at::Tensor probs = logits.softmax(-1);
-  auto [top_weights, top_experts] = probs.topk(k, -1);
+  at::Tensor top_weights, top_experts;
+  if (expert_bias.defined()) {  // the bias picks the experts; their weights stay the router's probabilities
+    top_experts = std::get<1>((probs + expert_bias.to(probs.device())).topk(k, -1));
+    top_weights = probs.gather(-1, top_experts);
+  } else {
+    std::tie(top_weights, top_experts) = probs.topk(k, -1);
+  }
   top_weights = top_weights / top_weights.sum(-1, /*keepdim=*/true);
 
   // Assignments choice-major: every token's first choice, then every second choice, ...
@@ -170,8 +192,24 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
     counts_.aux += aux.item<double>();
     counts_.z += z.item<double>();
     ++counts_.forwards;
+    if (step_selections_.defined()) step_selections_ += selections.to(step_selections_.device());
   }
   return out.view(x.sizes());
+}
+
+void MoeLayer::after_optimizer_step(Communicator& token_ranks) {
+  if (!expert_bias.defined()) return;
+  // Selections of every rank's tokens this step (exact integers, so every rank moves alike and
+  // as one process over the whole batch would), then b_i += gamma sign(mean - load_i).
+  at::Tensor load = step_selections_.to(at::kDouble);
+  if (token_ranks.size() > 1) token_ranks.all_reduce(load, ReduceOp::Sum)->wait();
+  step_selections_.zero_();
+  const at::Tensor mean = load.mean();
+  if (load.sum().item<double>() == 0) return;  // no training forward this step
+  counts_.max_load += (load.max() / mean).item<double>();
+  ++counts_.bias_updates;
+  at::NoGradGuard no_grad;
+  expert_bias.add_((mean - load).sign().to(expert_bias.scalar_type()), settings_.bias_update_rate);
 }
 
 void MoeLayer::split_experts(Communicator& group) {
@@ -231,6 +269,7 @@ void MoeLayer::report_metrics(std::vector<std::pair<std::string, double>>& out) 
   out.emplace_back("moe_dropped_fraction", counts_.dropped / counts_.routed * share);
   for (size_t e = 0; e < counts_.tokens.size(); ++e) out.emplace_back("moe_tokens_e" + std::to_string(e), counts_.tokens[e]);
   if (expert_group_ && expert_group_->size() > 1) out.emplace_back("moe_all_to_all_bytes", counts_.exchanged_bytes);
+  if (counts_.bias_updates > 0) out.emplace_back("moe_max_load_ratio", counts_.max_load / static_cast<double>(counts_.bias_updates) * share);
   counts_ = Counts{};
   counts_.tokens.assign(static_cast<size_t>(settings_.experts), 0.0);
 }

@@ -18,6 +18,14 @@
 // the objective times router_aux_loss_coef / router_z_loss_coef through nn::add_auxiliary_loss
 // (so pipeline stages and recomputation need nothing special). The reported loss stays the
 // language-model loss; moe_aux_loss and moe_z_loss go to the metrics with the expert loads.
+//
+// balance = "bias" (DeepSeek-V3's auxiliary-loss-free balancing): a per-expert bias b (a buffer,
+// checkpointed, not trained) is added to the probabilities for the top-k *selection* only; the
+// chosen experts' weights are their unbiased probabilities, renormalised. After each optimizer
+// step b_i += gamma sign(mean load - load_i), the loads being the step's top-k selections (before
+// capacity) summed over every training forward and over the data x context ranks, so every rank
+// and one process over the same batch move b alike. moe_max_load_ratio (busiest expert's load
+// over the mean) goes to the metrics.
 #pragma once
 
 #include <memory>
@@ -48,6 +56,8 @@ struct MoeSettings {
   int64_t experts = 8, top_k = 2, shared_experts = 0;
   double capacity_factor = 0, aux_loss_coef = 0, z_loss_coef = 0;
   int64_t moe_layers = 1;  // in the model: each layer's losses weigh 1 / moe_layers
+  bool bias_balance = false;  // balance = "bias"
+  double bias_update_rate = 0.001;
   static MoeSettings from(const Config& config);
 };
 
@@ -68,17 +78,20 @@ class GroupedExperts final : public torch::nn::Module {
 // weighted sum. An expert's gradient sums over every rank's tokens; it is scaled by 1/P inside
 // the layer so that averaging it over the ranks that hold the same experts (ddp over the
 // expert-data group) gives the single-process gradient.
-class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics, public nn::ExpertParallelLayer {
+class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics, public nn::ExpertParallelLayer, public nn::AdjustsAfterStep {
  public:
   MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden);
   at::Tensor forward(const at::Tensor& x);
   void report_metrics(std::vector<std::pair<std::string, double>>& out) override;
   int64_t experts() const override { return settings_.experts; }
   void split_experts(Communicator& group) override;
+  // balance = "bias": moves expert_bias by the step's loads over `token_ranks` (see above).
+  void after_optimizer_step(Communicator& token_ranks) override;
 
   std::shared_ptr<nn::Linear> gate;  // the router, d -> E
   std::shared_ptr<GroupedExperts> routed_experts;  // registered as "experts"
   std::shared_ptr<llama::Mlp> shared_experts;  // width shared_experts x hidden, or null
+  at::Tensor expert_bias;  // balance = "bias": [E] fp32 buffer "expert_bias"; else undefined
 
  private:
   // Figures of the training forwards since the last report (recomputations count, the forwards
@@ -87,6 +100,8 @@ class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics, publ
     std::vector<double> tokens;  // per expert, kept assignments
     double dropped = 0, routed = 0, aux = 0, z = 0;
     double exchanged_bytes = 0;  // expert parallel: sent to other ranks, forward and backward
+    double max_load = 0;  // balance = "bias": the busiest expert's load over the mean, summed over updates
+    int64_t bias_updates = 0;
     int64_t forwards = 0;
   };
   // The experts' outputs for rows sorted by (global) expert, group_sizes per expert: computed
@@ -95,6 +110,7 @@ class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics, publ
   MoeSettings settings_;
   Counts counts_;
   Communicator* expert_group_ = nullptr;
+  at::Tensor step_selections_;  // balance = "bias": top-k selections of this step's training forwards, per expert
 };
 
 }  // namespace strata::models

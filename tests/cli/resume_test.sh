@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # resume_test.sh STRATA STRATEGY WORKDIR [RANKS [EXTRA --set ...]]
+# (RESUME_DROPOUT=none: for models without a dropout key)
 # Trains 12 steps uninterrupted; then "interrupts" a copy after its step-4 checkpoint (removing
 # the later ones), corrupts one later checkpoint in a second copy, resumes both, and requires
 # every step's metrics (all but timings and peak memory) to equal the uninterrupted run's, bit
@@ -11,7 +12,8 @@ run() { "$strata" run -n "$ranks" "$@"; }
 rm -rf "$work" && mkdir -p "$work"
 small=(--set job.steps=12 --set job.checkpoint_every=4 --set job.eval_every=6 --set job.log_every=4
        --set job.global_batch=4 --set job.micro_batch=2 --set job.threads=1
-       --set model.n_layer=1 --set model.seq_len=32 --set model.dropout=0.1 "$@")
+       --set model.n_layer=1 --set model.seq_len=32 "$@")
+[[ ${RESUME_DROPOUT:-} == none ]] || small+=(--set model.dropout=0.1)
 run "$strategy" --out "$work/full" "${small[@]}"
 # Every metric but timings and peak memory: losses, gradient norms, learning rates, validation
 # losses and what passes report (e.g. amp's loss scale) must all continue exactly.

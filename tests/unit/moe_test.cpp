@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "moe_layer.h"
+#include "strata/core/local_communicator.h"
 
 namespace strata::models {
 namespace {
@@ -72,12 +73,14 @@ struct Reference {
   double aux = 0, z = 0;
 };
 
-// Token by token: top-k of the router's softmax, weights renormalised, choices taken
-// choice-major against each expert's capacity (< 0: none).
+// Token by token: top-k of the router's softmax (plus the layer's selection bias, if any), the
+// chosen experts' probabilities renormalised as weights, choices taken choice-major against each
+// expert's capacity (< 0: none).
 Reference reference_moe(const MoeLayer& layer, const at::Tensor& tokens, int64_t k, int64_t capacity) {
   const int64_t n = tokens.size(0), e_count = layer.gate->weight.size(0);
   const at::Tensor logits = tokens.mm(layer.gate->weight.t()), probs = logits.softmax(-1);
-  auto [w, idx] = probs.topk(k, -1);
+  const at::Tensor idx = std::get<1>((layer.expert_bias.defined() ? probs + layer.expert_bias : probs).topk(k, -1));
+  at::Tensor w = probs.gather(-1, idx);
   w = w / w.sum(-1, true);
   Reference r;
   r.out = at::zeros_like(tokens);
@@ -174,6 +177,60 @@ TEST(MoeLayer, AuxiliaryLossesReachTheRouterGradient) {
   ((out.sum() + 0.5 * (0.3 * aux + 0.2 * z)) * scale).backward();
   expect_close(a.gate->weight.grad(), b.gate->weight.grad(), 1e-5, "router gradient");
   expect_close(a.routed_experts->gate_proj->weight.grad(), b.routed_experts->gate_proj->weight.grad(), 1e-6, "expert gradient");
+}
+
+// DeepSeek-V3's bias: it changes which experts are chosen, not the chosen ones' weights.
+TEST(MoeLayer, SelectionBiasPicksTheExpertsButNotTheirWeights) {
+  at::manual_seed(13);
+  MoeSettings settings;
+  settings.experts = 5, settings.top_k = 2, settings.bias_balance = true;
+  MoeLayer layer(settings, 12, 20);
+  ASSERT_TRUE(layer.expert_bias.defined());
+  {
+    at::NoGradGuard no_grad;
+    layer.expert_bias.copy_(at::tensor({0.3f, -0.2f, 0.0f, 0.1f, -0.05f}));
+  }
+  const at::Tensor x = at::randn({1, 21, 12});
+  at::NoGradGuard no_grad;
+  const Reference ref = reference_moe(layer, x.reshape({21, 12}), 2, -1);
+  expect_close(layer.forward(x).reshape({21, 12}), ref.out, 1e-5, "output");
+  for (auto name : layer.named_buffers()) EXPECT_EQ(name.key(), "expert_bias") << "the bias is the layer's only buffer";
+}
+
+// A router that sends most tokens to one expert: after each step the bias moves every expert by
+// gamma towards the mean load, and the busiest expert's share falls towards uniform.
+TEST(MoeLayer, BiasBalancingMovesLoadsTowardsUniform) {
+  at::manual_seed(17);
+  MoeSettings settings;
+  settings.experts = 4, settings.top_k = 1, settings.bias_balance = true, settings.bias_update_rate = 0.01;
+  MoeLayer layer(settings, 8, 16);
+  at::Tensor x = at::randn({1, 64, 8}) * 0.2;
+  {
+    at::NoGradGuard no_grad;
+    x.select(-1, 0).add_(1.0);
+    layer.gate->weight.select(1, 0).copy_(at::tensor({1.5f, 0.0f, 0.0f, 0.0f}));  // expert 0 wins most tokens
+  }
+  const auto local = local_communicator();
+  std::vector<double> ratios;
+  for (int step = 0; step < 40; ++step) {
+    layer.forward(x);
+    layer.forward(x);  // two micro-batches: their loads add up
+    layer.after_optimizer_step(*local);
+    std::vector<std::pair<std::string, double>> figures;
+    layer.report_metrics(figures);
+    ratios.push_back(metric(figures, "moe_max_load_ratio"));
+  }
+  EXPECT_GT(ratios.front(), 2.5) << "the skewed router must start unbalanced";
+  // Sign steps of a fixed size end oscillating around balance (here 1.25 / 1.81 from 4).
+  double last_ten = 0;
+  for (size_t i = ratios.size() - 10; i < ratios.size(); ++i) last_ten += ratios[i] / 10;
+  EXPECT_LT(last_ten, 1.75) << "the busiest expert's load over the mean, averaged over the last 10 updates";
+  EXPECT_LT(layer.expert_bias[0].item<double>(), 0.0) << "the busy expert's bias went down";
+  at::NoGradGuard no_grad;
+  const at::Tensor no_training = layer.expert_bias.clone();
+  layer.forward(x);  // an evaluation forward counts no load
+  layer.after_optimizer_step(*local);
+  EXPECT_TRUE(layer.expert_bias.equal(no_training));
 }
 
 TEST(MoeLayer, SharedExpertsAddADenseSwiGlu) {

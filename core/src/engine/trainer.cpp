@@ -168,6 +168,7 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
       throw UserError("pass " + pass.name() + " replaces the loss with its own, so the program's loss function cannot be used with "
                       "it; disable the pass or train with core's cross entropy (no loss function)");
   }
+  job->register_state("buffers", engine::buffer_state(job->model));  // after the passes: a pipeline stage's own
   log::record("step program:\n" + describe_step_program(job->program));  // the rank log keeps what ran
 
   optimizer = job->make_optimizer(engine::parameter_groups(*job->model, plan.optimizer));
@@ -282,6 +283,7 @@ const StepRecord& Trainer::step() {
   const engine::MemoryFigures memory = engine::memory_figures(job);
   job.program.run(Stage::OptimizerStep, context);
   job.run_hooks(HookPoint::AfterStep, context);
+  job.model->after_optimizer_step(t.topology->group({Dim::Data, Dim::Context}));
   job.model->collect_metrics(context.metrics);
   t.progress->beat(step, StepPhase::Updated);
 

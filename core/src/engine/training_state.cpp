@@ -52,6 +52,24 @@ class ModelState final : public Stateful {
   std::shared_ptr<nn::Model> model_;
 };
 
+// The model's buffers: state that is not trained by gradients but follows the training (a
+// router's load-balancing bias, a plain module's running statistics). The same on every data
+// rank for the bundled models (they reduce what moves them over the data ranks), so one writes.
+class BufferState final : public Stateful {
+ public:
+  explicit BufferState(std::shared_ptr<nn::Model> model) : model_(std::move(model)) {}
+  NamedTensors save() const override {
+    NamedTensors out;
+    for (const auto& b : model_->named_buffers()) out.emplace_back(b.key(), b.value());
+    return out;
+  }
+  void load(const NamedTensors& tensors) override { ModelState::copy_into(save(), tensors, "buffers"); }
+  bool same_on_data_ranks() const override { return true; }
+
+ private:
+  std::shared_ptr<nn::Model> model_;
+};
+
 class OptimizerState final : public Stateful {
  public:
   OptimizerState(Optimizer& optimizer, const nn::Model& model) : optimizer_(optimizer), model_(model) {}
@@ -126,6 +144,7 @@ std::vector<at::Tensor> tensors_of(const Stateful& state) {
 }  // namespace
 
 std::shared_ptr<Stateful> model_state(std::shared_ptr<nn::Model> model) { return std::make_shared<ModelState>(std::move(model)); }
+std::shared_ptr<Stateful> buffer_state(std::shared_ptr<nn::Model> model) { return std::make_shared<BufferState>(std::move(model)); }
 std::shared_ptr<Stateful> optimizer_state(Optimizer& optimizer, const nn::Model& model) {
   return std::make_shared<OptimizerState>(optimizer, model);
 }

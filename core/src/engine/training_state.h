@@ -14,6 +14,7 @@ namespace strata::engine {
 
 // Stateful adaptors for the pieces core owns ("model" before passes apply, the rest after).
 std::shared_ptr<Stateful> model_state(std::shared_ptr<nn::Model> model);
+std::shared_ptr<Stateful> buffer_state(std::shared_ptr<nn::Model> model);  // its buffers (none: an empty state)
 std::shared_ptr<Stateful> optimizer_state(Optimizer& optimizer, const nn::Model& model);
 std::shared_ptr<Stateful> data_state(BatchSampler& sampler);
 std::shared_ptr<Stateful> rng_state();

@@ -320,6 +320,17 @@ class STRATA_API ReportsMetrics {
   virtual void report_metrics(std::vector<std::pair<std::string, double>>& out) = 0;
 };
 
+// A module whose state follows the training (not the gradient): after each optimizer step core
+// calls after_optimizer_step with the ranks that hold the same layers and see other tokens (data
+// x context, so expert ranks too; one group per pipeline stage), collectively, in module order.
+// DeepSeek-V3's router bias moves with the expert loads summed over those ranks. Such state
+// lives in buffers (register_buffer), which checkpoints carry as the "buffers" state.
+class STRATA_API AdjustsAfterStep {
+ public:
+  virtual ~AdjustsAfterStep();
+  virtual void after_optimizer_step(Communicator& token_ranks) = 0;
+};
+
 // A block: the unit passes address by name and by type ("embedding", "block", "head", ...).
 class STRATA_API Block : public torch::nn::Module {
  public:
@@ -384,6 +395,9 @@ class STRATA_API Model : public torch::nn::Module {
   // values of one name summed over the modules. Core appends them to the step's metrics after
   // each optimizer step.
   void collect_metrics(std::vector<std::pair<std::string, double>>& out) const;
+  // Every AdjustsAfterStep module's after_optimizer_step, in module order (collective over
+  // `token_ranks`). Core calls it after each optimizer step, before collect_metrics.
+  void after_optimizer_step(Communicator& token_ranks);
 
  private:
   struct Entry {
