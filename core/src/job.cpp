@@ -66,7 +66,10 @@ double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_no
     double replicas = 1;
     if (topology) {
       int sharded = 1;
-      for (Dim d : g.placement.sharded_over) sharded *= topology->size(d);
+      // Expert is a factor of data: a piece sharded over data (a ZeRO chunk of split experts) is
+      // already one of data-size pieces.
+      for (Dim d : g.placement.sharded_over)
+        if (d != Dim::Expert || !g.placement.is_sharded_over(Dim::Data)) sharded *= topology->size(d);
       replicas = static_cast<double>(topology->world_size()) / sharded;
     }
     norms_by_replicas[replicas].push_back(g.grad.detach().to(at::kFloat).norm());

@@ -36,27 +36,9 @@ class DdpPass final : public Pass {
   }
 
   void apply(Job& job, const Config& config) const override {
-    Communicator& comm = job.topology->group(Dim::Data);
-    Communicator& expert_comm = job.topology->expert_data_group();
-    const Placements placements = nn::parameter_placements(*job.model);
-    auto split_expert = [placements](const std::string& name) {
-      const auto p = placements.find(name);
-      if (p == placements.end()) return false;
-      const std::vector<Dim>& dims = p->second.sharded_over;  // (Placement::is_sharded_over is core-internal)
-      return std::find(dims.begin(), dims.end(), Dim::Expert) != dims.end();
-    };
-    {
-      at::NoGradGuard no_grad;
-      for (auto& p : job.model->named_parameters()) (split_expert(p.key()) ? expert_comm : comm).broadcast(p.value(), 0)->wait();
-      if (config.get_bool("broadcast_buffers"))
-        for (auto& b : job.model->buffers()) comm.broadcast(b, 0)->wait();
-    }
-    const double bucket_mb = config.get_float("bucket_mb");
-    sharding::Units units = sharding::make_buckets(*job.model, comm, bucket_mb, sharding::GradReduce::AllReduce, job.reduce_dtype,
-                                                   [&](const std::string& name) { return !split_expert(name); });
-    for (auto& unit : sharding::make_buckets(*job.model, expert_comm, bucket_mb, sharding::GradReduce::AllReduce, job.reduce_dtype,
-                                             split_expert))
-      units.push_back(unit);
+    sharding::Units units = sharding::make_data_parallel_buckets(*job.model, job.topology->group(Dim::Data), job.topology->expert_data_group(),
+                                                                 config.get_float("bucket_mb"), sharding::GradReduce::AllReduce,
+                                                                 job.reduce_dtype, config.get_bool("broadcast_buffers"));
     auto reducer = std::make_shared<sharding::BucketReducer>("ddp", units, sharding::ignores_unused_parameters(config));
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
     // WSAM's local gradient (sync_gradients false) is left alone.

@@ -20,8 +20,9 @@
 //   bytes                   per MoE layer and micro-batch of T tokens routed to k experts of width
 //                           d, a rank sends T k d b (P-1)/P bytes to dispatch and as much to
 //                           combine, the same again in backward (uniform routing)
-// Composes with ddp (required when data > 1) and pipeline parallel; zero and fsdp do not yet
-// shard expert parameters and are refused.
+// Composes with ddp or zero1/zero2 (one of them required when data > 1: they reduce and shard
+// the experts over the expert-data group) and pipeline parallel; fsdp does not yet gather expert
+// pieces and is refused.
 #include <algorithm>
 #include <cstdio>
 
@@ -42,7 +43,7 @@ class ExpertParallelPass final : public Pass {
               "Experts of mixture-of-experts layers split over [parallel] expert ranks (a factor of data); tokens dispatched and "
               "combined by all-to-all",
               Schema()},
-             {Phase::ModelRewrite, {}, {"fsdp", "zero1", "zero2"}, {}, {}}, {{Dim::Expert}, {}}) {}
+             {Phase::ModelRewrite, {}, {"fsdp"}, {}, {}}, {{Dim::Expert}, {}}) {}
 
   std::string size_problem(const Config&, const Config& model, const MeshSizes& mesh) const override {
     if (!model.has("n_experts")) return "pass 'expert_parallel': the model has no experts ([model] n_experts); use model = \"mixtral\"";

@@ -4,6 +4,7 @@
 // reduced as soon as backward has finished all of its gradients in the step's last backward.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -16,6 +17,18 @@ namespace strata::sharding {
 // parameters (by name); none: every trainable one.
 Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, GradReduce reduce,
                    std::optional<at::ScalarType> reduce_dtype, const std::function<bool(const std::string&)>& include = {});
+
+// Whether a parameter (by name) is a piece of experts split by expert_parallel (placed over
+// Dim::Expert): replicated only over the data ranks that hold the same experts, so it is
+// broadcast, reduced and sharded over Topology::expert_data_group, not the data group.
+std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& model);
+
+// Buckets for the data-parallel passes that keep parameters in place (ddp, zero1, zero2): dense
+// parameters over `data`, split experts over `expert_data`, in buckets of their own; every
+// parameter first broadcast from rank 0 of its group so replicas start equal (buffers too, over
+// `data`, when `broadcast_buffers`).
+Units make_data_parallel_buckets(nn::Model& model, Communicator& data, Communicator& expert_data, double bucket_mb,
+                                 GradReduce reduce, std::optional<at::ScalarType> reduce_dtype, bool broadcast_buffers);
 
 // Reduces each bucket as soon as backward has finished all of its gradients.
 class BucketReducer {

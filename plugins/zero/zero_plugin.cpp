@@ -3,7 +3,9 @@
 // backward. Each rank's optimizer updates only its chunk of every bucket, then the chunks are
 // all-gathered. Stage 1 all-reduces (every rank keeps the averaged gradient); stage 2
 // reduce-scatters (every rank keeps only its chunk of it). Gradients travel in amp's
-// reduce_dtype when one is set.
+// reduce_dtype when one is set. Experts split by expert_parallel are bucketed, reduced and
+// sharded over the data ranks that hold the same experts (Topology::expert_data_group): their
+// pieces are sharded over Dim::Expert (which experts) and Dim::Data (which chunk of them).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -43,11 +45,10 @@ class ZeroPass final : public Pass {
   }
 
   void apply(Job& job, const Config& config) const override {
-    Communicator& comm = job.topology->group(Dim::Data);
-    sharding::broadcast_model_state(*job.model, comm);
-    Units units = sharding::make_buckets(*job.model, comm, config.get_float("bucket_mb"),
-                               stage_ == 1 ? sharding::GradReduce::AllReduce : sharding::GradReduce::ReduceScatter,
-                               job.reduce_dtype);
+    Units units = sharding::make_data_parallel_buckets(*job.model, job.topology->group(Dim::Data), job.topology->expert_data_group(),
+                                                       config.get_float("bucket_mb"),
+                                                       stage_ == 1 ? sharding::GradReduce::AllReduce : sharding::GradReduce::ReduceScatter,
+                                                       job.reduce_dtype, /*broadcast_buffers=*/true);
     auto reducer = std::make_shared<sharding::BucketReducer>(name(), units, sharding::ignores_unused_parameters(config));
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
     job.add_hook(HookPoint::BeforeBackward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.last_backward); });
