@@ -20,9 +20,8 @@
 //   bytes                   per MoE layer and micro-batch of T tokens routed to k experts of width
 //                           d, a rank sends T k d b (P-1)/P bytes to dispatch and as much to
 //                           combine, the same again in backward (uniform routing)
-// Composes with ddp or zero1/zero2 (one of them required when data > 1: they reduce and shard
-// the experts over the expert-data group) and pipeline parallel; fsdp does not yet gather expert
-// pieces and is refused.
+// Composes with ddp, zero1/zero2 or fsdp (one of them required when data > 1: they broadcast,
+// reduce and shard the experts over the expert-data group) and with pipeline parallel.
 #include <algorithm>
 #include <cstdio>
 
@@ -43,7 +42,7 @@ class ExpertParallelPass final : public Pass {
               "Experts of mixture-of-experts layers split over [parallel] expert ranks (a factor of data); tokens dispatched and "
               "combined by all-to-all",
               Schema()},
-             {Phase::ModelRewrite, {}, {"fsdp"}, {}, {}}, {{Dim::Expert}, {}}) {}
+             {Phase::ModelRewrite, {}, {}, {}, {}}, {{Dim::Expert}, {}}) {}
 
   std::string size_problem(const Config&, const Config& model, const MeshSizes& mesh) const override {
     if (!model.has("n_experts")) return "pass 'expert_parallel': the model has no experts ([model] n_experts); use model = \"mixtral\"";

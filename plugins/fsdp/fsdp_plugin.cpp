@@ -5,6 +5,9 @@
 // root unit, gathered for the whole forward and backward; ignored blocks keep full parameters
 // and are reduced like zero1. Under amp, full parameters are gathered in the compute dtype (the
 // fp32 shards stay the optimizer's master weights) and gradients reduced in amp's reduce_dtype.
+// Experts split by expert_parallel are replicated only over the data ranks holding the same
+// experts: each unit's split-expert parameters form a companion unit sharded over that group
+// (Topology::expert_data_group), gathered, freed and reduced together with it.
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -67,42 +70,46 @@ NamedParams block_params(const nn::Model& model, size_t b) {
   return out;
 }
 
+// The units gathered and freed together: a wrapped run's (or the root's) dense parameters over
+// the data ranks and, under expert parallel, its split experts over the expert-data ranks.
+using UnitSet = Units;
+
 // Gathers and frees units around their uses and reduces their gradients.
 class Sharder {
  public:
-  Sharder(Units wrapped, std::shared_ptr<FlatUnit> root, std::shared_ptr<FlatUnit> ignored, Options options)
-      : wrapped_(std::move(wrapped)), root_(std::move(root)), ignored_(std::move(ignored)), options_(options) {
-    for (auto& u : wrapped_) all_.push_back(u);
-    if (root_) all_.push_back(root_);
-    if (ignored_) all_.push_back(ignored_);
+  Sharder(std::vector<UnitSet> wrapped, UnitSet root, UnitSet ignored, Options options)
+      : wrapped_(std::move(wrapped)), root_(std::move(root)), options_(options) {
+    for (auto& set : wrapped_) all_.insert(all_.end(), set.begin(), set.end());
+    all_.insert(all_.end(), root_.begin(), root_.end());
+    all_.insert(all_.end(), ignored.begin(), ignored.end());
   }
   const Units& all_units() const { return all_; }
 
-  // Forward of wrapped unit `u`: its parameters, and the next unit's when prefetching.
+  // Forward of wrapped run `u`: its parameters, and the next run's when prefetching.
   void before_unit(size_t u) {
-    gather(*wrapped_[u]);
-    wrapped_[u]->wait_gathered();
-    if (options_.forward_prefetch && u + 1 < wrapped_.size() && !wrapped_[u + 1]->gathered() &&
+    gather(wrapped_[u]);
+    wait_gathered(wrapped_[u]);
+    if (options_.forward_prefetch && u + 1 < wrapped_.size() && !wrapped_[u + 1].front()->gathered() &&
         in_flight() < options_.limit_all_gathers)
-      gather(*wrapped_[u + 1]);
+      gather(wrapped_[u + 1]);
   }
 
   void after_unit(size_t u, const at::Tensor& output) {
-    FlatUnit* unit = wrapped_[u].get();
+    const UnitSet* set = &wrapped_[u];
     const bool backward_follows = at::GradMode::is_enabled() && output.requires_grad();
-    // The gradient of the unit's output arrives just before backward enters the unit.
+    // The gradient of the run's output arrives just before backward enters the run.
     if (backward_follows && options_.reshard_after_forward)
-      output.register_hook([this, unit](const at::Tensor&) {
-        gather(*unit);
-        unit->wait_gathered();
+      output.register_hook([this, set](const at::Tensor&) {
+        gather(*set);
+        wait_gathered(*set);
       });
-    if (!backward_follows || options_.reshard_after_forward) unit->release();
+    if (!backward_follows || options_.reshard_after_forward)
+      for (auto& unit : *set) unit->release();
   }
 
   void before_model() {
-    if (!root_) return;
-    gather(*root_);
-    root_->wait_gathered();
+    gather(root_);
+    wait_gathered(root_);
   }
 
   void after_model() {
@@ -145,11 +152,16 @@ class Sharder {
   Traffic take_traffic() { return std::exchange(traffic_, Traffic{}); }
 
  private:
-  void gather(FlatUnit& unit) {
-    if (unit.gathered()) return;
-    unit.start_gather();
-    ++traffic_.all_gathers;
-    traffic_.gather_bytes += unit.gather_bytes();
+  void gather(const UnitSet& set) {
+    for (const auto& unit : set) {
+      if (unit->gathered()) continue;
+      unit->start_gather();
+      ++traffic_.all_gathers;
+      traffic_.gather_bytes += unit->gather_bytes();
+    }
+  }
+  static void wait_gathered(const UnitSet& set) {
+    for (const auto& unit : set) unit->wait_gathered();
   }
 
   int64_t in_flight() const {
@@ -162,12 +174,14 @@ class Sharder {
   // parameters are freed unless the next micro-batch reuses them without resharding.
   void unit_backward_done(FlatUnit& unit) {
     if (last_) unit.start_reduce(), traffic_.reduce_bytes += unit.reduce_bytes();
-    const bool keep = !last_ && (&unit == root_.get() || !options_.reshard_after_forward);
+    const bool is_root = std::any_of(root_.begin(), root_.end(), [&](const auto& r) { return r.get() == &unit; });
+    const bool keep = !last_ && (is_root || !options_.reshard_after_forward);
     if (!keep) unit.release();
   }
 
-  Units wrapped_, all_;
-  std::shared_ptr<FlatUnit> root_, ignored_;
+  std::vector<UnitSet> wrapped_;
+  UnitSet root_;
+  Units all_;
   Options options_;
   bool last_ = true;
   Traffic traffic_;
@@ -212,7 +226,9 @@ class FsdpPass final : public Pass {
   void apply(Job& job, const Config& config) const override {
     nn::Model& model = *job.model;
     Communicator& comm = job.topology->group(Dim::Data);
-    if (config.get_bool("sync_module_states")) sharding::broadcast_model_state(model, comm);
+    Communicator& expert_comm = job.topology->expert_data_group();
+    if (config.get_bool("sync_module_states")) sharding::broadcast_model_state(model, comm, expert_comm);
+    const auto split_expert = sharding::split_expert_predicate(model);
     const std::vector<size_t> ignored_blocks = model.find_blocks(config.get_strings("ignored"));
     const std::vector<BlockRun> runs = wrapped_runs(model, config, ignored_blocks);
     if (runs.empty())
@@ -239,30 +255,35 @@ class FsdpPass final : public Pass {
       }
 
     // Wrapped and root units gather in the compute dtype; the ignored unit keeps its parameters
-    // whole, in their own dtype.
+    // whole, in their own dtype. Each becomes a set: its dense parameters over the data ranks, its
+    // split experts (if any) over the expert-data ranks.
     const sharding::UnitDtypes gathered{job.gather_dtype, job.reduce_dtype}, whole{std::nullopt, job.reduce_dtype};
-    Units wrapped;
+    auto unit_set = [&](const std::string& name, NamedParams params, GradReduce reduce, bool persistent, sharding::UnitDtypes dtypes) {
+      NamedParams dense, experts;
+      for (auto& np : params) (split_expert(np.first) ? experts : dense).push_back(std::move(np));
+      UnitSet set;
+      if (!dense.empty()) set.push_back(std::make_shared<FlatUnit>(name, std::move(dense), comm, reduce, persistent, dtypes));
+      if (!experts.empty())
+        set.push_back(std::make_shared<FlatUnit>(name + ".experts", std::move(experts), expert_comm, reduce, persistent, dtypes));
+      return set;
+    };
+    std::vector<UnitSet> wrapped;
+    std::vector<size_t> wrapped_run;  // the run each wrapped set shards
     for (size_t r = 0; r < runs.size(); ++r) {
       if (run_params[r].empty()) continue;  // nothing to shard; its blocks run as they are
-      wrapped.push_back(std::make_shared<FlatUnit>(model.block_name(runs[r].first), std::move(run_params[r]), comm,
-                                                   GradReduce::ReduceScatter, /*persistent_params=*/false, gathered));
+      wrapped.push_back(unit_set(model.block_name(runs[r].first), std::move(run_params[r]), GradReduce::ReduceScatter, false, gathered));
+      wrapped_run.push_back(r);
     }
-    auto root = root_params.empty() ? nullptr
-                                    : std::make_shared<FlatUnit>("root", std::move(root_params), comm, GradReduce::ReduceScatter,
-                                                                 /*persistent_params=*/false, gathered);
-    auto ignored = ignored_params.empty() ? nullptr
-                                          : std::make_shared<FlatUnit>("ignored", std::move(ignored_params), comm,
-                                                                       GradReduce::AllReduce, /*persistent_params=*/true, whole);
+    UnitSet root = unit_set("root", std::move(root_params), GradReduce::ReduceScatter, false, gathered);
+    UnitSet ignored = unit_set("ignored", std::move(ignored_params), GradReduce::AllReduce, true, whole);
     const Options options{sharding::ignores_unused_parameters(config), config.get_bool("reshard_after_forward"), config.get_bool("forward_prefetch"),
                           config.get_int("limit_all_gathers")};
     auto sharder = std::make_shared<Sharder>(wrapped, root, ignored, options);
 
-    size_t next = 0;
-    for (size_t r = 0; r < runs.size(); ++r) {
-      if (next >= wrapped.size() || wrapped[next]->name() != model.block_name(runs[r].first)) continue;
-      const size_t u = next++;
-      model.add_pre_forward_hook(runs[r].first, [sharder, u](nn::Block&, const at::Tensor&) { sharder->before_unit(u); });
-      model.add_post_forward_hook(runs[r].last, [sharder, u](nn::Block&, const at::Tensor& out) { sharder->after_unit(u, out); });
+    for (size_t u = 0; u < wrapped_run.size(); ++u) {
+      const BlockRun& run = runs[wrapped_run[u]];
+      model.add_pre_forward_hook(run.first, [sharder, u](nn::Block&, const at::Tensor&) { sharder->before_unit(u); });
+      model.add_post_forward_hook(run.last, [sharder, u](nn::Block&, const at::Tensor& out) { sharder->after_unit(u, out); });
     }
     model.add_pre_forward_hook(0, [sharder](nn::Block&, const at::Tensor&) { sharder->before_model(); });
     model.add_post_forward_hook(model.num_blocks() - 1, [sharder](nn::Block&, const at::Tensor&) { sharder->after_model(); });

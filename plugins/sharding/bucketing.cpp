@@ -1,6 +1,5 @@
 #include "bucketing.h"
 
-#include <algorithm>
 #include <chrono>
 
 #include <ATen/ATen.h>
@@ -32,25 +31,10 @@ Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, GradR
   return units;
 }
 
-std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& model) {
-  const Placements placements = nn::parameter_placements(model);
-  return [placements](const std::string& name) {
-    const auto p = placements.find(name);
-    if (p == placements.end()) return false;
-    const std::vector<Dim>& dims = p->second.sharded_over;  // (Placement::is_sharded_over is core-internal)
-    return std::find(dims.begin(), dims.end(), Dim::Expert) != dims.end();
-  };
-}
-
 Units make_data_parallel_buckets(nn::Model& model, Communicator& data, Communicator& expert_data, double bucket_mb,
                                  GradReduce reduce, std::optional<at::ScalarType> reduce_dtype, bool broadcast_buffers) {
+  broadcast_model_state(model, data, expert_data, broadcast_buffers);
   const auto split_expert = split_expert_predicate(model);
-  {
-    at::NoGradGuard no_grad;
-    for (auto& p : model.named_parameters()) (split_expert(p.key()) ? expert_data : data).broadcast(p.value(), 0)->wait();
-    if (broadcast_buffers)
-      for (auto& b : model.buffers()) data.broadcast(b, 0)->wait();
-  }
   Units units = make_buckets(model, data, bucket_mb, reduce, reduce_dtype, [&](const std::string& name) { return !split_expert(name); });
   for (auto& unit : make_buckets(model, expert_data, bucket_mb, reduce, reduce_dtype, split_expert)) units.push_back(unit);
   return units;

@@ -18,11 +18,6 @@ namespace strata::sharding {
 Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, GradReduce reduce,
                    std::optional<at::ScalarType> reduce_dtype, const std::function<bool(const std::string&)>& include = {});
 
-// Whether a parameter (by name) is a piece of experts split by expert_parallel (placed over
-// Dim::Expert): replicated only over the data ranks that hold the same experts, so it is
-// broadcast, reduced and sharded over Topology::expert_data_group, not the data group.
-std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& model);
-
 // Buckets for the data-parallel passes that keep parameters in place (ddp, zero1, zero2): dense
 // parameters over `data`, split experts over `expert_data`, in buckets of their own; every
 // parameter first broadcast from rank 0 of its group so replicas start equal (buffers too, over

@@ -1,5 +1,6 @@
 #include "sharded_training.h"
 
+#include <algorithm>
 #include <map>
 
 #include <ATen/ATen.h>
@@ -88,10 +89,22 @@ class ShardedModelState final : public Stateful {
 
 }  // namespace
 
-void broadcast_model_state(nn::Model& model, Communicator& comm) {
+std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& model) {
+  const Placements placements = nn::parameter_placements(model);
+  return [placements](const std::string& name) {
+    const auto p = placements.find(name);
+    if (p == placements.end()) return false;
+    const std::vector<Dim>& dims = p->second.sharded_over;  // (Placement::is_sharded_over is core-internal)
+    return std::find(dims.begin(), dims.end(), Dim::Expert) != dims.end();
+  };
+}
+
+void broadcast_model_state(nn::Model& model, Communicator& data, Communicator& expert_data, bool buffers) {
+  const auto split_expert = split_expert_predicate(model);
   at::NoGradGuard no_grad;
-  for (auto& p : model.parameters()) comm.broadcast(p, 0)->wait();
-  for (auto& b : model.buffers()) comm.broadcast(b, 0)->wait();
+  for (auto& p : model.named_parameters()) (split_expert(p.key()) ? expert_data : data).broadcast(p.value(), 0)->wait();
+  if (buffers)
+    for (auto& b : model.buffers()) data.broadcast(b, 0)->wait();
 }
 
 Schema add_unused_parameters_key(Schema schema) {

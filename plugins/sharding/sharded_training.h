@@ -14,8 +14,14 @@ namespace strata::sharding {
 
 using Units = std::vector<std::shared_ptr<FlatUnit>>;
 
-// Broadcasts parameters and buffers from rank 0 of `comm`, so replicas start equal.
-void broadcast_model_state(nn::Model& model, Communicator& comm);
+// Whether a parameter (by name) is a piece of experts split by expert_parallel (placed over
+// Dim::Expert): replicated only over the data ranks that hold the same experts, so it is
+// broadcast, reduced and sharded over Topology::expert_data_group, not the data group.
+std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& model);
+
+// Broadcasts parameters from rank 0 of `data` (split experts from rank 0 of `expert_data`) and,
+// with `buffers`, buffers from rank 0 of `data`, so replicas start equal.
+void broadcast_model_state(nn::Model& model, Communicator& data, Communicator& expert_data, bool buffers = true);
 
 // Replaces the job's optimizer construction, its "model" state and its local gradients with
 // sharded ones. The units must hold every trainable parameter between them.
