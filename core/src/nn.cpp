@@ -129,12 +129,18 @@ LossGradientScale::LossGradientScale(double scale) : previous_(loss_gradient_sca
 LossGradientScale::~LossGradientScale() { loss_gradient_scale = previous_; }
 double LossGradientScale::current() { return loss_gradient_scale.load(); }
 
-GroupedLinear::GroupedLinear(int64_t groups_, int64_t in, int64_t out, double init_std)
-    : groups(groups_), in_features(in), out_features(out) {
-  weight = register_parameter("weight", at::empty({groups, out, in}).normal_(0.0, init_std));
+GroupedLinear::GroupedLinear(int64_t groups_, int64_t in, int64_t out, double init_std, ParallelStyle style, TensorShard shard_)
+    : groups(groups_), in_features(in), out_features(out), parallel_style(style),
+      shard(style == ParallelStyle::Column || style == ParallelStyle::Row ? shard_ : TensorShard{}) {
+  check_shard(shard);
+  // The whole tensor is drawn (every layout holds the unsplit model's values), this rank's piece kept.
+  weight = register_parameter("weight", piece_of(at::empty({groups, out, in}).normal_(0.0, init_std),
+                                                 parallel_style == ParallelStyle::Row ? 2 : 1, shard, 1));
 }
 
-at::Tensor GroupedLinear::forward(const at::Tensor& x, at::IntArrayRef group_sizes) { return ops::grouped_mm(x, weight, group_sizes); }
+at::Tensor GroupedLinear::forward(const at::Tensor& x, at::IntArrayRef group_sizes) {
+  return through(hooks.on_output, ops::grouped_mm(through(hooks.on_input, x), weight, group_sizes));
+}
 
 void GroupedLinear::keep_groups(TensorShard shard) {
   check_shard(shard);
@@ -477,9 +483,23 @@ Placements parameter_placements(const Model& model) {
         out.emplace(prefix + "bias", piece_placement(linear->bias, 0, linear->out_features, linear->shard, fused));
     } else if (const auto* embedding = dynamic_cast<const Embedding*>(item.value().get()); embedding && embedding->shard.parts > 1) {
       out.emplace(prefix + "weight", piece_placement(embedding->weight, 0, embedding->count, embedding->shard, 1));
-    } else if (const auto* experts = dynamic_cast<const GroupedLinear*>(item.value().get()); experts && experts->expert_shard.parts > 1) {
-      Placement p = piece_placement(experts->weight, 0, experts->groups, experts->expert_shard, 1);
-      p.sharded_over = {Dim::Expert};
+    } else if (const auto* experts = dynamic_cast<const GroupedLinear*>(item.value().get());
+               experts && (experts->expert_shard.parts > 1 || experts->shard.parts > 1)) {
+      // A block: this rank's experts along dim 0 (over Dim::Expert), its piece of each along dim
+      // 1 (Column) or 2 (Row) (over Dim::Tensor).
+      Placement p;
+      p.shape = {experts->groups, experts->out_features, experts->in_features};
+      p.block_start = {0, 0, 0};
+      p.block_size = experts->weight.sizes().vec();
+      if (experts->expert_shard.parts > 1) {
+        p.block_start[0] = experts->expert_shard.index * (experts->groups / experts->expert_shard.parts);
+        p.sharded_over.push_back(Dim::Expert);
+      }
+      if (experts->shard.parts > 1) {
+        const int64_t dim = experts->parallel_style == ParallelStyle::Row ? 2 : 1;
+        p.block_start[static_cast<size_t>(dim)] = shard_range(p.shape[static_cast<size_t>(dim)], experts->shard).start;
+        p.sharded_over.push_back(Dim::Tensor);
+      }
       out.emplace(prefix + "weight", p);
     }
   }

@@ -21,7 +21,7 @@ class DecoderLayer final : public nn::Block {
     post_attention_layernorm =
         register_module("post_attention_layernorm", std::make_shared<nn::RmsNorm>(d, eps, nn::ParallelStyle::Sequence));
     if (moe)
-      block_sparse_moe = register_module("block_sparse_moe", std::make_shared<MoeLayer>(MoeSettings::from(c), d, hidden));
+      block_sparse_moe = register_module("block_sparse_moe", std::make_shared<MoeLayer>(MoeSettings::from(c), d, hidden, shard));
     else
       mlp = register_module("mlp", std::make_shared<Mlp>(d, hidden, shard));
   }
@@ -83,9 +83,6 @@ class Llama final : public ModelFactory {
   // (Replicated) otherwise; the vocabulary splits unevenly when it must (nn::shard_range).
   std::string split_problem(const Config& c, int64_t parts) const override {
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(c.get_int("d_model"));
-    if (moe_ && parts > 1)
-      return "[model] mixtral does not split over [parallel] tensor = " + std::to_string(parts) +
-             " yet: its experts have no tensor-parallel layout (data, fsdp/zero and pipeline parallel work)";
     const std::string by = " does not divide by [parallel] tensor = " + std::to_string(parts);
     if (c.get_int("n_head") % parts != 0) return "[model] n_head " + std::to_string(c.get_int("n_head")) + by;
     if (hidden % parts != 0) return "[model] ffn_hidden (the SwiGLU width, " + std::to_string(hidden) + ")" + by;
@@ -102,6 +99,9 @@ class Llama final : public ModelFactory {
                            : "kv heads replicated: n_kv_head " + std::to_string(kv) + " does not divide by " + std::to_string(parts) +
                                  ", so every rank holds all " + std::to_string(kv) + " (k_proj, v_proj whole, gradients summed)\n";
     out += "mlp: " + std::to_string(hidden / parts) + " of " + std::to_string(hidden) + " SwiGLU columns per rank\n";
+    if (moe_)
+      out += "experts: " + std::to_string(hidden / parts) + " of " + std::to_string(hidden) + " SwiGLU columns of each of the " +
+             std::to_string(c.get_int("n_experts")) + " experts per rank; the router whole (every rank routes alike)\n";
     return out + vocab_line(c.get_int("vocab_size"), parts) + (c.get_bool("tie_embeddings") ? " (token embedding and tied head)\n"
                                                                                              : " (token embedding and lm_head)\n");
   }

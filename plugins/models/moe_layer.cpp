@@ -113,21 +113,22 @@ MoeSettings MoeSettings::from(const Config& c) {
   return s;
 }
 
-GroupedExperts::GroupedExperts(int64_t experts, int64_t d_model, int64_t hidden) {
-  gate_proj = register_module("gate_proj", std::make_shared<nn::GroupedLinear>(experts, d_model, hidden));
-  up_proj = register_module("up_proj", std::make_shared<nn::GroupedLinear>(experts, d_model, hidden));
-  down_proj = register_module("down_proj", std::make_shared<nn::GroupedLinear>(experts, hidden, d_model));
+GroupedExperts::GroupedExperts(int64_t experts, int64_t d_model, int64_t hidden, nn::TensorShard shard) {
+  using nn::ParallelStyle;
+  gate_proj = register_module("gate_proj", std::make_shared<nn::GroupedLinear>(experts, d_model, hidden, 0.02, ParallelStyle::Column, shard));
+  up_proj = register_module("up_proj", std::make_shared<nn::GroupedLinear>(experts, d_model, hidden, 0.02, ParallelStyle::Column, shard));
+  down_proj = register_module("down_proj", std::make_shared<nn::GroupedLinear>(experts, hidden, d_model, 0.02, ParallelStyle::Row, shard));
 }
 
 at::Tensor GroupedExperts::forward(const at::Tensor& x, at::IntArrayRef group_sizes) {
   return down_proj->forward(ops::swiglu(gate_proj->forward(x, group_sizes), up_proj->forward(x, group_sizes)), group_sizes);
 }
 
-MoeLayer::MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden) : settings_(settings) {
+MoeLayer::MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden, nn::TensorShard shard) : settings_(settings) {
   gate = register_module("gate", std::make_shared<nn::Linear>(d_model, settings.experts, false));
-  routed_experts = register_module("experts", std::make_shared<GroupedExperts>(settings.experts, d_model, hidden));
+  routed_experts = register_module("experts", std::make_shared<GroupedExperts>(settings.experts, d_model, hidden, shard));
   if (settings.shared_experts > 0)
-    shared_experts = register_module("shared_experts", std::make_shared<llama::Mlp>(d_model, settings.shared_experts * hidden, nn::TensorShard{}));
+    shared_experts = register_module("shared_experts", std::make_shared<llama::Mlp>(d_model, settings.shared_experts * hidden, shard));
   counts_.tokens.assign(static_cast<size_t>(settings.experts), 0.0);
   if (settings.bias_balance) {
     expert_bias = register_buffer("expert_bias", at::zeros({settings.experts}, at::kFloat));

@@ -64,12 +64,22 @@ struct MoeSettings {
 // The experts' SwiGLU projections, one [E, ., .] parameter each (transformers 5 keeps them so).
 class GroupedExperts final : public torch::nn::Module {
  public:
-  GroupedExperts(int64_t experts, int64_t d_model, int64_t hidden);
+  // Under tensor parallel (shard) each expert splits as Llama's MLP: gate and up by columns of
+  // its hidden width, down by rows.
+  GroupedExperts(int64_t experts, int64_t d_model, int64_t hidden, nn::TensorShard shard = {});
   // Rows sorted by expert, group_sizes per expert.
   at::Tensor forward(const at::Tensor& x, at::IntArrayRef group_sizes);
   std::shared_ptr<nn::GroupedLinear> gate_proj, up_proj, down_proj;
 };
 
+// Under tensor parallel (without sequence parallel: the layer's input is whole on every tensor
+// rank) the router is whole and routes alike on every tensor rank; every expert is split as a
+// Megatron MLP (gate/up by columns, down by rows), the rows entering the experts pass
+// copy_to_group and the experts' outputs reduce_from_group (the tensor_parallel pass's hooks on
+// the GroupedLinears), so the sum is whole before the routing weights multiply it and the
+// router's gradient is the single-process one on every tensor rank. Shared experts split as
+// Llama's MLP.
+//
 // Under expert parallel (split_experts, the expert_parallel pass) rank r of the expert group of
 // P ranks keeps experts [r E/P, (r+1) E/P). Routing stays on each token's own rank; the rows
 // sorted by expert are contiguous per destination, so dispatch is one all-to-all (counts
@@ -80,7 +90,7 @@ class GroupedExperts final : public torch::nn::Module {
 // expert-data group) gives the single-process gradient.
 class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics, public nn::ExpertParallelLayer, public nn::AdjustsAfterStep {
  public:
-  MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden);
+  MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden, nn::TensorShard shard = {});
   at::Tensor forward(const at::Tensor& x);
   void report_metrics(std::vector<std::pair<std::string, double>>& out) override;
   int64_t experts() const override { return settings_.experts; }

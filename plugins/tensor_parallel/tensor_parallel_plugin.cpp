@@ -12,6 +12,8 @@
 //                     part, e.g. Llama's k/v when the kv heads do not divide: its gradient sums)
 //   Column Embedding  output through reduce_from_group (each rank contributes its rows)
 //   TiedLinear head   input through copy_to_group; logits stay split by vocabulary
+//   GroupedLinear     experts of an MoE layer, split like Column / Row Linears (their rows in
+//                     through copy_to_group, out through reduce_from_group); no sequence parallel
 // With sequence parallel the residual stream is split by tokens (dimension -2, s/t per rank):
 //   Sequence norm     output through gather_along (all-gather forward, reduce-scatter backward):
 //                     the whole sequence for the Column layers it feeds, which then need no
@@ -56,6 +58,8 @@ class TensorParallelPass final : public Pass {
              {Phase::ModelRewrite, {}, {}, {}, {}}, {{Dim::Tensor}, {}}) {}
 
   std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const override {
+    if (config.get_bool("sequence_parallel") && mesh.tensor > 1 && model.has("n_experts"))
+      return "pass 'tensor_parallel': sequence_parallel does not split mixture-of-experts layers yet; set sequence_parallel = false";
     // Under context parallel each rank's share of the tokens (seq_len / context) is what splits.
     if (!config.get_bool("sequence_parallel") || !model.has("seq_len") || model.get_int("seq_len") % (mesh.tensor * mesh.context) == 0)
       return {};
@@ -121,6 +125,11 @@ class TensorParallelPass final : public Pass {
           default:  // whole, in a replicated region: every rank computes the same
             break;
         }
+      } else if (auto* experts = dynamic_cast<nn::GroupedLinear*>(module); experts && experts->shard.parts > 1) {
+        // Mixture-of-experts experts (sequence parallel is refused for them at plan time).
+        if (experts->parallel_style == nn::ParallelStyle::Column) experts->hooks.on_input = copy;
+        else experts->hooks.on_output = reduce;
+        ++split_layers;
       } else if (auto* embedding = dynamic_cast<nn::Embedding*>(module)) {
         if (embedding->shard.parts > 1) embedding->hooks.on_output = sp ? reduce_scatter : reduce;
         else if (sp && embedding->parallel_style == nn::ParallelStyle::Sequence) embedding->hooks.on_output = scatter;

@@ -140,18 +140,24 @@ class STRATA_API TiedLinear : public torch::nn::Module {
 // The experts of a mixture-of-experts layer as one parameter: weight [groups, out, in], each
 // group's matrix drawn as a Linear's (normal, std init_std) in group order. forward takes rows
 // sorted by group (group_sizes rows each, one per group this rank holds) and computes
-// ops::grouped_mm. Its weight decays like a Linear weight.
+// ops::grouped_mm. Its weight decays like a Linear weight. Under tensor parallel every expert
+// splits as a Linear does (style Column: out rows, Row: in columns; the whole tensor drawn, this
+// rank's piece kept), and the tensor_parallel pass sets hooks.on_input / on_output.
 class STRATA_API GroupedLinear : public torch::nn::Module {
  public:
-  GroupedLinear(int64_t groups, int64_t in, int64_t out, double init_std = 0.02);
+  GroupedLinear(int64_t groups, int64_t in, int64_t out, double init_std = 0.02, ParallelStyle style = ParallelStyle::None,
+                TensorShard shard = {});
   at::Tensor forward(const at::Tensor& x, at::IntArrayRef group_sizes);
   // Keeps the groups of piece `shard.index` of `shard.parts` (equal parts): expert parallel.
   // The parameter keeps its identity (its data is replaced), so call it before anything holds
   // views of it; its placement is then a block sharded over Dim::Expert.
   void keep_groups(TensorShard shard);
-  at::Tensor weight;  // [groups, out, in], or this rank's groups
-  int64_t groups, in_features, out_features;  // groups of the whole layer
+  at::Tensor weight;  // [groups, out, in], or this rank's groups (and piece of each)
+  int64_t groups, in_features, out_features;  // of the whole layer
   TensorShard expert_shard;
+  ParallelStyle parallel_style = ParallelStyle::None;
+  TensorShard shard;  // over the tensor ranks
+  LayerHooks hooks;   // on_input and on_output are honoured
 };
 
 // A mixture-of-experts layer whose experts the expert_parallel pass splits: each rank of `group`
