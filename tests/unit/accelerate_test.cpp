@@ -2,6 +2,7 @@
 // Trainer `strata run` runs, with the program's loss; the same losses as `strata run` for the same
 // strategy; refusals come back in the status.
 #include <filesystem>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -82,6 +83,41 @@ TEST(Accelerate, TensorDatasetTrainsAsTheSameTokensFromAFactory) {
   EXPECT_EQ(api.trainer->metrics().step, 3);
   // Tokens outside the vocabulary are refused when the dataset is made.
   EXPECT_THROW(tensor_dataset("bad", 4, at::arange(10), at::arange(4)), UserError);
+}
+
+// The same windows handed over sample by sample (a map-style dataset): the same losses (the
+// sampler addresses, shuffles and batches samples by index as it does windows of a stream).
+TEST(Accelerate, SampleDatasetTrainsAsTheSameWindows) {
+  auto registry = testing::load_plugins({});
+  const auto& synthetic = testing::component<DatasetFactory>(*registry, ComponentKind::Dataset, "synthetic");
+  const auto stream = synthetic.open(testing::config_for(synthetic, {{"vocab_size", Value(int64_t{32})}}), {});
+  std::map<Split, at::Tensor> tokens;
+  for (Split split : {Split::Train, Split::Val}) {
+    tokens[split] = at::empty({stream->num_tokens(split)}, at::kLong);
+    stream->read(split, 0, tokens[split].numel(), tokens[split].data_ptr<int64_t>());
+  }
+  const int64_t seq_len = 8;  // kTinyGpt's
+  auto windows = [&](Split split) { return (tokens[split].numel() - 1) / seq_len; };
+  auto sample = [tokens, seq_len](Split split, int64_t i) { return tokens.at(split).narrow(0, i * seq_len, seq_len + 1).to(at::kInt); };
+  const std::string no_data = without(without(kTinyGpt, "dataset = \"synthetic\"\n"), "[data]\nvocab_size = 32\n");
+  const RunSummary run = testing::train(kTinyGpt, in("accelerate_samples_run").run.out_dir, {}, test::kTinyGptModel);
+  AccelerateOptions options = in("accelerate_samples_api");
+  {
+    Accelerated api = accelerate(nullptr, {}, sample_dataset("program_samples", 32, seq_len, windows(Split::Train), windows(Split::Val), sample),
+                                 {}, Strategy::from_toml(no_data).set("job.model=gpt"), options);
+    ASSERT_TRUE(api.ok) << api.status;
+    EXPECT_EQ(api.trainer->run().last_loss, run.last_loss);
+  }
+  // A job of another seq_len is refused naming the dataset's.
+  Accelerated other = accelerate(nullptr, {}, sample_dataset("program_samples", 32, seq_len, windows(Split::Train), windows(Split::Val), sample),
+                                 {}, Strategy::from_toml(no_data).set("job.model=gpt").set("model.seq_len=4"), in("accelerate_samples_bad"));
+  ASSERT_TRUE(other.ok) << other.status;
+  try {
+    other.trainer->step();
+    ADD_FAILURE() << "a seq_len 4 job read samples of 8";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("set [model] seq_len = 8"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Accelerate, ProblemsComeBackInTheStatus) {

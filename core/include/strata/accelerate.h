@@ -102,6 +102,17 @@ std::unique_ptr<ModelFactory> plain_module(std::string name, std::function<std::
 // [data] keys.
 STRATA_API std::unique_ptr<DatasetFactory> tensor_dataset(std::string name, int64_t vocab_size, at::Tensor train, at::Tensor validation);
 
+// A dataset the program produces sample by sample, as PyTorch's map-style datasets do:
+// sample(split, i) returns sample i of the split (0 <= i < train_samples or validation_samples):
+// seq_len + 1 tokens (inputs and the shifted targets), 1-D integer, below `vocab_size`. The
+// sampler addresses samples by index, so shuffling, resume and elastic restarts stay exact as
+// long as the callback is a pure function of (split, index); it is called from the sampler's
+// prefetch thread, so it must be safe to call from there. A job whose [model] seq_len differs
+// from `seq_len` is refused at its first batch. The factory takes no [data] keys.
+using SampleFn = std::function<at::Tensor(Split split, int64_t index)>;
+STRATA_API std::unique_ptr<DatasetFactory> sample_dataset(std::string name, int64_t vocab_size, int64_t seq_len, int64_t train_samples,
+                                                          int64_t validation_samples, SampleFn sample);
+
 // (logits [B, T, V], targets [B, T]) -> the mean loss of the micro-batch.
 using LossFn = std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)>;
 
