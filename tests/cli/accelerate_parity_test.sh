@@ -3,7 +3,8 @@
 # Programs that keep their own model and train it through the library API (sdk/examples), each
 # rank running the program under mpirun, against one process with no passes: every step's loss
 # must agree within a relative 2e-6.
-#  * mlp_lm (a model written as blocks): tensor parallel on 2 and 3 ranks, ddp on 3;
+#  * mlp_lm (a model written as blocks): tensor parallel on 2 and 3 ranks, ddp on 3; as a causal
+#    MLP-Mixer (model.token_mixing, a transformer variant) tensor parallel on 2 ranks;
 #  * plain_module (a plain torch::nn::Module): ddp 2, fsdp 2 and 3, zero2 2, fsdp 2 with
 #    act_checkpoint (the module recomputed as one block); fsdp 2 with amp bf16 trains (within
 #    2e-2); a tensor-parallel layout is refused with the way out.
@@ -37,6 +38,9 @@ run mlp_lm mlp_ddp3 3 "${one[@]}" parallel.data=3 pass.ddp.enabled=true job.glob
 compare mlp_baseline mlp_tensor2
 compare mlp_baseline_width24 mlp_tensor3
 compare mlp_baseline_batch6 mlp_ddp3
+run mlp_lm mixer_baseline 1 "${one[@]}" model.token_mixing=true
+run mlp_lm mixer_tensor2 2 model.token_mixing=true
+compare mixer_baseline mixer_tensor2
 
 fp32=(pass.amp.enabled=false)
 run plain_module plain_baseline 1 parallel.data=1 pass.fsdp.enabled=false "${fp32[@]}"
