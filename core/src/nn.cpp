@@ -153,6 +153,7 @@ void GroupedLinear::keep_groups(TensorShard shard) {
 }
 
 ExpertParallelLayer::~ExpertParallelLayer() = default;
+SequenceStatisticsLayer::~SequenceStatisticsLayer() = default;
 
 namespace {
 class AllToAllRows : public torch::autograd::Function<AllToAllRows> {

@@ -178,7 +178,13 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   if (shared_experts) out = out + shared_experts->forward(tokens);
 
   // Switch's balance loss and the z-loss, each this layer's share of the mean over MoE layers.
-  const at::Tensor aux = static_cast<double>(n_experts) * (selections.to(at::kFloat) / static_cast<double>(n) * probs.mean(0)).sum();
+  at::Tensor window_selections = selections.to(at::kFloat);
+  double window_tokens = static_cast<double>(n);
+  if (context_group_ && context_group_->size() > 1) {  // f over the whole window (see moe_layer.h)
+    context_group_->all_reduce(window_selections, ReduceOp::Sum)->wait();
+    window_tokens *= context_group_->size();
+  }
+  const at::Tensor aux = static_cast<double>(n_experts) * (window_selections / window_tokens * probs.mean(0)).sum();
   const at::Tensor z = logits.logsumexp(-1).pow(2).mean();
   const double per_layer = 1.0 / static_cast<double>(settings_.moe_layers);
   at::Tensor objective;

@@ -16,7 +16,11 @@
 // router probability of expert i; uniform routing gives k) and ST-MoE's z-loss
 // L_z = mean_tokens logsumexp(logits)^2, each averaged over the model's MoE layers and added to
 // the objective times router_aux_loss_coef / router_z_loss_coef through nn::add_auxiliary_loss
-// (so pipeline stages and recomputation need nothing special). The reported loss stays the
+// (so pipeline stages and recomputation need nothing special). Under context parallel (c ranks,
+// each holding N of the window's c N tokens) f counts the whole window (selections summed over
+// the context group) and P stays this rank's mean: each rank's L_aux is then the part of the
+// window's whose average over the context ranks (what their gradients get) is the window's
+// L_aux, value and gradient. The z-loss is a mean over tokens and needs nothing. The reported loss stays the
 // language-model loss; moe_aux_loss and moe_z_loss go to the metrics with the expert loads.
 //
 // balance = "bias" (DeepSeek-V3's auxiliary-loss-free balancing): a per-expert bias b (a buffer,
@@ -88,7 +92,11 @@ class GroupedExperts final : public torch::nn::Module {
 // weighted sum. An expert's gradient sums over every rank's tokens; it is scaled by 1/P inside
 // the layer so that averaging it over the ranks that hold the same experts (ddp over the
 // expert-data group) gives the single-process gradient.
-class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics, public nn::ExpertParallelLayer, public nn::AdjustsAfterStep {
+class MoeLayer final : public torch::nn::Module,
+                       public nn::ReportsMetrics,
+                       public nn::ExpertParallelLayer,
+                       public nn::AdjustsAfterStep,
+                       public nn::SequenceStatisticsLayer {
  public:
   MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden, nn::TensorShard shard = {});
   at::Tensor forward(const at::Tensor& x);
@@ -97,6 +105,8 @@ class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics, publ
   void split_experts(Communicator& group) override;
   // balance = "bias": moves expert_bias by the step's loads over `token_ranks` (see above).
   void after_optimizer_step(Communicator& token_ranks) override;
+  // Context parallel: the balance loss's f (selections over tokens) counts the whole window.
+  void split_sequence(Communicator& context_group) override { context_group_ = &context_group; }
 
   std::shared_ptr<nn::Linear> gate;  // the router, d -> E
   std::shared_ptr<GroupedExperts> routed_experts;  // registered as "experts"
@@ -120,6 +130,7 @@ class MoeLayer final : public torch::nn::Module, public nn::ReportsMetrics, publ
   MoeSettings settings_;
   Counts counts_;
   Communicator* expert_group_ = nullptr;
+  Communicator* context_group_ = nullptr;
   at::Tensor step_selections_;  // balance = "bias": top-k selections of this step's training forwards, per expert
 };
 

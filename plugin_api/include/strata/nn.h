@@ -169,6 +169,15 @@ class STRATA_API ExpertParallelLayer {
   virtual void split_experts(Communicator& group) = 0;
 };
 
+// A layer that computes statistics over a micro-batch's tokens (a router's load-balancing loss):
+// under context parallel each rank holds a part of every window, so context_parallel hands it
+// the context group (split_sequence) to make the statistic span the whole window.
+class STRATA_API SequenceStatisticsLayer {
+ public:
+  virtual ~SequenceStatisticsLayer();
+  virtual void split_sequence(Communicator& context_group) = 0;
+};
+
 // Rows of x exchanged over `group` (a differentiable all-to-all): send_rows[r] consecutive rows
 // go to rank r, recv_rows[r] rows come from it, in rank order. Backward sends the gradients back
 // the same way.
