@@ -53,6 +53,9 @@ std::string Pass::describe_plan(const Config&, const PlanFacts&) const { return 
 std::string Pass::size_problem(const Config&, const Config&, const MeshSizes&) const { return {}; }
 std::optional<c10::ScalarType> Pass::compute_dtype(const Config&) const { return std::nullopt; }
 std::string Pass::plan_problem(const Config&, const PlanFacts&) const { return {}; }
+std::optional<std::vector<size_t>> Pass::blocks_to_build(const Config&, const Job&, const std::function<const nn::Model&()>&) const {
+  return std::nullopt;
+}
 TuneUse Pass::tune_use() const { return TuneUse::UserOnly; }
 void Pass::estimate(const Config&, const PlanFacts&, CostEstimate&) const {}
 

@@ -96,4 +96,11 @@ double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_no
   return norm;
 }
 
+bool found_on_any_rank(const Job& job, bool found_here) {
+  if (!job.topology || job.topology->world().size() == 1) return found_here;
+  at::Tensor count = at::tensor(found_here ? 1.0 : 0.0, at::kDouble).to(job.device());
+  job.topology->world().all_reduce(count, ReduceOp::Sum)->wait();
+  return count.item<double>() > 0;
+}
+
 }  // namespace strata

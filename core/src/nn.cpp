@@ -4,6 +4,7 @@
 #include <atomic>
 #include <optional>
 #include <set>
+#include <stdexcept>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -358,10 +359,49 @@ at::Tensor AttentionCore::forward(const at::Tensor& q, const at::Tensor& k, cons
 
 Block::~Block() = default;
 
+AbsentBlock::AbsentBlock(std::string type, int64_t parameters, bool reads_tied_weight)
+    : Block(std::move(type)), parameters_(parameters), reads_tied_weight_(reads_tied_weight) {}
+AbsentBlock::~AbsentBlock() = default;
+at::Tensor AbsentBlock::forward(const at::Tensor&) {
+  throw std::logic_error("a block this rank did not build (nn::AbsentBlock) was run");
+}
+
+namespace {
+thread_local const std::function<bool(size_t)>* current_block_filter = nullptr;
+
+bool holds_tied_linear(const Block& block) {
+  for (const auto& m : block.modules(/*include_self=*/false))
+    if (dynamic_cast<const TiedLinear*>(m.get())) return true;
+  return false;
+}
+}  // namespace
+
+BlockFilter::BlockFilter(std::function<bool(size_t index)> keep) : outer_(current_block_filter), keep_(std::move(keep)) {
+  current_block_filter = &keep_;
+}
+BlockFilter::~BlockFilter() { current_block_filter = outer_; }
+
+int64_t block_parameter_count(const Model& model, size_t index) {
+  if (const auto* absent = dynamic_cast<const AbsentBlock*>(&model.block(index))) return absent->parameter_count();
+  int64_t count = 0;
+  for (const auto& p : model.block(index).parameters()) count += p.numel();
+  return count;
+}
+
+bool block_reads_tied_weight(const Model& model, size_t index) {
+  if (const auto* absent = dynamic_cast<const AbsentBlock*>(&model.block(index))) return absent->reads_tied_weight();
+  return holds_tied_linear(model.block(index));
+}
+
 Model::Model(int64_t vocab_size, int64_t seq_len) : vocab_size_(vocab_size), seq_len_(seq_len) {}
 Model::~Model() = default;
 
 void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
+  if (current_block_filter && !(*current_block_filter)(blocks_.size())) {
+    int64_t parameters = 0;
+    for (const auto& p : block->parameters()) parameters += p.numel();
+    block = std::make_shared<AbsentBlock>(block->type(), parameters, holds_tied_linear(*block));
+  }
   register_module(name, block);
   blocks_.push_back(Entry{name, std::move(block), nullptr, {}, {}});
 }

@@ -15,4 +15,15 @@ double resident_bytes() {
   return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
 }
 
+double peak_resident_bytes() {
+  double kib = 0;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) break;
+    std::fclose(f);
+  }
+  return kib * 1024.0;
+}
+
 }  // namespace strata

@@ -72,7 +72,7 @@ class ExpertParallelPass final : public Pass {
         layer->split_experts(group);
         ++layers;
       }
-    if (layers == 0 && job.topology->size(Dim::Pipeline) == 1)
+    if (!found_on_any_rank(job, layers > 0))
       throw UserError("pass 'expert_parallel': the model has no mixture-of-experts layer to split");
   }
 };

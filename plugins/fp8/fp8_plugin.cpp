@@ -166,10 +166,13 @@ class Fp8Pass final : public Pass {
 
   void apply(Job& job, const Config& config) const override {
     const LayerChoice choice = choose_layers(*job.model, config.get_strings("include"), config.get_strings("exclude"));
-    if (choice.fp8.empty() && choice.too_small.empty())
+    // Over every rank: a pipeline rank may hold no Linear layer of its own.
+    const bool any_selected = found_on_any_rank(job, !choice.fp8.empty() || !choice.too_small.empty());
+    const bool any_fp8 = found_on_any_rank(job, !choice.fp8.empty());
+    if (!any_selected)
       throw UserError("pass 'fp8': no Linear layer of model '" + job.job_config().get_string("model") +
                       "' matches include/exclude");
-    if (choice.fp8.empty())
+    if (!any_fp8)
       throw UserError("pass 'fp8': every selected Linear layer has a dimension that is not a multiple of 16: " + join(choice.too_small));
     const bool report = job.topology->rank() == 0;
     if (report && !choice.too_small.empty())

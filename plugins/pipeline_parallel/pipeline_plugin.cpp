@@ -2,9 +2,12 @@
 // step's micro-batches run through them under a schedule (strata/pipeline.h) that core checks
 // by simulation and this pass's runtime executes action by action.
 //
-// Every rank builds the model as core does (so initialisation draws the single-process values),
-// measures blocks if the partition is balanced (rank 0's figures, broadcast), keeps the blocks of
-// its stages and drops the rest before any wrapping pass sees the model.
+// Every rank cuts the model into stages from its outline (block names and sizes, no values) and
+// asks core to build only its own blocks (blocks_to_build): core still runs the whole factory in
+// order, so initialisation draws the single-process values, but each other block is dropped as
+// soon as it is built, so a rank never holds the whole model. A balanced partition measures every
+// block (rank 0's figures, broadcast), so there every rank builds the whole model first. apply()
+// drops the absent blocks before any wrapping pass sees the model.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -57,7 +60,7 @@ std::string resolve_settings(const Config& config, const MeshSizes& mesh, Settin
 
 // The partition of `model` (the whole model, at this rank's tensor-parallel shapes) into the
 // schedule's virtual stages, with block costs when balanced.
-Partition partition_model(nn::Model& model, const Config& config, const Config& job, const Settings& s,
+Partition partition_model(const nn::Model& model, const Config& config, const Config& job, const Settings& s,
                           const std::vector<BlockCost>& costs, std::string& problem) {
   const int stages = s.shape.virtual_stages();
   if (model.num_blocks() < static_cast<size_t>(stages)) {
@@ -83,14 +86,17 @@ Partition partition_model(nn::Model& model, const Config& config, const Config& 
   return out;
 }
 
-// The whole model at tensor rank 0's shapes, as every rank builds it before keeping its stages;
-// for plan-time checks and the printed stages. Null, with `problem` set, when it cannot be built.
-// The generator is left as it was (a program planning before it trains draws the same weights).
-std::shared_ptr<nn::Model> build_for_plan(const PlanFacts& facts, std::string& problem) {
+// The model at tensor rank 0's shapes for plan-time checks and the printed stages: its outline
+// (every block absent) unless `with_values` (a balanced partition measures the blocks). Null,
+// with `problem` set, when it cannot be built. The generator is left as it was (a program
+// planning before it trains draws the same weights).
+std::shared_ptr<nn::Model> build_for_plan(const PlanFacts& facts, bool with_values, std::string& problem) {
   const RngSnapshot rng{c10::Device(c10::kCPU)};
   std::shared_ptr<nn::Model> model;
   try {
     at::NoGradGuard no_grad;
+    std::optional<nn::BlockFilter> outline;
+    if (!with_values) outline.emplace([](size_t) { return false; });
     model = facts.model_factory.create_shard(facts.model, nn::TensorShard{facts.mesh.tensor, 0});
   } catch (const std::exception& e) {
     problem = e.what();
@@ -103,6 +109,27 @@ std::string format(const char* pattern, double value) {
   char buf[64];
   std::snprintf(buf, sizeof buf, pattern, value);
   return buf;
+}
+
+// The mesh as apply() sees it, from the job's topology and batch.
+MeshSizes job_mesh(const Job& job) {
+  const Topology& topology = *job.topology;
+  const int64_t local_batch = job.job_config().get_int("global_batch") / topology.size(Dim::Data);
+  const int64_t micro_batch = job.job_config().get_int("micro_batch") > 0 ? job.job_config().get_int("micro_batch") : local_batch;
+  return {topology.size(Dim::Data), topology.size(Dim::Tensor), topology.size(Dim::Pipeline), topology.size(Dim::Context),
+          local_batch / micro_batch};
+}
+
+// The blocks of pipeline rank `rank`'s stages (one per chunk) in model order, and in `chunks`
+// each chunk's range in that list.
+std::vector<size_t> rank_blocks(const Partition& partition, const ScheduleShape& shape, int rank, std::vector<StageBlocks>& chunks) {
+  std::vector<size_t> keep;
+  for (int c = 0; c < shape.chunks; ++c) {
+    const StageBlocks st = partition[static_cast<size_t>(c * shape.ranks + rank)];
+    chunks.push_back({keep.size(), keep.size() + (st.last - st.first)});
+    for (size_t b = st.first; b < st.last; ++b) keep.push_back(b);
+  }
+  return keep;
 }
 
 class PipelineParallelPass final : public Pass {
@@ -142,7 +169,7 @@ class PipelineParallelPass final : public Pass {
              " stages (pipeline x chunks)";
     if (config.get_string("partition") == "layout") {
       std::string problem;
-      if (const auto model = build_for_plan(facts, problem)) {
+      if (const auto model = build_for_plan(facts, /*with_values=*/false, problem)) {
         layout_partition(*model, config.get_strings("layout"), stages, problem);
         if (!problem.empty()) return "pass 'pipeline_parallel': " + problem;
       }
@@ -182,21 +209,18 @@ class PipelineParallelPass final : public Pass {
     if (std::string problem = resolve_settings(config, facts.mesh, s); !problem.empty()) return {};
     std::ostringstream out;
     std::string build_problem;
-    const std::shared_ptr<nn::Model> model = build_for_plan(facts, build_problem);
+    const bool measured = config.get_string("partition") == "balanced";
+    const std::shared_ptr<nn::Model> model = build_for_plan(facts, measured, build_problem);
     if (!model) return "Pipeline: the model could not be built to show its stages (" + build_problem + ")\n";
     const int64_t local_batch = facts.job.get_int("global_batch") / std::max<int64_t>(1, facts.mesh.data);
     const int64_t micro_batch = facts.job.get_int("micro_batch") > 0 ? facts.job.get_int("micro_batch") : local_batch;
     const int64_t heads = facts.model.has("n_head") ? facts.model.get_int("n_head") / facts.mesh.tensor : 0;
     std::vector<BlockCost> costs;
-    const bool measured = config.get_string("partition") == "balanced";
     if (measured)
       costs = measure_blocks(*model, micro_batch, heads, static_cast<int>(config.get_int("balance_repeats")));
     else
-      for (size_t b = 0; b < model->num_blocks(); ++b) {
-        BlockCost c{model->block_name(b), model->block(b).type()};
-        for (const auto& p : model->block(b).parameters()) c.params += p.numel();
-        costs.push_back(c);
-      }
+      for (size_t b = 0; b < model->num_blocks(); ++b)
+        costs.push_back({model->block_name(b), model->block(b).type(), nn::block_parameter_count(*model, b)});
     std::string problem;
     const Partition partition = partition_model(*model, config, facts.job, s, costs, problem);
     if (!problem.empty()) return "Pipeline: " + problem + "\n";
@@ -229,13 +253,22 @@ class PipelineParallelPass final : public Pass {
     return out.str();
   }
 
+  // This rank's blocks, cut from the outline as apply() cuts the model; a balanced partition
+  // measures real blocks, so it builds them all.
+  std::optional<std::vector<size_t>> blocks_to_build(const Config& config, const Job& job,
+                                                     const std::function<const nn::Model&()>& outline) const override {
+    Settings s;
+    if (config.get_string("partition") == "balanced" || !resolve_settings(config, job_mesh(job), s).empty()) return std::nullopt;
+    std::string problem;
+    const Partition partition = partition_model(outline(), config, job.job_config(), s, {}, problem);
+    if (!problem.empty()) return std::nullopt;  // apply() refuses it on the whole model
+    std::vector<StageBlocks> chunks;
+    return rank_blocks(partition, s.shape, job.topology->rank_in(Dim::Pipeline), chunks);
+  }
+
   void apply(Job& job, const Config& config) const override {
     const Topology& topology = *job.topology;
-    const MeshSizes mesh{topology.size(Dim::Data), topology.size(Dim::Tensor), topology.size(Dim::Pipeline), topology.size(Dim::Context),
-                         static_cast<int64_t>(job.job_config().get_int("global_batch") / topology.size(Dim::Data) /
-                                              (job.job_config().get_int("micro_batch") > 0
-                                                   ? job.job_config().get_int("micro_batch")
-                                                   : job.job_config().get_int("global_batch") / topology.size(Dim::Data)))};
+    const MeshSizes mesh = job_mesh(job);
     Settings s;
     if (std::string problem = resolve_settings(config, mesh, s); !problem.empty()) throw UserError(problem);
     nn::Model& model = *job.model;
@@ -268,44 +301,41 @@ class PipelineParallelPass final : public Pass {
       throw UserError("pass 'pipeline_parallel': schedule '" + s.schedule->name() + "' is invalid for p = " + std::to_string(p) +
                       ", m = " + std::to_string(s.shape.micro_batches) + ": " + sim.problem);
 
-    // Tied weights: the shared parameter's owner block and the blocks that read it.
+    // Tied weights: the shared parameter's owner block and the block that reads it (absent
+    // blocks say whether they read one); the last stage holds the head's copy.
     std::optional<TiedWeight> tied;
     const size_t first_of_last_stage = partition.back().first;
     for (const std::string& shared : model.shared_parameters()) {
-      size_t owner = 0, reader = 0;
-      at::Tensor copy;
+      std::optional<size_t> reader;
+      size_t owner = 0;
       for (size_t b = 0; b < model.num_blocks(); ++b)
-        for (const auto& m : model.block(b).modules(/*include_self=*/false))
-          if (const auto* head = dynamic_cast<const nn::TiedLinear*>(m.get())) reader = b, copy = head->embedding().weight;
+        if (nn::block_reads_tied_weight(model, b)) reader = b;
       for (size_t b = 0; b < model.num_blocks(); ++b)
         if (shared.rfind(model.block_name(b) + ".", 0) == 0) owner = b;
-      if (!copy.defined() || owner >= partition.front().last || reader < first_of_last_stage)
+      if (!reader || owner >= partition.front().last || *reader < first_of_last_stage)
         throw UserError("pass 'pipeline_parallel': the shared parameter '" + shared +
                         "' is not an embedding read by the head on the last stage, which is the one tie it carries across stages");
       TiedWeight t;
       if (rank == 0) t.parameter = model.named_parameters()[shared], t.owner_block = owner;
-      if (rank == p - 1) t.copy = copy;
+      if (rank == p - 1) {
+        for (const auto& m : model.block(*reader).modules(/*include_self=*/false))
+          if (const auto* head = dynamic_cast<const nn::TiedLinear*>(m.get())) t.copy = head->embedding().weight;
+        t.reader_block = *reader;
+      }
       tied = t;
     }
 
     // This rank's stages; block indices are renumbered once the others are dropped.
-    std::vector<size_t> keep;
     std::vector<StageBlocks> chunks;
-    for (int c = 0; c < s.shape.chunks; ++c) {
-      const StageBlocks st = partition[static_cast<size_t>(c * p + rank)];
-      chunks.push_back({keep.size(), keep.size() + (st.last - st.first)});
-      for (size_t b = st.first; b < st.last; ++b) keep.push_back(b);
-    }
-    if (tied && rank == p - 1) {
-      size_t reader = 0;
-      for (size_t b = 0; b < model.num_blocks(); ++b)
-        for (const auto& m : model.block(b).modules(false))
-          if (dynamic_cast<const nn::TiedLinear*>(m.get())) reader = b;
-      tied->reader_block = static_cast<size_t>(std::find(keep.begin(), keep.end(), reader) - keep.begin());
-    }
-    if (tied && rank == 0) tied->owner_block = static_cast<size_t>(std::find(keep.begin(), keep.end(), tied->owner_block) - keep.begin());
+    const std::vector<size_t> keep = rank_blocks(partition, s.shape, rank, chunks);
+    const auto renumbered = [&keep](size_t b) { return static_cast<size_t>(std::find(keep.begin(), keep.end(), b) - keep.begin()); };
+    if (tied && rank == p - 1) tied->reader_block = renumbered(tied->reader_block);
+    if (tied && rank == 0) tied->owner_block = renumbered(tied->owner_block);
     if (tied && rank != 0 && rank != p - 1) tied.reset();
     model.keep_blocks(keep);
+    for (size_t b = 0; b < model.num_blocks(); ++b)
+      if (dynamic_cast<const nn::AbsentBlock*>(&model.block(b)))
+        throw std::logic_error("pipeline_parallel: block '" + model.block_name(b) + "' of this rank's stages was not built");
 
     bool splits = false;
     for (const Action& a : programs[static_cast<size_t>(rank)]) splits |= a.kind == ActionKind::BackwardInput;

@@ -147,7 +147,7 @@ class TensorParallelPass final : public Pass {
         dropout->sequence_shard = shard;
       }
     }
-    if (split_layers == 0)
+    if (!found_on_any_rank(job, split_layers > 0))
       throw UserError("tensor_parallel: model '" + job.job_config().get_string("model") + "' has no layer split over the tensor ranks");
     // The logits are this rank's vocabulary columns (nn::shard_range of the vocabulary), or all of
     // them when the model's output layer is not split (a program's own model may keep it whole).

@@ -117,6 +117,43 @@ TEST_P(Models, ShapeCountsTheParametersWithoutBuilding) {
   }
 }
 
+// A pipeline rank builds only its blocks (nn::BlockFilter): those hold exactly the whole model's
+// values, the others are absent (no parameters, their counts and ties remembered), and the
+// generator ends where building the whole model leaves it.
+TEST_P(Models, BlockFilterKeepsTheWholeModelsValuesOfItsBlocks) {
+  const auto* factory = dynamic_cast<const ModelFactory*>(bundled().find(ComponentKind::Model, GetParam()));
+  const Config config = config_for(*factory, tiny(GetParam()));
+  at::manual_seed(7);
+  const auto whole = factory->create(config);
+  const double next_whole = at::rand({1}).item<double>();
+  at::manual_seed(7);
+  std::shared_ptr<nn::Model> part;
+  {
+    const nn::BlockFilter filter([](size_t b) { return b == 1 || b == 3; });
+    part = factory->create(config);
+  }
+  EXPECT_EQ(at::rand({1}).item<double>(), next_whole);
+  ASSERT_EQ(part->num_blocks(), whole->num_blocks());
+  auto whole_params = whole->named_parameters();
+  for (size_t b = 0; b < part->num_blocks(); ++b) {
+    EXPECT_EQ(part->block_name(b), whole->block_name(b));
+    EXPECT_EQ(part->block(b).type(), whole->block(b).type());
+    EXPECT_EQ(nn::block_parameter_count(*part, b), nn::block_parameter_count(*whole, b)) << part->block_name(b);
+    EXPECT_EQ(nn::block_reads_tied_weight(*part, b), nn::block_reads_tied_weight(*whole, b)) << part->block_name(b);
+    const bool absent = dynamic_cast<const nn::AbsentBlock*>(&part->block(b)) != nullptr;
+    EXPECT_EQ(absent, b != 1 && b != 3) << part->block_name(b);
+    if (absent) EXPECT_TRUE(part->block(b).parameters().empty());
+  }
+  int64_t kept = 0;
+  for (const auto& p : part->named_parameters()) {
+    ASSERT_TRUE(whole_params.contains(p.key())) << p.key();
+    EXPECT_TRUE(at::equal(p.value(), whole_params[p.key()])) << p.key();
+    ++kept;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_THROW(part->block(0).forward(at::zeros({1, 2}, at::kLong)), std::logic_error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Bundled, Models, ::testing::Values("gpt", "llama", "mixtral"));
 
 TEST(Gpt, TiedHeadIsOneParameterAndOnlyLinearWeightsDecay) {

@@ -15,6 +15,7 @@
 
 #include "core_stages.h"
 #include "fault_injection.h"
+#include "model_build.h"
 #include "topology_setup.h"
 #include "trainer_impl.h"
 #include "training_state.h"
@@ -125,16 +126,8 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
     progress->beat_micro(c.micro, true);
     if (c.micro == 0) inject_fault(env.rank, c.step, "backward");
   });
-  // Built at this rank's local shapes: split layers hold only its tensor-parallel piece.
-  try {
-    job->model = static_cast<const ModelFactory*>(plan.model_component)
-                     ->create_shard(plan.model, nn::TensorShard{topology->size(Dim::Tensor), topology->rank_in(Dim::Tensor)});
-  } catch (const c10::Error& e) {
-    // A model too large for this machine fails in the allocator; say so instead of an internal error.
-    const std::string what = e.what_without_backtrace();
-    if (what.find("allocate") == std::string::npos && what.find("memory") == std::string::npos) throw;
-    throw UserError("[model] does not fit in this rank's memory (" + what.substr(0, what.find('\n')) + ")");
-  }
+  // Split layers hold only this rank's tensor-parallel piece, a pipeline rank only its stages.
+  job->model = engine::build_rank_model(plan, order, *job);
   job->model->to(device);
   dataset = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{fs::current_path()});
   if (dataset->vocab_size() > job->model->vocab_size())

@@ -134,4 +134,9 @@ class STRATA_API Job {
 STRATA_API double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology,
                                      c10::Device device);
 
+// Whether any rank found what this one looked for: collective over the world on the job's
+// device. A pass that refuses a model without the layers it rewrites asks it, since a pipeline
+// rank holds only its stages' blocks (the others are nn::AbsentBlock).
+STRATA_API bool found_on_any_rank(const Job& job, bool found_here);
+
 }  // namespace strata

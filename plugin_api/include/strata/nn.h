@@ -358,6 +358,46 @@ class STRATA_API Block : public torch::nn::Module {
   std::string type_;
 };
 
+// What stands in for a block this rank does not build (Model::add_block under a BlockFilter): the
+// name and type stay, so partitions and selectors see the whole model, while its parameters are
+// gone. `parameters` counts the ones the block had; running it is an error.
+class STRATA_API AbsentBlock final : public Block {
+ public:
+  AbsentBlock(std::string type, int64_t parameters, bool reads_tied_weight);
+  ~AbsentBlock() override;
+  at::Tensor forward(const at::Tensor& x) override;
+  int64_t parameter_count() const { return parameters_; }
+  // Whether the block read a weight another block owns (a TiedLinear head).
+  bool reads_tied_weight() const { return reads_tied_weight_; }
+
+ private:
+  int64_t parameters_;
+  bool reads_tied_weight_;
+};
+
+// While alive on this thread, Model::add_block keeps the blocks `keep` accepts (by index in the
+// model) and replaces the others by an AbsentBlock the moment they are added, so a model factory
+// that adds blocks as it builds them holds one foreign block at a time. The factory still builds
+// every block in order, so the kept blocks draw exactly the values of the whole model (the
+// generators move as if nothing were dropped). A pipeline rank's start-up memory is its stages'.
+class STRATA_API BlockFilter {
+ public:
+  explicit BlockFilter(std::function<bool(size_t index)> keep);
+  ~BlockFilter();
+  BlockFilter(const BlockFilter&) = delete;
+  BlockFilter& operator=(const BlockFilter&) = delete;
+
+ private:
+  const std::function<bool(size_t)>* outer_;
+  std::function<bool(size_t)> keep_;
+};
+
+class Model;
+// The parameters of block `index` of `model`, also when it is absent.
+STRATA_API int64_t block_parameter_count(const Model& model, size_t index);
+// Whether block `index` reads a weight another block owns (holds a TiedLinear), also when absent.
+STRATA_API bool block_reads_tied_weight(const Model& model, size_t index);
+
 // How a block is run; passes replace it to wrap the call (gather parameters, recompute, ...).
 using BlockExecutor = std::function<at::Tensor(Block& block, const at::Tensor& x)>;
 // Pre-forward hooks receive the block's input, post-forward hooks its output.

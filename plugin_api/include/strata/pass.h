@@ -2,6 +2,7 @@
 // requires/conflicts/after/before declarations.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,9 @@
 namespace strata {
 
 class Job;  // the training job a pass transforms; defined by the training runtime
+namespace nn {
+class Model;
+}
 
 // Default order of passes; explicit after/before declarations override it.
 // How `strata tune` treats a pass the strategy does not name. A pass that claims a mesh dimension
@@ -88,6 +92,15 @@ class STRATA_API Pass : public Component {
   // does not support its device or dtype), or empty (this default). Refused before anything
   // starts, like size_problem.
   virtual std::string plan_problem(const Config& config, const PlanFacts& facts) const;
+
+  // For a pass that keeps only some of the model's blocks on this rank (pipeline parallel): the
+  // indices of the blocks this rank builds, or nullopt to build them all (this default). Called
+  // on every rank before the model is built, in pass order; `outline()` builds (once, on first
+  // call) the model with every block absent (nn::AbsentBlock: names, types, parameter counts),
+  // drawing nothing from the generators the real build draws from. Core then builds the model
+  // under an nn::BlockFilter keeping these blocks; apply() still sees the whole list of blocks.
+  virtual std::optional<std::vector<size_t>> blocks_to_build(const Config& config, const Job& job,
+                                                             const std::function<const nn::Model&()>& outline) const;
 
   // Whether `strata tune` may add this pass on its own (this default: UserOnly).
   virtual TuneUse tune_use() const;

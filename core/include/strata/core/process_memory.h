@@ -8,5 +8,7 @@
 namespace strata {
 
 STRATA_API double resident_bytes();
+// The most this process has held at once so far (the high-water mark of its resident set).
+STRATA_API double peak_resident_bytes();
 
 }  // namespace strata

@@ -1,0 +1,83 @@
+// Building this rank's model. Every rank runs the model factory from the same generator state,
+// so a block's values do not depend on the layout: tensor-parallel ranks draw each whole tensor
+// and keep their piece (nn.h), and a pipeline rank builds every block in order but keeps only its
+// own, each other block replaced by an nn::AbsentBlock the moment the factory adds it
+// (nn::BlockFilter). Which blocks a rank keeps is the passes' call (Pass::blocks_to_build), made
+// on an outline of the model: the same factory run with every block absent, the generators put
+// back afterwards. So a pipeline rank's peak at start-up is its own blocks plus the largest other
+// one, not the whole model (bench/results/pipeline_startup_cpu.md), at the price of running the
+// factory twice.
+#include "model_build.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "strata/core/log.h"
+#include "strata/core/process_memory.h"
+#include "strata/errors.h"
+#include "strata/model.h"
+#include "strata/pass.h"
+#include "strata/rng.h"
+
+namespace strata::engine {
+
+std::shared_ptr<nn::Model> build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& order, const Job& job) {
+  const auto& factory = *static_cast<const ModelFactory*>(plan.model_component);
+  const nn::TensorShard shard{job.topology->size(Dim::Tensor), job.topology->rank_in(Dim::Tensor)};
+  const auto build = [&] {
+    try {
+      return factory.create_shard(plan.model, shard);
+    } catch (const c10::Error& e) {
+      // A model too large for this machine fails in the allocator; say so instead of an internal error.
+      const std::string what = e.what_without_backtrace();
+      if (what.find("allocate") == std::string::npos && what.find("memory") == std::string::npos) throw;
+      throw UserError("[model] does not fit in this rank's memory (" + what.substr(0, what.find('\n')) + ")");
+    }
+  };
+
+  std::shared_ptr<nn::Model> outline;
+  const std::function<const nn::Model&()> get_outline = [&]() -> const nn::Model& {
+    if (!outline) {
+      const RngSnapshot generators{job.device()};
+      const nn::BlockFilter none([](size_t) { return false; });
+      outline = build();
+      generators.restore();
+    }
+    return *outline;
+  };
+  std::optional<std::vector<size_t>> keep;
+  std::string chosen_by;
+  for (size_t i : order) {
+    const PassEntry& entry = plan.passes[i];
+    auto wanted = entry.pass->blocks_to_build(entry.config, job, get_outline);
+    if (!wanted) continue;
+    if (keep) {  // two passes choosing: the blocks both keep
+      std::vector<size_t> both;
+      for (size_t b : *wanted)
+        if (std::find(keep->begin(), keep->end(), b) != keep->end()) both.push_back(b);
+      wanted = both;
+    }
+    keep = std::move(wanted);
+    chosen_by += (chosen_by.empty() ? "" : ", ") + entry.pass->name();
+  }
+  outline.reset();
+
+  std::optional<nn::BlockFilter> filter;
+  if (keep) filter.emplace([&keep](size_t b) { return std::find(keep->begin(), keep->end(), b) != keep->end(); });
+  const std::shared_ptr<nn::Model> model = build();
+  filter.reset();
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  log::record("model built: " + std::to_string(parameters) + " parameters held" +
+              (keep ? " (" + std::to_string(keep->size()) + " of " + std::to_string(model->num_blocks()) + " blocks, chosen by " +
+                          chosen_by + ")"
+                    : std::string(" (every block)")) +
+              "; resident " + std::to_string(static_cast<int64_t>(resident_bytes() / (1 << 20))) + " MiB, peak " +
+              std::to_string(static_cast<int64_t>(peak_resident_bytes() / (1 << 20))) + " MiB");
+  return model;
+}
+
+}  // namespace strata::engine
