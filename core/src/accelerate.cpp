@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include "accelerate_automatic.h"
 #include "strata/core/launch_env.h"
 #include "strata/core/plugin_loader.h"
 #include "strata/core/step_plan.h"
@@ -33,10 +34,11 @@ Strategy Strategy::from_toml(std::string text, std::string label) {
   return strategy;
 }
 
-Strategy Strategy::automatic(int64_t ranks, std::string base, double memory_gb) {
+Strategy Strategy::automatic(int64_t ranks, std::string base, double memory_gb, int trials) {
   Strategy strategy = from_toml(std::move(base), "<automatic strategy>");
   strategy.automatic_ranks_ = ranks;
   strategy.memory_gb_ = memory_gb;
+  strategy.trials_ = trials;
   return strategy;
 }
 
@@ -142,25 +144,6 @@ void name_component(const RawSection& section, const std::string& dotted, const 
   sets.push_back(dotted + "=" + name);
 }
 
-// The cost model's fastest candidate that fits the memory budget.
-RawStrategy automatic_choice(const RawStrategy& base, const ComponentRegistry& registry, const Strategy& strategy, int64_t world_size,
-                             std::string& note) {
-  if (strategy.automatic_ranks() != world_size)
-    throw UserError("Strategy::automatic(" + std::to_string(strategy.automatic_ranks()) + ") is for " +
-                    std::to_string(strategy.automatic_ranks()) + " ranks, but " + std::to_string(world_size) + " started");
-  const TuneSpace space = generate_candidates(base, registry, world_size, HardwareRates{});
-  const double budget = strategy.memory_gb() * double(1 << 30);
-  for (const auto& c : space.candidates)
-    if (c.rejected.empty() && (budget <= 0 || c.predicted_bytes <= budget)) {
-      note = "automatic strategy: " + (c.layout.empty() ? std::string("one process") : c.layout) + ", the cost model's fastest of " +
-             std::to_string(space.candidates.size()) + " candidates (predicted at default hardware rates, not measured)";
-      return c.raw;
-    }
-  throw UserError("no candidate strategy for " + std::to_string(world_size) + " ranks plans" +
-                  (budget > 0 ? " within " + std::to_string(strategy.memory_gb()) + " GB per rank" : std::string()) +
-                  (space.candidates.empty() ? std::string() : "; the first refused: " + space.candidates.front().rejected));
-}
-
 }  // namespace
 
 std::unique_ptr<ModelFactory> plain_module_factory(std::string name, std::function<PlainModule()> build, int64_t vocab_size,
@@ -200,7 +183,7 @@ Accelerated accelerate(std::unique_ptr<ModelFactory> model, OptimizerSpec optimi
     if (!own.empty()) out.registry->register_components({"program", "", "<this program>", "", {}}, std::move(own));
     apply_overrides(raw, sets, {}, diagnostics);
     if (!diagnostics.ok()) throw UserError(diagnostics.str());
-    if (strategy.automatic_ranks() > 0) raw = automatic_choice(raw, *out.registry, strategy, env.world_size, out.status);
+    if (strategy.automatic_ranks() > 0) raw = automatic_strategy(raw, *out.registry, strategy, env.world_size, options.run, out.status);
 
     CheckedPlan checked;
     if (!check_plan(raw, *out.registry, env.world_size, checked, diagnostics)) throw UserError(diagnostics.str());

@@ -8,7 +8,16 @@ namespace {
 class MpiBackend final : public CommunicatorBackend {
  public:
   MpiBackend() : CommunicatorBackend({ComponentKind::Communicator, "mpi", "OpenMPI collectives on host tensors, run on a dedicated thread", {}}) {}
-  std::shared_ptr<Communicator> world(Communicator&) const override { return mpi_world(); }
+  // Held for the backend's lifetime: MPI cannot be initialised again once finalised (when the
+  // world's thread ends), and a program may build one trainer after another (Strategy::automatic
+  // measures candidates with trainers of their own before the one that trains).
+  std::shared_ptr<Communicator> world(Communicator&) const override {
+    if (!world_) world_ = mpi_world();
+    return world_;
+  }
+
+ private:
+  mutable std::shared_ptr<Communicator> world_;
 };
 
 void register_components(Registry& registry) { registry.add(std::make_unique<MpiBackend>()); }

@@ -83,3 +83,12 @@ set -e
 grep -q "is a plain torch::nn::Module, which \[parallel\] tensor cannot split: write it as blocks" "$work/plain_tensor2.log" && ((status != 0)) ||
   { echo "a tensor layout of a plain module was not refused (exit $status)"; cat "$work/plain_tensor2.log"; exit 1; }
 echo "plain_module: tensor 2 refused"
+
+# Strategy::automatic on 2 ranks: the example's job without [parallel] or passes; the cost
+# model's best three are trained a few steps each in the program, and the fastest trains on.
+sed '/^\[parallel\]/,$d' "$examples/mlp_lm/strategy.toml" > "$work/mlp_automatic.toml"
+(cd "$work" && "${mpirun[@]}" -np 2 "$bin/train_mlp_lm" --automatic "$work/mlp_automatic.toml" job.run_dir="$work/mlp_automatic" \
+  job.steps=12 > "$work/mlp_automatic.log" 2>&1) || { cat "$work/mlp_automatic.log"; exit 1; }
+grep -q "automatic strategy: .*measured in this process" "$work/mlp_automatic.log" && grep -q "last step 12 loss" "$work/mlp_automatic.log" &&
+  [[ -f "$work/mlp_automatic.trials/candidate_3/metrics.jsonl" ]] || { echo "automatic did not measure"; cat "$work/mlp_automatic.log"; exit 1; }
+grep -o "automatic strategy: .*" "$work/mlp_automatic.log"

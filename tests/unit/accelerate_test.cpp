@@ -154,8 +154,8 @@ TEST(Accelerate, OneTrainerPerProcessAtATime) {
 }
 
 TEST(Accelerate, AutomaticPicksAStrategyThatPlansAndSaysSo) {
-  Accelerated automatic = accelerate(std::make_unique<MlpLanguageModel>(), {"adamw", {}}, nullptr, {}, Strategy::automatic(1, kTinyJob),
-                                     in("accelerate_automatic"));
+  Accelerated automatic = accelerate(std::make_unique<MlpLanguageModel>(), {"adamw", {}}, nullptr, {},
+                                     Strategy::automatic(1, kTinyJob, 0, /*trials=*/1), in("accelerate_automatic"));
   ASSERT_TRUE(automatic.ok) << automatic.status;
   EXPECT_NE(automatic.status.find("automatic strategy"), std::string::npos) << automatic.status;
   EXPECT_NE(automatic.status.find("not measured"), std::string::npos);
@@ -164,6 +164,28 @@ TEST(Accelerate, AutomaticPicksAStrategyThatPlansAndSaysSo) {
                                     in("accelerate_automatic_4"));
   EXPECT_FALSE(mismatch.ok);
   EXPECT_NE(mismatch.status.find("Strategy::automatic(4) is for 4 ranks, but 1 started"), std::string::npos) << mismatch.status;
+}
+
+// Measured: the cost model's best three trained for a few steps each in this process, the fastest
+// taken; the trials leave the run's own directory alone, and the chosen strategy then trains to
+// the losses the same strategy gives on its own (the trials do not disturb the generators).
+TEST(Accelerate, AutomaticMeasuresTheBestCandidatesAndTakesTheFastest) {
+  const AccelerateOptions options = in("accelerate_measured");
+  fs::remove_all(options.run.out_dir.string() + ".trials");
+  Accelerated automatic =
+      accelerate(std::make_unique<MlpLanguageModel>(), {"adamw", {}}, nullptr, {}, Strategy::automatic(1, kTinyJob), options);
+  ASSERT_TRUE(automatic.ok) << automatic.status;
+  EXPECT_NE(automatic.status.find("measured in this process"), std::string::npos) << automatic.status;
+  EXPECT_EQ(automatic.status.find("not measured"), std::string::npos) << automatic.status;
+  for (const char* trial : {"candidate_1", "candidate_2", "candidate_3"})
+    EXPECT_TRUE(fs::exists(fs::path(options.run.out_dir.string() + ".trials") / trial / "metrics.jsonl")) << trial;
+  std::vector<double> chosen;
+  for (int s = 0; s < 3; ++s) chosen.push_back(automatic.trainer->step().loss);
+  const std::string strategy = automatic.strategy;
+  automatic = {};
+  Accelerated again = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {}, Strategy::from_toml(strategy), in("accelerate_measured_again"));
+  ASSERT_TRUE(again.ok) << again.status;
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(again.trainer->step().loss, chosen[static_cast<size_t>(s)]) << s;
 }
 
 }  // namespace

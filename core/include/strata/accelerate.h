@@ -1,5 +1,5 @@
 // The library API: a program keeps its own model, data and loss, and hands Strata the "how" (a
-// strategy: a file, a string, or the cost model's choice). What comes back is the Trainer that
+// strategy: a file, a string, or the automatic search, measured in this program). What comes back is the Trainer that
 // `strata run` runs: the same step program, passes, checkpoints, metrics and resume.
 //
 //   auto result = strata::accelerate(std::make_unique<MyModel>(), {"adamw", {"lr=1e-3"}},
@@ -36,12 +36,13 @@ class STRATA_API Strategy {
   // Read now; an unreadable file is a UserError.
   static Strategy from_file(const std::filesystem::path& file);
   static Strategy from_toml(std::string text, std::string label = "<strategy>");
-  // The layout and passes the cost model (strata/core/tune.h, at its default hardware rates)
-  // predicts fastest for `ranks` ranks within `memory_gb` per rank (0: no limit), around `base`
-  // (what the program fixes: [job] steps and batch, a pass it wants). Predicted, not measured:
-  // `strata tune` measures candidates in fresh `strata run` processes, which cannot build a model
-  // that lives in this program.
-  static Strategy automatic(int64_t ranks, std::string base = "", double memory_gb = 0);
+  // The fastest layout and passes for `ranks` ranks within `memory_gb` per rank (0: no limit),
+  // around `base` (what the program fixes: [job] steps and batch, a pass it wants), as `strata
+  // tune` finds them: candidates from the passes' declarations, ranked by the cost model
+  // (strata/core/tune.h, at its default hardware rates), the best `trials` trained for 2 + 3 steps
+  // each in this process (fresh trainers, run directories beside the run's: OUT.trials/), the
+  // fastest measured taken. trials <= 1: the cost model's first, predicted, not measured.
+  static Strategy automatic(int64_t ranks, std::string base = "", double memory_gb = 0, int trials = 3);
 
   Strategy& set(std::string key_value);  // "job.steps=10", "pass.fsdp.bucket_mb=4"
   Strategy& disable(std::string pass);
@@ -52,12 +53,14 @@ class STRATA_API Strategy {
   const StringList& disables() const { return disables_; }
   int64_t automatic_ranks() const { return automatic_ranks_; }  // 0: not automatic
   double memory_gb() const { return memory_gb_; }
+  int trials() const { return trials_; }
 
  private:
   std::string text_, label_;
   StringList sets_, disables_;
   int64_t automatic_ranks_ = 0;
   double memory_gb_ = 0;
+  int trials_ = 0;
 };
 
 // The optimizer: a registered one by name ("adamw", "agd", ...; empty: the strategy's [optimizer]
