@@ -54,14 +54,21 @@ Strategy& Strategy::disable(std::string pass) {
 
 namespace {
 
-// A plain module is one block (of type "block", as passes select by default): the unit fsdp
-// gathers and act_checkpoint recomputes.
+// A part of a plain module that becomes one block: the whole module (type "block", as passes
+// select by default), or one child of a Sequential. The block is the unit fsdp gathers and
+// act_checkpoint recomputes.
+struct PlainPart {
+  std::string name, type;
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+};
+
 class PlainModuleBlock final : public nn::Block {
  public:
-  explicit PlainModuleBlock(PlainModule plain) : Block("block"), forward_(std::move(plain.forward)) {
-    register_module("net", std::move(plain.module));
+  explicit PlainModuleBlock(PlainPart part) : Block(std::move(part.type)), forward_(std::move(part.forward)) {
+    register_module("net", std::move(part.module));
   }
-  at::Tensor forward(const at::Tensor& tokens) override { return forward_(tokens); }
+  at::Tensor forward(const at::Tensor& x) override { return forward_(x); }
 
  private:
   std::function<at::Tensor(const at::Tensor&)> forward_;
@@ -69,16 +76,20 @@ class PlainModuleBlock final : public nn::Block {
 
 class PlainModuleFactory final : public ModelFactory {
  public:
-  PlainModuleFactory(std::string name, std::function<PlainModule()> build, int64_t vocab_size, int64_t seq_len)
+  PlainModuleFactory(std::string name, std::function<std::vector<PlainPart>()> build, int64_t vocab_size, int64_t seq_len)
       : ModelFactory({ComponentKind::Model, std::move(name), "a program's plain torch::nn::Module", Schema()}),
         build_(std::move(build)),
         vocab_size_(vocab_size),
         seq_len_(seq_len) {}
   std::shared_ptr<nn::Model> create(const Config&) const override {
-    PlainModule plain = build_();
-    if (!plain.module || !plain.forward) throw UserError("model '" + name() + "': the plain module's build function returned no module");
+    std::vector<PlainPart> parts = build_();
+    if (parts.empty()) throw UserError("model '" + name() + "': the plain module's build function returned no module");
     auto model = std::make_shared<nn::Model>(vocab_size_, seq_len_);
-    model->add_block("module", std::make_shared<PlainModuleBlock>(std::move(plain)));
+    for (auto& part : parts) {
+      if (!part.module || !part.forward) throw UserError("model '" + name() + "': the plain module's build function returned no module");
+      const std::string block = part.name;
+      model->add_block(block, std::make_shared<PlainModuleBlock>(std::move(part)));
+    }
     return model;
   }
   std::string split_problem(const Config&, int64_t parts) const override { return parts > 1 ? model_parallel_refusal("tensor") : ""; }
@@ -88,7 +99,7 @@ class PlainModuleFactory final : public ModelFactory {
   }
 
  private:
-  std::function<PlainModule()> build_;
+  std::function<std::vector<PlainPart>()> build_;
   int64_t vocab_size_, seq_len_;
 };
 
@@ -148,7 +159,31 @@ void name_component(const RawSection& section, const std::string& dotted, const 
 
 std::unique_ptr<ModelFactory> plain_module_factory(std::string name, std::function<PlainModule()> build, int64_t vocab_size,
                                                    int64_t seq_len) {
-  return std::make_unique<PlainModuleFactory>(std::move(name), std::move(build), vocab_size, seq_len);
+  auto parts = [build = std::move(build)] {
+    PlainModule plain = build();
+    return std::vector<PlainPart>{{"module", "block", std::move(plain.module), std::move(plain.forward)}};
+  };
+  return std::make_unique<PlainModuleFactory>(std::move(name), std::move(parts), vocab_size, seq_len);
+}
+
+std::unique_ptr<ModelFactory> plain_sequential(std::string name, std::function<torch::nn::Sequential()> build, int64_t vocab_size,
+                                               int64_t seq_len) {
+  auto parts = [build = std::move(build), name] {
+    torch::nn::Sequential sequential = build();
+    if (!sequential || sequential->size() == 0) throw UserError("model '" + name + "': the Sequential has no children");
+    std::vector<PlainPart> out;
+    const auto children = sequential->named_children();
+    size_t i = 0;
+    for (const torch::nn::AnyModule& held : *sequential) {
+      const std::string type = i == 0 ? "embedding" : i + 1 == sequential->size() ? "head" : "block";
+      // A copy of an AnyModule refers to the same module: the block calls the child's forward.
+      auto child = std::make_shared<torch::nn::AnyModule>(held);
+      out.push_back({children[i].key(), type, sequential->ptr(i), [child](const at::Tensor& x) { return child->forward<at::Tensor>(x); }});
+      ++i;
+    }
+    return out;
+  };
+  return std::make_unique<PlainModuleFactory>(std::move(name), std::move(parts), vocab_size, seq_len);
 }
 
 std::unique_ptr<DatasetFactory> tensor_dataset(std::string name, int64_t vocab_size, at::Tensor train, at::Tensor validation) {

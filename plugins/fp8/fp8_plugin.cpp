@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <torch/nn/modules/linear.h>
 
 #include "fp8_layers.h"
 #include "fp8_linear.h"
@@ -169,9 +170,16 @@ class Fp8Pass final : public Pass {
     // Over every rank: a pipeline rank may hold no Linear layer of its own.
     const bool any_selected = found_on_any_rank(job, !choice.fp8.empty() || !choice.too_small.empty());
     const bool any_fp8 = found_on_any_rank(job, !choice.fp8.empty());
-    if (!any_selected)
-      throw UserError("pass 'fp8': no Linear layer of model '" + job.job_config().get_string("model") +
-                      "' matches include/exclude");
+    if (!any_selected) {
+      // A plain libtorch model's torch::nn::Linear layers cannot be rewritten: their forward is
+      // not virtual and has no hook, so nothing can run their GEMMs in fp8 from outside.
+      bool plain_linear = false;
+      for (const auto& m : job.model->modules(/*include_self=*/false)) plain_linear |= dynamic_cast<torch::nn::LinearImpl*>(m.get()) != nullptr;
+      throw UserError("pass 'fp8': no Linear layer of model '" + job.job_config().get_string("model") + "' matches include/exclude" +
+                      (plain_linear ? std::string("; its torch::nn::Linear layers cannot run in fp8 (libtorch's Linear has no hook to "
+                                                  "replace its matrix products): write them as strata::nn::Linear (docs/library.md)")
+                                    : std::string()));
+    }
     if (!any_fp8)
       throw UserError("pass 'fp8': every selected Linear layer has a dimension that is not a multiple of 16: " + join(choice.too_small));
     const bool report = job.topology->rank() == 0;

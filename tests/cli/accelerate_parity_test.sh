@@ -7,7 +7,10 @@
 #    MLP-Mixer (model.token_mixing, a transformer variant) tensor parallel on 2 ranks;
 #  * plain_module (a plain torch::nn::Module): ddp 2, fsdp 2 and 3, zero2 2, fsdp 2 with
 #    act_checkpoint (the module recomputed as one block); fsdp 2 with amp bf16 trains (within
-#    2e-2); a tensor-parallel layout is refused with the way out.
+#    2e-2); a tensor-parallel layout is refused with the way out; the same network as a
+#    torch::nn::Sequential: one process bit for bit, fsdp 2 with and without act_checkpoint of
+#    the child named "hidden";
+#  * Strategy::automatic on 2 ranks measures three candidates and trains the fastest.
 set -euo pipefail
 bin=$1 examples=$2 work=$3
 shift 3
@@ -74,6 +77,27 @@ with_passes plain_act_checkpoint act_checkpoint
 run_file "$work/plain_act_checkpoint.toml" plain_fsdp2_act_checkpoint 2 "${fp32[@]}"
 compare plain_baseline plain_fsdp2_act_checkpoint
 
+# The same network as a torch::nn::Sequential (--sequential): its children become blocks, built
+# in the same order, so one process gives the plain module's losses; fsdp shards child by child,
+# and act_checkpoint recomputes the child it names (one block per micro-batch, by its metrics).
+run_sequential() {  # STRATEGY NAME RANKS SETTINGS...
+  local strategy=$1 name=$2 ranks=$3
+  shift 3
+  local launch=()
+  ((ranks > 1)) && launch=("${mpirun[@]}" -np "$ranks")
+  (cd "$work" && "${launch[@]}" "$bin/train_plain_module" --sequential "$strategy" job.run_dir="$work/$name" job.steps=12 "$@" \
+    > "$work/$name.log" 2>&1) || { cat "$work/$name.log"; exit 1; }
+}
+run_sequential "$examples/plain_module/strategy.toml" sequential_one 1 parallel.data=1 pass.fsdp.enabled=false "${fp32[@]}"
+run_sequential "$examples/plain_module/strategy.toml" sequential_fsdp2 2 "${fp32[@]}"
+{ cat "$examples/plain_module/strategy.toml"; printf '[[pass]]\nname = "act_checkpoint"\nblocks = ["hidden"]\n'; } > "$work/sequential_ac.toml"
+run_sequential "$work/sequential_ac.toml" sequential_fsdp2_act_checkpoint_hidden 2 "${fp32[@]}"
+compare plain_baseline sequential_one 0
+compare plain_baseline sequential_fsdp2
+compare plain_baseline sequential_fsdp2_act_checkpoint_hidden
+grep -q '"recomputed_blocks":1.000' "$work/sequential_fsdp2_act_checkpoint_hidden/metrics.jsonl" ||
+  { echo "act_checkpoint did not recompute the named child"; exit 1; }
+
 with_passes plain_tensor2 tensor_parallel
 set +e
 (cd "$work" && "${mpirun[@]}" -np 2 "$bin/train_plain_module" "$work/plain_tensor2.toml" job.run_dir="$work/plain_tensor2" \
@@ -92,3 +116,14 @@ sed '/^\[parallel\]/,$d' "$examples/mlp_lm/strategy.toml" > "$work/mlp_automatic
 grep -q "automatic strategy: .*measured in this process" "$work/mlp_automatic.log" && grep -q "last step 12 loss" "$work/mlp_automatic.log" &&
   [[ -f "$work/mlp_automatic.trials/candidate_3/metrics.jsonl" ]] || { echo "automatic did not measure"; cat "$work/mlp_automatic.log"; exit 1; }
 grep -o "automatic strategy: .*" "$work/mlp_automatic.log"
+
+# fp8 on a plain module: its torch::nn::Linear layers cannot be rewritten; refused with the way out.
+with_passes plain_fp8 fp8
+set +e
+(cd "$work" && "$bin/train_plain_module" "$work/plain_fp8.toml" job.run_dir="$work/plain_fp8" parallel.data=1 pass.fsdp.enabled=false \
+  "${fp32[@]}" > "$work/plain_fp8.log" 2>&1)
+status=$?
+set -e
+grep -q "torch::nn::Linear layers cannot run in fp8 .*write them as strata::nn::Linear" "$work/plain_fp8.log" && ((status == 2)) ||
+  { echo "fp8 of a plain module was not refused (exit $status)"; cat "$work/plain_fp8.log"; exit 1; }
+echo "plain_module: fp8 refused"

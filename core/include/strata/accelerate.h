@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/nn/modules/container/sequential.h>
+
 #include "strata/core/component_registry.h"
 #include "strata/core/trainer.h"
 #include "strata/data.h"
@@ -98,6 +100,17 @@ std::unique_ptr<ModelFactory> plain_module(std::string name, std::function<std::
       },
       vocab_size, seq_len);
 }
+
+// The model factory of a plain torch::nn::Sequential, each child a block of its own, named as in
+// the Sequential (its index, or the name given in {"name", module} pairs) and typed "embedding"
+// (the first), "head" (the last) or "block" (the others), as the bundled models' blocks are: so
+// the passes that work block by block reach its children. act_checkpoint recomputes the children
+// it selects (`blocks = ["hidden"]`; by default those typed "block"), fsdp gathers each child as a
+// unit, ddp and zero bucket them in order. The first child takes tokens [B, T] int64, the last
+// returns logits [B, T, vocab_size]; each child's forward takes and returns one tensor. Model
+// parallel layouts are refused as for plain_module_factory.
+STRATA_API std::unique_ptr<ModelFactory> plain_sequential(std::string name, std::function<torch::nn::Sequential()> build,
+                                                          int64_t vocab_size, int64_t seq_len);
 
 // A dataset held by the program: token streams (int64 or any integer dtype, 1-D) for the train
 // and validation splits, tokens below `vocab_size`. Core's sampler windows, shuffles and batches

@@ -17,4 +17,13 @@ struct TinyNet : torch::nn::Module {
   torch::nn::Linear hidden, output;
 };
 
+// The same network as a Sequential of named children, built in the same order (so from the same
+// seed it starts from the same values): Strata makes each child a block of its own.
+inline torch::nn::Sequential tiny_sequential(int64_t vocab, int64_t width) {
+  return torch::nn::Sequential({{"embedding", torch::nn::Embedding(vocab, width)},
+                                {"hidden", torch::nn::Linear(width, 4 * width)},
+                                {"gelu", torch::nn::GELU()},
+                                {"output", torch::nn::Linear(4 * width, vocab)}});
+}
+
 }  // namespace plain_module
