@@ -17,6 +17,7 @@ namespace strata {
 
 Stateful::~Stateful() = default;
 TokenDataset::~TokenDataset() = default;
+bool TokenDataset::read_in_order() const { return false; }
 DatasetFactory::~DatasetFactory() = default;
 Optimizer::~Optimizer() = default;
 OptimizerFactory::~OptimizerFactory() = default;

@@ -87,15 +87,21 @@ TEST(Accelerate, TensorDatasetTrainsAsTheSameTokensFromAFactory) {
 
 // The same windows handed over sample by sample (a map-style dataset): the same losses (the
 // sampler addresses, shuffles and batches samples by index as it does windows of a stream).
-TEST(Accelerate, SampleDatasetTrainsAsTheSameWindows) {
+// Both splits of the bundled synthetic dataset (vocabulary 32) as token streams.
+std::map<Split, at::Tensor> synthetic_tokens() {
   auto registry = testing::load_plugins({});
   const auto& synthetic = testing::component<DatasetFactory>(*registry, ComponentKind::Dataset, "synthetic");
-  const auto stream = synthetic.open(testing::config_for(synthetic, {{"vocab_size", Value(int64_t{32})}}), {});
+  const auto source = synthetic.open(testing::config_for(synthetic, {{"vocab_size", Value(int64_t{32})}}), {});
   std::map<Split, at::Tensor> tokens;
   for (Split split : {Split::Train, Split::Val}) {
-    tokens[split] = at::empty({stream->num_tokens(split)}, at::kLong);
-    stream->read(split, 0, tokens[split].numel(), tokens[split].data_ptr<int64_t>());
+    tokens[split] = at::empty({source->num_tokens(split)}, at::kLong);
+    source->read(split, 0, tokens[split].numel(), tokens[split].data_ptr<int64_t>());
   }
+  return tokens;
+}
+
+TEST(Accelerate, SampleDatasetTrainsAsTheSameWindows) {
+  std::map<Split, at::Tensor> tokens = synthetic_tokens();
   const int64_t seq_len = 8;  // kTinyGpt's
   auto windows = [&](Split split) { return (tokens[split].numel() - 1) / seq_len; };
   auto sample = [tokens, seq_len](Split split, int64_t i) { return tokens.at(split).narrow(0, i * seq_len, seq_len + 1).to(at::kInt); };
@@ -118,6 +124,62 @@ TEST(Accelerate, SampleDatasetTrainsAsTheSameWindows) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("set [model] seq_len = 8"), std::string::npos) << e.what();
   }
+}
+
+// The same windows as a stream (iterable-style): read in order, started again for earlier ones,
+// they train to the bundled dataset's losses bit for bit, evaluation included, and a run resumed
+// halfway continues exactly; shuffling it is refused.
+TEST(Accelerate, StreamDatasetTrainsInOrderAndResumesExactly) {
+  std::map<Split, at::Tensor> tokens = synthetic_tokens();
+  const int64_t seq_len = 8;  // kTinyGpt's
+  auto windows = [&](Split split) { return (tokens[split].numel() - 1) / seq_len; };
+  auto open = [tokens, seq_len](Split split) {
+    auto next = std::make_shared<int64_t>(0);
+    const at::Tensor all = tokens.at(split);
+    return std::function<at::Tensor()>([all, seq_len, next]() -> at::Tensor {
+      if ((*next + 1) * seq_len >= all.numel()) return at::Tensor();  // the stream ends
+      return all.narrow(0, (*next)++ * seq_len, seq_len + 1);
+    });
+  };
+  const std::string no_data = without(without(kTinyGpt, "dataset = \"synthetic\"\n"), "[data]\nvocab_size = 32\n");
+  const StringList sets{"job.model=gpt", "job.shuffle=false", "job.steps=6", "job.eval_every=2"};
+  auto strategy = [&](const std::string& text) {
+    Strategy out = Strategy::from_toml(text);
+    for (const auto& s : sets) out.set(s);
+    return out;
+  };
+  auto stream = [&] { return stream_dataset("program_stream", 32, seq_len, windows(Split::Train), windows(Split::Val), open); };
+  std::vector<StepRecord> reference;
+  {
+    Accelerated bundled = accelerate(nullptr, {}, nullptr, {}, strategy(kTinyGpt), in("accelerate_stream_reference"));
+    ASSERT_TRUE(bundled.ok) << bundled.status;
+    for (int s = 0; s < 6; ++s) reference.push_back(bundled.trainer->step());
+  }
+  {
+    Accelerated api = accelerate(nullptr, {}, stream(), {}, strategy(no_data), in("accelerate_stream"));
+    ASSERT_TRUE(api.ok) << api.status;
+    for (int s = 0; s < 6; ++s) {
+      const StepRecord& r = api.trainer->step();
+      EXPECT_EQ(r.loss, reference[static_cast<size_t>(s)].loss) << s;
+      EXPECT_EQ(r.val_loss, reference[static_cast<size_t>(s)].val_loss) << s;
+    }
+  }
+  AccelerateOptions cut = in("accelerate_stream_cut");
+  {
+    Accelerated first = accelerate(nullptr, {}, stream(), {}, strategy(no_data), cut);
+    ASSERT_TRUE(first.ok) << first.status;
+    for (int s = 0; s < 3; ++s) first.trainer->step();
+    first.trainer->save();
+  }
+  cut.run.resume = true;
+  Accelerated resumed = accelerate(nullptr, {}, stream(), {}, strategy(no_data), cut);
+  ASSERT_TRUE(resumed.ok) << resumed.status;
+  ASSERT_EQ(resumed.trainer->completed_steps(), 3);
+  for (int s = 3; s < 6; ++s) EXPECT_EQ(resumed.trainer->step().loss, reference[static_cast<size_t>(s)].loss) << s;
+  resumed = {};
+  Accelerated shuffled = accelerate(nullptr, {}, stream(), {}, strategy(no_data).set("job.shuffle=true"), in("accelerate_stream_shuffled"));
+  EXPECT_FALSE(shuffled.ok);
+  EXPECT_NE(shuffled.status.find("stream read in order"), std::string::npos) << shuffled.status;
 }
 
 TEST(Accelerate, ProblemsComeBackInTheStatus) {

@@ -129,6 +129,19 @@ using SampleFn = std::function<at::Tensor(Split split, int64_t index)>;
 STRATA_API std::unique_ptr<DatasetFactory> sample_dataset(std::string name, int64_t vocab_size, int64_t seq_len, int64_t train_samples,
                                                           int64_t validation_samples, SampleFn sample);
 
+// A dataset the program produces as a stream, as PyTorch's iterable-style datasets do:
+// open(split) starts the split's stream from its beginning and returns a function giving its
+// next sample (seq_len + 1 tokens, 1-D integer, below `vocab_size`) at each call, or an undefined
+// tensor when it ends. Strata reads a stream in order: it skips forward to the sample it needs
+// and starts the stream again for an earlier one (a resume, each evaluation, each new epoch of
+// `train_samples`), so resume and elastic restarts stay exact as long as the stream gives the
+// same samples whenever it starts. It is refused with [job] shuffle = true. Every data rank reads
+// the whole global batch, so every rank runs the stream. Called from the sampler's prefetch
+// thread; one split's stream is never read from two threads at once.
+using StreamFn = std::function<std::function<at::Tensor()>(Split split)>;
+STRATA_API std::unique_ptr<DatasetFactory> stream_dataset(std::string name, int64_t vocab_size, int64_t seq_len, int64_t train_samples,
+                                                          int64_t validation_samples, StreamFn open);
+
 // (logits [B, T, V], targets [B, T]) -> the mean loss of the micro-batch.
 using LossFn = std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)>;
 

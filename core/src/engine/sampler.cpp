@@ -17,6 +17,9 @@ BatchSampler::BatchSampler(const TokenDataset& data, int64_t seq_len, uint64_t s
       train_windows_((data.num_tokens(Split::Train) - 1) / seq_len),
       val_windows_((data.num_tokens(Split::Val) - 1) / seq_len) {
   if (const std::string problem = too_short_for_windows(data, seq_len); !problem.empty()) throw UserError(problem);
+  if (shuffle && data.read_in_order())
+    throw UserError("[job] shuffle = true, but the dataset is a stream read in order (strata::stream_dataset), which shuffling would "
+                    "start again for almost every sample; set [job] shuffle = false");
   start_epoch(0);
 }
 

@@ -20,6 +20,9 @@ class STRATA_API TokenDataset {
   // Copies tokens [begin, begin + count) of `split` into `out`. Must be safe to call from a
   // background thread while the caller trains.
   virtual void read(Split split, int64_t begin, int64_t count, int64_t* out) const = 0;
+  // True for a dataset that can only be read forwards (a stream the program produces: reading an
+  // earlier sample starts it again). Core's sampler refuses [job] shuffle = true for it.
+  virtual bool read_in_order() const;
 };
 
 struct DataContext {
