@@ -243,6 +243,10 @@ class PipelineParallelPass final : public Pass {
       else out << ", ~" << format("%.1f MB", 16.0 * static_cast<double>(params) / 1e6) << " model states";
       out << "\n";
     }
+    out << (measured ? "Start-up: every rank builds the whole model first (the balanced partition measures every block), then keeps "
+                       "its stages\n"
+                     : "Start-up: each rank builds only its stages' blocks (the others are dropped as the model is built; peak = its "
+                       "blocks plus the largest other one)\n");
     out << "Schedule " << s.schedule->name() << ": p = " << s.shape.ranks << ", m = " << s.shape.micro_batches << ", v = " << s.shape.chunks
         << "; per-rank timeline (F forward, B backward, b input gradient, W weight gradient, . idle; F = b = W = 1, B = 2):\n";
     if (!sim.problem.empty())
