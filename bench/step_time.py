@@ -1,6 +1,7 @@
 """Step time of Strata vs PyTorch eager on the same GPT-2 model, batch and optimizer.
 
 usage: python bench/step_time.py [--strata build/bin/strata] [--steps 20] [--out bench/results/step_time_cpu.md]
+       python bench/step_time.py --device cuda --out bench/results/step_time_cuda.md   (on a GPU: scripts/gpu_check)
 
 For each size it runs `strata run` (synthetic tokens, AdamW, grad clipping 1.0, fp32) and an
 equivalent PyTorch eager training loop written here (torch.optim.AdamW with its default
@@ -27,6 +28,8 @@ SIZES = [  # name, n_layer, n_head, d_model, seq_len, batch
     ("small", 6, 6, 384, 256, 8),
     ("medium", 8, 8, 512, 256, 8),
 ]
+# On a GPU the small sizes measure launch overhead; GPT-2 small (124 M at vocab 50257) measures the kernels.
+CUDA_SIZES = SIZES + [("gpt2-small", 12, 12, 768, 1024, 8)]
 VOCAB = 4096
 WARMUP = 3
 
@@ -56,7 +59,7 @@ class Gpt(nn.Module):
         self.ln_f = nn.LayerNorm(d)
 
     def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         return F.linear(self.ln_f(x), self.wte.weight)
@@ -73,33 +76,35 @@ def eager_step(model, opt, batch):
     loss.item()
 
 
-def pytorch_step_times(n_layer, n_head, d, seq_len, batch, steps, flush_denormal):
+def pytorch_step_times(n_layer, n_head, d, seq_len, batch, steps, flush_denormal, device="cpu"):
     torch.set_flush_denormal(flush_denormal)
     torch.manual_seed(0)
-    model = Gpt(n_layer, n_head, d, seq_len)
+    model = Gpt(n_layer, n_head, d, seq_len).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n and "wpe" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "wte" not in n and "wpe" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                             lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    data = torch.randint(VOCAB, (steps, batch, seq_len + 1))
+    data = torch.randint(VOCAB, (steps, batch, seq_len + 1), device=device)
     times = []
     for s in range(steps):
         start = time.perf_counter()
-        eager_step(model, opt, data[s])
+        eager_step(model, opt, data[s])  # loss.item() waits for the GPU
         times.append((time.perf_counter() - start) * 1000)
     return times
 
 
-def strata_step_times(strata, n_layer, n_head, d, seq_len, batch, steps, threads):
-    with tempfile.TemporaryDirectory() as out:
+def strata_step_times(strata, n_layer, n_head, d, seq_len, batch, steps, threads, device="cpu"):
+    with tempfile.TemporaryDirectory() as work:
+        out = str(pathlib.Path(work) / "run")  # strata refuses a run directory holding other files
         sets = {
             "job.model": "gpt", "job.dataset": "synthetic", "job.steps": steps, "job.global_batch": batch,
             "job.log_every": steps, "job.eval_every": 0, "job.checkpoint_every": 0, "job.threads": threads,
             "model.n_layer": n_layer, "model.n_head": n_head, "model.d_model": d, "model.seq_len": seq_len,
             "model.vocab_size": VOCAB, "data.vocab_size": VOCAB, "data.num_tokens": 1 << 20,
             "optimizer.lr": 1e-3, "optimizer.weight_decay": 0.1, "optimizer.warmup_steps": 0,
+            "job.device": f'"{device}"',
         }
-        strategy = pathlib.Path(out) / "bench.toml"
+        strategy = pathlib.Path(work) / "bench.toml"
         strategy.write_text('[job]\nmodel = "gpt"\ndataset = "synthetic"\n')
         cmd = [strata, "run", str(strategy), "--out", out]
         for k, v in sets.items():
@@ -116,8 +121,11 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--out", default="bench/results/step_time_cpu.md")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        return main_cuda(args)
 
     rows = []
     for name, n_layer, n_head, d, seq_len, batch in SIZES:
@@ -145,6 +153,29 @@ def main():
         f.write("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for name, l, d, t, b, n, ms, mp, mpd, ts, tp in rows:
             f.write(f"| {name} | {l} | {d} | {t} | {b} | {n / 1e6:.2f} M | {ms:.1f} | {mp:.1f} | {mpd:.1f} | {ts:.0f} | {tp:.0f} | {ms / mp:.3f} |\n")
+
+
+def main_cuda(args):
+    """The same comparison on one GPU, fp32 (TF32 off in both, their defaults), no denormal columns."""
+    rows = []
+    for name, n_layer, n_head, d, seq_len, batch in CUDA_SIZES:
+        s = strata_step_times(args.strata, n_layer, n_head, d, seq_len, batch, args.steps, args.threads, "cuda")[WARMUP:]
+        p = pytorch_step_times(n_layer, n_head, d, seq_len, batch, args.steps, False, "cuda")[WARMUP:]
+        ms, mp = statistics.median(s), statistics.median(p)
+        params = sum(x.numel() for x in Gpt(n_layer, n_head, d, seq_len).parameters())
+        rows.append((name, n_layer, d, seq_len, batch, params, ms, mp))
+        print(f"{name}: strata {ms:.2f} ms, pytorch {mp:.2f} ms, ratio {ms / mp:.3f}", flush=True)
+    with open(args.out, "w") as f:
+        f.write("# Step time: Strata vs PyTorch eager (CUDA, fp32)\n\n")
+        f.write(f"Command: `python3 bench/step_time.py --device cuda --steps {args.steps} --out {args.out}` "
+                "(run by scripts/gpu_check)  \n")
+        f.write(f"Machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; medians of steps "
+                f"{WARMUP + 1}..{args.steps}. Same model, data and optimizer as the CPU table (step_time_cpu.md); "
+                "the step ends when the loss is on the host (Strata: step_ms; PyTorch: loss.item()).\n\n")
+        f.write("| size | layers | d_model | seq | batch | params | Strata ms/step | PyTorch ms/step | Strata / PyTorch time |\n")
+        f.write("|---|---|---|---|---|---|---|---|---|\n")
+        for name, l, d, t, b, n, ms, mp in rows:
+            f.write(f"| {name} | {l} | {d} | {t} | {b} | {n / 1e6:.2f} M | {ms:.2f} | {mp:.2f} | {ms / mp:.3f} |\n")
 
 
 STRATA_VENV_PY = "~/.local/share/strata/venv/bin/python"

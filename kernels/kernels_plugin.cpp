@@ -4,6 +4,8 @@
 #include "cpu/adamw.h"
 #include "cpu/attention.h"
 #include "cpu/linear_cross_entropy.h"
+#include "cuda/adamw_fused.h"
+#include "cuda/attention_sdpa.h"
 #include "strata/plugin.h"
 
 namespace strata::kernels {
@@ -18,6 +20,12 @@ void register_components(Registry& registry) {
       "without copies, differentiable lse; plain causal/unmasked calls without lse go to ATen SDPA",
       &attention_fused_cpu,
       ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}}, 10));
+  // CUDA: ATen's flash / cuDNN / memory-efficient kernels chosen per mask, lse differentiable.
+  registry.add(std::make_unique<ops::OperatorImpl<ops::Attention>>(
+      "attention.sdpa_cuda",
+      "ATen's fused attention kernels (CUDA): flash/cuDNN/memory-efficient for plain causal or unmasked calls, the "
+      "memory-efficient kernel with a 0/-inf bias for every other mask and for a differentiable lse (context parallel)",
+      &attention_sdpa_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::LinearCrossEntropy>>(
       "linear_cross_entropy.chunked_cpu",
       "chunks of rows (4 MiB of logits each): logits, log_softmax and the gradients while the chunk is in cache; the [N, V] "
@@ -33,6 +41,9 @@ void register_components(Registry& registry) {
   registry.add(std::make_unique<ops::OperatorImpl<ops::AdamwUpdate>>(
       "adamw_update.fused_cpu", "AdamW step in one vectorised pass over each tensor, the reference's operations in order (fp32)",
       &adamw_update_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::AdamwUpdate>>(
+      "adamw_update.fused_cuda", "AdamW step in one CUDA kernel per parameter (ATen's fused AdamW, the reference's rule)",
+      &adamw_update_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat}}, 10));
 }
 
 }  // namespace
