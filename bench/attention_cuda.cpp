@@ -15,11 +15,10 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cuda/attention_sdpa.h"
+#include "cuda_timing.h"
 #include "strata/core/operator_table.h"
 
 namespace {
@@ -28,38 +27,16 @@ using namespace strata;
 using Attention = std::function<ops::AttentionResult(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                      const ops::AttentionMask&, bool)>;
 
-struct Sample {
-  double ms = -1;       // -1: out of memory
-  double peak_mib = -1;
-};
+using bench::CudaSample;
 
-int64_t allocated_bytes() {
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
-  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
-}
-
-Sample run_once(const Attention& attention, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                const ops::AttentionMask& mask, bool with_lse) {
-  Sample s;
-  try {
-    const int64_t before = allocated_bytes();
-    c10::cuda::CUDACachingAllocator::resetPeakStats(0);
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);  // timing enabled
-    start.record();
+CudaSample run_once(const Attention& attention, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const ops::AttentionMask& mask, bool with_lse) {
+  return bench::time_on_gpu([&] {
     const ops::AttentionResult r = attention(q, k, v, mask, with_lse);
     at::Tensor loss = r.out.to(at::kFloat).sum();
     if (with_lse) loss = loss + at::where(r.lse.isinf(), at::zeros_like(r.lse), r.lse).sum();
     torch::autograd::grad({loss}, {q, k, v});
-    stop.record();
-    stop.synchronize();
-    s.ms = start.elapsed_time(stop);
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
-    s.peak_mib = static_cast<double>(stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak -
-                                     before) / (1 << 20);
-  } catch (const c10::OutOfMemoryError&) {
-    c10::cuda::CUDACachingAllocator::emptyCache();
-  }
-  return s;
+  });
 }
 
 double median(std::vector<double> x) {
@@ -99,7 +76,7 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < impls.size(); ++i) run_once(impls[i].second, q, k, v, mask, with_lse);  // warm-up
       for (int r = 0; r < rounds; ++r)
         for (size_t i = 0; i < impls.size(); ++i) {
-          const Sample s = run_once(impls[i].second, q, k, v, mask, with_lse);
+          const CudaSample s = run_once(impls[i].second, q, k, v, mask, with_lse);
           ms[i].push_back(s.ms), peak[i].push_back(s.peak_mib);
         }
       const double ref_ms = median(ms.back());

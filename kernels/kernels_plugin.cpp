@@ -6,6 +6,7 @@
 #include "cpu/linear_cross_entropy.h"
 #include "cuda/adamw_fused.h"
 #include "cuda/attention_sdpa.h"
+#include "cuda/linear_cross_entropy_cuda.h"
 #include "strata/plugin.h"
 
 namespace strata::kernels {
@@ -32,6 +33,11 @@ void register_components(Registry& registry) {
       "logits never exist",
       &linear_cross_entropy_chunked_cpu,
       ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::LinearCrossEntropy>>(
+      "linear_cross_entropy.chunked_cuda",
+      "chunks of rows (256 MiB of logits each, at least 1024 rows) through cuBLAS and ATen's CUDA kernels; the [N, V] logits "
+      "never exist",
+      &linear_cross_entropy_chunked_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::Gelu>>(
       "gelu.fused_cpu", "tanh GELU as x sigmoid(2u): one vectorised pass forward, one backward (float arithmetic)",
       &gelu_tanh_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));

@@ -76,7 +76,7 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     if (!ctx->saved_data["with_grads"].toBool())
-      throw std::logic_error("linear_cross_entropy.chunked_cpu: backward of a call made without gradients");
+      throw std::logic_error("linear_cross_entropy (chunked): backward of a call made without gradients");
     const auto saved = ctx->get_saved_variables();
     const at::Tensor scale = grad_outputs[0].to(saved[0].scalar_type());
     auto scaled = [&](const at::Tensor& grad, const char* dtype) {
