@@ -57,8 +57,10 @@ namespace strata {
 double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology,
                           c10::Device device) {
   // Per-tensor norms stay on the gradients' device (one host sync, at the end), grouped by their
-  // number of replicas; squares are summed in double.
-  std::map<double, std::vector<at::Tensor>> norms_by_replicas;
+  // number of replicas; squares are summed in double. Each group's norms come from one
+  // _foreach_norm call (on a GPU one multi-tensor kernel instead of one launch per parameter;
+  // on the CPU the same per-tensor norms as before), as torch's clip_grad_norm_ does.
+  std::map<double, std::vector<at::Tensor>> grads_by_replicas;
   for (const auto& g : grads) {
     if (!g.grad.defined()) continue;
     if (!g.placement.partial_over.empty())
@@ -73,11 +75,12 @@ double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_no
         if (d != Dim::Expert || !g.placement.is_sharded_over(Dim::Data)) sharded *= topology->size(d);
       replicas = static_cast<double>(topology->world_size()) / sharded;
     }
-    norms_by_replicas[replicas].push_back(g.grad.detach().to(at::kFloat).norm());
+    grads_by_replicas[replicas].push_back(g.grad.detach().to(at::kFloat));
   }
-  const bool any = !norms_by_replicas.empty();
+  const bool any = !grads_by_replicas.empty();
   at::Tensor squared = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
-  for (const auto& [replicas, norms] : norms_by_replicas) squared += at::stack(norms).to(device, at::kDouble).square().sum() / replicas;
+  for (const auto& [replicas, group] : grads_by_replicas)
+    squared += at::stack(at::_foreach_norm(group, 2)).to(device, at::kDouble).square().sum() / replicas;
   if (topology && topology->world_size() > 1) {
     // Every rank takes part, even one without gradients, so the collective matches; device
     // communicators (nccl) take device tensors, so the sum lives on the job's device.
@@ -90,8 +93,10 @@ double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_no
     const double coefficient = max_norm / (norm + 1e-6);
     if (coefficient < 1.0) {
       at::NoGradGuard no_grad;
+      std::vector<at::Tensor> defined;
       for (const auto& g : grads)
-        if (g.grad.defined()) g.grad.mul_(coefficient);
+        if (g.grad.defined()) defined.push_back(g.grad);
+      at::_foreach_mul_(defined, coefficient);
     }
   }
   return norm;
