@@ -1,7 +1,7 @@
 """strata tune against exhaustive measurement (issue 35).
 
 usage: python bench/tune.py [--strata build/bin/strata] [--ranks 4] [--out bench/results/tune_cpu.md]
-                            [--set section.key=value]...
+                            [--exhaustive-runs 1] [--set section.key=value]...
 
 1. Exhaustive: `strata tune -n R --top 65536 --rounds 1` measures every candidate that plans once
    (fresh cache), in one run: each candidate's measured step time and peak memory.
@@ -13,6 +13,10 @@ usage: python bench/tune.py [--strata build/bin/strata] [--ranks 4] [--out bench
 4. Figures: that ratio (and the same from the single exhaustive trials), tune's wall time over the
    exhaustive's, the cost model's predicted peak memory against measured for every candidate, and
    the Spearman rank correlation of predicted against measured step time.
+   With --exhaustive-runs N > 1 the exhaustive measurement is repeated N times (fresh caches) and
+   each candidate's measured time is the median of its N trials; the table also gives the
+   Spearman correlation of run 1's measurements with run 2's (test-retest: how far the
+   measurements themselves agree, the ceiling for any prediction).
 The strategy is the single-process example at a size where a step does some work (d_model 256,
 4 layers, global batch 4, micro_batch 1, one thread per rank); --set changes it.
 """
@@ -85,11 +89,30 @@ def main():
     ap.add_argument("--out", default="bench/results/tune_cpu.md")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--confirm", type=int, default=5, help="interleaved rounds of each finalist")
+    ap.add_argument("--exhaustive-runs", type=int, default=1, help="exhaustive measurements; each candidate's median is used")
     args = ap.parse_args()
     sets = SETS + args.set
     work = pathlib.Path(tempfile.mkdtemp(prefix="strata_tune_bench_"))
     ex_cmd, ex_wall, _, exhaustive = tune(args.strata, args.ranks, sets, work / "exhaustive", 65536, work / "cache1")
+    repeats = [tune(args.strata, args.ranks, sets, work / f"exhaustive{i}", 65536, work / f"cache1_{i}")[3]
+               for i in range(2, args.exhaustive_runs + 1)]
     tu_cmd, tu_wall, tu_text, tuned = tune(args.strata, args.ranks, sets, work / "tune", 0, work / "cache2")
+
+    # Each candidate's trials over the exhaustive runs; its measured time is their median.
+    trials = {key(r): [r["measured_s"]] for r in exhaustive if "measured_s" in r}
+    for records in repeats:
+        for r in records:
+            if "measured_s" in r and key(r) in trials:
+                trials[key(r)].append(r["measured_s"])
+    retest = None
+    if repeats:
+        both = [k for k, v in trials.items() if len(v) >= 2]
+        retest = (spearman([trials[k][0] for k in both], [trials[k][1] for k in both]), len(both))
+    single_rho = spearman([r["predicted_s"] for r in exhaustive if "measured_s" in r],
+                          [r["measured_s"] for r in exhaustive if "measured_s" in r])
+    for r in exhaustive:
+        if "measured_s" in r:
+            r["measured_s"] = statistics.median(trials[key(r)])
 
     measured = [r for r in exhaustive if "measured_s" in r]
     failed = [r for r in exhaustive if r["verdict"].startswith("failed")]
@@ -119,11 +142,13 @@ def main():
 
     lines = [
         "# strata tune against exhaustive measurement (CPU)", "",
-        f"Command: `python bench/tune.py --ranks {args.ranks}" + "".join(f" --set {s}" for s in args.set) + "`  ",
+        f"Command: `python bench/tune.py --ranks {args.ranks}"
+        + (f" --exhaustive-runs {args.exhaustive_runs}" if args.exhaustive_runs > 1 else "")
+        + "".join(f" --set {s}" for s in args.set) + "`  ",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.ranks} ranks, one thread each.  ",
         f"Strategy: `{BASE}` with " + ", ".join(f"`{s}`" for s in sets) + ".", "",
         f"* Exhaustive: `{' '.join(ex_cmd[1:])}`: {len(measured)} candidates measured ({len(failed)} failed), "
-        f"{ex_wall:.0f} s.",
+        f"{ex_wall:.0f} s" + (f" (run 1 of {args.exhaustive_runs}, each with a fresh cache)." if repeats else "."),
         f"* Tune: `{' '.join(tu_cmd[1:])}`: {tu_wall:.0f} s = **{100 * tu_wall / ex_wall:.1f}%** of the exhaustive time "
         f"(target <= 25%).",
         f"* Tune's choice: {choice['layout']}; {'; '.join(choice['choices'])}: {choice['measured_s'] * 1000:.2f} ms in tune's "
@@ -131,10 +156,14 @@ def main():
         f"* Confirmed ({args.confirm} interleaved trials of each, median): tune's choice {median_of[key(choice)] * 1000:.2f} ms, the "
         f"best {best_confirmed['layout']}; {'; '.join(best_confirmed['choices'])} {median_of[key(best_confirmed)] * 1000:.2f} ms: "
         f"tune's choice is **{ratio:.3f}x** the best (target <= 1.10x).",
-        f"* From the single exhaustive trials alone: the fastest, {best['layout']}; {'; '.join(best['choices'])}, "
+        f"* From the exhaustive measurement alone: the fastest, {best['layout']}; {'; '.join(best['choices'])}, "
         f"{best['measured_s'] * 1000:.2f} ms (predicted rank {best['predicted_rank']}); tune's choice "
         f"{choice_in_exhaustive['measured_s'] * 1000:.2f} ms = {choice_in_exhaustive['measured_s'] / best['measured_s']:.3f}x.",
-        f"* Predicted vs measured step time over the {len(measured)} candidates: Spearman **{rho:.3f}** (target >= 0.8).",
+        f"* Predicted vs measured step time over the {len(measured)} candidates: Spearman **{rho:.3f}** (target >= 0.8)"
+        + (f", each candidate's measured time the median of its {args.exhaustive_runs} exhaustive trials; against run 1's "
+           f"single trials alone {single_rho:.3f}. Test-retest, run 1's measurements against run 2's over {retest[1]} "
+           f"candidates: Spearman {retest[0]:.3f} (how far the measurements agree with themselves)."
+           if retest else "."),
         f"* Predicted vs measured peak memory per rank: median error {100 * statistics.median(mem_err):.1f}%, "
         f"worst **{100 * max(mem_err):.1f}%** (target <= 15%), the first trial's calibration "
         f"({(measured[0]['predicted_bytes'] - measured[0]['predicted_model_bytes']) / 2**20:+.0f} MiB) included; the model alone: "
