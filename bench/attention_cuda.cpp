@@ -39,10 +39,6 @@ CudaSample run_once(const Attention& attention, const at::Tensor& q, const at::T
   });
 }
 
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
 
 }  // namespace
 
@@ -79,9 +75,9 @@ int main(int argc, char** argv) {
           const CudaSample s = run_once(impls[i].second, q, k, v, mask, with_lse);
           ms[i].push_back(s.ms), peak[i].push_back(s.peak_mib);
         }
-      const double ref_ms = median(ms.back());
+      const double ref_ms = bench::median(ms.back());
       for (size_t i = 0; i < impls.size(); ++i) {
-        const double m = median(ms[i]);
+        const double m = bench::median(ms[i]);
         if (m < 0) {
           std::printf("| %s | %s | %ld | %s | out of memory | - | - |\n", c10::toString(dtype), kind.c_str(), static_cast<long>(t),
                       impls[i].first.c_str());
@@ -89,7 +85,7 @@ int main(int argc, char** argv) {
         }
         std::printf("| %s | %s | %ld | %s | %.3f | %.0f | %s |\n", c10::toString(dtype), kind.c_str(), static_cast<long>(t),
                     impls[i].first.c_str(), m,
-                    median(peak[i]), ref_ms > 0 ? (std::to_string(m / ref_ms).substr(0, 5) + "x").c_str() : "-");
+                    bench::median(peak[i]), ref_ms > 0 ? (std::to_string(m / ref_ms).substr(0, 5) + "x").c_str() : "-");
       }
       std::fflush(stdout);
     }

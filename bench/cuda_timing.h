@@ -3,7 +3,9 @@
 // out-of-memory error is caught and reported as ms = -1.
 #pragma once
 
+#include <algorithm>
 #include <functional>
+#include <vector>
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -37,6 +39,11 @@ inline CudaSample time_on_gpu(const std::function<void()>& call) {
     c10::cuda::CUDACachingAllocator::emptyCache();
   }
   return s;
+}
+
+inline double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
 }
 
 }  // namespace strata::bench

@@ -46,10 +46,7 @@ int main(int argc, char** argv) {
         });
         if (r >= 0) ms[i].push_back(s.ms), peak[i].push_back(s.peak_mib);
       }
-    auto median = [](std::vector<double> x) {
-      std::sort(x.begin(), x.end());
-      return x[x.size() / 2];
-    };
+    using bench::median;
     const double ref_ms = median(ms.back()), ref_peak = median(peak.back());
     for (size_t i = 0; i < impls.size(); ++i)
       std::printf("| %s | %s | %.3f | %.0f | %.2fx | %.2fx |\n", c10::toString(dtype), impls[i].first, median(ms[i]), median(peak[i]),

@@ -7,16 +7,14 @@
 
 namespace strata {
 
-namespace {
+namespace ops {
 
-// Which (query, key) pairs a mask lets through, [B or 1, 1, Tq, Tk] bool; undefined when
-// every pair is (no causality, no documents).
-at::Tensor visible_pairs(const ops::AttentionMask& mask, int64_t tq, int64_t tk, const at::Device& device) {
+at::Tensor visible_pairs(const AttentionMask& mask, int64_t tq, int64_t tk, const at::Device& device) {
   at::Tensor visible;
   if (mask.causal) {
     const auto index = at::TensorOptions().dtype(at::kLong).device(device);
-    const at::Tensor qi = mask.q_index.defined() ? mask.q_index : at::arange(tk - tq, tk, index);
-    const at::Tensor ki = mask.kv_index.defined() ? mask.kv_index : at::arange(tk, index);
+    const at::Tensor qi = mask.q_index.defined() ? mask.q_index.to(device) : at::arange(tk - tq, tk, index);
+    const at::Tensor ki = mask.kv_index.defined() ? mask.kv_index.to(device) : at::arange(tk, index);
     visible = ki.unsqueeze(0).le(qi.unsqueeze(1)).view({1, 1, tq, tk});
     if (mask.sliding_window > 0)  // and no more than sliding_window - 1 positions back
       visible = visible.logical_and(ki.unsqueeze(0).gt(qi.unsqueeze(1) - mask.sliding_window).view({1, 1, tq, tk}));
@@ -24,11 +22,15 @@ at::Tensor visible_pairs(const ops::AttentionMask& mask, int64_t tq, int64_t tk,
   if (mask.q_document.defined() != mask.kv_document.defined())
     throw std::invalid_argument("attention: a document mask needs the documents of both queries and keys");
   if (mask.q_document.defined()) {
-    at::Tensor same = mask.q_document.unsqueeze(2).eq(mask.kv_document.unsqueeze(1)).unsqueeze(1);  // [B, 1, Tq, Tk]
+    const at::Tensor same = mask.q_document.to(device).unsqueeze(2).eq(mask.kv_document.to(device).unsqueeze(1)).unsqueeze(1);  // [B, 1, Tq, Tk]
     visible = visible.defined() ? visible.logical_and(same) : same;
   }
   return visible;
 }
+
+}  // namespace ops
+
+namespace {
 
 // Scores in at least fp32, softmax written out so that the log-sum-exp is a differentiable output. A
 // query that sees no key gets a zero row and lse -inf, with zero (not NaN) gradients.
@@ -65,11 +67,11 @@ ops::AttentionResult attention_reference(const at::Tensor& q, const at::Tensor& 
   }
   const int64_t tq = q.size(2), tk = key.size(2);
   const bool plain_causal = mask.causal && mask.sliding_window == 0 && !mask.q_index.defined() && !mask.kv_index.defined() && tq == tk;
-  if (with_lse) return attention_with_lse(q, key, value, visible_pairs(mask, tq, tk, q.device()), mask.additive);
+  if (with_lse) return attention_with_lse(q, key, value, ops::visible_pairs(mask, tq, tk, q.device()), mask.additive);
   // ATen's fused kernels where the mask is theirs: none, or causal over the same tokens.
   if (!mask.q_document.defined() && !mask.additive && (!mask.causal || plain_causal))
     return {at::scaled_dot_product_attention(q, key, value, std::nullopt, 0.0, mask.causal), {}};
-  at::Tensor visible = visible_pairs(mask, tq, tk, q.device());
+  at::Tensor visible = ops::visible_pairs(mask, tq, tk, q.device());
   std::optional<at::Tensor> attn_mask;
   if (mask.additive) {
     attn_mask = visible.defined() ? mask.additive->masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity())

@@ -51,19 +51,7 @@ using torch::autograd::variable_list;
 // is visible and there is no additive mask.
 at::Tensor attention_bias(const ops::AttentionMask& mask, int64_t tq, int64_t tk, at::ScalarType dtype,
                           const at::Device& device) {
-  at::Tensor visible;
-  if (mask.causal) {
-    const auto index = at::TensorOptions().dtype(at::kLong).device(device);
-    const at::Tensor qi = mask.q_index.defined() ? mask.q_index.to(device) : at::arange(tk - tq, tk, index);
-    const at::Tensor ki = mask.kv_index.defined() ? mask.kv_index.to(device) : at::arange(tk, index);
-    visible = ki.unsqueeze(0).le(qi.unsqueeze(1));
-    if (mask.sliding_window > 0) visible = visible.logical_and(ki.unsqueeze(0).gt(qi.unsqueeze(1) - mask.sliding_window));
-    visible = visible.view({1, 1, tq, tk});
-  }
-  if (mask.q_document.defined()) {
-    const at::Tensor same = mask.q_document.to(device).unsqueeze(2).eq(mask.kv_document.to(device).unsqueeze(1)).unsqueeze(1);
-    visible = visible.defined() ? visible.logical_and(same) : same;
-  }
+  const at::Tensor visible = ops::visible_pairs(mask, tq, tk, device);  // the reference's own pairs
   if (!visible.defined() && !mask.additive) return {};
   at::Tensor bias = visible.defined()
                         ? at::zeros(visible.sizes(), at::TensorOptions().dtype(dtype).device(device))

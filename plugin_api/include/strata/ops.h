@@ -44,6 +44,12 @@ struct AttentionMask {
   at::Tensor q_document, kv_document;
   std::optional<at::Tensor> additive;  // broadcastable to [B, H, Tq, Tk]
 };
+// Which (query, key) pairs `mask` lets through by causality (window positions, the sliding
+// window) and documents: [B or 1, 1, Tq, Tk] bool on `device`, undefined when every pair is
+// visible; the additive mask is not in it. The reference builds its masks from it, as may an
+// implementation that hands ATen a mask. Throws std::invalid_argument for documents of only one side.
+STRATA_API at::Tensor visible_pairs(const AttentionMask& mask, int64_t tq, int64_t tk, const at::Device& device);
+
 // out: [B, H, Tq, D]. lse: [B, H, Tq] (fp32, or fp64 for fp64 inputs), the log-sum-exp of each query's scaled scores over
 // the keys it sees (-inf, with an output row of zeros, where it sees none), differentiable, so
 // partial results over blocks of keys merge exactly (ring attention); undefined unless asked for.
