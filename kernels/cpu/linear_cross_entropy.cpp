@@ -5,6 +5,11 @@
 // Per chunk of rows: one GEMM for the logits, log_softmax in place of nothing larger than the
 // chunk, exp back to probabilities, the targets' -1, and two GEMMs accumulating the gradients.
 // The incoming gradient of the (scalar) loss multiplies the accumulated gradients in backward.
+// GEMM operands are fp32 copies (on a CPU bf16 GEMMs are no faster, and the reference's loss is
+// fp32), or, where the caller asks (CUDA) and the inputs are bf16/fp16, the inputs themselves,
+// multiplied into fp32 outputs (ATen's mm/addmm with out_dtype: tensor-core GEMMs accumulating
+// in fp32, CUDA only); G is rounded to the input dtype for its two GEMMs, as the reference's
+// autograd rounds the logits' gradient.
 #include "linear_cross_entropy.h"
 
 #include <algorithm>
@@ -24,12 +29,15 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
   // bias: empty tensor for none. with_grads: whether backward will run (decided by the caller,
   // where grad mode and requires_grad are visible); without it only the loss is computed.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-                            const at::Tensor& targets, int64_t chunk_rows, bool with_grads) {
+                            const at::Tensor& targets, int64_t chunk_rows, bool with_grads, bool input_dtype_gemms) {
     const int64_t rows = hidden.size(0), vocab = weight.size(0), dim = weight.size(1);
     const bool has_bias = bias.numel() > 0;
     // fp32 arithmetic for fp32/bf16/fp16 inputs, as the reference's fp32 loss; fp64 stays fp64.
     const at::ScalarType compute = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    const at::Tensor w = weight.to(compute).contiguous();
+    const bool low_precision = hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kHalf;
+    const bool gemm_in_input_dtype = input_dtype_gemms && low_precision && weight.scalar_type() == hidden.scalar_type();
+    const at::ScalarType operand = gemm_in_input_dtype ? hidden.scalar_type() : compute;
+    const at::Tensor w = weight.to(operand).contiguous();
     const at::Tensor b = has_bias ? bias.to(compute) : at::Tensor();
     const auto options = hidden.options().dtype(compute);
     at::Tensor grad_hidden, grad_weight, grad_bias;
@@ -46,13 +54,17 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
     at::Tensor loss_sum = at::zeros({}, options.dtype(at::kDouble));
     for (int64_t start = 0; start < rows; start += chunk) {
       const int64_t n = std::min(chunk, rows - start);
-      const at::Tensor h = hidden.narrow(0, start, n).to(compute);
+      const at::Tensor h = hidden.narrow(0, start, n).to(operand);
       const at::Tensor t = targets.narrow(0, start, n).unsqueeze(1);
       at::Tensor logits = logits_buffer.narrow(0, 0, n), log_probs = probs_buffer.narrow(0, 0, n);
-      if (has_bias)
+      if (gemm_in_input_dtype) {
+        at::mm_out(logits, h, w.t(), compute);
+        if (has_bias) logits.add_(b);
+      } else if (has_bias) {
         at::addmm_out(logits, b, h, w.t());
-      else
+      } else {
         at::mm_out(logits, h, w.t());
+      }
       at::_log_softmax_out(log_probs, logits, 1, false);
       loss_sum.sub_(log_probs.gather(1, t).sum(), 1.0);
       if (!with_grads) continue;
@@ -60,8 +72,14 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
       at::Tensor g = log_probs.exp_();
       g.scatter_add_(1, t, at::full({n, 1}, -1.0, options));
       at::Tensor gh = grad_hidden.narrow(0, start, n);
-      at::addmm_out(gh, gh, g, w, /*beta=*/0.0, /*alpha=*/inv_rows);
-      grad_weight.addmm_(g.t(), h, 1.0, inv_rows);
+      if (gemm_in_input_dtype) {
+        const at::Tensor g_operand = g.to(operand);
+        at::mm_out(gh, g_operand, w, compute).mul_(inv_rows);
+        at::addmm_out(grad_weight, grad_weight, g_operand.t(), h, compute, /*beta=*/1.0, /*alpha=*/inv_rows);
+      } else {
+        at::addmm_out(gh, gh, g, w, /*beta=*/0.0, /*alpha=*/inv_rows);
+        grad_weight.addmm_(g.t(), h, 1.0, inv_rows);
+      }
       if (has_bias) grad_bias.add_(g.sum(0), inv_rows);
     }
     if (with_grads) {
@@ -83,7 +101,7 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
       return grad.defined() ? (grad * scale).to(ctx->saved_data[dtype].toScalarType()) : at::Tensor();
     };
     return {scaled(saved[0], "hidden_dtype"), scaled(saved[1], "weight_dtype"), scaled(saved[2], "bias_dtype"), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -94,14 +112,14 @@ int64_t linear_cross_entropy_chunk_rows(int64_t vocab) {
 }
 
 at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                        const at::Tensor& targets, int64_t chunk_rows) {
+                                        const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms) {
   if (hidden.dim() != 2 || weight.dim() != 2 || targets.dim() != 1 || hidden.size(1) != weight.size(1) ||
       targets.size(0) != hidden.size(0))
     throw std::invalid_argument("linear_cross_entropy: hidden [N, D], weight [V, D] and targets [N] expected");
   const at::Tensor b = bias ? *bias : at::empty({0}, weight.options().requires_grad(false));
   const bool with_grads =
       at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad() || (bias && bias->requires_grad()));
-  return ChunkedLinearCrossEntropy::apply(hidden, weight, b, targets, chunk_rows, with_grads);
+  return ChunkedLinearCrossEntropy::apply(hidden, weight, b, targets, chunk_rows, with_grads, input_dtype_gemms);
 }
 
 at::Tensor linear_cross_entropy_chunked_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

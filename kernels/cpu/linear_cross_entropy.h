@@ -28,8 +28,10 @@ int64_t linear_cross_entropy_chunk_rows(int64_t vocab);
 at::Tensor linear_cross_entropy_chunked_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                             const at::Tensor& targets);
 
-// The same with an explicit chunk size (tests cross chunk edges with few rows).
+// The same with an explicit chunk size (tests cross chunk edges with few rows). input_dtype_gemms:
+// bf16/fp16 inputs multiplied as they are into fp32 outputs (CUDA only: ATen's mm with out_dtype);
+// otherwise every GEMM runs on fp32 copies.
 at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                        const at::Tensor& targets, int64_t chunk_rows);
+                                        const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms = false);
 
 }  // namespace strata::kernels

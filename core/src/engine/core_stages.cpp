@@ -77,7 +77,10 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
   const auto seed = static_cast<uint64_t>(job.job_config().get_int("seed"));
   program.provide(Stage::ForwardBackward, core_stage_description(Stage::ForwardBackward),
                   [&job, batch_loss, seed, dp_rank](StepContext& context) {
-                    double loss_sum = 0;
+                    // Summed where the losses live and read once after the last micro-batch: on a
+                    // GPU a read per micro-batch would wait for each one's backward. fp64, as the
+                    // host's sum was, so the logged loss is unchanged.
+                    at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(job.device()));
                     const int64_t count = static_cast<int64_t>(context.batches.size());
                     for (int64_t micro = 0; micro < count; ++micro) {
                       context.micro = micro;
@@ -92,9 +95,9 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
                       (context.loss * weight).backward();
                       job.run_hooks(HookPoint::AfterBackward, context);
                       context.last_backward = false;
-                      loss_sum += context.loss.item<double>();
+                      loss_sum += context.loss.detach().to(loss_sum.device(), at::kDouble);
                     }
-                    context.local_loss = loss_sum / static_cast<double>(count);
+                    context.local_loss = loss_sum.item<double>() / static_cast<double>(count);
                   });
   program.provide(Stage::SyncGradients, core_stage_description(Stage::SyncGradients), [](StepContext&) {});
   program.provide(Stage::ClipGradients, core_stage_description(Stage::ClipGradients),
