@@ -19,17 +19,15 @@
 #include <thread>
 #include <vector>
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "common.h"
 #include "strata/core/operator_table.h"
-#include "strata/core/process_memory.h"
 #include "strata/core/tune.h"
 #include "strata/core/version.h"
+#include "tune_rates.h"
 #include "tune_trial.h"
 
 namespace strata::cli {
@@ -41,52 +39,6 @@ namespace fs = std::filesystem;
 constexpr size_t kDefaultTrials = 6;     // --top: candidates measured, in predicted order
 constexpr double kContenderMargin = 1.25;  // measured within this of the fastest: measured again
 constexpr int64_t kDefaultRounds = 3;    // --rounds: trials of each contender, the first included
-
-// This machine's rates as `ranks` ranks see them: an fp32 matmul's FLOP/s on one thread, how
-// many ranks share a core, and, from `strata doctor -n ranks` (the same ranks, launched the same
-// way), the all-reduce bus bandwidth, the latency of a one-float all-reduce and the memory a rank
-// holds before it builds anything.
-HardwareRates measure_rates(int64_t ranks) {
-  HardwareRates rates;
-  at::set_num_threads(1);
-  {
-    const int64_t n = 256;
-    const at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
-    at::Tensor c = at::matmul(a, b);
-    const auto start = std::chrono::steady_clock::now();
-    int64_t rounds = 0;
-    while (seconds_since(start) < 0.2) c = at::matmul(a, b), ++rounds;
-    rates.flops_per_s = 2.0 * n * n * n * rounds / seconds_since(start);
-  }
-  // After a matmul, as a training rank is: the BLAS library holds its buffers from the first call.
-  rates.process_bytes = resident_bytes();
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  rates.oversubscription = std::max(1.0, static_cast<double>(ranks) / cores);
-  if (ranks < 2) return rates;
-  const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const std::string command = "'" + self + "' doctor -n " + std::to_string(ranks) + " 2>&1";
-  std::string output;
-  if (FILE* pipe = popen(command.c_str(), "r")) {
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, pipe)) output += buf;
-    pclose(pipe);
-  }
-  double gbs = 0, us = -1, start_mib = 0;
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);) {
-    std::sscanf(line.c_str(), "all ranks: all-reduce bus bandwidth %lf GB/s", &gbs);
-    std::sscanf(line.c_str(), "all ranks: all-reduce latency %lf us", &us);
-    std::sscanf(line.c_str(), "all ranks: resident memory at start %lf MiB", &start_mib);
-  }
-  // The doctor's latency is a difference of two timings (collectives between matmuls, minus the
-  // matmuls alone) and reads 0.0 when the matmuls' own jitter hides it; take 1 us then, the order
-  // of a shared-memory message, rather than refusing to tune (seen on a fresh CI clone).
-  if (us >= 0) us = std::max(us, 1.0);
-  if (gbs <= 0 || us <= 0) throw UserError("strata tune could not measure the collectives with `strata doctor -n " + std::to_string(ranks) + "`:\n" + output);
-  rates.bytes_per_s = gbs * 1e9, rates.message_latency_s = us * 1e-6;
-  rates.process_bytes = std::max(rates.process_bytes, start_mib * (1 << 20));  // a rank also holds MPI's buffers
-  return rates;
-}
 
 std::string mib(double bytes) {
   char buf[32];
@@ -244,9 +196,10 @@ int run_tune(const Args& args) {
               space.truncated ? " (truncated)" : "", ranked.size() + over_budget, space.candidates.size() - ranked.size() - over_budget);
   if (budget > 0) std::printf(", %zu over --memory-gb %g", over_budget, args.memory_gb);
   if (space.duplicates > 0) std::printf("; %zu that plan the same as another dropped", space.duplicates);
-  std::printf("\nrates: matmul %.1f GFLOP/s on one thread, %ld ranks on %u cores; all-reduce %.2f GB/s, %.0f us latency (strata doctor)\n\n",
-              rates.flops_per_s / 1e9, static_cast<long>(args.ranks), std::max(1u, std::thread::hardware_concurrency()),
-              rates.bytes_per_s / 1e9, rates.message_latency_s * 1e6);
+  std::printf("\nrates: matmul %.1f GFLOP/s on one thread, parameter pass %.2f ns, layer overhead %.0f us, %ld ranks on %u cores; "
+              "all-reduce %.2f GB/s, %.0f us latency (strata doctor)\n\n",
+              rates.flops_per_s / 1e9, rates.parameter_pass_s * 1e9, rates.layer_overhead_s * 1e6, static_cast<long>(args.ranks),
+              std::max(1u, std::thread::hardware_concurrency()), rates.bytes_per_s / 1e9, rates.message_latency_s * 1e6);
   const size_t shown = std::min<size_t>(ranked.size(), args.dry_run && args.top > 0 ? static_cast<size_t>(args.top) : 20);
   std::printf("%5s %12s %14s  %-40s %s\n", "rank", "predicted s", "peak MiB/rank", "layout", "other choices");
   for (size_t i = 0; i < shown; ++i)

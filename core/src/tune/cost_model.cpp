@@ -68,7 +68,12 @@ double predicted_step_seconds(const CostEstimate& cost, const HardwareRates& rat
   const double stretch = std::max(1 / std::max(1e-3, 1 - cost.bubble), rates.oversubscription);
   const double compute = cost.flops / rates.flops_per_s * stretch;
   const double overhead = cost.layers_per_rank * static_cast<double>(cost.micro_batches) * rates.layer_overhead_s * rates.oversubscription;
-  return compute + overhead + cost.comm_bytes / rates.bytes_per_s + cost.messages * rates.message_latency_s;
+  // Tensor and pipeline parallel split the parameters a rank streams through its GEMMs; data and
+  // context parallel do not (fsdp gathers them back), nor does splitting the tokens.
+  const double computed_parameters =
+      static_cast<double>(cost.model.parameters) / static_cast<double>(std::max<int64_t>(1, cost.tensor * cost.pipeline));
+  const double parameter_pass = computed_parameters * static_cast<double>(cost.micro_batches) * rates.parameter_pass_s * rates.oversubscription;
+  return compute + overhead + parameter_pass + cost.comm_bytes / rates.bytes_per_s + cost.messages * rates.message_latency_s;
 }
 
 double predicted_peak_bytes(const CostEstimate& cost, const HardwareRates& rates) { return cost.peak_bytes() + rates.process_bytes; }

@@ -40,20 +40,25 @@ STRATA_API CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::v
 // What the predictions divide by and add, per rank: matmul FLOP/s as ranks run concurrently,
 // collective bytes per second, the fixed cost of running one layer's forward and backward on one
 // micro-batch (operator dispatch: what makes many small micro-batches slower than few large ones
-// at equal FLOPs), and the memory a rank's process holds before its model (libtorch, plugins).
+// at equal FLOPs), the cost per parameter and micro-batch of streaming weights and gradients
+// through the GEMMs (what makes splitting tokens cheaper in FLOPs than in time), and the memory a
+// rank's process holds before its model (libtorch, plugins). `strata tune` measures them
+// (launcher/tune_rates.cpp); the defaults are for ranking without measuring.
 struct HardwareRates {
   double flops_per_s = 1e10;       // one rank alone on a core
   double oversubscription = 1;     // ranks per core when there are more ranks than cores (CPU runs)
   double bytes_per_s = 1e9;        // collective bus bandwidth (`strata doctor`)
   double message_latency_s = 0;    // one small collective's time (`strata doctor`)
   double layer_overhead_s = 1e-4;
+  double parameter_pass_s = 0;     // per parameter a rank computes with, per micro-batch
   double process_bytes = 0;
 };
 // Seconds per optimizer step: compute stretched by the pipeline bubble, or, when ranks share
 // cores, by the sharing (a rank idle in a bubble leaves its core to the others, so the larger of
 // the two counts); plus communication, bytes over bandwidth and messages times latency (not
 // overlapped: a conservative bound that ranks layouts the way their traffic does); plus the
-// per-layer, per-micro-batch overhead.
+// per-layer, per-micro-batch overhead and the parameter pass (the parameters a rank computes with,
+// the model's over tensor x pipeline, once per micro-batch), both stretched by core sharing.
 STRATA_API double predicted_step_seconds(const CostEstimate& cost, const HardwareRates& rates);
 // Bytes a rank holds at its peak: the model's and the passes' figures plus the process's own.
 STRATA_API double predicted_peak_bytes(const CostEstimate& cost, const HardwareRates& rates);
