@@ -4,6 +4,7 @@
 #include "cpu/adamw.h"
 #include "cpu/attention.h"
 #include "cpu/linear_cross_entropy.h"
+#include "cuda/activations_cuda.h"
 #include "cuda/adamw_fused.h"
 #include "cuda/attention_sdpa.h"
 #include "cuda/linear_cross_entropy_cuda.h"
@@ -44,6 +45,14 @@ void register_components(Registry& registry) {
   registry.add(std::make_unique<ops::OperatorImpl<ops::SwiGlu>>(
       "swiglu.fused_cpu", "silu(gate) * up: one vectorised pass forward, one backward giving both gradients (float arithmetic)",
       &swiglu_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+#ifdef STRATA_HAVE_CUDA_KERNELS
+  registry.add(std::make_unique<ops::OperatorImpl<ops::Gelu>>(
+      "gelu.fused_cuda", "tanh GELU as x sigmoid(2u): one CUDA kernel forward, one backward (float arithmetic)",
+      &gelu_tanh_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::SwiGlu>>(
+      "swiglu.fused_cuda", "silu(gate) * up: one CUDA kernel forward, one backward giving both gradients (float arithmetic)",
+      &swiglu_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+#endif
   registry.add(std::make_unique<ops::OperatorImpl<ops::AdamwUpdate>>(
       "adamw_update.fused_cpu", "AdamW step in one vectorised pass over each tensor, the reference's operations in order (fp32)",
       &adamw_update_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat}}, 10));

@@ -1,21 +1,16 @@
-// Autograd and threading of the fused activations (activations.h); the arithmetic is in
-// activation_math.cpp. Each Function saves its inputs (as the references' autograd does: x for
-// gelu, gate and up for swiglu) and recomputes the sigmoid in the backward rather than keeping
-// another tensor. Work is split into contiguous ranges of at least kGrain elements over ATen's
-// threads.
+// Threading of the fused activations on the CPU (activations.h); the arithmetic is in
+// activation_math.cpp, the autograd in activation_autograd.h (shared with the CUDA kernels). Work
+// is split into contiguous ranges of at least kGrain elements over ATen's threads.
 #include "activations.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/csrc/autograd/custom_function.h>
 
+#include "activation_autograd.h"
 #include "activation_math.h"
 
 namespace strata::kernels {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 constexpr int64_t kGrain = 32768;  // 128 KiB of fp32: a range is worth a thread above this
 
@@ -35,56 +30,35 @@ void over_ranges(int64_t n, Body body) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) { body(begin, end - begin); });
 }
 
-class GeluTanh : public torch::autograd::Function<GeluTanh> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
-    const at::Tensor x = input.contiguous();
-    at::Tensor y = at::empty_like(x);
+// The elementwise passes for activation_autograd.h: this CPU's copy of activation_math.cpp over
+// ranges of the contiguous tensors.
+struct CpuKernels {
+  static void gelu_forward(const at::Tensor& x, const at::Tensor& y) {
     with_storage(x.scalar_type(), "gelu", [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       const T* in = x.const_data_ptr<T>();
       T* out = y.mutable_data_ptr<T>();
       over_ranges(x.numel(), [&](int64_t at, int64_t n) { activation_ops<T>().gelu_tanh_forward(in + at, out + at, n); });
     });
-    ctx->save_for_backward({x});
-    return y;
   }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor x = ctx->get_saved_variables()[0], dy = grads[0].to(x.scalar_type()).contiguous();
-    at::Tensor dx = at::empty_like(x);
+  static void gelu_backward(const at::Tensor& x, const at::Tensor& dy, const at::Tensor& dx) {
     with_storage(x.scalar_type(), "gelu", [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       const T *in = x.const_data_ptr<T>(), *up = dy.const_data_ptr<T>();
       T* out = dx.mutable_data_ptr<T>();
       over_ranges(x.numel(), [&](int64_t at, int64_t n) { activation_ops<T>().gelu_tanh_backward(in + at, up + at, out + at, n); });
     });
-    return {dx};
   }
-};
-
-class SwiGlu : public torch::autograd::Function<SwiGlu> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in, const at::Tensor& up_in) {
-    TORCH_CHECK(gate_in.sizes() == up_in.sizes() && gate_in.scalar_type() == up_in.scalar_type(),
-                "swiglu: the fused CPU kernel needs gate and up of one shape and dtype, not ", gate_in.sizes(), " ",
-                gate_in.scalar_type(), " and ", up_in.sizes(), " ", up_in.scalar_type());
-    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
-    at::Tensor y = at::empty_like(gate);
+  static void swiglu_forward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& y) {
     with_storage(gate.scalar_type(), "swiglu", [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       const T *g = gate.const_data_ptr<T>(), *u = up.const_data_ptr<T>();
       T* out = y.mutable_data_ptr<T>();
       over_ranges(gate.numel(), [&](int64_t at, int64_t n) { activation_ops<T>().swiglu_forward(g + at, u + at, out + at, n); });
     });
-    ctx->save_for_backward({gate, up});
-    return y;
   }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &gate = saved[0], &up = saved[1], dy = grads[0].to(gate.scalar_type()).contiguous();
-    at::Tensor dgate = at::empty_like(gate), dup = at::empty_like(up);
+  static void swiglu_backward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dy, const at::Tensor& dgate,
+                              const at::Tensor& dup) {
     with_storage(gate.scalar_type(), "swiglu", [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       const T *g = gate.const_data_ptr<T>(), *u = up.const_data_ptr<T>(), *d = dy.const_data_ptr<T>();
@@ -93,14 +67,13 @@ class SwiGlu : public torch::autograd::Function<SwiGlu> {
         activation_ops<T>().swiglu_backward(g + at, u + at, d + at, dg + at, du + at, n);
       });
     });
-    return {dgate, dup};
   }
 };
 
 }  // namespace
 
-at::Tensor gelu_tanh_fused_cpu(const at::Tensor& x) { return GeluTanh::apply(x); }
+at::Tensor gelu_tanh_fused_cpu(const at::Tensor& x) { return GeluTanhFunction<CpuKernels>::apply(x); }
 
-at::Tensor swiglu_fused_cpu(const at::Tensor& gate, const at::Tensor& up) { return SwiGlu::apply(gate, up); }
+at::Tensor swiglu_fused_cpu(const at::Tensor& gate, const at::Tensor& up) { return SwiGluFunction<CpuKernels>::apply(gate, up); }
 
 }  // namespace strata::kernels

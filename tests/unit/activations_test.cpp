@@ -3,6 +3,8 @@
 // and gradients at sizes that are and are not multiples of the vector width (1, 7, 8, 15, 16, 17,
 // 33, 1000, 70001: the last spans several threads' ranges), inputs out to +-30 where exp
 // saturates, non-contiguous inputs, fp32 and bf16/half, and the table choosing the kernels.
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -159,6 +161,14 @@ TEST(Activations, TheKernelsPluginServesTheOperators) {
   EXPECT_EQ(ops::select("gelu", x.to(at::kBFloat16)).name(), "gelu.fused_cpu");
   EXPECT_EQ(ops::select("gelu", x.to(at::kDouble)).name(), "gelu.reference");  // no fp64 copy: the reference serves it
   EXPECT_LE(max_error(ops::gelu(x), at::gelu(x, "tanh")), 2e-6);
+#ifdef STRATA_HAVE_CUDA_KERNELS
+  // Built with nvcc: the CUDA kernels are registered too (they run in tests/gpu on a GPU).
+  for (const char* op : {"gelu", "swiglu"}) {
+    std::vector<std::string> names;
+    for (const auto* impl : OperatorTable::global().implementations(op)) names.push_back(impl->name());
+    EXPECT_NE(std::find(names.begin(), names.end(), std::string(op) + ".fused_cuda"), names.end()) << op;
+  }
+#endif
   OperatorTable::global().reset();
 }
 
