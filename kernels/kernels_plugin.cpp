@@ -8,6 +8,7 @@
 #include "cuda/adamw_fused.h"
 #include "cuda/attention_sdpa.h"
 #include "cuda/linear_cross_entropy_cuda.h"
+#include "cuda/rms_norm_cuda.h"
 #include "strata/plugin.h"
 
 namespace strata::kernels {
@@ -52,6 +53,10 @@ void register_components(Registry& registry) {
   registry.add(std::make_unique<ops::OperatorImpl<ops::SwiGlu>>(
       "swiglu.fused_cuda", "silu(gate) * up: one CUDA kernel forward, one backward giving both gradients (float arithmetic)",
       &swiglu_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::RmsNorm>>(
+      "rms_norm.fused_cuda",
+      "one CUDA kernel per direction, a block per row: fp32 sum of squares, the reference's roundings; saves one float per row",
+      &rms_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
 #endif
   registry.add(std::make_unique<ops::OperatorImpl<ops::AdamwUpdate>>(
       "adamw_update.fused_cpu", "AdamW step in one vectorised pass over each tensor, the reference's operations in order (fp32)",

@@ -18,22 +18,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "storage.cuh"
+
 namespace strata::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 16;
 constexpr float kK = 0.7978845608028654f, kC = 0.044715f;
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <class T>
-__device__ __forceinline__ T from_float(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(v);
-  else return __float2half(v);
-}
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 

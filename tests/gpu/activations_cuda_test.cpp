@@ -12,16 +12,14 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cuda/activations_cuda.h"
+#include "../elementwise_error.h"
 
 namespace strata {
 namespace {
 
 #ifdef STRATA_HAVE_CUDA_KERNELS
 
-double max_error(const at::Tensor& a, const at::Tensor& b) {  // |a - b| / max(1, |b|), largest
-  const at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
-  return ((x - y).abs() / y.abs().clamp_min(1.0)).max().item<double>();
-}
+using testing::max_elementwise_error;
 
 at::Tensor inputs(int64_t n, at::ScalarType dtype, int64_t seed) {
   at::manual_seed(seed);
@@ -67,19 +65,19 @@ TEST(ActivationsCuda, MatchTheFormulasAndTheReferences) {
       const Result reference = gelu_run(gelu_reference, x, dy);
       EXPECT_EQ(ours.y.scalar_type(), dtype);
       EXPECT_EQ(ours.dx.scalar_type(), dtype);
-      EXPECT_LE(max_error(ours.y, exact.y), tol) << "gelu";
-      EXPECT_LE(max_error(ours.dx, exact.dx), 2 * tol) << "gelu grad";
-      EXPECT_LE(max_error(ours.y, reference.y), 2 * tol) << "gelu vs reference";
-      EXPECT_LE(max_error(ours.dx, reference.dx), 4 * tol) << "gelu grad vs reference";
+      EXPECT_LE(max_elementwise_error(ours.y, exact.y), tol) << "gelu";
+      EXPECT_LE(max_elementwise_error(ours.dx, exact.dx), 2 * tol) << "gelu grad";
+      EXPECT_LE(max_elementwise_error(ours.y, reference.y), 2 * tol) << "gelu vs reference";
+      EXPECT_LE(max_elementwise_error(ours.dx, reference.dx), 4 * tol) << "gelu grad vs reference";
       const Result s_ours = swiglu_run(kernels::swiglu_fused_cuda, x, u, dy);
       const Result s_exact = swiglu_run(swiglu_formula, x.to(at::kDouble), u.to(at::kDouble), dy.to(at::kDouble));
       const Result s_ref = swiglu_run(swiglu_reference, x, u, dy);
-      EXPECT_LE(max_error(s_ours.y, s_exact.y), 2 * tol) << "swiglu";
-      EXPECT_LE(max_error(s_ours.dx, s_exact.dx), 4 * tol) << "swiglu grad gate";
-      EXPECT_LE(max_error(s_ours.du, s_exact.du), 2 * tol) << "swiglu grad up";
-      EXPECT_LE(max_error(s_ours.y, s_ref.y), 2 * tol) << "swiglu vs reference";
-      EXPECT_LE(max_error(s_ours.dx, s_ref.dx), 4 * tol) << "swiglu grad gate vs reference";
-      EXPECT_LE(max_error(s_ours.du, s_ref.du), 2 * tol) << "swiglu grad up vs reference";
+      EXPECT_LE(max_elementwise_error(s_ours.y, s_exact.y), 2 * tol) << "swiglu";
+      EXPECT_LE(max_elementwise_error(s_ours.dx, s_exact.dx), 4 * tol) << "swiglu grad gate";
+      EXPECT_LE(max_elementwise_error(s_ours.du, s_exact.du), 2 * tol) << "swiglu grad up";
+      EXPECT_LE(max_elementwise_error(s_ours.y, s_ref.y), 2 * tol) << "swiglu vs reference";
+      EXPECT_LE(max_elementwise_error(s_ours.dx, s_ref.dx), 4 * tol) << "swiglu grad gate vs reference";
+      EXPECT_LE(max_elementwise_error(s_ours.du, s_ref.du), 2 * tol) << "swiglu grad up vs reference";
       EXPECT_FALSE(ours.dx.isnan().any().item<bool>() || s_ours.dx.isnan().any().item<bool>());
     }
 }
@@ -90,18 +88,18 @@ TEST(ActivationsCuda, NonContiguousInputsAndGradients) {
   const at::Tensor gate = wide.narrow(1, 0, 37), up = wide.narrow(1, 37, 37);  // Llama's chunked projection
   const at::Tensor dy = at::randn({37, 4}, wide.options()).t();                // a transposed gradient
   const Result ours = swiglu_run(kernels::swiglu_fused_cuda, gate, up, dy), reference = swiglu_run(swiglu_reference, gate, up, dy);
-  EXPECT_LE(max_error(ours.y, reference.y), 4e-6);
-  EXPECT_LE(max_error(ours.dx, reference.dx), 8e-6);
-  EXPECT_LE(max_error(ours.du, reference.du), 4e-6);
+  EXPECT_LE(max_elementwise_error(ours.y, reference.y), 4e-6);
+  EXPECT_LE(max_elementwise_error(ours.dx, reference.dx), 8e-6);
+  EXPECT_LE(max_elementwise_error(ours.du, reference.du), 4e-6);
   const Result g_ours = gelu_run(kernels::gelu_tanh_fused_cuda, gate, dy), g_ref = gelu_run(gelu_reference, gate, dy);
-  EXPECT_LE(max_error(g_ours.y, g_ref.y), 4e-6);
-  EXPECT_LE(max_error(g_ours.dx, g_ref.dx), 8e-6);
+  EXPECT_LE(max_elementwise_error(g_ours.y, g_ref.y), 4e-6);
+  EXPECT_LE(max_elementwise_error(g_ours.dx, g_ref.dx), 8e-6);
   // Contiguous but one element into its storage: not 16-byte aligned, the one-element-at-a-time path.
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
     const at::Tensor x = inputs(1001, at::kFloat, 9).clamp(-9, 9).to(dtype).narrow(0, 1, 1000), d = at::randn({1000}, x.options());
     const double tol = dtype == at::kFloat ? 4e-6 : 1.6e-2;
-    EXPECT_LE(max_error(kernels::gelu_tanh_fused_cuda(x), gelu_reference(x)), tol) << dtype;
-    EXPECT_LE(max_error(kernels::swiglu_fused_cuda(x, d), swiglu_reference(x, d)), tol) << dtype;
+    EXPECT_LE(max_elementwise_error(kernels::gelu_tanh_fused_cuda(x), gelu_reference(x)), tol) << dtype;
+    EXPECT_LE(max_elementwise_error(kernels::swiglu_fused_cuda(x, d), swiglu_reference(x, d)), tol) << dtype;
   }
 }
 

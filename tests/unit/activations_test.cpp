@@ -15,17 +15,14 @@
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
 #include "strata/ops.h"
+#include "../elementwise_error.h"
 
 namespace strata {
 namespace {
 
 const int64_t kSizes[] = {1, 7, 8, 15, 16, 17, 33, 1000, 70001};
 
-// Largest |a - b| / max(1, |b|) elementwise: relative for large values, absolute near zero.
-double max_error(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
-  return ((x - y).abs() / y.abs().clamp_min(1.0)).max().item<double>();
-}
+using testing::max_elementwise_error;
 
 // Inputs spread over where GELU and SiLU bend, with the saturated ends included.
 at::Tensor inputs(int64_t n, at::ScalarType dtype, int64_t seed) {
@@ -70,10 +67,10 @@ TEST(Activations, GeluMatchesTheFormulaInFloat) {
     const Result exact = gelu_run(gelu_formula, x.to(at::kDouble), dy.to(at::kDouble));
     const Result reference = gelu_run([](const at::Tensor& t) { return at::gelu(t, "tanh"); }, x, dy);
     // fp32 rounding: a few ulp of the larger of 1 and the value; the reference is no closer.
-    EXPECT_LE(max_error(ours.y, exact.y), 1e-6) << n;
-    EXPECT_LE(max_error(ours.dx, exact.dx), 2e-6) << n;
-    EXPECT_LE(max_error(ours.y, reference.y), 2e-6) << n;
-    EXPECT_LE(max_error(ours.dx, reference.dx), 4e-6) << n;
+    EXPECT_LE(max_elementwise_error(ours.y, exact.y), 1e-6) << n;
+    EXPECT_LE(max_elementwise_error(ours.dx, exact.dx), 2e-6) << n;
+    EXPECT_LE(max_elementwise_error(ours.y, reference.y), 2e-6) << n;
+    EXPECT_LE(max_elementwise_error(ours.dx, reference.dx), 4e-6) << n;
     EXPECT_EQ(ours.y.scalar_type(), at::kFloat);
     EXPECT_FALSE(ours.y.isnan().any().item<bool>() || ours.dx.isnan().any().item<bool>()) << n;
   }
@@ -85,9 +82,9 @@ TEST(Activations, SwigluMatchesTheFormulaInFloat) {
     const Result ours = swiglu_run(kernels::swiglu_fused_cpu, g, u, dy);
     const Result exact = swiglu_run([](const at::Tensor& a, const at::Tensor& b) { return a * at::sigmoid(a) * b; },
                                     g.to(at::kDouble), u.to(at::kDouble), dy.to(at::kDouble));
-    EXPECT_LE(max_error(ours.y, exact.y), 2e-6) << n;
-    EXPECT_LE(max_error(ours.dx, exact.dx), 4e-6) << n;
-    EXPECT_LE(max_error(ours.du, exact.du), 2e-6) << n;
+    EXPECT_LE(max_elementwise_error(ours.y, exact.y), 2e-6) << n;
+    EXPECT_LE(max_elementwise_error(ours.dx, exact.dx), 4e-6) << n;
+    EXPECT_LE(max_elementwise_error(ours.du, exact.du), 2e-6) << n;
     EXPECT_FALSE(ours.dx.isnan().any().item<bool>() || ours.du.isnan().any().item<bool>()) << n;
   }
 }
@@ -102,14 +99,14 @@ TEST(Activations, SixteenBitTypesMatchTheReference) {
       const Result reference = gelu_run([](const at::Tensor& t) { return at::gelu(t, "tanh"); }, x, dy);
       EXPECT_EQ(ours.y.scalar_type(), dtype);
       EXPECT_EQ(ours.dx.scalar_type(), dtype);
-      EXPECT_LE(max_error(ours.y, reference.y), tol) << dtype << " " << n;
-      EXPECT_LE(max_error(ours.dx, reference.dx), 2 * tol) << dtype << " " << n;
+      EXPECT_LE(max_elementwise_error(ours.y, reference.y), tol) << dtype << " " << n;
+      EXPECT_LE(max_elementwise_error(ours.dx, reference.dx), 2 * tol) << dtype << " " << n;
       const at::Tensor u = (at::randn({n}) / 2).to(dtype);
       const Result s_ours = swiglu_run(kernels::swiglu_fused_cpu, x, u, dy);
       const Result s_ref = swiglu_run([](const at::Tensor& a, const at::Tensor& b) { return at::silu(a) * b; }, x, u, dy);
-      EXPECT_LE(max_error(s_ours.y, s_ref.y), 2 * tol) << dtype << " " << n;
-      EXPECT_LE(max_error(s_ours.dx, s_ref.dx), 4 * tol) << dtype << " " << n;
-      EXPECT_LE(max_error(s_ours.du, s_ref.du), 2 * tol) << dtype << " " << n;
+      EXPECT_LE(max_elementwise_error(s_ours.y, s_ref.y), 2 * tol) << dtype << " " << n;
+      EXPECT_LE(max_elementwise_error(s_ours.dx, s_ref.dx), 4 * tol) << dtype << " " << n;
+      EXPECT_LE(max_elementwise_error(s_ours.du, s_ref.du), 2 * tol) << dtype << " " << n;
     }
   }
 }
@@ -120,13 +117,13 @@ TEST(Activations, NonContiguousInputsAndGradients) {
   const at::Tensor dy = at::randn({37, 4}).t();                               // a transposed gradient
   const Result ours = swiglu_run(kernels::swiglu_fused_cpu, gate, up, dy);
   const Result reference = swiglu_run([](const at::Tensor& a, const at::Tensor& b) { return at::silu(a) * b; }, gate, up, dy);
-  EXPECT_LE(max_error(ours.y, reference.y), 4e-6);
-  EXPECT_LE(max_error(ours.dx, reference.dx), 8e-6);
-  EXPECT_LE(max_error(ours.du, reference.du), 4e-6);
+  EXPECT_LE(max_elementwise_error(ours.y, reference.y), 4e-6);
+  EXPECT_LE(max_elementwise_error(ours.dx, reference.dx), 8e-6);
+  EXPECT_LE(max_elementwise_error(ours.du, reference.du), 4e-6);
   const Result g_ours = gelu_run(kernels::gelu_tanh_fused_cpu, gate, dy);
   const Result g_ref = gelu_run([](const at::Tensor& t) { return at::gelu(t, "tanh"); }, gate, dy);
-  EXPECT_LE(max_error(g_ours.y, g_ref.y), 2e-6);
-  EXPECT_LE(max_error(g_ours.dx, g_ref.dx), 4e-6);
+  EXPECT_LE(max_elementwise_error(g_ours.y, g_ref.y), 2e-6);
+  EXPECT_LE(max_elementwise_error(g_ours.dx, g_ref.dx), 4e-6);
 }
 
 // The copy this CPU runs (AVX2 here) and the generic one give the same values to a few ulp (FMA
@@ -145,7 +142,7 @@ TEST(Activations, EveryCompiledCopyAgrees) {
                          du.mutable_data_ptr<float>(), n);
     outs.push_back(at::cat({y, dx, s, dg, du}));
   }
-  EXPECT_LE(max_error(outs[0], outs[1]), 1e-6);
+  EXPECT_LE(max_elementwise_error(outs[0], outs[1]), 1e-6);
 #else
   GTEST_SKIP() << "one compiled copy on this architecture";
 #endif
@@ -160,10 +157,10 @@ TEST(Activations, TheKernelsPluginServesTheOperators) {
   EXPECT_EQ(ops::select("swiglu", x).name(), "swiglu.fused_cpu");
   EXPECT_EQ(ops::select("gelu", x.to(at::kBFloat16)).name(), "gelu.fused_cpu");
   EXPECT_EQ(ops::select("gelu", x.to(at::kDouble)).name(), "gelu.reference");  // no fp64 copy: the reference serves it
-  EXPECT_LE(max_error(ops::gelu(x), at::gelu(x, "tanh")), 2e-6);
+  EXPECT_LE(max_elementwise_error(ops::gelu(x), at::gelu(x, "tanh")), 2e-6);
 #ifdef STRATA_HAVE_CUDA_KERNELS
   // Built with nvcc: the CUDA kernels are registered too (they run in tests/gpu on a GPU).
-  for (const char* op : {"gelu", "swiglu"}) {
+  for (const char* op : {"gelu", "swiglu", "rms_norm"}) {
     std::vector<std::string> names;
     for (const auto* impl : OperatorTable::global().implementations(op)) names.push_back(impl->name());
     EXPECT_NE(std::find(names.begin(), names.end(), std::string(op) + ".fused_cuda"), names.end()) << op;
