@@ -1,6 +1,7 @@
 """Step time and peak memory of Strata (reference operators, its defaults with fused kernels, and
 with fused_loss) next to PyTorch eager and torch.compile on the same GPT-2, batch and optimizer,
-in one run with interleaved rounds (issue 33).
+in one run with interleaved rounds (issue 33); the size "llama" is Strata's llama (RMSNorm, grouped-query
+attention with RoPE, SwiGLU) against the same architecture written in PyTorch (bench/step_time.py).
 
 usage: python bench/fused_step_time.py [--strata build/bin/strata] [--steps 8] [--rounds 3]
                                        [--threads 2] [--sizes default,tiny,small,medium,vocab50257]
@@ -8,8 +9,8 @@ usage: python bench/fused_step_time.py [--strata build/bin/strata] [--steps 8] [
 
 Columns:
 * Strata reference: `strata run` of the model (synthetic tokens, AdamW, clipping 1.0, fp32, one
-  rank) with module_replace choosing the reference attention, gelu and adamw_update (the ATen calls
-  eager makes).
+  rank) with module_replace choosing the reference attention, gelu (Llama: swiglu and rms_norm) and
+  adamw_update (the ATen calls eager makes).
 * Strata: the defaults (attention.fused_cpu, gelu.fused_cpu by priority).
 * + fused_loss: also the output projection + cross entropy in chunks
   (linear_cross_entropy.chunked_cpu; the [tokens, vocab] logits never exist).
@@ -37,7 +38,13 @@ SIZES = {  # name: n_layer, n_head, d_model, seq_len, batch, vocab
     "small": (6, 6, 384, 256, 8, 4096),
     "medium": (8, 8, 512, 256, 8, 4096),
     "vocab50257": (2, 4, 256, 256, 8, 50257),
+    "llama": (4, 8, 256, 256, 8, 4096),  # Strata's llama: RMSNorm, GQA (n_kv_head = n_head / 2), RoPE, SwiGLU
 }
+LLAMA_SIZES = {"llama"}
+
+
+def model_of(name):
+    return "llama" if name in LLAMA_SIZES else "gpt"
 WARMUP = 3
 
 
@@ -52,7 +59,10 @@ def pytorch_worker(spec):
     torch.set_flush_denormal(True)
     step_time.VOCAB = vocab
     torch.manual_seed(0)
-    model = step_time.Gpt(n_layer, n_head, d, seq_len)
+    if spec["model"] == "llama":
+        model = step_time.Llama(n_layer, n_head, d, seq_len, n_head // 2)
+    else:
+        model = step_time.Gpt(n_layer, n_head, d, seq_len)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n and "wpe" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "wte" not in n and "wpe" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
@@ -76,24 +86,26 @@ def pytorch_worker(spec):
     print(json.dumps({"ms": statistics.median(times[WARMUP:]), "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
-def pytorch(size, steps, threads, compile_):
-    spec = json.dumps({"size": size, "steps": steps, "threads": threads, "compile": compile_})
+def pytorch(model, size, steps, threads, compile_):
+    spec = json.dumps({"model": model, "size": size, "steps": steps, "threads": threads, "compile": compile_})
     out = subprocess.run([sys.executable, __file__, "--worker", spec], check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-STRATA_VARIANTS = {  # column: passes added to the strategy
-    "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\ngelu = "reference"\nadamw_update = "reference"\n',
+STRATA_VARIANTS = {  # column: passes added to the strategy ({activation}: gelu, or swiglu and rms_norm for a Llama)
+    "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\n{activation}adamw_update = "reference"\n',
     "strata": "",
     "fused_loss": '\n[[pass]]\nname = "fused_loss"\n',
 }
 
 
-def strata(binary, size, steps, threads, variant):
+def strata(binary, model, size, steps, threads, variant):
     n_layer, n_head, d, seq_len, batch, vocab = size
     with tempfile.TemporaryDirectory() as out:
         strategy = pathlib.Path(out) / "bench.toml"
-        strategy.write_text('[job]\nmodel = "gpt"\ndataset = "synthetic"\n' + STRATA_VARIANTS[variant])
+        activation = 'swiglu = "reference"\nrms_norm = "reference"\n' if model == "llama" else 'gelu = "reference"\n'
+        strategy.write_text(f'[job]\nmodel = "{model}"\ndataset = "synthetic"\n' + STRATA_VARIANTS[variant].replace("{activation}", activation)
+                            + (f"\n[model]\nn_kv_head = {n_head // 2}\n" if model == "llama" else ""))
         sets = {
             "job.steps": steps, "job.global_batch": batch, "job.log_every": steps, "job.eval_every": 0,
             "job.checkpoint_every": 0, "job.threads": threads, "model.n_layer": n_layer, "model.n_head": n_head,
@@ -133,9 +145,9 @@ def main():
         for _ in range(args.rounds):
             for c in columns:
                 if c in STRATA_VARIANTS:
-                    runs[c].append(strata(args.strata, size, args.steps, args.threads, c))
+                    runs[c].append(strata(args.strata, model_of(name), size, args.steps, args.threads, c))
                 else:
-                    runs[c].append(pytorch(size, args.steps, args.threads, c == "compile"))
+                    runs[c].append(pytorch(model_of(name), size, args.steps, args.threads, c == "compile"))
         r = {c: {"ms": statistics.median(x["ms"] for x in runs[c]), "peak": max(x["peak"] for x in runs[c])} for c in columns}
         rows.append((name, size, r))
         print(name, {k: (round(v["ms"], 1), round(v["peak"] / 2**20)) for k, v in r.items()}, flush=True)

@@ -65,6 +65,56 @@ class Gpt(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)
 
 
+class LlamaBlock(nn.Module):
+    """Strata's llama block (plugins/models/llama.cpp): RMSNorm, grouped-query attention with
+    rotate-half RoPE, SwiGLU of Llama's width (2/3 of 4 d, a multiple of 256), no biases."""
+
+    def __init__(self, d, h, kv, seq_len, theta=10000.0):
+        super().__init__()
+        self.h, self.kv, self.hd = h, kv, d // h
+        hidden = (8 * d // 3 + 255) // 256 * 256
+        self.attn_norm, self.mlp_norm = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
+        self.q, self.k = nn.Linear(d, d, bias=False), nn.Linear(d, kv * self.hd, bias=False)
+        self.v, self.o = nn.Linear(d, kv * self.hd, bias=False), nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+        freqs = theta ** (-torch.arange(0, self.hd, 2).float() / self.hd)
+        angles = torch.outer(torch.arange(seq_len).float(), freqs)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def rope(self, x):
+        t, half = x.shape[2], self.hd // 2
+        c, s = self.cos[:t], self.sin[:t]
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.attn_norm(x)
+        q = self.rope(self.q(h).view(b, t, self.h, self.hd).transpose(1, 2))
+        k = self.rope(self.k(h).view(b, t, self.kv, self.hd).transpose(1, 2))
+        v = self.v(h).view(b, t, self.kv, self.hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(y.transpose(1, 2).reshape(b, t, d))
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, n_layer, n_head, d, seq_len, n_kv_head):
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, d)
+        self.blocks = nn.ModuleList(LlamaBlock(d, n_head, n_kv_head, seq_len) for _ in range(n_layer))
+        self.norm, self.head = nn.RMSNorm(d, eps=1e-5), nn.Linear(d, VOCAB, bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
 def eager_step(model, opt, batch):
     """One PyTorch eager training step on batch [B, T + 1]: loss, backward, clip to 1, AdamW."""
     opt.zero_grad(set_to_none=True)
