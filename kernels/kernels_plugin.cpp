@@ -4,6 +4,7 @@
 #include "cpu/adamw.h"
 #include "cpu/attention.h"
 #include "cpu/linear_cross_entropy.h"
+#include "cpu/rms_norm.h"
 #include "cuda/activations_cuda.h"
 #include "cuda/adamw_fused.h"
 #include "cuda/attention_sdpa.h"
@@ -58,6 +59,10 @@ void register_components(Registry& registry) {
       "one CUDA kernel per direction, a block per row: fp32 sum of squares, the reference's roundings; saves one float per row",
       &rms_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
 #endif
+  registry.add(std::make_unique<ops::OperatorImpl<ops::RmsNorm>>(
+      "rms_norm.fused_cpu",
+      "one pass per row forward and backward over ATen's threads: fp32 sums, the reference's roundings; saves one float per row",
+      &rms_norm_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::AdamwUpdate>>(
       "adamw_update.fused_cpu", "AdamW step in one vectorised pass over each tensor, the reference's operations in order (fp32)",
       &adamw_update_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat}}, 10));

@@ -1,0 +1,125 @@
+// The CPU side of rms_norm_autograd.h (rms_norm.h): rows split over ATen's threads; the backward
+// gives each thread a contiguous group of rows and its own dw partial sum (no atomics), which the
+// autograd adds. Sums of squares and of g x run in eight float lanes (vectorised by the
+// compiler), the rest elementwise.
+#include "rms_norm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "rms_norm_autograd.h"
+
+namespace strata::kernels {
+namespace {
+
+template <class T>
+float round_to(float v) {
+  return static_cast<float>(static_cast<T>(v));  // float: the identity; bf16/half: round to nearest even
+}
+
+// sum_j f(j) in eight float lanes.
+template <class F>
+float lane_sum(int64_t n, F f) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) lanes[k] += f(j + k);
+  float total = 0;
+  for (; j < n; ++j) total += f(j);
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
+// Calls f with null pointers of x's, the weight's and the output's storage types.
+template <class F>
+void with_types(at::ScalarType x_type, at::ScalarType weight_type, F f) {
+  const bool float_weight = weight_type == at::kFloat;
+  switch (x_type) {
+    case at::kFloat: return f(static_cast<float*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+    case at::kBFloat16:
+      if (float_weight) return f(static_cast<c10::BFloat16*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+      return f(static_cast<c10::BFloat16*>(nullptr), static_cast<c10::BFloat16*>(nullptr), static_cast<c10::BFloat16*>(nullptr));
+    default:
+      if (float_weight) return f(static_cast<c10::Half*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+      return f(static_cast<c10::Half*>(nullptr), static_cast<c10::Half*>(nullptr), static_cast<c10::Half*>(nullptr));
+  }
+}
+
+struct CpuKernels {
+  static void forward(const at::Tensor& x_t, const at::Tensor& w_t, const at::Tensor& y_t, const at::Tensor& rstd_t, double eps) {
+    const int64_t dim = x_t.size(-1), rows = dim > 0 ? x_t.numel() / dim : 0;
+    with_types(x_t.scalar_type(), w_t.scalar_type(), [&](auto* tt, auto* wt, auto* ot) {
+      using T = std::remove_pointer_t<decltype(tt)>;
+      using W = std::remove_pointer_t<decltype(wt)>;
+      using O = std::remove_pointer_t<decltype(ot)>;
+      const T* x = x_t.const_data_ptr<T>();
+      const W* w = w_t.const_data_ptr<W>();
+      O* y = y_t.mutable_data_ptr<O>();
+      float* rstd = rstd_t.mutable_data_ptr<float>();
+      at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, dim)), [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+          const T* xr = x + row * dim;
+          const float squares = lane_sum(dim, [&](int64_t j) {
+            const float v = static_cast<float>(xr[j]);
+            return v * v;
+          });
+          const float r = 1.0f / std::sqrt(squares / static_cast<float>(dim) + static_cast<float>(eps));
+          rstd[row] = r;
+          O* yr = y + row * dim;
+          for (int64_t j = 0; j < dim; ++j) yr[j] = static_cast<O>(static_cast<float>(w[j]) * round_to<T>(static_cast<float>(xr[j]) * r));
+        }
+      });
+    });
+  }
+
+  static int64_t backward_groups(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, at::get_num_threads())); }
+
+  static void backward(const at::Tensor& x_t, const at::Tensor& w_t, const at::Tensor& rstd_t, const at::Tensor& dy_t,
+                       const at::Tensor& dx_t, const at::Tensor& partial_t) {
+    const int64_t dim = x_t.size(-1), rows = dim > 0 ? x_t.numel() / dim : 0, groups = partial_t.size(0);
+    with_types(x_t.scalar_type(), w_t.scalar_type(), [&](auto* tt, auto* wt, auto* ot) {
+      using T = std::remove_pointer_t<decltype(tt)>;
+      using W = std::remove_pointer_t<decltype(wt)>;
+      using O = std::remove_pointer_t<decltype(ot)>;
+      const T* x = x_t.const_data_ptr<T>();
+      const W* w = w_t.const_data_ptr<W>();
+      const O* dy = dy_t.const_data_ptr<O>();
+      const float* rstd = rstd_t.const_data_ptr<float>();
+      T* dx = dx_t.mutable_data_ptr<T>();
+      float* partials = partial_t.mutable_data_ptr<float>();
+      at::parallel_for(0, groups, 1, [&](int64_t first_group, int64_t last_group) {
+        for (int64_t group = first_group; group < last_group; ++group) {
+          float* partial = partials + group * dim;
+          for (int64_t row = rows * group / groups; row < rows * (group + 1) / groups; ++row) {
+            const T* xr = x + row * dim;
+            const O* dyr = dy + row * dim;
+            const float r = rstd[row];
+            // g = round_T(dy w), the gradient of the rounded normalised row, as autograd rounds it.
+            const float gx = lane_sum(dim, [&](int64_t j) {
+              return round_to<T>(static_cast<float>(dyr[j]) * static_cast<float>(w[j])) * static_cast<float>(xr[j]);
+            });
+            for (int64_t j = 0; j < dim; ++j) partial[j] += static_cast<float>(dyr[j]) * round_to<T>(static_cast<float>(xr[j]) * r);
+            const float correction = r * r * r * gx / static_cast<float>(dim);
+            T* dxr = dx + row * dim;
+            for (int64_t j = 0; j < dim; ++j) {
+              const float g = round_to<T>(static_cast<float>(dyr[j]) * static_cast<float>(w[j]));
+              dxr[j] = static_cast<T>(r * g - correction * static_cast<float>(xr[j]));
+            }
+          }
+        }
+      });
+    });
+  }
+};
+
+}  // namespace
+
+at::Tensor rms_norm_fused_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (!rms_norm_fused_takes(x, weight, c10::DeviceType::CPU)) return rms_norm_reference_call(x, weight, eps);
+  return RmsNormFunction<CpuKernels>::apply(x, weight, eps);
+}
+
+}  // namespace strata::kernels
