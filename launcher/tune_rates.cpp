@@ -27,6 +27,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -52,8 +53,7 @@ double median_seconds(Fn fn, int rounds, double budget_s) {
     for (int r = 0; r < rounds; ++r) fn();
     runs.push_back(seconds_since(start) / rounds);
   }
-  std::nth_element(runs.begin(), runs.begin() + static_cast<long>(runs.size() / 2), runs.end());
-  return runs[runs.size() / 2];
+  return median(std::move(runs));
 }
 
 double matmul_flops_per_s() {

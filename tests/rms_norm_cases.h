@@ -4,6 +4,7 @@
 // output, as the reference promotes), at the row and width counts each test gives.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
