@@ -82,6 +82,9 @@ void OperatorTable::install(const ComponentRegistry& registry) {
     const PluginRecord* plugin = registry.plugin_of(c);
     return plugin ? plugin->name : std::string("?");
   };
+  // The table holds pointers into `registry`'s components: start from core's references only,
+  // so nothing of a registry installed before (and perhaps destroyed since) is left behind.
+  reset();
   const std::vector<const Component*> components = registry.components(ComponentKind::Operator);
   // Definitions first, so an implementation may come from a plugin loaded before the definer.
   for (const Component* c : components) {
@@ -104,7 +107,8 @@ void OperatorTable::install(const ComponentRegistry& registry) {
                       impl->op() + "'");
     auto& impls = it->second;
     if (std::find(impls.begin(), impls.end(), impl) != impls.end()) continue;
-    if (impl->signature() != impls.back()->signature())
+    const auto definer = std::find_if(impls.begin(), impls.end(), [](auto* i) { return i->defines_operator(); });
+    if (impl->signature() != (*definer)->signature())
       throw UserError("operator implementation '" + c->name() + "' from plugin '" + plugin_name(c) + "' has another function type than operator '" +
                       impl->op() + "' (defined by " + defined_by_.at(impl->op()) + "); rebuild it against the definer's header");
     impls.push_back(impl);

@@ -189,7 +189,9 @@ void register_triple(Registry& registry) {
   registry.add(std::make_unique<ops::OperatorImpl<Triple>>("triple.bf16_only", "x * 3", &triple,
                                                            ops::Support{{}, {at::kBFloat16}}, 1));
 }
-void register_triple_again(Registry& registry) { registry.add(ops::define_operator<Triple>("again", &triple)); }
+void register_triple_again(Registry& registry) {  // a second definer under another component name
+  registry.add(std::make_unique<ops::OperatorImpl<Triple>>("triple.again", "again", &triple, ops::Support{}, 0, /*defines=*/true));
+}
 void register_triple_other_type(Registry& registry) {
   registry.add(std::make_unique<ops::OperatorImpl<TripleOtherType>>("triple.odd", "", &triple_scaled));
 }
@@ -229,22 +231,38 @@ TEST(OperatorTable, PluginDefinesAnOperatorAndPinsSelectPerBlock) {
 TEST(OperatorTable, OperatorDefinedTwiceOrWithAnotherTypeIsRefused) {
   ComponentRegistry twice;
   twice.register_plugin(PluginRecord{"triple", "0", "<test>", "", {}}, &register_triple);
-  OperatorTable::global().install(twice);
-  ComponentRegistry again;
-  again.register_plugin(PluginRecord{"again", "0", "<test>", "", {}}, &register_triple_again);
+  twice.register_plugin(PluginRecord{"again", "0", "<test>", "", {}}, &register_triple_again);
   try {
-    OperatorTable::global().install(again);
+    OperatorTable::global().install(twice);
     FAIL() << "accepted";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("operator 'triple' is defined by plugin 'again' and by plugin 'triple'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("operator 'triple' is defined by plugin 'triple' and by plugin 'again'"), std::string::npos) << e.what();
   }
   ComponentRegistry odd;
+  odd.register_plugin(PluginRecord{"triple", "0", "<test>", "", {}}, &register_triple);
   odd.register_plugin(PluginRecord{"odd", "0", "<test>", "", {}}, &register_triple_other_type);
   try {
     OperatorTable::global().install(odd);
     FAIL() << "accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("'triple.odd' from plugin 'odd' has another function type"), std::string::npos) << e.what();
+  }
+  OperatorTable::global().reset();
+}
+
+// `strata run -n N` plans again with a fresh registry before each elastic restart; the table
+// must then hold that registry's implementations only, never the destroyed one's (CI once read
+// a freed implementation's function type there).
+TEST(OperatorTable, InstallReplacesWhatAnEarlierRegistryInstalled) {
+  for (int round = 0; round < 3; ++round) {
+    ComponentRegistry registry;
+    registry.register_plugin(PluginRecord{"ops_test", "0", "<test>", "", {}}, &register_bf16_gelu);
+    registry.register_plugin(PluginRecord{"triple", "0", "<test>", "", {}}, &register_triple);
+    OperatorTable::global().install(registry);
+    OperatorTable::global().install(registry);  // the same registry again (plan, then the trainer)
+    ASSERT_EQ(ops::implementations("gelu").size(), 2u) << "round " << round;
+    ASSERT_EQ(ops::implementations("triple").size(), 3u) << "round " << round;
+    EXPECT_EQ(ops::implementations("gelu").front()->name(), "gelu.test_bf16");
   }
   OperatorTable::global().reset();
 }

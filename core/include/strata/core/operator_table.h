@@ -14,8 +14,9 @@ class STRATA_API OperatorTable {
  public:
   static OperatorTable& global();
 
-  // Adds every operator implementation in `registry`: operators plugins define first, then
-  // implementations. UserErrors: an implementation of an undefined operator, one whose function
+  // Replaces the table by core's references plus every operator implementation in `registry`:
+  // operators plugins define first, then implementations. The table points into the registry's
+  // components, so it must be installed again before use once that registry is gone. UserErrors: an implementation of an undefined operator, one whose function
   // type differs from the definer's, an operator defined twice.
   void install(const ComponentRegistry& registry);
   // Back to core's operators and reference implementations, without pins.
