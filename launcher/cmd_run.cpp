@@ -1,4 +1,6 @@
 // strata run: train with a strategy, here or on N local ranks started through mpirun.
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,6 +102,21 @@ double persist_pause_for_fault_injection() {
   return 0;
 }
 
+// A TCP port free on this host now, for the c10d store of ranks started here (the kernel picks
+// it; another process could take it before rank 0 binds, which the rendezvous then reports).
+int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw UserError("cannot find a free TCP port for the c10d store: " + std::string(std::strerror(errno)));
+  return ntohs(address.sin_port);
+}
+
 }  // namespace
 
 namespace {
@@ -143,6 +160,10 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   if (!progress_dir) progress_dir = ::mkdtemp(fallback_pattern);
   if (!progress_dir) throw UserError("cannot create a directory for progress files: " + std::string(std::strerror(errno)));
   const fs::path progress(progress_dir);
+  // The ranks all run on this host: with [parallel] backend = "c10d" they meet at a store here
+  // unless the caller named one.
+  const bool name_a_store = !std::getenv("MASTER_ADDR");
+  const std::string store_port = name_a_store ? std::to_string(free_local_port()) : "";
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) throw UserError("cannot create a pipe: " + std::string(std::strerror(errno)));
   const pid_t child = ::fork();
@@ -162,6 +183,7 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
       }
       ::setenv(kSlotsEnv, slots.c_str(), 1);
     }
+    if (name_a_store) ::setenv("MASTER_ADDR", "127.0.0.1", 1), ::setenv("MASTER_PORT", store_port.c_str(), 1);
     ::execvp("mpirun", exec_args.data());
     std::fprintf(stderr, "strata: error: cannot start mpirun (is openmpi-bin installed?): %s\n", std::strerror(errno));
     ::_exit(2);

@@ -62,6 +62,13 @@ LaunchEnv detect_launch_env() {
   return env;
 }
 
+void export_torchrun_env(const LaunchEnv& env) {
+  ::setenv("RANK", std::to_string(env.rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(env.world_size).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(env.local_rank).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(env.local_size).c_str(), 1);
+}
+
 bool stdout_is_terminal() {
   if (const char* told = std::getenv(kStdoutIsTerminalEnv)) return std::string(told) == "1";
   return ::isatty(STDOUT_FILENO) != 0;

@@ -1,6 +1,8 @@
 // The c10d communicator backend: libtorch's own distributed library, so ranks started by
 // torchrun (or torchelastic, dlrover-run, a Kubeflow PyTorchJob: anything that sets RANK,
-// WORLD_SIZE, MASTER_ADDR and MASTER_PORT) find each other without MPI.
+// WORLD_SIZE, MASTER_ADDR and MASTER_PORT) find each other without MPI. Ranks srun or mpirun
+// started use it too, given MASTER_ADDR and MASTER_PORT: core sets RANK and WORLD_SIZE for them
+// from their launcher's variables (export_torchrun_env).
 //
 // Rendezvous is a c10d TCPStore at MASTER_ADDR:MASTER_PORT. Under torchrun the elastic agent
 // already serves that store (TORCHELASTIC_USE_AGENT_STORE), so every rank joins as a client;
@@ -185,7 +187,7 @@ std::string required_env(const char* name) {
   if (!value || !*value)
     throw UserError(std::string("[parallel] backend \"c10d\" needs ") + name +
                     " (torchrun sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE; so do torchelastic, dlrover-run and a "
-                    "Kubeflow PyTorchJob)");
+                    "Kubeflow PyTorchJob; under srun or mpirun export MASTER_ADDR, the first node's address, and MASTER_PORT)");
   return value;
 }
 

@@ -37,5 +37,25 @@ TEST_F(TorchrunEnvironment, SlotsExcludedByTheHealthCheckAreSkipped) {
   EXPECT_EQ(cuda_device_for_slot(detect_launch_env().slot, 4), 2);
 }
 
+// srun's ranks using the c10d backend are told torchrun's variables from Slurm's.
+TEST_F(TorchrunEnvironment, SlurmRanksGetTorchrunsVariablesForC10d) {
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) ::unsetenv(name);
+  ::setenv("SLURM_PROCID", "5", 1), ::setenv("SLURM_NTASKS", "8", 1), ::setenv("SLURM_LOCALID", "1", 1);
+  ::setenv("SLURM_NTASKS_PER_NODE", "4", 1);
+  const LaunchEnv env = detect_launch_env();
+  EXPECT_EQ(env.launcher, "slurm");
+  export_torchrun_env(env);
+  for (const char* name : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}) ::unsetenv(name);
+  EXPECT_STREQ(std::getenv("RANK"), "5");
+  EXPECT_STREQ(std::getenv("WORLD_SIZE"), "8");
+  EXPECT_STREQ(std::getenv("LOCAL_RANK"), "1");
+  EXPECT_STREQ(std::getenv("LOCAL_WORLD_SIZE"), "4");
+  const LaunchEnv same = detect_launch_env();  // read back as torchrun's
+  EXPECT_EQ(same.rank, 5);
+  EXPECT_EQ(same.world_size, 8);
+  EXPECT_EQ(same.local_rank, 1);
+  EXPECT_EQ(same.local_size, 4);
+}
+
 }  // namespace
 }  // namespace strata

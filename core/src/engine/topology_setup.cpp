@@ -52,6 +52,9 @@ std::shared_ptr<Topology> make_topology(const ResolvedStrategy& plan, const Comp
                       "default under torchrun) or start the ranks with mpirun");
     bootstrap_name = "c10d";
   }
+  // Ranks that srun or mpirun started may meet through c10d too (backend = "c10d": MPI only
+  // starts them); its rendezvous reads torchrun's variables, so they get them from their own.
+  if (env.world_size > 1 && bootstrap_name == "c10d" && !torchrun) export_torchrun_env(env);
   if (env.world_size > 1) bootstrap = backend_named(bootstrap_name)->world(*bootstrap);
   // A host-tensor job on one rank keeps the local communicator; device backends always start.
   auto world = name == "mpi" || name == "c10d" ? bootstrap : backend_named(name)->world(*bootstrap);

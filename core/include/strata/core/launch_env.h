@@ -21,6 +21,11 @@ inline constexpr const char* kSlotsEnv = "STRATA_SLOTS";
 
 STRATA_API LaunchEnv detect_launch_env();
 
+// Sets torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from `env`: the c10d
+// backend's rendezvous reads torchrun's variables, and ranks started by srun or mpirun that use
+// it (no MPI past start-up) are told their place in their own launcher's variables.
+STRATA_API void export_torchrun_env(const LaunchEnv& env);
+
 // The CUDA device a rank on device slot `slot` uses when the node lists `device_count` devices:
 // slot % device_count, so the ranks of a node spread over its devices (cuda:LOCAL_RANK when
 // there are as many devices as local ranks) instead of all taking cuda:0.
