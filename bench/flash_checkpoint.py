@@ -1,6 +1,6 @@
 """Flash checkpoints against the memory-copy bound and against disk checkpoints.
 
-usage: python bench/flash_checkpoint.py [--strata build/bin/strata] [--steps 8] [--out bench/results/flash_checkpoint_cpu.md]
+usage: python bench/flash_checkpoint.py [--strata build/bin/strata] [--steps 8] [--rounds 5] [--out bench/results/flash_checkpoint_cpu.md]
 
 Job: tests/cli/parity.toml's GPT grown to d_model 512, 8 blocks, vocabulary 8192 (about 29 M
 parameters; with AdamW's two moments about 350 MB of state), seq 64, 2 ranks under ddp with one
@@ -8,14 +8,17 @@ thread each. ddp ranks share the replicated state's writing, so each rank's chec
 about half of it.
 
 Three runs of the same job:
-  * flash: a flash snapshot every step ([job] flash_every 1), every 2nd persisted by the supervisor;
+  * flash: a flash snapshot every step ([job] flash_every 1), every 8th persisted by the supervisor,
+    in --rounds interleaved rounds, each between two measurements of the bound;
   * disk:  a disk checkpoint every step (the ranks write, fsync and hash their files);
   * none:  no checkpoint but the last, for the step time without checkpoints.
 Blocking time is each step's checkpoint_ms (metrics.jsonl, rank 0, which waits for the slowest
 rank before going on), the first snapshot (which sizes and maps the shared memory) reported apart.
 The memory-copy bound is each rank's file size over the copy bandwidth measured here with both
 ranks' copies running at once (two processes, numpy copies into pre-faulted buffers of the same
-size). Then one kill per mode: the restart's reload time from memory against from disk.
+size). This shared machine's copy rate moves by 20-40% from minute to minute, so each round's
+ratio is its blocking time over the mean of the bounds taken just before and just after it, and
+the ratio reported is the median over the rounds. Then one kill per mode: the restart's reload time from memory against from disk.
 """
 import argparse, glob, json, mmap, multiprocessing as mp, os, statistics, subprocess, time
 
@@ -78,6 +81,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--persist-every", type=int, default=8,
                     help="checkpoint_every: every how many snapshots the supervisor persists (the others stay in memory)")
+    ap.add_argument("--rounds", type=int, default=5, help="flash runs, each between two measurements of the bound")
     ap.add_argument("--out", default="bench/results/flash_checkpoint_cpu.md")
     a = ap.parse_args()
     work = "/tmp/strata_flash_bench"
@@ -86,22 +90,31 @@ def main():
     # The file size is known after a first run; it is the same in every run of this job.
     run(a.strata, f"{work}/sizes", 1, persist)
     per_rank = max(os.path.getsize(f) for f in glob.glob(f"{work}/sizes/checkpoints/step_*/rank_*.safetensors"))
-    bound_before = concurrent_copy_seconds(per_rank) * 1000
-    flash, flash_events = run(a.strata, f"{work}/flash", steps, persist)
+    rounds = []  # (bound before, blocking ms of the snapshots of steps 2.., bound after, metrics)
+    bound_after = concurrent_copy_seconds(per_rank) * 1000
+    for r in range(a.rounds):
+        bound_before = bound_after
+        flash, flash_events = run(a.strata, f"{work}/flash", steps, persist)
+        bound_after = concurrent_copy_seconds(per_rank) * 1000
+        rounds.append((bound_before, [m["checkpoint_ms"] for m in flash if "checkpoint_ms" in m], bound_after, flash))
     disk, _ = run(a.strata, f"{work}/disk", steps, ["--set", "job.checkpoint_every=1"])
     none, _ = run(a.strata, f"{work}/none", steps, ["--set", "job.checkpoint_every=0"])
     files = sorted(glob.glob(f"{work}/flash/checkpoints/step_*/rank_*.safetensors"))[-2:]
-    # The copy rate of this shared machine moves by 20% from minute to minute: the bound is taken
-    # three times (before and after the other runs too) and its median used.
-    bounds = [bound_before, concurrent_copy_seconds(per_rank) * 1000]
     single = concurrent_copy_seconds(per_rank, processes=1) * 1000
     shm_bound = concurrent_copy_seconds(per_rank, into_shm=True) * 1000
+    round_rows = []
+    for r, (before, blocking, after, _) in enumerate(rounds):
+        bound_r = (before + after) / 2
+        round_rows.append((r + 1, before, after, statistics.median(blocking[1:]), statistics.median(blocking[1:]) / bound_r))
+    ratio = statistics.median(row[4] for row in round_rows)
+    all_bounds = statistics.median([rounds[0][0]] + [after for _, _, after, _ in rounds])
 
     # Snapshots some rank skipped (its older slot was being persisted) are counted apart.
-    flash_ms = [m["checkpoint_ms"] for m in flash if "checkpoint_ms" in m]
-    skipped = sum(1 for m in flash if "snapshot_skipped_ms" in m)
+    flash_ms = [ms for _, blocking, _, _ in rounds for ms in blocking[1:]]  # every round's snapshots of steps 2..
+    firsts = [blocking[0] for _, blocking, _, _ in rounds]
+    skipped = sum(1 for _, _, _, metrics in rounds for m in metrics if "snapshot_skipped_ms" in m)
     disk_ms = [m["checkpoint_ms"] for m in disk]
-    steady_flash = statistics.median(flash_ms[1:])
+    steady_flash = statistics.median(flash_ms)
     persists = [e for e in flash_events if e["event"] == "persist"]
     persist_s = statistics.median([e["seconds"] for e in persists])
     step = lambda ms: statistics.median([m["step_ms"] for m in ms[1:]])
@@ -110,22 +123,25 @@ def main():
     _, fe = run(a.strata, f"{work}/flash_kill", steps, persist, "kill 1 4")
     _, de = run(a.strata, f"{work}/disk_kill", steps, ["--set", "job.checkpoint_every=1"], "kill 1 4")
     finish = lambda ev: [e for e in ev if e["event"] == "finish"][0]
-    bounds.append(concurrent_copy_seconds(per_rank) * 1000)
-    bound = statistics.median(bounds)
 
     lines = ["# Flash checkpoints on CPU: blocking time against the memory-copy bound and against disk", "",
-             f"Command: `python bench/flash_checkpoint.py --steps {steps} --persist-every {a.persist_every}`", "",
+             f"Command: `python bench/flash_checkpoint.py --steps {steps} --persist-every {a.persist_every} --rounds {a.rounds}`", "",
              "Job: GPT d_model 512, 8 blocks, vocabulary 8192, seq 64; AdamW; 2 ranks (ddp), one thread each, on this "
              f"2-core machine; a snapshot every step, every {a.persist_every}th persisted by the supervisor. Each rank's checkpoint file (its share of the state): "
              f"**{per_rank / 2**20:.1f} MiB**; the whole state on disk: {sum(os.path.getsize(f) for f in files) / 2**20:.1f} MiB.", "",
+             "The memory-copy bound is one rank's file copied while the other rank copies its own (two processes, median of 7 "
+             "copies into pre-faulted buffers), taken before and after every flash run; a round's ratio is its snapshots' "
+             "median blocking time over the mean of those two bounds.", "",
+             "| round | bound before ms | bound after ms | blocking ms (median, steps 2..) | ratio |", "|---|---|---|---|---|",
+             *[f"| {n} | {b:.1f} | {af:.1f} | {blk:.1f} | {rt:.2f}x |" for n, b, af, blk, rt in round_rows], "",
              "| figure | value |", "|---|---|",
-             f"| memory-copy bound: one rank's file copied while the other rank copies its own (median of 7 copies; taken before, between and after the runs: {' / '.join(f'{b:.1f}' for b in bounds)} ms) | {bound:.1f} ms |",
+             f"| ratio to the memory-copy bound, median of the {a.rounds} rounds (target <= 1.25) | **{ratio:.2f}x** |",
+             f"| the same as one figure: every round's blocking median over the median of all {a.rounds + 1} bounds | {steady_flash / all_bounds:.2f}x |",
              f"| the same copy into a /dev/shm mapping, as a snapshot's | {shm_bound:.1f} ms |",
              f"| the same copy with the other core idle | {single:.1f} ms |",
-             f"| flash snapshot blocking time, median of the written snapshots of steps 2..{steps} | **{steady_flash:.1f} ms** |",
-             f"| snapshots skipped by a rank while the supervisor persisted its older slot | {skipped} of {len(flash)} |",
-             f"| ratio to the memory-copy bound (target <= 1.25) | **{steady_flash / bound:.2f}x** |",
-             f"| first flash snapshot (sizes, reserves and maps the shared memory) | {flash_ms[0]:.1f} ms |",
+             f"| flash snapshot blocking time, median of every round's snapshots of steps 2..{steps} | **{steady_flash:.1f} ms** |",
+             f"| snapshots skipped by a rank while the supervisor persisted its older slot | {skipped} of {len(flash_ms) + len(firsts)} |",
+             f"| first flash snapshot (sizes, reserves and maps the shared memory), median over rounds | {statistics.median(firsts):.1f} ms |",
              f"| disk checkpoint blocking time (write, fsync, SHA-256, manifest), median of steps 2..{steps} | {statistics.median(disk_ms[1:]):.1f} ms |",
              f"| disk / flash | {statistics.median(disk_ms[1:]) / steady_flash:.1f}x |",
              f"| supervisor's background persist of one snapshot (both ranks' files), median | {persist_s * 1000:.0f} ms (not blocking) |",
