@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -24,6 +25,22 @@ bool read_int(const char* name, int& out) {
   return true;
 }
 
+// Slurm's tasks per node, "2(x3),1" (three nodes with 2 tasks, then one with 1): the count of
+// node `node`, or -1 when the text is not in that form or has no such node.
+int slurm_tasks_on_node(const std::string& text, int node) {
+  std::istringstream in(text);
+  int seen = 0;
+  for (std::string entry; std::getline(in, entry, ',');) {
+    int tasks = 0, repeat = 1;
+    char tail[2] = {0, 0};
+    const int parsed = std::sscanf(entry.c_str(), "%d(x%d%1[)]", &tasks, &repeat, tail);
+    if (parsed != 1 && !(parsed == 3 && tail[0] == ')')) return -1;
+    if (node < seen + repeat) return tasks;
+    seen += repeat;
+  }
+  return -1;
+}
+
 }  // namespace
 
 LaunchEnv detect_launch_env() {
@@ -35,8 +52,14 @@ LaunchEnv detect_launch_env() {
   } else if (read_int("SLURM_PROCID", env.rank) && read_int("SLURM_NTASKS", env.world_size)) {
     env.launcher = "slurm";
     read_int("SLURM_LOCALID", env.local_rank);
+    // srun sets SLURM_NTASKS_PER_NODE only when asked for it; the step's layout is always there.
     env.local_size = env.world_size;
-    read_int("SLURM_NTASKS_PER_NODE", env.local_size);
+    int node = 0;
+    read_int("SLURM_NODEID", node);
+    const char* per_node = std::getenv("SLURM_STEP_TASKS_PER_NODE");
+    if (!per_node) per_node = std::getenv("SLURM_TASKS_PER_NODE");
+    if (const int tasks = per_node ? slurm_tasks_on_node(per_node, node) : -1; tasks > 0) env.local_size = tasks;
+    else read_int("SLURM_NTASKS_PER_NODE", env.local_size);
   } else if (read_int("PMI_RANK", env.rank) && read_int("PMI_SIZE", env.world_size)) {
     env.launcher = "pmi";
     env.local_size = env.world_size;

@@ -12,7 +12,8 @@ namespace {
 class TorchrunEnvironment : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", kSlotsEnv})
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                             "SLURM_NODEID", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", kSlotsEnv})
       ::unsetenv(name);
     ::setenv("RANK", "1", 1), ::setenv("WORLD_SIZE", "2", 1), ::setenv("LOCAL_RANK", "1", 1), ::setenv("LOCAL_WORLD_SIZE", "2", 1);
   }
@@ -55,6 +56,19 @@ TEST_F(TorchrunEnvironment, SlurmRanksGetTorchrunsVariablesForC10d) {
   EXPECT_EQ(same.world_size, 8);
   EXPECT_EQ(same.local_rank, 1);
   EXPECT_EQ(same.local_size, 4);
+}
+
+// srun gives the step's tasks per node as "2(x3),1" (SLURM_NTASKS_PER_NODE only when asked for).
+TEST_F(TorchrunEnvironment, SlurmLocalSizeIsThisNodesTaskCount) {
+  ::setenv("SLURM_PROCID", "6", 1), ::setenv("SLURM_NTASKS", "7", 1), ::setenv("SLURM_LOCALID", "0", 1);
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3),1", 1);
+  ::setenv("SLURM_NODEID", "3", 1);
+  EXPECT_EQ(detect_launch_env().local_size, 1);
+  ::setenv("SLURM_NODEID", "1", 1);
+  EXPECT_EQ(detect_launch_env().local_size, 2);
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "garbled", 1);  // not Slurm's form: the whole world, as before
+  EXPECT_EQ(detect_launch_env().local_size, 7);
+  for (const char* name : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"}) ::unsetenv(name);
 }
 
 }  // namespace
