@@ -86,15 +86,22 @@ def pytorch_worker(spec):
     print(json.dumps({"ms": statistics.median(times[WARMUP:]), "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
-def pytorch(model, size, steps, threads, compile_):
+# glibc's malloc set as Strata's [job] host_memory = "keep" sets it (core/src/host_memory.cpp),
+# for the "eager (keep)" column: what that setting alone gives PyTorch.
+KEEP_HOST_MEMORY = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
+
+
+def pytorch(model, size, steps, threads, compile_, keep=False):
     spec = json.dumps({"model": model, "size": size, "steps": steps, "threads": threads, "compile": compile_})
-    out = subprocess.run([sys.executable, __file__, "--worker", spec], check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, GLIBC_TUNABLES=KEEP_HOST_MEMORY) if keep else None
+    out = subprocess.run([sys.executable, __file__, "--worker", spec], check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 STRATA_VARIANTS = {  # column: passes added to the strategy ({activation}: gelu, or swiglu and rms_norm for a Llama)
     "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\n{activation}adamw_update = "reference"\n',
     "strata": "",
+    "strata_return": 'host_memory = "return"\n',  # glibc's malloc defaults, the host memory setting's A/B
     "fused_loss": '\n[[pass]]\nname = "fused_loss"\n',
 }
 
@@ -137,7 +144,7 @@ def main():
 
     # Interleaved rounds: every column once per round, in turn, so that the machine's drift
     # (shared, noisy) spreads over all of them; the median over rounds of each run's median.
-    columns = list(STRATA_VARIANTS) + ["eager", "compile"]
+    columns = list(STRATA_VARIANTS) + ["eager", "eager_keep", "compile"]
     rows = []
     for name in args.sizes.split(","):
         size = SIZES[name]
@@ -147,7 +154,7 @@ def main():
                 if c in STRATA_VARIANTS:
                     runs[c].append(strata(args.strata, model_of(name), size, args.steps, args.threads, c))
                 else:
-                    runs[c].append(pytorch(model_of(name), size, args.steps, args.threads, c == "compile"))
+                    runs[c].append(pytorch(model_of(name), size, args.steps, args.threads, c == "compile", c == "eager_keep"))
         r = {c: {"ms": statistics.median(x["ms"] for x in runs[c]), "peak": max(x["peak"] for x in runs[c])} for c in columns}
         rows.append((name, size, r))
         print(name, {k: (round(v["ms"], 1), round(v["peak"] / 2**20)) for k, v in r.items()}, flush=True)
@@ -159,27 +166,32 @@ def main():
             f.write("GPT-2 (tied head, tanh GELU), random tokens, AdamW, clipping at 1.0; the same model and loop in all "
                     "columns. Strata reference: the reference operators (`module_replace` with attention, gelu and adamw_update = "
                     "\"reference\": the ATen calls eager makes); Strata: the defaults (fused CPU kernels chosen by "
-                    "priority); + fused_loss: also the chunked linear + cross-entropy. Ratios are time over PyTorch "
-                    "eager's (< 1: faster).\n")
+                    "priority; host memory kept for reuse, [job] host_memory = \"keep\"); Strata (return): the same with host_memory = "
+                    "\"return\" (glibc's malloc defaults); + fused_loss: also the chunked "
+                    "linear + cross-entropy. eager (keep): eager under the glibc malloc settings host_memory = \"keep\" makes "
+                    "(GLIBC_TUNABLES). Ratios are time over PyTorch eager's (< 1: faster).\n")
         f.write(f"\n## {args.threads} thread(s)\n\nCommand: `~/.local/share/strata/venv/bin/python bench/fused_step_time.py "
                 f"--steps {args.steps} --rounds {args.rounds} --threads {args.threads} --sizes {args.sizes}"
                 f"{' --append' if args.append else ''}`  \n")
         f.write(f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared, noisy); {args.threads} threads for all; "
                 f"each run's median of steps {WARMUP + 1}..{args.steps}, then the median of {args.rounds} interleaved "
                 "rounds; one process each.\n\n")
-        f.write("| size | layers x d_model | seq x batch | vocab | Strata reference ms | Strata ms | + fused_loss ms | eager ms "
-                "| compile ms | Strata / eager | Strata / compile | + fused_loss / eager | compile / eager |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| size | layers x d_model | seq x batch | vocab | Strata reference ms | Strata ms | Strata (return) ms | + fused_loss ms "
+                "| eager ms | eager (keep) ms | compile ms | Strata / eager | Strata / compile | Strata / Strata (return) "
+                "| + fused_loss / eager | eager (keep) / eager | compile / eager |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for name, (l, h, d, t, b, v), r in rows:
-            e, c, m = r["eager"]["ms"], r["compile"]["ms"], r["strata"]["ms"]
-            f.write(f"| {name} | {l} x {d} | {t} x {b} | {v} | {r['reference']['ms']:.1f} | {m:.1f} | {r['fused_loss']['ms']:.1f} | "
-                    f"{e:.1f} | {c:.1f} | {m / e:.3f} | {m / c:.3f} | {r['fused_loss']['ms'] / e:.3f} | {c / e:.3f} |\n")
+            e, k, c, m = r["eager"]["ms"], r["eager_keep"]["ms"], r["compile"]["ms"], r["strata"]["ms"]
+            ret = r["strata_return"]["ms"]
+            f.write(f"| {name} | {l} x {d} | {t} x {b} | {v} | {r['reference']['ms']:.1f} | {m:.1f} | {ret:.1f} | {r['fused_loss']['ms']:.1f} | "
+                    f"{e:.1f} | {k:.1f} | {c:.1f} | {m / e:.3f} | {m / c:.3f} | {m / ret:.3f} | {r['fused_loss']['ms'] / e:.3f} | {k / e:.3f} | "
+                    f"{c / e:.3f} |\n")
         f.write("\nPeak memory (MiB; Strata: its mem_peak_bytes, PyTorch: the process's peak RSS) next to the logits "
                 "formula N x V x 4 bytes:\n\n")
-        f.write("| size | N x V x 4 | Strata | + fused_loss | eager | compile |\n|---|---|---|---|---|---|\n")
+        f.write("| size | N x V x 4 | Strata | + fused_loss | eager | eager (keep) | compile |\n|---|---|---|---|---|---|---|\n")
         for name, (l, h, d, t, b, v), r in rows:
             f.write(f"| {name} | {mib(t * b * v * 4)} | {mib(r['strata']['peak'])} | {mib(r['fused_loss']['peak'])} | "
-                    f"{mib(r['eager']['peak'])} | {mib(r['compile']['peak'])} |\n")
+                    f"{mib(r['eager']['peak'])} | {mib(r['eager_keep']['peak'])} | {mib(r['compile']['peak'])} |\n")
     print(open(args.out).read())
 
 

@@ -17,6 +17,11 @@ const Schema& job_schema() {
       .integer("eval_batches", 8, "Micro-batches of the validation split each evaluation averages", at_least(1))
       .integer("keep_checkpoints", 3, "Newest checkpoints kept; older ones are deleted", at_least(1))
       .integer("threads", 0, "CPU threads for intra-op parallelism; 0 = all cores", at_least(0))
+      .string("host_memory", "keep",
+              "What the process does with host memory tensors free: \"keep\" holds it for the next step's tensors (glibc's "
+              "malloc told not to map and unmap blocks below 1 GiB nor trim its heap below 1 GiB: fewer page faults each "
+              "step, a higher resident peak); \"return\" leaves glibc's defaults (large blocks go back to the system at once)",
+              {"keep", "return"})
       .real("peak_tflops", 0.0, "Peak TFLOP/s of one device for MFU; 0 = not reported", at_least(0))
       .integer("log_every", 10, "Optimizer steps between console metric lines", at_least(1))
       .integer("profile_steps", 0,

@@ -19,6 +19,7 @@
 #include "topology_setup.h"
 #include "trainer_impl.h"
 #include "training_state.h"
+#include "strata/core/host_memory.h"
 #include "strata/core/log.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/step_plan.h"
@@ -102,6 +103,7 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   fs::create_directories(out_dir / "logs");
   log::add_file((out_dir / "logs" / ("rank_" + std::to_string(env.rank) + ".log")).string());
   if (leader) engine::write_text_durably(out_dir / "strategy.toml", resolved_strategy_toml(plan));
+  configure_host_memory(job_cfg.get_string("host_memory"));  // before the model and data allocate
   const int64_t threads = job_cfg.get_int("threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, cores / static_cast<unsigned>(env.local_size))));
