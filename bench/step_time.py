@@ -172,6 +172,7 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--out", default="bench/results/step_time_cpu.md")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--rounds", type=int, default=1, help="cuda: interleaved rounds (each size: Strata, then PyTorch)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.device == "cuda":
@@ -206,26 +207,36 @@ def main():
 
 
 def main_cuda(args):
-    """The same comparison on one GPU, fp32 (TF32 off in both, their defaults), no denormal columns."""
+    """The same comparison on one GPU, fp32 (TF32 off in both, their defaults), no denormal columns.
+    Rounds interleave the two loops (a lent machine's host speed drifts); each round's median of
+    steps WARMUP+1.. per column, then the median over rounds, and the median of the per-round ratios."""
+    per_round = {name: [] for name, *_ in CUDA_SIZES}
+    for r in range(args.rounds):
+        for name, n_layer, n_head, d, seq_len, batch in CUDA_SIZES:
+            s = strata_step_times(args.strata, n_layer, n_head, d, seq_len, batch, args.steps, args.threads, "cuda")[WARMUP:]
+            p = pytorch_step_times(n_layer, n_head, d, seq_len, batch, args.steps, False, "cuda")[WARMUP:]
+            ms, mp = statistics.median(s), statistics.median(p)
+            per_round[name].append((ms, mp))
+            print(f"round {r + 1} {name}: strata {ms:.2f} ms, pytorch {mp:.2f} ms, ratio {ms / mp:.3f}", flush=True)
     rows = []
     for name, n_layer, n_head, d, seq_len, batch in CUDA_SIZES:
-        s = strata_step_times(args.strata, n_layer, n_head, d, seq_len, batch, args.steps, args.threads, "cuda")[WARMUP:]
-        p = pytorch_step_times(n_layer, n_head, d, seq_len, batch, args.steps, False, "cuda")[WARMUP:]
-        ms, mp = statistics.median(s), statistics.median(p)
+        pairs = per_round[name]
         params = sum(x.numel() for x in Gpt(n_layer, n_head, d, seq_len).parameters())
-        rows.append((name, n_layer, d, seq_len, batch, params, ms, mp))
-        print(f"{name}: strata {ms:.2f} ms, pytorch {mp:.2f} ms, ratio {ms / mp:.3f}", flush=True)
+        rows.append((name, n_layer, d, seq_len, batch, params, statistics.median(m for m, _ in pairs),
+                     statistics.median(p for _, p in pairs), statistics.median(m / p for m, p in pairs),
+                     " ".join(f"{m / p:.3f}" for m, p in pairs)))
     with open(args.out, "w") as f:
         f.write("# Step time: Strata vs PyTorch eager (CUDA, fp32)\n\n")
-        f.write(f"Command: `python3 bench/step_time.py --device cuda --steps {args.steps} --out {args.out}` "
+        f.write(f"Command: `python3 bench/step_time.py --device cuda --steps {args.steps} --rounds {args.rounds} --out {args.out}` "
                 "(run by scripts/gpu_check)  \n")
-        f.write(f"Machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; medians of steps "
-                f"{WARMUP + 1}..{args.steps}. Same model, data and optimizer as the CPU table (step_time_cpu.md); "
-                "the step ends when the loss is on the host (Strata: step_ms; PyTorch: loss.item()).\n\n")
-        f.write("| size | layers | d_model | seq | batch | params | Strata ms/step | PyTorch ms/step | Strata / PyTorch time |\n")
-        f.write("|---|---|---|---|---|---|---|---|---|\n")
-        for name, l, d, t, b, n, ms, mp in rows:
-            f.write(f"| {name} | {l} | {d} | {t} | {b} | {n / 1e6:.2f} M | {ms:.2f} | {mp:.2f} | {ms / mp:.3f} |\n")
+        f.write(f"Machine: {torch.cuda.get_device_name()}; torch {torch.__version__}; per round the median of steps "
+                f"{WARMUP + 1}..{args.steps}, then the median of {args.rounds} interleaved round(s). Same model, data and "
+                "optimizer as the CPU table (step_time_cpu.md); the step ends when the loss is on the host (Strata: step_ms; "
+                "PyTorch: loss.item()).\n\n")
+        f.write("| size | layers | d_model | seq | batch | params | Strata ms/step | PyTorch ms/step | Strata / PyTorch time (median of rounds) | per round |\n")
+        f.write("|---|---|---|---|---|---|---|---|---|---|\n")
+        for name, l, d, t, b, n, ms, mp, ratio, each in rows:
+            f.write(f"| {name} | {l} | {d} | {t} | {b} | {n / 1e6:.2f} M | {ms:.2f} | {mp:.2f} | {ratio:.3f} | {each} |\n")
 
 
 STRATA_VENV_PY = "~/.local/share/strata/venv/bin/python"

@@ -7,6 +7,7 @@
 #include "cpu/rms_norm.h"
 #include "cuda/activations_cuda.h"
 #include "cuda/adamw_fused.h"
+#include "cuda/agd_cuda.h"
 #include "cuda/attention_sdpa.h"
 #include "cuda/linear_cross_entropy_cuda.h"
 #include "cuda/rms_norm_cuda.h"
@@ -58,6 +59,9 @@ void register_components(Registry& registry) {
       "rms_norm.fused_cuda",
       "one CUDA kernel per direction, a block per row: fp32 sum of squares, the reference's roundings; saves one float per row",
       &rms_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::AgdUpdate>>(
+      "agd_update.fused_cuda", "AGD step in one CUDA kernel per parameter, the reference's operations in order (fp32)",
+      &agd_update_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat}}, 10));
 #endif
   registry.add(std::make_unique<ops::OperatorImpl<ops::RmsNorm>>(
       "rms_norm.fused_cpu",
@@ -67,7 +71,7 @@ void register_components(Registry& registry) {
       "adamw_update.fused_cpu", "AdamW step in one vectorised pass over each tensor, the reference's operations in order (fp32)",
       &adamw_update_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::AdamwUpdate>>(
-      "adamw_update.fused_cuda", "AdamW step in one CUDA kernel per parameter (ATen's fused AdamW, the reference's rule)",
+      "adamw_update.fused_cuda", "AdamW step of a parameter group in multi-tensor CUDA launches (ATen's fused AdamW, the reference's rule)",
       &adamw_update_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat}}, 10));
 }
 

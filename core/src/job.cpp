@@ -54,10 +54,10 @@ void Job::replace_state(const std::string& key, std::shared_ptr<Stateful> state)
 
 namespace strata {
 
-double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology,
-                          c10::Device device) {
-  // Per-tensor norms stay on the gradients' device (one host sync, at the end), grouped by their
-  // number of replicas; squares are summed in double. Each group's norms come from one
+at::Tensor clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology,
+                              c10::Device device) {
+  // Per-tensor norms stay on the gradients' device, grouped by their number of replicas;
+  // squares are summed in double. Each group's norms come from one
   // _foreach_norm call (on a GPU one multi-tensor kernel instead of one launch per parameter;
   // on the CPU the same per-tensor norms as before), as torch's clip_grad_norm_ does.
   std::map<double, std::vector<at::Tensor>> grads_by_replicas;
@@ -86,18 +86,24 @@ double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_no
     // communicators (nccl) take device tensors, so the sum lives on the job's device.
     topology->world().all_reduce(squared, ReduceOp::Sum)->wait();
   } else if (!any) {
-    return 0.0;
+    return squared;
   }
-  const double norm = std::sqrt(squared.item<double>());
-  if (max_norm > 0 && std::isfinite(norm)) {
-    const double coefficient = max_norm / (norm + 1e-6);
-    if (coefficient < 1.0) {
-      at::NoGradGuard no_grad;
-      std::vector<at::Tensor> defined;
-      for (const auto& g : grads)
-        if (g.grad.defined()) defined.push_back(g.grad);
-      at::_foreach_mul_(defined, coefficient);
-    }
+  at::Tensor norm = squared.sqrt();
+  std::vector<at::Tensor> defined;
+  for (const auto& g : grads)
+    if (g.grad.defined()) defined.push_back(g.grad);
+  if (max_norm <= 0 || defined.empty()) return norm;
+  at::NoGradGuard no_grad;
+  if (norm.is_cpu()) {
+    // Reading is free here, and below max_norm the gradients are not touched at all.
+    const double value = norm.item<double>();
+    const double coefficient = max_norm / (value + 1e-6);
+    if (std::isfinite(value) && coefficient < 1.0) at::_foreach_mul_(defined, coefficient);
+  } else {
+    // The same rule on the device (min(1, max_norm / (norm + 1e-6)); 1 when the norm is not
+    // finite), rounded to fp32 as the host's scalar would be, so the host need not wait.
+    const at::Tensor coefficient = at::clamp_max(max_norm / (norm + 1e-6), 1.0);
+    at::_foreach_mul_(defined, at::where(at::isfinite(norm), coefficient, at::ones_like(coefficient)).to(at::kFloat));
   }
   return norm;
 }

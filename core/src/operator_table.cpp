@@ -208,9 +208,12 @@ void agd_update(const at::Tensor& param, const at::Tensor& grad, const at::Tenso
                 const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z, const AgdHyper& hyper) {
   pick<AgdUpdate>(param)(param, grad, exp_avg, exp_avg_diff_sq, max_exp_avg_diff_sq, z, hyper);
 }
-void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+void adamw_update(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                   const AdamwHyper& hyper) {
-  pick<AdamwUpdate>(param)(param, grad, exp_avg, exp_avg_sq, hyper);
+  TORCH_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() && exp_avg_sqs.size() == params.size(),
+              "adamw_update: ", params.size(), " parameters need as many gradients and moments");
+  if (params.empty()) return;
+  pick<AdamwUpdate>(params.front())(params, grads, exp_avgs, exp_avg_sqs, hyper);
 }
 
 }  // namespace ops

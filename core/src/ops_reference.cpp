@@ -133,18 +133,21 @@ at::Tensor linear_cross_entropy_reference(const at::Tensor& hidden, const at::Te
   return at::cross_entropy_loss(at::linear(hidden, weight, bias).to(at::kFloat), targets);
 }
 
-// torch.optim.AdamW's single-tensor update, one ATen operation per line (what the optimizers
-// plugin ran before the operator existed).
-void adamw_update_reference(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                            const at::Tensor& exp_avg_sq, const ops::AdamwHyper& h) {
+// torch.optim.AdamW's single-tensor update, one ATen operation per line, parameter after
+// parameter (what the optimizers plugin ran before the operator existed).
+void adamw_update_reference(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                            const ops::AdamwHyper& h) {
   at::NoGradGuard no_grad;
   const double t = static_cast<double>(h.step);
   const double bias1 = 1.0 - std::pow(h.beta1, t), bias2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
-  if (h.weight_decay != 0) param.mul_(1.0 - h.lr * h.weight_decay);
-  exp_avg.lerp_(grad, 1.0 - h.beta1);
-  exp_avg_sq.mul_(h.beta2).addcmul_(grad, grad, 1.0 - h.beta2);
-  at::Tensor denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(h.eps);
-  param.addcdiv_(exp_avg, denom, -h.lr / bias1);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor &param = params[i], &grad = grads[i], &exp_avg = exp_avgs[i], &exp_avg_sq = exp_avg_sqs[i];
+    if (h.weight_decay != 0) param.mul_(1.0 - h.lr * h.weight_decay);
+    exp_avg.lerp_(grad, 1.0 - h.beta1);
+    exp_avg_sq.mul_(h.beta2).addcmul_(grad, grad, 1.0 - h.beta2);
+    at::Tensor denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(h.eps);
+    param.addcdiv_(exp_avg, denom, -h.lr / bias1);
+  }
 }
 
 // Written step for step from the formulas, one ATen operation each; the fused implementations

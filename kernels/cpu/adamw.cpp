@@ -22,15 +22,16 @@ AdamwCoefficients adamw_coefficients(const ops::AdamwHyper& h) {
   return c;
 }
 
-void adamw_update_fused_cpu(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                            const at::Tensor& exp_avg_sq, const ops::AdamwHyper& hyper) {
-  for (const at::Tensor* t : {&grad, &exp_avg, &exp_avg_sq})
+namespace {
+
+void update_one(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                const AdamwCoefficients& c, const AdamwRows& rows) {
+  for (const at::Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == param.numel(),
-                "adamw_update.fused_cpu: gradient and moments must be fp32 with the parameter's ", param.numel(), " elements");
+                "adamw_update.fused_cpu: parameter, gradient and moments must be fp32 with the parameter's ", param.numel(),
+                " elements");
   // Contiguous views (copies where a tensor is strided), written back after.
   const at::Tensor p = param.contiguous(), m = exp_avg.contiguous(), v = exp_avg_sq.contiguous(), g = grad.contiguous();
-  const AdamwCoefficients c = adamw_coefficients(hyper);
-  const AdamwRows rows = adamw_rows();
   float *pp = p.mutable_data_ptr<float>(), *mp = m.mutable_data_ptr<float>(), *vp = v.mutable_data_ptr<float>();
   const float* gp = g.const_data_ptr<float>();
   at::parallel_for(0, param.numel(), 32768, [&](int64_t begin, int64_t end) {
@@ -40,6 +41,15 @@ void adamw_update_fused_cpu(const at::Tensor& param, const at::Tensor& grad, con
   if (!p.is_same(param)) param.copy_(p);
   if (!m.is_same(exp_avg)) exp_avg.copy_(m);
   if (!v.is_same(exp_avg_sq)) exp_avg_sq.copy_(v);
+}
+
+}  // namespace
+
+void adamw_update_fused_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                            const ops::AdamwHyper& hyper) {
+  const AdamwCoefficients c = adamw_coefficients(hyper);
+  const AdamwRows rows = adamw_rows();
+  for (size_t i = 0; i < params.size(); ++i) update_one(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], c, rows);
 }
 
 }  // namespace strata::kernels

@@ -18,9 +18,9 @@ namespace strata::kernels {
 // The step's constants (adamw_rows.h), from the hyperparameters.
 AdamwCoefficients adamw_coefficients(const ops::AdamwHyper& h);
 
-// What "adamw_update.fused_cpu" runs: fp32 tensors of one shape (strided ones through
-// contiguous copies written back).
-void adamw_update_fused_cpu(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                            const at::Tensor& exp_avg_sq, const ops::AdamwHyper& hyper);
+// What "adamw_update.fused_cpu" runs: fp32 tensors, each parameter with a gradient and moments
+// of its size (strided ones through contiguous copies written back), one after another.
+void adamw_update_fused_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                            const ops::AdamwHyper& hyper);
 
 }  // namespace strata::kernels

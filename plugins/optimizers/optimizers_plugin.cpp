@@ -1,6 +1,7 @@
 // AdamW and SGD with momentum, with PyTorch's update rules (torch.optim.AdamW / SGD), so runs can
 // be compared with PyTorch step for step.
 #include <cmath>
+#include <map>
 
 #include <ATen/ATen.h>
 
@@ -40,20 +41,28 @@ class AdamW final : public Optimizer {
       for (size_t i = 0; i < g.params.size(); ++i) state_.add(g.names[i], g.params[i], {"exp_avg", "exp_avg_sq"});
   }
 
-  // Each parameter's update is the adamw_update operator: the reference is torch.optim.AdamW's
-  // arithmetic one ATen call at a time; kernels/ serves fp32 CPU tensors in one pass.
+  // Each group's update is one adamw_update operator call per (device, dtype) of its parameters:
+  // the reference is torch.optim.AdamW's arithmetic one ATen call at a time; kernels/ serves fp32
+  // CPU tensors in one pass each and CUDA tensors in multi-tensor launches.
   void step(double lr) override {
     at::NoGradGuard no_grad;
     step_ += 1;
     ops::AdamwHyper h{lr, beta1_, beta2_, eps_, 0.0, step_.item<int64_t>()};
     size_t index = 0;
-    for (auto& g : groups_)
+    for (auto& g : groups_) {
+      struct Lists {
+        std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+      };
+      std::map<std::pair<std::string, c10::ScalarType>, Lists> by_kind;  // device as text: c10::Device has no order
       for (auto& p : g.params) {
         auto& s = state_.of(index++);
         if (!p.grad().defined()) continue;
-        h.weight_decay = g.weight_decay;
-        ops::adamw_update(p, p.grad(), s[0], s[1], h);
+        Lists& lists = by_kind[{p.device().str(), p.scalar_type()}];
+        lists.params.push_back(p), lists.grads.push_back(p.grad()), lists.exp_avgs.push_back(s[0]), lists.exp_avg_sqs.push_back(s[1]);
       }
+      h.weight_decay = g.weight_decay;
+      for (auto& [kind, lists] : by_kind) ops::adamw_update(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs, h);
+    }
   }
 
   NamedTensors state_tensors() override {

@@ -353,10 +353,10 @@ class PipelineParallelPass final : public Pass {
     job.program.own(Stage::ForwardBackward, [runtime](StepContext& c) { runtime->run_step(c); });
     job.program.own(Stage::Evaluate, [runtime](StepContext& c) { runtime->evaluate(c); });
     // The last stage has the loss: the pipeline group sums (others add 0), then core's reduction.
-    job.reduce_loss = [&job, inner = job.reduce_loss](double local_loss) {
-      at::Tensor sum = at::tensor(local_loss, at::kDouble).to(job.device());
+    job.reduce_loss = [&job, inner = job.reduce_loss](const at::Tensor& local_loss) {
+      at::Tensor sum = local_loss.to(job.device(), at::kDouble, /*non_blocking=*/false, /*copy=*/true);
       job.topology->group(Dim::Pipeline).all_reduce(sum, ReduceOp::Sum)->wait();
-      return inner(sum.item<double>());
+      return inner(sum);
     };
   }
 };

@@ -202,7 +202,8 @@ void StageRuntime::run_step(StepContext& context) {
   activation_sends_.clear();
   other_sends_.clear();
   if (!sync_window_in_last_backward) open_sync_window_after_split_backward(context);
-  context.local_loss = layout_.shape.virtual_stages() > 0 && last_stage(layout_.shape.chunks - 1) ? loss_sum / static_cast<double>(count) : 0.0;
+  context.local_loss = at::scalar_tensor(
+      layout_.shape.virtual_stages() > 0 && last_stage(layout_.shape.chunks - 1) ? loss_sum / static_cast<double>(count) : 0.0, at::kDouble);
 
   // Each stage's share of the step spent waiting for its neighbours, for the step's metrics.
   const double total_ms = ms_since(started);

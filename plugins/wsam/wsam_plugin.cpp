@@ -49,7 +49,7 @@ class Wsam {
     const RngSnapshot rng(device_);
     context.sync_gradients = !settings_.local;
     gradients_of(context);
-    const double loss = context.local_loss;
+    const at::Tensor loss = context.local_loss;
     context.sync_gradients = true;
 
     at::NoGradGuard no_grad;
@@ -73,7 +73,7 @@ class Wsam {
     {
       at::AutoGradMode enable(true);
       gradients_of(context);
-      context.metrics.emplace_back("wsam_perturbed_loss", context.local_loss);
+      context.metrics.emplace_back("wsam_perturbed_loss", context.local_loss.item<double>());
       context.local_loss = loss;
     }
     std::vector<at::Tensor> perturbed = take_gradients();

@@ -194,16 +194,16 @@ TEST(Clipping, NormCountsEveryPlacementOnce) {
                                    {by_all.narrow(0, 2 * r, 2).clone(), sharded_over({Dim::Data, Dim::Tensor, Dim::Pipeline})}};
   const double expected = std::sqrt(replicated.square().sum().item<double>() + by_tensor.square().sum().item<double>() +
                                     by_all.square().sum().item<double>());
-  const double norm = clip_gradient_norm(grads, 1.0, &topology, at::kCPU);
+  const double norm = clip_gradient_norm(grads, 1.0, &topology, at::kCPU).item<double>();
   EXPECT_NEAR(norm, expected, 1e-6 * expected);  // per-tensor norms are taken in fp32
   EXPECT_TRUE(at::allclose(grads[0].grad, replicated * (1.0 / (expected + 1e-6))));
-  EXPECT_NEAR(clip_gradient_norm(grads, 0.0, &topology, at::kCPU), 1.0, 1e-5);  // clipped to 1 everywhere
+  EXPECT_NEAR(clip_gradient_norm(grads, 0.0, &topology, at::kCPU).item<double>(), 1.0, 1e-5);  // clipped to 1 everywhere
 
   // Ranks without gradients still take part (a flat shard whose chunk only rank 0 holds).
   std::vector<LocalGradient> only_rank0;
   if (r == 0) only_rank0.push_back({by_all.clone(), sharded_over({Dim::Data, Dim::Tensor})});
   const double whole = std::sqrt(by_all.square().sum().item<double>());
-  EXPECT_NEAR(clip_gradient_norm(only_rank0, 0.0, &topology, at::kCPU), whole, 1e-6 * whole);
+  EXPECT_NEAR(clip_gradient_norm(only_rank0, 0.0, &topology, at::kCPU).item<double>(), whole, 1e-6 * whole);
   // A partial gradient has no norm yet.
   Placement partial;
   partial.partial_over = {Dim::Data};

@@ -82,6 +82,27 @@ TEST(AdamwKernel, StridedTensorsAreWrittenBack) {
   EXPECT_LE(max_error(v, v_ref), 2e-6);
 }
 
+// The operator takes a parameter group: one call over tensors of several sizes is each tensor's
+// own update, bit for bit (fused and reference alike).
+TEST(AdamwKernel, AGroupIsEachOfItsTensors) {
+  at::manual_seed(2);
+  std::vector<at::Tensor> p, g, m, v;
+  for (int64_t n : {1, 7, 33, 1000}) p.push_back(at::randn({n})), g.push_back(at::randn({n})), m.push_back(at::zeros({n})), v.push_back(at::zeros({n}));
+  const ops::AdamwHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, 1};
+  const auto& impls = OperatorTable::global().implementations("adamw_update");
+  const auto& ref = static_cast<const ops::OperatorImpl<ops::AdamwUpdate>&>(*impls.back()).fn();
+  for (const auto& fn : {std::function<ops::AdamwUpdate::Fn>(kernels::adamw_update_fused_cpu), ref}) {
+    std::vector<at::Tensor> pg, mg, vg, p1, m1, v1;
+    for (size_t i = 0; i < p.size(); ++i)
+      pg.push_back(p[i].clone()), mg.push_back(m[i].clone()), vg.push_back(v[i].clone()), p1.push_back(p[i].clone()),
+          m1.push_back(m[i].clone()), v1.push_back(v[i].clone());
+    fn(pg, g, mg, vg, h);
+    for (size_t i = 0; i < p.size(); ++i) fn(p1[i], g[i], m1[i], v1[i], h);
+    for (size_t i = 0; i < p.size(); ++i)
+      EXPECT_TRUE(at::equal(pg[i], p1[i]) && at::equal(mg[i], m1[i]) && at::equal(vg[i], v1[i])) << "tensor " << i;
+  }
+}
+
 TEST(AdamwKernel, TheKernelsPluginServesFloatOnly) {
   ComponentRegistry registry;
   PluginLoader(registry).load_search_path({STRATA_KERNELS_PLUGIN});

@@ -18,13 +18,15 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
   job.loss = [vocab = job.model->vocab_size()](const at::Tensor& logits, const at::Tensor& targets) {
     return ops::cross_entropy(logits.reshape({-1, vocab}), targets.reshape(-1));
   };
-  job.reduce_loss = [&job](double local_loss) {
+  job.reduce_loss = [&job](const at::Tensor& local_loss) {
     // Scalars go through the communicator on the job's device (nccl takes device tensors only).
     // Context ranks hold equal shares of each sequence's tokens: the mean of their means is the
-    // mean over all tokens.
-    at::Tensor mean = at::tensor(local_loss, at::kDouble).to(job.device());
-    job.topology->group({Dim::Data, Dim::Context}).all_reduce(mean, ReduceOp::Avg)->wait();
-    return mean.item<double>();
+    // mean over all tokens. Alone in the group there is nothing to average (and no copy to make).
+    Communicator& group = job.topology->group({Dim::Data, Dim::Context});
+    if (group.size() == 1) return local_loss;
+    at::Tensor mean = local_loss.to(job.device(), at::kDouble, /*non_blocking=*/false, /*copy=*/true);
+    group.all_reduce(mean, ReduceOp::Avg)->wait();
+    return mean;
   };
   // Packed documents: the bundled datasets declare [data] document_end and reset_positions.
   const Config& data_cfg = job.data_config();
@@ -77,9 +79,9 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
   const auto seed = static_cast<uint64_t>(job.job_config().get_int("seed"));
   program.provide(Stage::ForwardBackward, core_stage_description(Stage::ForwardBackward),
                   [&job, batch_loss, seed, dp_rank](StepContext& context) {
-                    // Summed where the losses live and read once after the last micro-batch: on a
-                    // GPU a read per micro-batch would wait for each one's backward. fp64, as the
-                    // host's sum was, so the logged loss is unchanged.
+                    // Summed where the losses live and left there: the trainer reads it with the
+                    // step's other figures at its end (on a GPU a read here would wait for the
+                    // backward). fp64, as the host's sum was, so the logged loss is unchanged.
                     at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(job.device()));
                     const int64_t count = static_cast<int64_t>(context.batches.size());
                     for (int64_t micro = 0; micro < count; ++micro) {
@@ -97,7 +99,7 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
                       context.last_backward = false;
                       loss_sum += context.loss.detach().to(loss_sum.device(), at::kDouble);
                     }
-                    context.local_loss = loss_sum.item<double>() / static_cast<double>(count);
+                    context.local_loss = loss_sum / static_cast<double>(count);
                   });
   program.provide(Stage::SyncGradients, core_stage_description(Stage::SyncGradients), [](StepContext&) {});
   program.provide(Stage::ClipGradients, core_stage_description(Stage::ClipGradients),

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <vector>
 
+#include <ATen/ATen.h>
+
 #include "strata/core/launch_env.h"
 #include "strata/core/process_memory.h"
 #include "strata/core/log.h"
@@ -160,6 +162,19 @@ void Console::message(const std::string& line) {
 void Console::finish() {
   clear_bar();
   std::cout << std::flush;
+}
+
+std::vector<double> read_on_host(const std::vector<at::Tensor>& values) {
+  std::vector<at::Tensor> parts;
+  c10::Device device = at::kCPU;
+  for (const auto& v : values) {
+    parts.push_back(v.defined() ? v.detach().to(at::kDouble).reshape(-1) : at::zeros({1}, at::kDouble));
+    if (!parts.back().is_cpu()) device = parts.back().device();
+  }
+  for (auto& p : parts) p = p.to(device);  // a host value among device ones (a pipeline's loss) joins them
+  const at::Tensor all = at::cat(parts).cpu();
+  const double* data = all.const_data_ptr<double>();
+  return {data, data + all.numel()};
 }
 
 }  // namespace strata::engine

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "strata/core/trainer.h"
 
 namespace strata::engine {
@@ -52,5 +54,10 @@ class Console {
 };
 
 std::string format_number(double value);  // %.17g: exact round trip
+
+// The elements of `values` (0-dim or 1-dim; undefined reads as 0), in order, as doubles, copied
+// to the host together: on a GPU each read waits for the device's queue to drain, so a step reads
+// its figures once, at its end.
+std::vector<double> read_on_host(const std::vector<at::Tensor>& values);
 
 }  // namespace strata::engine

@@ -282,20 +282,23 @@ const StepRecord& Trainer::step() {
   job.model->collect_metrics(context.metrics);
   t.progress->beat(step, StepPhase::Updated);
 
-  // The largest figure of any rank: what the busiest one needs.
-  at::Tensor memory_max =
-      at::tensor(std::vector<double>{memory.params, memory.grads, memory.optimizer, memory.peak}, at::kDouble).to(t.device);
   StepRecord record;
-  record.loss = job.reduce_loss(context.local_loss);
-  t.topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
+  const std::vector<double> figures = engine::read_on_host({job.reduce_loss(context.local_loss), context.grad_norm});
+  record.loss = figures[0];
+  record.grad_norm = figures[1];
+  // The largest figure of any rank: what the busiest one needs.
+  std::vector<double> memory_max{memory.params, memory.grads, memory.optimizer, memory.peak};
+  if (t.topology->world().size() > 1) {
+    at::Tensor figures_max = at::tensor(memory_max, at::kDouble).to(t.device);
+    t.topology->world().all_reduce(figures_max, ReduceOp::Max)->wait();
+    memory_max = engine::read_on_host({figures_max});
+  }
   record.step = step;
-  record.grad_norm = context.grad_norm;
   record.lr = context.lr;
   record.tokens = t.global_batch * t.seq_len;
   record.extra = context.metrics;
   const char* memory_names[] = {"mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_peak_bytes"};
-  memory_max = memory_max.cpu();
-  for (int i = 0; i < 4; ++i) record.extra.emplace_back(memory_names[i], memory_max[i].item<double>());
+  for (int i = 0; i < 4; ++i) record.extra.emplace_back(memory_names[i], memory_max[static_cast<size_t>(i)]);
   record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   if (step >= t.profile_first && step <= t.profile_last) {
     t.profile.add_step(record.step_ms);

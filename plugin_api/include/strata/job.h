@@ -77,10 +77,10 @@ class STRATA_API Job {
   // The loss of one micro-batch: logits [B, T, V] (as the model returns them) and targets [B, T]
   // -> mean loss over tokens. Core's is cross entropy; a pass replaces it (vocab-parallel loss).
   std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)> loss;
-  // This rank's mean loss -> the loss the step reports, identical on every rank. Core's averages
-  // over the data group; a pass that splits a sample's tokens over ranks (context parallel)
-  // replaces it.
-  std::function<double(double local_loss)> reduce_loss;
+  // This rank's mean loss -> the loss the step reports, identical on every rank (0-dim fp64
+  // tensors, left on the device: the trainer reads the result). Core's averages over the data
+  // group; a pass that splits a sample's tokens over ranks (context parallel) replaces it.
+  std::function<at::Tensor(const at::Tensor& local_loss)> reduce_loss;
 
   // The micro-batch this rank computes from a batch of [B, seq_len + 1] window tokens; training,
   // evaluation and a pipeline's stages all go through it. Core's takes the whole window and marks
@@ -130,8 +130,10 @@ class STRATA_API Job {
 // every rank takes part, one without gradients too) sums them: every whole gradient counted
 // exactly once, whatever its placement. Without one, `grads` are this rank's alone. A partial
 // gradient (before its sync) has no norm yet: std::logic_error. Returns the norm before
-// clipping; undefined tensors are skipped.
-STRATA_API double clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology,
+// clipping, a 0-dim fp64 tensor on `device`; undefined tensors are skipped. On a GPU nothing is
+// read to the host: the scale is computed and applied on the device (every gradient multiplied,
+// by 1 when not clipping); on the CPU the norm is read and the gradients left alone below it.
+STRATA_API at::Tensor clip_gradient_norm(const std::vector<LocalGradient>& grads, double max_norm, const Topology* topology,
                                      c10::Device device);
 
 // Whether any rank found what this one looked for: collective over the world on the job's

@@ -128,12 +128,14 @@ struct AdamwHyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   int64_t step = 1;  // t, counted from 1
 };
-// One AdamW step of one parameter, in place: p *= 1 - lr wd; m = lerp(m, g, 1 - beta1);
-// v = beta2 v + (1 - beta2) g^2; p -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
-// exp_avg and exp_avg_sq have the parameter's shape and dtype.
+// One AdamW step of a group of parameters (one device, one dtype, one set of hyperparameters), in
+// place, each as: p *= 1 - lr wd; m = lerp(m, g, 1 - beta1); v = beta2 v + (1 - beta2) g^2;
+// p -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps). The i-th exp_avg and
+// exp_avg_sq have the i-th parameter's shape and dtype. A group, not a tensor, so that a GPU
+// implementation can update every parameter in a few multi-tensor launches.
 struct AdamwUpdate {
   static constexpr const char* name = "adamw_update";
-  using Fn = void(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+  using Fn = void(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                   const AdamwHyper& hyper);
 };
 
@@ -156,8 +158,9 @@ STRATA_API at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::T
 STRATA_API void agd_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                            const at::Tensor& exp_avg_diff_sq, const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z,
                            const AgdHyper& hyper);
-STRATA_API void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                             const at::Tensor& exp_avg_sq, const AdamwHyper& hyper);
+// Picked by the first parameter; an empty group does nothing.
+STRATA_API void adamw_update(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                             const AdamwHyper& hyper);
 
 // Where an implementation applies. Empty lists mean "any".
 struct Support {

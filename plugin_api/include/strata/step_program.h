@@ -50,10 +50,13 @@ struct StepContext {
   double lr = 0.0;  // the step's learning rate, set from BeforeStep on
   // Backward runs on loss * loss_scale (amp's fp16 loss scaler); reported losses are unscaled.
   double loss_scale = 1.0;
-  // Results of stages: this rank's mean micro-batch loss (gradients), the gradient norm before
-  // clipping (clip_gradients), the validation loss (evaluate).
-  double local_loss = 0.0;
-  double grad_norm = 0.0;
+  // Results of stages: this rank's mean micro-batch loss (gradients) and the gradient norm before
+  // clipping (clip_gradients) as 0-dim fp64 tensors where they were computed (the job's device),
+  // read to the host once at the end of the step with its other figures: on a GPU every read
+  // waits for the device's queue to drain, so the host could no longer run ahead. The
+  // validation loss (evaluate) is read where it is computed (evaluation is rare).
+  at::Tensor local_loss;
+  at::Tensor grad_norm;
   double val_loss = 0.0;
   // Per-step figures a pass reports; they go into the step's metrics.jsonl object.
   std::vector<std::pair<std::string, double>> metrics;
