@@ -116,7 +116,10 @@ void StageRuntime::run_step(StepContext& context) {
   if (tied_ && tied_->copy.defined()) tied_->copy.mutable_grad() = at::Tensor();
   send_tied_weight_ = tied_ && tied_->parameter.defined();
   receive_tied_weight_ = tied_ && tied_->copy.defined();
-  double waited_ms = 0, loss_sum = 0;
+  double waited_ms = 0;
+  // The last stage's losses summed where they are (fp64, as a host sum would), read once with the
+  // step's other figures: on a GPU a read per micro-batch would stall the schedule.
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(job_.device()));
   for (size_t i = 0; i < program_.size(); ++i) {
     const Action& a = program_[i];
     const int stage = stage_of(a.chunk);
@@ -146,7 +149,7 @@ void StageRuntime::run_step(StepContext& context) {
         job_.run_hooks(HookPoint::BeforeForward, context);
         at::Tensor output = forward_chunk(a.chunk, input, context.batches[static_cast<size_t>(a.micro)], &context);
         job_.run_hooks(HookPoint::AfterForward, context);
-        if (last_stage(a.chunk)) loss_sum += output.item<double>();
+        if (last_stage(a.chunk)) loss_sum += output.detach().to(loss_sum.device(), at::kDouble);
         in_flight_[key] = {input, output};
         break;
       }
@@ -202,8 +205,9 @@ void StageRuntime::run_step(StepContext& context) {
   activation_sends_.clear();
   other_sends_.clear();
   if (!sync_window_in_last_backward) open_sync_window_after_split_backward(context);
-  context.local_loss = at::scalar_tensor(
-      layout_.shape.virtual_stages() > 0 && last_stage(layout_.shape.chunks - 1) ? loss_sum / static_cast<double>(count) : 0.0, at::kDouble);
+  context.local_loss = layout_.shape.virtual_stages() > 0 && last_stage(layout_.shape.chunks - 1)
+                           ? loss_sum / static_cast<double>(count)
+                           : at::zeros_like(loss_sum);
 
   // Each stage's share of the step spent waiting for its neighbours, for the step's metrics.
   const double total_ms = ms_since(started);
