@@ -112,8 +112,9 @@ int free_local_port() {
   socklen_t length = sizeof address;
   const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  const int error = errno;  // before close(), which may set it
   if (fd >= 0) ::close(fd);
-  if (!ok) throw UserError("cannot find a free TCP port for the c10d store: " + std::string(std::strerror(errno)));
+  if (!ok) throw UserError("cannot find a free TCP port for the c10d store: " + std::string(std::strerror(error)));
   return ntohs(address.sin_port);
 }
 
