@@ -1,11 +1,5 @@
-// The fused AGD update on a GPU (agd_kernels.h). Per element, in fp32, in the reference's order
-// (core/src/ops_reference.cpp, docs/optimizers.md):
-//   g' = g + coupled_decay p;  p' = p decay
-//   m' = beta1 m + (1 - beta1) g';  s = m' / c1 - m / c1_prev (0 at t = 1)
-//   b' = beta2 b + (1 - beta2) s^2;  (amsgrad: b_max' = max(b_max, b'), used for b')
-//   u = clamp(m' / max(sqrt(b'), delta sqrt(c2)), -clip, clip);  a = lr sqrt(c2) / c1
-//   plain: p'' = p' - a u
-//   win:   z' = (z - a u) / (1 + wd a);  p'' = tau p' - 2 tau a u + 2 tau z',  tau = 1 / (3 + 2 a wd)
+// The fused AGD update on a GPU (agd_kernels.h): per element, in fp32, the formulas and order of
+// cpu/agd_coefficients.h (the CPU kernel's loop, plugins/agd/agd_fused_cpu.cpp, on a GPU).
 // Memory-bound: a grid-stride loop, one element per thread per iteration (the arrays are
 // contiguous, so neighbouring threads read neighbouring floats); amsgrad and win are template
 // arguments so the common case touches only four arrays.
@@ -21,7 +15,7 @@ constexpr int64_t kMaxBlocks = int64_t{1} << 16;
 
 template <bool Amsgrad, bool Win>
 __global__ void agd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m, float* __restrict__ b,
-                           float* __restrict__ b_max, float* __restrict__ z, int64_t n, AgdConstants c) {
+                           float* __restrict__ b_max, float* __restrict__ z, int64_t n, AgdCoefficients<float> c) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
     float param = p[i];
@@ -48,18 +42,18 @@ __global__ void agd_kernel(float* __restrict__ p, const float* __restrict__ g, f
 
 }  // namespace
 
-int agd_update(float* p, const float* g, float* m, float* b, float* b_max, float* z, int64_t n, const AgdConstants& c,
-               void* stream) {
+int agd_update(float* p, const float* g, float* m, float* b, float* b_max, float* z, int64_t n, const AgdCoefficients<float>& c,
+               bool amsgrad, bool win, void* stream) {
   if (n == 0) return 0;
   int64_t blocks = (n + kThreads - 1) / kThreads;
   blocks = blocks > kMaxBlocks ? kMaxBlocks : blocks;
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(blocks));
-  if (c.amsgrad)
-    c.win ? agd_kernel<true, true><<<grid, kThreads, 0, s>>>(p, g, m, b, b_max, z, n, c)
+  if (amsgrad)
+    win ? agd_kernel<true, true><<<grid, kThreads, 0, s>>>(p, g, m, b, b_max, z, n, c)
           : agd_kernel<true, false><<<grid, kThreads, 0, s>>>(p, g, m, b, b_max, z, n, c);
   else
-    c.win ? agd_kernel<false, true><<<grid, kThreads, 0, s>>>(p, g, m, b, b_max, z, n, c)
+    win ? agd_kernel<false, true><<<grid, kThreads, 0, s>>>(p, g, m, b, b_max, z, n, c)
           : agd_kernel<false, false><<<grid, kThreads, 0, s>>>(p, g, m, b, b_max, z, n, c);
   return static_cast<int>(cudaGetLastError());
 }

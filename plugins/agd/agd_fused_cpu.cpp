@@ -3,6 +3,8 @@
 // the reference's, operation for operation, in the tensor's own precision.
 #include "agd_fused_cpu.h"
 
+#include "cpu/agd_coefficients.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,48 +16,14 @@
 namespace strata::agd {
 namespace {
 
-// Step constants, computed once in double and rounded to the element type as ATen does with
-// scalar arguments.
-template <class T>
-struct Coefficients {
-  T decay, coupled_decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_c1, inv_c1_prev, floor, clip, a, z_divisor,
-      tau, two_tau_a, two_tau;
-  bool coupled, clipped;
+using kernels::AgdCoefficients;  // the step's constants, shared with the CUDA kernel
 
-  explicit Coefficients(const ops::AgdHyper& h) {
-    const double t = static_cast<double>(h.step);
-    const double c1 = 1.0 - std::pow(h.beta1, t), c1_prev = 1.0 - std::pow(h.beta1, t - 1), c2 = 1.0 - std::pow(h.beta2, t);
-    const bool decays = !h.win && h.weight_decay != 0;
-    coupled = decays && !h.weight_decouple;
-    decay = static_cast<T>(decays && h.weight_decouple ? 1.0 - (h.fixed_decay ? 1.0 : h.lr) * h.weight_decay : 1.0);
-    coupled_decay = static_cast<T>(h.weight_decay);
-    beta1 = static_cast<T>(h.beta1);
-    one_minus_beta1 = static_cast<T>(1.0 - h.beta1);
-    beta2 = static_cast<T>(h.beta2);
-    one_minus_beta2 = static_cast<T>(1.0 - h.beta2);
-    inv_c1 = static_cast<T>(1.0 / c1);
-    inv_c1_prev = static_cast<T>(h.step <= 1 ? 0.0 : 1.0 / c1_prev);  // m_prev is zero at t = 1
-    floor = static_cast<T>(h.delta * std::sqrt(c2));
-    clipped = h.clip > 0;
-    clip = static_cast<T>(h.clip);
-    const double step_size = h.lr * std::sqrt(c2) / c1;
-    a = static_cast<T>(step_size);
-    z_divisor = static_cast<T>(1.0 + h.weight_decay * step_size);
-    const double t_win = 1.0 / (3.0 + 2.0 * step_size * h.weight_decay);
-    tau = static_cast<T>(t_win);
-    two_tau_a = static_cast<T>(2.0 * t_win * step_size);
-    two_tau = static_cast<T>(2.0 * t_win);
-  }
-};
-
-// Options that would otherwise branch per element are template arguments; the others are
-// folded into constants that leave the arithmetic exact (a zero coupled decay adds 0, an
-// infinite clip clamps nothing), so the loop body is branch-free and vectorises.
+// Options that would otherwise branch per element are template arguments; the others are folded
+// into the constants (agd_coefficients.h), so the loop body is branch-free and vectorises.
 template <class T, bool Amsgrad, bool Win>
 void update_range(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict b, T* __restrict b_max,
-                  T* __restrict z, int64_t begin, int64_t end, const Coefficients<T>& c) {
-  const T coupled_decay = c.coupled ? c.coupled_decay : T(0);
-  const T clip = c.clipped ? c.clip : std::numeric_limits<T>::infinity();
+                  T* __restrict z, int64_t begin, int64_t end, const AgdCoefficients<T>& c) {
+  const T coupled_decay = c.coupled_decay, clip = c.clip;
   for (int64_t i = begin; i < end; ++i) {
     T param = p[i];
     const T grad = g[i] + coupled_decay * param;
@@ -81,7 +49,7 @@ void update_range(T* __restrict p, const T* __restrict g, T* __restrict m, T* __
 }
 
 template <class T, bool Amsgrad, bool Win>
-void update_all(T* p, const T* g, T* m, T* b, T* b_max, T* z, int64_t n, const Coefficients<T>& c) {
+void update_all(T* p, const T* g, T* m, T* b, T* b_max, T* z, int64_t n, const AgdCoefficients<T>& c) {
   at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) {
     update_range<T, Amsgrad, Win>(p, g, m, b, b_max, z, begin, end, c);
   });
@@ -90,7 +58,7 @@ void update_all(T* p, const T* g, T* m, T* b, T* b_max, T* z, int64_t n, const C
 template <class T>
 void update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& m, const at::Tensor& b, const at::Tensor& b_max,
             const at::Tensor& z, const ops::AgdHyper& hyper) {
-  const Coefficients<T> c(hyper);
+  const AgdCoefficients<T> c(hyper);
   auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
   T *p = ptr(param), *mp = ptr(m), *bp = ptr(b), *bmp = ptr(b_max), *zp = ptr(z);
   const T* gp = ptr(grad);
