@@ -9,9 +9,9 @@ usage: python bench/fused_step_time.py [--strata build/bin/strata] [--steps 8] [
 
 Columns:
 * Strata reference: `strata run` of the model (synthetic tokens, AdamW, clipping 1.0, fp32, one
-  rank) with module_replace choosing the reference attention, gelu (Llama: swiglu and rms_norm) and
+  rank) with module_replace choosing the reference attention, linear, gelu (Llama: swiglu and rms_norm) and
   adamw_update (the ATen calls eager makes).
-* Strata: the defaults (attention.fused_cpu, gelu.fused_cpu by priority).
+* Strata: the defaults (attention.fused_cpu, linear.onednn_cpu, gelu.fused_cpu by priority).
 * + fused_loss: also the output projection + cross entropy in chunks
   (linear_cross_entropy.chunked_cpu; the [tokens, vocab] logits never exist).
 * eager / compile: bench/step_time.py's PyTorch GPT-2 and loop, plain and under torch.compile
@@ -99,7 +99,7 @@ def pytorch(model, size, steps, threads, compile_, keep=False):
 
 
 STRATA_VARIANTS = {  # column: passes added to the strategy ({activation}: gelu, or swiglu and rms_norm for a Llama)
-    "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\n{activation}adamw_update = "reference"\n',
+    "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\nlinear = "reference"\n{activation}adamw_update = "reference"\n',
     "strata": "",
     "strata_return": 'host_memory = "return"\n',  # glibc's malloc defaults, the host memory setting's A/B
     "fused_loss": '\n[[pass]]\nname = "fused_loss"\n',
@@ -164,7 +164,7 @@ def main():
         if not args.append:
             f.write("# Step time and peak memory: Strata vs PyTorch eager and torch.compile (CPU, fp32)\n\n")
             f.write("GPT-2 (tied head, tanh GELU), random tokens, AdamW, clipping at 1.0; the same model and loop in all "
-                    "columns. Strata reference: the reference operators (`module_replace` with attention, gelu and adamw_update = "
+                    "columns. Strata reference: the reference operators (`module_replace` with attention, linear, gelu and adamw_update = "
                     "\"reference\": the ATen calls eager makes); Strata: the defaults (fused CPU kernels chosen by "
                     "priority; host memory kept for reuse, [job] host_memory = \"keep\"); Strata (return): the same with host_memory = "
                     "\"return\" (glibc's malloc defaults); + fused_loss: also the chunked "

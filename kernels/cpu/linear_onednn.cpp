@@ -1,0 +1,84 @@
+// A Linear layer whose GEMMs each go to the library that runs them faster on this CPU:
+//   forward:      y  = x W^T + b     oneDNN's linear(x, W)
+//   grad input:   dx = dy W          oneDNN's linear(dy, W^T), W^T a transposed view, no copy
+//   grad weight:  dW = dy^T x        at::mm, i.e. MKL (oneDNN's was 1.2-1.8x slower for this one)
+//   grad bias:    db = sum of dy's rows
+// x is folded to [N, in] rows as at::linear folds it. The weight goes to oneDNN in its plain
+// layout: packing it into oneDNN's blocked layout first (mkldnn::_reorder_linear_weight, what
+// torch.compile's CPU backend does for frozen inference weights) made no GEMM faster and cost
+// 1.2 ms per call at 512 x 2048, and training weights change every step. Saved for the
+// backward: x's rows and W, what at::linear's autograd saves. oneDNN's linear is called through
+// the dispatcher by its registered name (mkldnn::_linear_pointwise), boxed, so no private
+// libtorch header is needed. Both libraries compute in fp32; results differ from at::linear's
+// by summation order only (about 1e-6 relative).
+#include "linear_onednn.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace strata::kernels {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Looked up once; the mkldnn ops are registered when libtorch_cpu loads.
+const std::optional<c10::OperatorHandle>& onednn_linear_op() {
+  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  return op;
+}
+
+// rows [N, in] times weight [out, in] transposed (+ bias [out]): [N, out] through oneDNN.
+at::Tensor onednn_rows_times_weight(const at::Tensor& rows, const at::Tensor& weight, const at::Tensor& bias) {
+  std::vector<c10::IValue> stack{rows, weight, bias.defined() ? c10::IValue(bias) : c10::IValue(), c10::IValue("none"),
+                                 c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string())};
+  onednn_linear_op()->callBoxed(&stack);
+  return stack.front().toTensor();
+}
+
+class OnednnLinear : public torch::autograd::Function<OnednnLinear> {
+ public:
+  // No bias is an empty tensor: autograd functions take defined tensors only.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    const at::Tensor rows = x.reshape({-1, x.size(-1)}).contiguous();
+    const bool has_bias = bias.numel() > 0;
+    ctx->save_for_backward({rows, weight});
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    ctx->saved_data["has_bias"] = has_bias;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return onednn_rows_times_weight(rows, weight, has_bias ? bias : at::Tensor()).view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &rows = saved[0], &weight = saved[1];
+    const at::Tensor dy = grads[0].reshape({-1, weight.size(0)}).contiguous();
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0))
+      dx = onednn_rows_times_weight(dy, weight.t(), at::Tensor()).view(ctx->saved_data["x_shape"].toIntVector());
+    if (ctx->needs_input_grad(1)) dw = dy.t().mm(rows);
+    if (ctx->needs_input_grad(2) && ctx->saved_data["has_bias"].toBool()) db = dy.sum(0);
+    return {dx, dw, db};
+  }
+};
+
+}  // namespace
+
+bool onednn_linear_available() {
+  return at::hasMKLDNN() && onednn_linear_op().has_value();
+}
+
+at::Tensor linear_onednn_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
+  const bool ours = fp32_cpu(x) && fp32_cpu(weight) && (!bias || fp32_cpu(*bias)) && x.numel() > 0 && x.dim() >= 1 &&
+                    weight.dim() == 2 && !at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
+  if (!ours) return at::linear(x, weight, bias);
+  TORCH_CHECK(x.size(-1) == weight.size(1), "linear: x's last dimension ", x.size(-1), " is not the weight's input size ",
+              weight.size(1));
+  return OnednnLinear::apply(x, weight, bias ? *bias : at::empty({0}, weight.options().requires_grad(false)));
+}
+
+}  // namespace strata::kernels

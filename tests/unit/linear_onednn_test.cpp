@@ -1,0 +1,140 @@
+// linear.onednn_cpu (kernels/cpu/linear_onednn.cpp) against the fp64 formula and against core's
+// reference (at::linear): values and the three gradients at shapes that are and are not
+// multiples of oneDNN's blocks, with and without a bias, 3-D and non-contiguous inputs, frozen
+// inputs and weights, the dtypes and autocast it leaves to at::linear, and the table choosing it.
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "cpu/linear_onednn.h"
+#include "strata/core/component_registry.h"
+#include "strata/core/operator_table.h"
+#include "strata/core/plugin_loader.h"
+#include "strata/ops.h"
+
+namespace strata {
+namespace {
+
+// Largest |a - b| over the largest |b|: GEMM errors scale with the result's magnitude.
+double scaled_error(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
+  return ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+struct Grads {
+  at::Tensor y, dx, dw, db;
+};
+
+template <class Fn>
+Grads run(Fn fn, const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& b0, const at::Tensor& dy) {
+  at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  at::Tensor b = b0.defined() ? b0.clone().requires_grad_(true) : at::Tensor();
+  const at::Tensor y = fn(x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
+  std::vector<at::Tensor> inputs{x, w};
+  if (b.defined()) inputs.push_back(b);
+  const auto g = torch::autograd::grad({y}, inputs, {dy});
+  return {y.detach(), g[0], g[1], b.defined() ? g[2] : at::Tensor()};
+}
+
+at::Tensor onednn(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  return kernels::linear_onednn_cpu(x, w, b);
+}
+at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  return at::linear(x, w, b);
+}
+
+TEST(LinearOnednn, MatchesTheFormulaAndTheReference) {
+  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
+  struct Shape {
+    std::vector<int64_t> x;  // [..., in]
+    int64_t out;
+  };
+  const Shape shapes[] = {{{1, 1}, 1}, {{7, 5}, 3}, {{33, 17}, 65}, {{2, 9, 31}, 16}, {{4, 64, 384}, 1152}, {{300, 128}, 257}};
+  for (const Shape& s : shapes) {
+    for (const bool with_bias : {true, false}) {
+      at::manual_seed(s.out + s.x.back());
+      const int64_t in = s.x.back();
+      const at::Tensor x = at::randn(s.x), w = at::randn({s.out, in}) / std::sqrt(double(in));
+      const at::Tensor b = with_bias ? at::randn({s.out}) : at::Tensor();
+      std::vector<int64_t> y_shape = s.x;
+      y_shape.back() = s.out;
+      const at::Tensor dy = at::randn(y_shape);
+      const Grads ours = run(onednn, x, w, b, dy), ref = run(reference, x, w, b, dy);
+      const Grads exact = run(reference, x.to(at::kDouble), w.to(at::kDouble), with_bias ? b.to(at::kDouble) : b, dy.to(at::kDouble));
+      const std::string where = "x " + c10::str(s.x) + " out " + std::to_string(s.out) + (with_bias ? " bias" : "");
+      ASSERT_EQ(ours.y.sizes(), ref.y.sizes()) << where;
+      EXPECT_EQ(ours.y.scalar_type(), at::kFloat) << where;
+      for (const auto& [name, a, r, e] : {std::tuple{"y", ours.y, ref.y, exact.y}, std::tuple{"dx", ours.dx, ref.dx, exact.dx},
+                                         std::tuple{"dw", ours.dw, ref.dw, exact.dw}}) {
+        EXPECT_LE(scaled_error(a, e), 2e-6) << where << " " << name << " vs fp64";
+        EXPECT_LE(scaled_error(a, r), 2e-6) << where << " " << name << " vs at::linear";
+      }
+      if (with_bias) EXPECT_LE(scaled_error(ours.db, exact.db), 2e-6) << where;
+    }
+  }
+}
+
+TEST(LinearOnednn, TakesNonContiguousInputsAndWeights) {
+  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
+  at::manual_seed(1);
+  const at::Tensor x = at::randn({48, 3, 40}).transpose(0, 1);  // [3, 48, 40], strided
+  const at::Tensor w = at::randn({40, 24}).t();                 // [24, 40], a transposed view
+  const at::Tensor dy = at::randn({3, 48, 24});
+  at::Tensor xg = x.detach().requires_grad_(true), wg = w.detach().requires_grad_(true);
+  const at::Tensor y = onednn(xg, wg, std::nullopt);
+  const auto g = torch::autograd::grad({y}, {xg, wg}, {dy});
+  const Grads exact = run(reference, x.to(at::kDouble), w.to(at::kDouble), at::Tensor(), dy.to(at::kDouble));
+  EXPECT_LE(scaled_error(y, exact.y), 2e-6);
+  EXPECT_LE(scaled_error(g[0], exact.dx), 2e-6);
+  EXPECT_LE(scaled_error(g[1], exact.dw), 2e-6);
+}
+
+TEST(LinearOnednn, ComputesOnlyTheGradientsAskedFor) {
+  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
+  at::manual_seed(2);
+  const at::Tensor x = at::randn({9, 12}), w = at::randn({5, 12}).requires_grad_(true), b = at::randn({5});
+  const at::Tensor y = onednn(x, w, b);  // x and b frozen (an embedding's output, a frozen bias)
+  const at::Tensor dw = torch::autograd::grad({y.sum()}, {w})[0];
+  EXPECT_LE(scaled_error(dw, at::ones({9, 5}).t().mm(x)), 2e-6);
+  const at::Tensor frozen = at::randn({5, 12});  // a frozen weight: only dx
+  at::Tensor xg = x.clone().requires_grad_(true);
+  const at::Tensor dx = torch::autograd::grad({onednn(xg, frozen, std::nullopt).sum()}, {xg})[0];
+  EXPECT_LE(scaled_error(dx, at::ones({9, 5}).mm(frozen)), 2e-6);
+  at::NoGradGuard no_grad;  // inference: no autograd node at all
+  EXPECT_LE(scaled_error(onednn(x, frozen, b), at::linear(x, frozen, b)), 2e-6);
+}
+
+TEST(LinearOnednn, LeavesOtherDtypesAndAutocastToAtLinear) {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({6, 8}), w = at::randn({4, 8});
+  for (const at::ScalarType dtype : {at::kDouble, at::kBFloat16, at::kHalf}) {
+    EXPECT_TRUE(at::equal(onednn(x.to(dtype), w.to(dtype), std::nullopt), at::linear(x.to(dtype), w.to(dtype))))
+        << c10::toString(dtype);
+  }
+  EXPECT_TRUE(at::equal(onednn(x.slice(0, 0, 0), w, std::nullopt), at::linear(x.slice(0, 0, 0), w)));  // no rows
+  {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    const at::Tensor ours = onednn(x, w, std::nullopt), ref = at::linear(x, w);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    EXPECT_EQ(ours.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(at::equal(ours, ref));
+  }
+}
+
+TEST(LinearOnednn, TheKernelsPluginServesFp32OnTheCpu) {
+  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
+  ComponentRegistry registry;
+  PluginLoader(registry).load_search_path({STRATA_KERNELS_PLUGIN});
+  OperatorTable::global().install(registry);
+  const at::Tensor x = at::randn({3, 5});
+  EXPECT_EQ(ops::select("linear", x).name(), "linear.onednn_cpu");
+  EXPECT_EQ(ops::select("linear", x.to(at::kDouble)).name(), "linear.reference");
+  EXPECT_EQ(ops::select("linear", x.to(at::kBFloat16)).name(), "linear.reference");
+  OperatorTable::global().reset();
+}
+
+}  // namespace
+}  // namespace strata
