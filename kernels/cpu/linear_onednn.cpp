@@ -73,8 +73,8 @@ bool onednn_linear_available() {
 
 at::Tensor linear_onednn_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
-  const bool ours = fp32_cpu(x) && fp32_cpu(weight) && (!bias || fp32_cpu(*bias)) && x.numel() > 0 && x.dim() >= 1 &&
-                    weight.dim() == 2 && !at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
+  const bool ours = fp32_cpu(x) && fp32_cpu(weight) && (!bias || fp32_cpu(*bias)) && x.numel() > 0 && weight.numel() > 0 &&
+                    x.dim() >= 1 && weight.dim() == 2 && !at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
   if (!ours) return at::linear(x, weight, bias);
   TORCH_CHECK(x.size(-1) == weight.size(1), "linear: x's last dimension ", x.size(-1), " is not the weight's input size ",
               weight.size(1));

@@ -18,7 +18,7 @@ namespace strata::kernels {
 bool onednn_linear_available();
 
 // What "linear.onednn_cpu" runs. fp32 CPU tensors; anything else (another dtype, autocast on, an
-// empty input) goes to at::linear, the reference.
+// empty input or weight) goes to at::linear, the reference.
 at::Tensor linear_onednn_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 
 }  // namespace strata::kernels

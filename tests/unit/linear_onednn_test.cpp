@@ -113,6 +113,7 @@ TEST(LinearOnednn, LeavesOtherDtypesAndAutocastToAtLinear) {
         << c10::toString(dtype);
   }
   EXPECT_TRUE(at::equal(onednn(x.slice(0, 0, 0), w, std::nullopt), at::linear(x.slice(0, 0, 0), w)));  // no rows
+  EXPECT_TRUE(at::equal(onednn(x, w.slice(0, 0, 0), std::nullopt), at::linear(x, w.slice(0, 0, 0))));  // no outputs
   {
     at::autocast::set_autocast_enabled(at::kCPU, true);
     at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
