@@ -39,7 +39,7 @@ CASES = [  # mask, B, H, T, D, reps[, only the implementations whose name starts
 BLOCK_Q, BLOCK_K = 64, 128  # kernels/cpu/attention.h
 
 ESTIMATES = """Extra memory (bytes beyond inputs, outputs and gradients; fp32, estimated from sizes):
-* fused: a scaled copy of q and the lse, B*H*T*(D+1)*4, plus two [64, 128] score tiles per thread;
+* fused: the lse, B*H*T*4, plus two [64, 128] score tiles per thread (the scale rides on the GEMMs);
   the backward adds at most one dq partial per thread when B*H_kv < threads. Nothing grows with T^2.
 * ATen SDPA, plain causal: its logsumexp, B*H*T*4, and per-thread tiles.
 * ATen SDPA with the document mask (and the reference without lse, which calls it): the boolean mask
@@ -50,7 +50,7 @@ ESTIMATES = """Extra memory (bytes beyond inputs, outputs and gradients; fp32, e
 
 def extra_mib(impl, mask, b, h, t, d, threads):
     mib = 1 << 20
-    fused = (b * h * t * (d + 1) * 4 + threads * 2 * BLOCK_Q * BLOCK_K * 4) / mib
+    fused = (b * h * t * 4 + threads * 2 * BLOCK_Q * BLOCK_K * 4) / mib
     dense_mask = (b if mask == "documents" else 1) * t * t * 5 / mib if mask != "causal" else 0.0
     return {
         "fused": fused,
@@ -78,8 +78,8 @@ def main():
              "Median ms per call over interleaved rounds (forward under no_grad; forward+backward of sum(out * w)",
              "to q, k, v). Peak MiB: measured, the tensors one call allocates beyond those live before it",
              "(outputs and gradients included); est.: the formula below for the extra memory alone.",
-             "`fused` is the blocked kernel called directly; the operator attention.fused_cpu sends plain",
-             "causal / unmasked calls without lse to ATen SDPA instead (kernels/README.md). Ratios are",
+             "`fused` is the blocked kernel called directly; the operator attention.fused_cpu runs it for",
+             "every fp32 call (plain bfloat16/half calls go to ATen SDPA, kernels/README.md). Ratios are",
              "the other implementation's time over the fused kernel's (> 1: fused is faster).", "",
              ESTIMATES, ""]
     for mask, b, h, t, d, reps, *only in CASES:

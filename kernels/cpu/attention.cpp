@@ -1,15 +1,15 @@
 // Blocked attention with an online softmax (flash-attention-2's scheme, written from its
 // formulas). For each tile of block_q queries and block_k keys:
-//   forward:  S = (scale q) k^T + additive, hidden pairs -inf; m' = max(m, rowmax S);
+//   forward:  S = scale q k^T + additive, hidden pairs -inf; m' = max(m, rowmax S);
 //             acc = acc exp(m - m') + exp(S - m') v;  l = l exp(m - m') + rowsum exp(S - m');
 //             at the end out = acc / l, lse = m + log l (zeros and -inf where l = 0).
 //   backward: P = exp(S - lse); dV += P^T dO; dP = dO v^T; dS = P (dP - delta), with
-//             delta = rowsum(dO o out) - dlse (d lse / dS = P); dK += dS^T (scale q);
+//             delta = rowsum(dO o out) - dlse (d lse / dS = P); dK += scale dS^T q;
 //             dQ += scale dS k.
 // Only q, k, v, out and lse are kept between the passes; scores and masks exist one tile at a
 // time. Tiles no query can see (later window positions under causality, keys beyond a sliding
-// window, no shared document) are
-// never computed. Matrix products are BLAS calls on raw tile pointers (blas.h) and the softmax
+// window, no shared document) are never computed, and under causality a tile stops at the last
+// key its queries can see. The scale rides on the products' alpha (no scaled copy of q). Matrix products are BLAS calls on raw tile pointers (blas.h) and the softmax
 // bookkeeping is vectorised row arithmetic (attention_rows.h), both on one thread each inside
 // at::parallel_for.
 #include "attention.h"
@@ -53,6 +53,7 @@ void block_bounds(const int64_t* x, int64_t n, int64_t block, std::vector<int64_
 struct Layout {
   int64_t batch = 0, heads = 0, kv_heads = 0, group = 1, tq = 0, tk = 0, block_q = 0, block_k = 0, q_blocks = 0, k_blocks = 0;
   bool causal = false, documents = false;
+  bool kv_sorted = false;      // causal and key positions non-decreasing (the default arange): visible keys are a range
   int64_t sliding_window = 0;  // causal only; 0: none
   at::Tensor q_pos, kv_pos;  // [Tq], [Tk] window positions (causal only)
   at::Tensor q_doc, kv_doc;  // [B, Tq], [B, Tk] document ids (documents only)
@@ -76,6 +77,16 @@ struct Layout {
       all = all && q_doc_lo[qi] == q_doc_hi[qi] && kv_doc_lo[ki] == kv_doc_hi[ki] && q_doc_lo[qi] == kv_doc_lo[ki];
     }
     return all ? Sight::all : Sight::some;
+  }
+
+  // How many of key block kb's nk keys a tile computes: under causality with sorted key
+  // positions, the keys after query block qb's last position are hidden from all its queries, so
+  // the tile stops before them (a 64 x 128 diagonal tile computes 64 x 64 where half the keys
+  // come later than every query).
+  int64_t keys_computed(int64_t qb, int64_t kb, int64_t nk) const {
+    if (!kv_sorted) return nk;
+    const int64_t* kp = kv_pos.data_ptr<int64_t>() + kb * block_k;
+    return std::upper_bound(kp, kp + nk, q_pos_hi[qb]) - kp;
   }
 };
 
@@ -104,6 +115,8 @@ Layout make_layout(const at::Tensor& q, const at::Tensor& k, const ops::Attentio
     L.kv_pos = mask.kv_index.defined() ? mask.kv_index.to(at::kLong).contiguous() : at::arange(L.tk, longs);
     block_bounds(L.q_pos.data_ptr<int64_t>(), L.tq, block_q, L.q_pos_lo, L.q_pos_hi);
     block_bounds(L.kv_pos.data_ptr<int64_t>(), L.tk, block_k, L.kv_pos_lo, L.kv_pos_hi);
+    const int64_t* kp = L.kv_pos.data_ptr<int64_t>();
+    L.kv_sorted = std::is_sorted(kp, kp + L.tk);
   }
   if (mask.q_document.defined() != mask.kv_document.defined())
     throw std::invalid_argument("attention: a document mask needs the documents of both queries and keys");
@@ -149,6 +162,17 @@ void hide_invisible(const Layout& L, int64_t b, int64_t i0, int64_t nq, int64_t 
   const int64_t* qd = L.documents ? L.q_doc.data_ptr<int64_t>() + b * L.tq + i0 : nullptr;
   const int64_t* kd = L.documents ? L.kv_doc.data_ptr<int64_t>() + b * L.tk + j0 : nullptr;
   const int64_t window = L.sliding_window > 0 ? L.sliding_window : std::numeric_limits<int64_t>::max();
+  if (L.kv_sorted && !qd) {
+    // Sorted keys: row i sees the range of keys with qp[i] - window < kp[j] <= qp[i]; hide the rest.
+    for (int64_t i = 0; i < nq; ++i) {
+      T* row = s + i * nk;
+      const int64_t end = std::upper_bound(kp, kp + nk, qp[i]) - kp;
+      const int64_t begin = window == std::numeric_limits<int64_t>::max() ? 0 : std::upper_bound(kp, kp + nk, qp[i] - window) - kp;
+      std::fill(row, row + std::min(begin, end), hidden);
+      std::fill(row + end, row + nk, hidden);
+    }
+    return;
+  }
   for (int64_t i = 0; i < nq; ++i) {
     T* row = s + i * nk;
     for (int64_t j = 0; j < nk; ++j) {
@@ -158,11 +182,11 @@ void hide_invisible(const Layout& L, int64_t b, int64_t i0, int64_t nq, int64_t 
   }
 }
 
-// Scores of one tile into s [nq, nk]: Q K^T (+ bias), hidden pairs at -inf. Q [nq, D], K [nk, D].
+// Scores of one tile into s [nq, nk]: scale Q K^T (+ bias), hidden pairs at -inf. Q [nq, D], K [nk, D].
 template <class T>
 void scores(const Layout& L, Sight sight, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, int64_t d,
-            const T* Q, const T* K, T* s) {
-  gemm(Trans::no, Trans::yes, nq, nk, d, T(1), Q, d, K, d, T(0), s, nk);
+            T scale, const T* Q, const T* K, T* s) {
+  gemm(Trans::no, Trans::yes, nq, nk, d, scale, Q, d, K, d, T(0), s, nk);
   if (L.additive.defined()) add_bias(L, b, h, i0, nq, j0, nk, s);
   if (sight == Sight::some) hide_invisible(L, b, i0, nq, j0, nk, s);
 }
@@ -183,12 +207,12 @@ int64_t zigzag(int64_t p, int64_t n) { return p % 2 == 0 ? p / 2 : n - 1 - p / 2
 // vectorised row operations (attention_rows.h), no ATen call inside the loops, so a tile costs
 // its flops and not a dozen dispatches.
 
-// qs: q * scale, k, v, out: contiguous, compute dtype T. Fills out and lse [B, H, Tq].
+// q, k, v, out: contiguous, compute dtype T. Fills out and lse [B, H, Tq].
 template <class T>
-void forward_kernel(const Layout& L, const at::Tensor& qs, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+void forward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                     const at::Tensor& lse) {
   const T inf = std::numeric_limits<T>::infinity();
-  const int64_t d = qs.size(-1), dv = v.size(-1);
+  const int64_t d = q.size(-1), dv = v.size(-1);
   const AttentionRowOps<T>& ops = row_ops<T>();
   at::parallel_for(0, L.batch * L.heads * L.q_blocks, 1, [&](int64_t begin, int64_t end) {
     const SequentialBlas one_thread;
@@ -197,7 +221,7 @@ void forward_kernel(const Layout& L, const at::Tensor& qs, const at::Tensor& k, 
       const int64_t bh = task / L.q_blocks, qb = zigzag(task % L.q_blocks, L.q_blocks);
       const int64_t b = bh / L.heads, h = bh % L.heads, kv_slab = b * L.kv_heads + h / L.group;
       const int64_t i0 = qb * L.block_q, nq = std::min(L.block_q, L.tq - i0);
-      const T* Q = rows<T>(qs, bh, i0);
+      const T* Q = rows<T>(q, bh, i0);
       T* o = rows<T>(out, bh, i0);
       std::fill(o, o + nq * dv, T(0));
       std::fill(m.begin(), m.end(), -inf);
@@ -205,8 +229,8 @@ void forward_kernel(const Layout& L, const at::Tensor& qs, const at::Tensor& k, 
       for (int64_t kb = 0; kb < L.k_blocks; ++kb) {
         const Sight sight = L.sight(b, qb, kb);
         if (sight == Sight::none) continue;
-        const int64_t j0 = kb * L.block_k, nk = std::min(L.block_k, L.tk - j0);
-        scores<T>(L, sight, b, h, i0, nq, j0, nk, d, Q, rows<T>(k, kv_slab, j0), s.data());
+        const int64_t j0 = kb * L.block_k, nk = L.keys_computed(qb, kb, std::min(L.block_k, L.tk - j0));
+        scores<T>(L, sight, b, h, i0, nq, j0, nk, d, scale, Q, rows<T>(k, kv_slab, j0), s.data());
         ops.online_softmax(s.data(), nq, nk, nk, m.data(), l.data(), alpha.data());
         ops.scale_rows(o, nq, dv, dv, alpha.data());
         gemm(Trans::no, Trans::no, nq, dv, nk, T(1), s.data(), nk, rows<T>(v, kv_slab, j0), dv, T(1), o, dv);  // O += P V
@@ -228,11 +252,11 @@ void forward_kernel(const Layout& L, const at::Tensor& qs, const at::Tensor& k, 
 // and it adds the dq of every query head of the group into dq_parts[split], summed afterwards
 // (more than one split only when there are fewer (batch, kv head) pairs than threads).
 template <class T>
-void backward_kernel(const Layout& L, double scale, const at::Tensor& qs, const at::Tensor& k, const at::Tensor& v,
+void backward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta, int64_t splits,
                      const at::Tensor& dq_parts, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dbias) {
   const T inf = std::numeric_limits<T>::infinity();
-  const int64_t d = qs.size(-1), dvd = v.size(-1);
+  const int64_t d = q.size(-1), dvd = v.size(-1);
   const AttentionRowOps<T>& ops = row_ops<T>();
   at::parallel_for(0, L.batch * L.kv_heads * splits, 1, [&](int64_t begin, int64_t end) {
     const SequentialBlas one_thread;
@@ -241,7 +265,7 @@ void backward_kernel(const Layout& L, double scale, const at::Tensor& qs, const 
       const int64_t kv_slab = task / splits, split = task % splits;
       const int64_t b = kv_slab / L.kv_heads, hk = kv_slab % L.kv_heads;
       for (int64_t kb = split; kb < L.k_blocks; kb += splits) {
-        const int64_t j0 = kb * L.block_k, nk = std::min(L.block_k, L.tk - j0);
+        const int64_t j0 = kb * L.block_k, nk_block = std::min(L.block_k, L.tk - j0);
         const T *K = rows<T>(k, kv_slab, j0), *V = rows<T>(v, kv_slab, j0);
         T *dK = rows<T>(dk, kv_slab, j0), *dV = rows<T>(dv, kv_slab, j0);
         for (int64_t h = hk * L.group; h < (hk + 1) * L.group; ++h) {
@@ -250,8 +274,9 @@ void backward_kernel(const Layout& L, double scale, const at::Tensor& qs, const 
             const Sight sight = L.sight(b, qb, kb);
             if (sight == Sight::none) continue;
             const int64_t i0 = qb * L.block_q, nq = std::min(L.block_q, L.tq - i0);
-            const T *Q = rows<T>(qs, bh, i0), *dO = rows<T>(dout, bh, i0);
-            scores<T>(L, sight, b, h, i0, nq, j0, nk, d, Q, K, p.data());
+            const int64_t nk = L.keys_computed(qb, kb, nk_block);
+            const T *Q = rows<T>(q, bh, i0), *dO = rows<T>(dout, bh, i0);
+            scores<T>(L, sight, b, h, i0, nq, j0, nk, d, scale, Q, K, p.data());
             const T* lse_row = lse.data_ptr<T>() + bh * L.tq + i0;
             // lse = -inf: the row sees no key, every score is -inf; +inf keeps exp at 0.
             for (int64_t i = 0; i < nq; ++i) shift[i] = lse_row[i] == -inf ? inf : lse_row[i];
@@ -263,9 +288,9 @@ void backward_kernel(const Layout& L, double scale, const at::Tensor& qs, const 
               T* db = rows<T>(dbias, bh, i0) + j0;
               for (int64_t i = 0; i < nq; ++i) std::copy(dp.data() + i * nk, dp.data() + (i + 1) * nk, db + i * L.tk);
             }
-            gemm(Trans::yes, Trans::no, nk, d, nq, T(1), dp.data(), nk, Q, d, T(1), dK, d);  // dK += dS^T (scale q)
+            gemm(Trans::yes, Trans::no, nk, d, nq, scale, dp.data(), nk, Q, d, T(1), dK, d);  // dK += scale dS^T q
             T* dQ = rows<T>(dq_parts, split * L.batch * L.heads + bh, i0);
-            gemm(Trans::no, Trans::no, nq, d, nk, T(scale), dp.data(), nk, K, d, T(1), dQ, d);  // dQ += scale dS K
+            gemm(Trans::no, Trans::no, nq, d, nk, scale, dp.data(), nk, K, d, T(1), dQ, d);  // dQ += scale dS K
           }
         }
       }
@@ -315,14 +340,13 @@ class BlockedAttention : public torch::autograd::Function<BlockedAttention> {
     const at::Tensor additive = additive_mask ? *additive_mask : at::Tensor();
     const at::ScalarType compute = compute_type(q);
     const Layout L = make_layout(q, k, mask, additive, compute, block_q, block_k);
-    const at::Tensor qs = q.to(compute).mul(softmax_scale(q)).contiguous();
-    const at::Tensor kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
+    const at::Tensor qc = q.to(compute).contiguous(), kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
     at::Tensor out = at::empty({L.batch, L.heads, L.tq, v.size(-1)}, q.options().dtype(compute));
     at::Tensor lse = at::empty({L.batch, L.heads, L.tq}, q.options().dtype(compute));
     if (compute == at::kDouble)
-      forward_kernel<double>(L, qs, kc, vc, out, lse);
+      forward_kernel<double>(L, softmax_scale(q), qc, kc, vc, out, lse);
     else
-      forward_kernel<float>(L, qs, kc, vc, out, lse);
+      forward_kernel<float>(L, static_cast<float>(softmax_scale(q)), qc, kc, vc, out, lse);
     out = out.to(q.scalar_type());
     ctx->save_for_backward({q, k, v, out, lse});
     save_mask(ctx, mask);
@@ -345,8 +369,7 @@ class BlockedAttention : public torch::autograd::Function<BlockedAttention> {
     // delta = rowsum(dO o O) - dlse; 0 on rows that see nothing (their P is 0, keep it finite).
     at::Tensor delta = (dout * out.to(compute)).sum(-1) - dlse;
     delta = at::where(lse.isneginf(), at::zeros_like(delta), delta).contiguous();
-    const at::Tensor qs = q.to(compute).mul(softmax_scale(q)).contiguous();
-    const at::Tensor kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
+    const at::Tensor qc = q.to(compute).contiguous(), kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
     // More than one split of the key blocks only to keep every thread busy.
     const int64_t pairs = L.batch * L.kv_heads, threads = at::get_num_threads();
     const int64_t splits = pairs >= threads ? 1 : std::max<int64_t>(1, std::min(L.k_blocks, (threads + pairs - 1) / pairs));
@@ -356,9 +379,9 @@ class BlockedAttention : public torch::autograd::Function<BlockedAttention> {
     const bool bias_grad = additive.defined() && ctx->needs_input_grad(3);
     at::Tensor dbias = bias_grad ? at::zeros({L.batch, L.heads, L.tq, L.tk}, opts) : at::Tensor();
     if (compute == at::kDouble)
-      backward_kernel<double>(L, softmax_scale(q), qs, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
+      backward_kernel<double>(L, softmax_scale(q), qc, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
     else
-      backward_kernel<float>(L, softmax_scale(q), qs, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
+      backward_kernel<float>(L, static_cast<float>(softmax_scale(q)), qc, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
     at::Tensor dq = splits > 1 ? dq_parts.sum(0) : dq_parts[0];
     at::Tensor dadd = bias_grad ? at::sum_to(dbias, additive.sizes()).to(additive.scalar_type()) : at::Tensor();
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dadd, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -386,19 +409,21 @@ ops::AttentionResult attention_blocked_cpu(const at::Tensor& q, const at::Tensor
   return {result[0], with_lse ? result[1] : at::Tensor()};
 }
 
-// Plain calls (no lse, no documents, no additive mask, as many kv heads as query heads, and
+// fp32 and fp64 calls run the blocked kernel: measured (bench/results/attention_cpu.md, 1 and 2
+// threads) its forward+backward takes 0.64-0.80x ATen's CPU flash kernel's time on plain causal
+// calls at T 128 and 256 since a tile stops at the last key its queries see, and it never
+// materialises [Tq, Tk] where ATen needs a boolean mask (documents: 1.2-5.8x faster). Plain
+// bfloat16/half calls (no lse, no documents, no additive mask, as many kv heads as query heads,
 // unmasked or causal over the same tokens with the ends aligned) go to ATen's fused SDPA, as the
-// reference sends them: measured (bench/results/attention_cpu.md, 2 threads) ATen's CPU flash
-// kernel is faster at T = 128, the default job's length, and the blocked kernel's forward+backward
-// only from T = 256 up (1.1-1.4x). Everything else (with lse as ring attention asks, documents,
-// additive masks, window positions, a sliding window, GQA) runs the blocked kernel, which never materialises
-// [Tq, Tk] and is 1.2-5.8x faster than ATen SDPA with a boolean document mask.
+// reference sends them: ATen computes them in their own dtype where the blocked kernel would
+// convert q, k, v to fp32 and back.
 ops::AttentionResult attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          const ops::AttentionMask& mask, bool with_lse) {
   const bool aligned = !mask.q_index.defined() && !mask.kv_index.defined() && q.size(2) == k.size(2);
   const bool plain = !with_lse && !mask.q_document.defined() && !mask.kv_document.defined() && !mask.additive &&
                      k.size(1) == q.size(1) && (!mask.causal || (aligned && mask.sliding_window == 0));
-  if (plain) return {at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, mask.causal), {}};
+  const bool reduced = q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble;
+  if (plain && reduced) return {at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, mask.causal), {}};
   return attention_blocked_cpu(q, k, v, mask, with_lse);
 }
 

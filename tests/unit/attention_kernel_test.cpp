@@ -309,7 +309,7 @@ TEST_F(AttentionKernel, BFloat16AndHalf) {
 }
 
 // The operator as the table serves it: the plugin's implementation is selected on CPU, and its
-// plain cases (delegated to ATen SDPA) and masked cases match the reference.
+// plain cases (the blocked kernel in fp32, ATen SDPA in bfloat16) and masked cases match the reference.
 TEST_F(AttentionKernel, PluginIsSelectedAndMatchesTheReference) {
   ComponentRegistry registry;
   PluginLoader(registry).load_search_path({STRATA_KERNELS_PLUGIN});
