@@ -9,7 +9,9 @@
 // Only q, k, v, out and lse are kept between the passes; scores and masks exist one tile at a
 // time. Tiles no query can see (later window positions under causality, keys beyond a sliding
 // window, no shared document) are never computed, and under causality a tile stops at the last
-// key its queries can see. The scale rides on the products' alpha (no scaled copy of q). Matrix products are BLAS calls on raw tile pointers (blas.h) and the softmax
+// key its queries can see. The scale rides on the products' alpha (no scaled copy of q); q, k, v
+// and dO are read through their strides (views of a fused qkv projection need no copy), and out,
+// dq, dk, dv are laid out [B, T, H, D], so merging heads afterwards is a view too. Matrix products are BLAS calls on raw tile pointers (blas.h) and the softmax
 // bookkeeping is vectorised row arithmetic (attention_rows.h), both on one thread each inside
 // at::parallel_for.
 #include "attention.h"
@@ -134,10 +136,38 @@ Layout make_layout(const at::Tensor& q, const at::Tensor& k, const ops::Attentio
   return L;
 }
 
-// Row `start` of slab `slab` of a contiguous [..., T, D] tensor: a tile's first row.
+// The rows of a [B, H, T, D] operand whose last dimension is contiguous, whatever its other
+// strides: q, k, v as views of a fused qkv projection ([B, T, 3 H D] split and transposed) and
+// outputs kept as [B, T, H, D] are read and written in place, no copy either way. A tile is
+// `at(slab, start)` (slab = b H + h) with row stride `ld`, what the BLAS calls take.
 template <class T>
-T* rows(const at::Tensor& x, int64_t slab, int64_t start) {
-  return x.data_ptr<T>() + (slab * x.size(-2) + start) * x.size(-1);
+struct Rows {
+  T* data;
+  int64_t heads, batch_stride, head_stride, ld;
+  explicit Rows(const at::Tensor& x)
+      : data(x.data_ptr<T>()), heads(x.size(1)), batch_stride(x.stride(0)), head_stride(x.stride(1)),
+        ld(x.size(2) > 1 ? x.stride(2) : x.size(3)) {}
+  T* at(int64_t slab, int64_t start) const { return data + (slab / heads) * batch_stride + (slab % heads) * head_stride + start * ld; }
+};
+
+// x as the kernel reads it: itself where it is in the compute dtype with rows Rows can address
+// (contiguous last dimension, rows at least D apart), else a contiguous copy.
+at::Tensor as_rows(const at::Tensor& x, at::ScalarType compute) {
+  const bool usable = x.scalar_type() == compute && x.stride(3) == 1 && (x.size(2) <= 1 || x.stride(2) >= x.size(3));
+  return usable ? x : x.to(compute).contiguous();
+}
+
+// A [B, H, T, D] tensor laid out as [B, T, H, D] (strides, not a view, so in-place use stays
+// allowed): what the model does next with an attention output or gradient ([B, T, H D]) is then
+// a view, not a copy. `parts` > 0 puts a leading dimension of that many such tensors in front.
+at::Tensor token_major(int64_t b, int64_t h, int64_t t, int64_t d, const at::TensorOptions& options, bool zeroed, int64_t parts = 0) {
+  std::vector<int64_t> sizes{b, h, t, d}, strides{t * h * d, d, h * d, 1};
+  if (parts > 0) {
+    sizes.insert(sizes.begin(), parts);
+    strides.insert(strides.begin(), b * t * h * d);
+  }
+  at::Tensor x = at::empty_strided(sizes, strides, options);
+  return zeroed ? x.zero_() : x;
 }
 
 // s[nq, nk] += additive[b, h, i0.., j0..].
@@ -182,11 +212,12 @@ void hide_invisible(const Layout& L, int64_t b, int64_t i0, int64_t nq, int64_t 
   }
 }
 
-// Scores of one tile into s [nq, nk]: scale Q K^T (+ bias), hidden pairs at -inf. Q [nq, D], K [nk, D].
+// Scores of one tile into s [nq, nk]: scale Q K^T (+ bias), hidden pairs at -inf. Q [nq, D], K [nk, D]
+// with row strides ldq, ldk.
 template <class T>
 void scores(const Layout& L, Sight sight, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, int64_t d,
-            T scale, const T* Q, const T* K, T* s) {
-  gemm(Trans::no, Trans::yes, nq, nk, d, scale, Q, d, K, d, T(0), s, nk);
+            T scale, const T* Q, int64_t ldq, const T* K, int64_t ldk, T* s) {
+  gemm(Trans::no, Trans::yes, nq, nk, d, scale, Q, ldq, K, ldk, T(0), s, nk);
   if (L.additive.defined()) add_bias(L, b, h, i0, nq, j0, nk, s);
   if (sight == Sight::some) hide_invisible(L, b, i0, nq, j0, nk, s);
 }
@@ -214,6 +245,7 @@ void forward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Ten
   const T inf = std::numeric_limits<T>::infinity();
   const int64_t d = q.size(-1), dv = v.size(-1);
   const AttentionRowOps<T>& ops = row_ops<T>();
+  const Rows<T> Rq(q), Rk(k), Rv(v), Ro(out);
   at::parallel_for(0, L.batch * L.heads * L.q_blocks, 1, [&](int64_t begin, int64_t end) {
     const SequentialBlas one_thread;
     std::vector<T> s(L.block_q * L.block_k), m(L.block_q), l(L.block_q), alpha(L.block_q);
@@ -221,19 +253,19 @@ void forward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Ten
       const int64_t bh = task / L.q_blocks, qb = zigzag(task % L.q_blocks, L.q_blocks);
       const int64_t b = bh / L.heads, h = bh % L.heads, kv_slab = b * L.kv_heads + h / L.group;
       const int64_t i0 = qb * L.block_q, nq = std::min(L.block_q, L.tq - i0);
-      const T* Q = rows<T>(q, bh, i0);
-      T* o = rows<T>(out, bh, i0);
-      std::fill(o, o + nq * dv, T(0));
+      const T* Q = Rq.at(bh, i0);
+      T* o = Ro.at(bh, i0);
+      for (int64_t i = 0; i < nq; ++i) std::fill(o + i * Ro.ld, o + i * Ro.ld + dv, T(0));
       std::fill(m.begin(), m.end(), -inf);
       std::fill(l.begin(), l.end(), T(0));
       for (int64_t kb = 0; kb < L.k_blocks; ++kb) {
         const Sight sight = L.sight(b, qb, kb);
         if (sight == Sight::none) continue;
         const int64_t j0 = kb * L.block_k, nk = L.keys_computed(qb, kb, std::min(L.block_k, L.tk - j0));
-        scores<T>(L, sight, b, h, i0, nq, j0, nk, d, scale, Q, rows<T>(k, kv_slab, j0), s.data());
+        scores<T>(L, sight, b, h, i0, nq, j0, nk, d, scale, Q, Rq.ld, Rk.at(kv_slab, j0), Rk.ld, s.data());
         ops.online_softmax(s.data(), nq, nk, nk, m.data(), l.data(), alpha.data());
-        ops.scale_rows(o, nq, dv, dv, alpha.data());
-        gemm(Trans::no, Trans::no, nq, dv, nk, T(1), s.data(), nk, rows<T>(v, kv_slab, j0), dv, T(1), o, dv);  // O += P V
+        ops.scale_rows(o, nq, dv, Ro.ld, alpha.data());
+        gemm(Trans::no, Trans::no, nq, dv, nk, T(1), s.data(), nk, Rv.at(kv_slab, j0), Rv.ld, T(1), o, Ro.ld);  // O += P V
       }
       T* lse_row = lse.data_ptr<T>() + bh * L.tq + i0;
       for (int64_t i = 0; i < nq; ++i) {
@@ -241,7 +273,7 @@ void forward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Ten
         alpha[i] = l[i] == T(0) ? T(1) : T(1) / l[i];
         lse_row[i] = l[i] == T(0) ? -inf : m[i] + std::log(l[i]);
       }
-      ops.scale_rows(o, nq, dv, dv, alpha.data());
+      ops.scale_rows(o, nq, dv, Ro.ld, alpha.data());
     }
   });
 }
@@ -258,6 +290,9 @@ void backward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Te
   const T inf = std::numeric_limits<T>::infinity();
   const int64_t d = q.size(-1), dvd = v.size(-1);
   const AttentionRowOps<T>& ops = row_ops<T>();
+  const Rows<T> Rq(q), Rk(k), Rv(v), Rdo(dout), Rdk(dk), Rdv(dv);
+  std::vector<Rows<T>> Rdq;
+  for (int64_t split = 0; split < splits; ++split) Rdq.emplace_back(dq_parts[split]);
   at::parallel_for(0, L.batch * L.kv_heads * splits, 1, [&](int64_t begin, int64_t end) {
     const SequentialBlas one_thread;
     std::vector<T> p(L.block_q * L.block_k), dp(L.block_q * L.block_k), shift(L.block_q);
@@ -266,8 +301,8 @@ void backward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Te
       const int64_t b = kv_slab / L.kv_heads, hk = kv_slab % L.kv_heads;
       for (int64_t kb = split; kb < L.k_blocks; kb += splits) {
         const int64_t j0 = kb * L.block_k, nk_block = std::min(L.block_k, L.tk - j0);
-        const T *K = rows<T>(k, kv_slab, j0), *V = rows<T>(v, kv_slab, j0);
-        T *dK = rows<T>(dk, kv_slab, j0), *dV = rows<T>(dv, kv_slab, j0);
+        const T *K = Rk.at(kv_slab, j0), *V = Rv.at(kv_slab, j0);
+        T *dK = Rdk.at(kv_slab, j0), *dV = Rdv.at(kv_slab, j0);
         for (int64_t h = hk * L.group; h < (hk + 1) * L.group; ++h) {
           const int64_t bh = b * L.heads + h;
           for (int64_t qb = 0; qb < L.q_blocks; ++qb) {
@@ -275,22 +310,22 @@ void backward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Te
             if (sight == Sight::none) continue;
             const int64_t i0 = qb * L.block_q, nq = std::min(L.block_q, L.tq - i0);
             const int64_t nk = L.keys_computed(qb, kb, nk_block);
-            const T *Q = rows<T>(q, bh, i0), *dO = rows<T>(dout, bh, i0);
-            scores<T>(L, sight, b, h, i0, nq, j0, nk, d, scale, Q, K, p.data());
+            const T *Q = Rq.at(bh, i0), *dO = Rdo.at(bh, i0);
+            scores<T>(L, sight, b, h, i0, nq, j0, nk, d, scale, Q, Rq.ld, K, Rk.ld, p.data());
             const T* lse_row = lse.data_ptr<T>() + bh * L.tq + i0;
             // lse = -inf: the row sees no key, every score is -inf; +inf keeps exp at 0.
             for (int64_t i = 0; i < nq; ++i) shift[i] = lse_row[i] == -inf ? inf : lse_row[i];
             ops.exp_shifted(p.data(), nq, nk, nk, shift.data());                                    // P
-            gemm(Trans::yes, Trans::no, nk, dvd, nq, T(1), p.data(), nk, dO, dvd, T(1), dV, dvd);   // dV += P^T dO
-            gemm(Trans::no, Trans::yes, nq, nk, dvd, T(1), dO, dvd, V, dvd, T(0), dp.data(), nk);   // dP = dO V^T
+            gemm(Trans::yes, Trans::no, nk, dvd, nq, T(1), p.data(), nk, dO, Rdo.ld, T(1), dV, Rdv.ld);  // dV += P^T dO
+            gemm(Trans::no, Trans::yes, nq, nk, dvd, T(1), dO, Rdo.ld, V, Rv.ld, T(0), dp.data(), nk);   // dP = dO V^T
             ops.softmax_backward(p.data(), dp.data(), nq, nk, nk, delta.data_ptr<T>() + bh * L.tq + i0);  // dS
             if (dbias.defined()) {
-              T* db = rows<T>(dbias, bh, i0) + j0;
+              T* db = dbias.data_ptr<T>() + (bh * L.tq + i0) * L.tk + j0;
               for (int64_t i = 0; i < nq; ++i) std::copy(dp.data() + i * nk, dp.data() + (i + 1) * nk, db + i * L.tk);
             }
-            gemm(Trans::yes, Trans::no, nk, d, nq, scale, dp.data(), nk, Q, d, T(1), dK, d);  // dK += scale dS^T q
-            T* dQ = rows<T>(dq_parts, split * L.batch * L.heads + bh, i0);
-            gemm(Trans::no, Trans::no, nq, d, nk, scale, dp.data(), nk, K, d, T(1), dQ, d);  // dQ += scale dS K
+            gemm(Trans::yes, Trans::no, nk, d, nq, scale, dp.data(), nk, Q, Rq.ld, T(1), dK, Rdk.ld);  // dK += scale dS^T q
+            const Rows<T>& Rdq_split = Rdq[split];
+            gemm(Trans::no, Trans::no, nq, d, nk, scale, dp.data(), nk, K, Rk.ld, T(1), Rdq_split.at(bh, i0), Rdq_split.ld);  // dQ += scale dS K
           }
         }
       }
@@ -340,8 +375,8 @@ class BlockedAttention : public torch::autograd::Function<BlockedAttention> {
     const at::Tensor additive = additive_mask ? *additive_mask : at::Tensor();
     const at::ScalarType compute = compute_type(q);
     const Layout L = make_layout(q, k, mask, additive, compute, block_q, block_k);
-    const at::Tensor qc = q.to(compute).contiguous(), kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
-    at::Tensor out = at::empty({L.batch, L.heads, L.tq, v.size(-1)}, q.options().dtype(compute));
+    const at::Tensor qc = as_rows(q, compute), kc = as_rows(k, compute), vc = as_rows(v, compute);
+    at::Tensor out = token_major(L.batch, L.heads, L.tq, v.size(-1), q.options().dtype(compute), /*zeroed=*/false);
     at::Tensor lse = at::empty({L.batch, L.heads, L.tq}, q.options().dtype(compute));
     if (compute == at::kDouble)
       forward_kernel<double>(L, softmax_scale(q), qc, kc, vc, out, lse);
@@ -364,18 +399,20 @@ class BlockedAttention : public torch::autograd::Function<BlockedAttention> {
     const Layout L = make_layout(q, k, load_mask(ctx), additive, compute, ctx->saved_data["block_q"].toInt(),
                                  ctx->saved_data["block_k"].toInt());
     // Undefined output gradients arrive as zeros (materialised by autograd).
-    const at::Tensor dout = grads[0].to(compute).contiguous();
+    const at::Tensor dout = as_rows(grads[0], compute);
     const at::Tensor dlse = grads[1].to(compute);
     // delta = rowsum(dO o O) - dlse; 0 on rows that see nothing (their P is 0, keep it finite).
     at::Tensor delta = (dout * out.to(compute)).sum(-1) - dlse;
     delta = at::where(lse.isneginf(), at::zeros_like(delta), delta).contiguous();
-    const at::Tensor qc = q.to(compute).contiguous(), kc = k.to(compute).contiguous(), vc = v.to(compute).contiguous();
+    const at::Tensor qc = as_rows(q, compute), kc = as_rows(k, compute), vc = as_rows(v, compute);
     // More than one split of the key blocks only to keep every thread busy.
     const int64_t pairs = L.batch * L.kv_heads, threads = at::get_num_threads();
     const int64_t splits = pairs >= threads ? 1 : std::max<int64_t>(1, std::min(L.k_blocks, (threads + pairs - 1) / pairs));
     const auto opts = q.options().dtype(compute);
-    at::Tensor dq_parts = at::zeros({splits, L.batch, L.heads, L.tq, q.size(-1)}, opts);
-    at::Tensor dk = at::zeros(kc.sizes(), opts), dv = at::zeros(vc.sizes(), opts);
+    // Gradients laid out [B, T, H, D] like the output (token_major).
+    at::Tensor dq_parts = token_major(L.batch, L.heads, L.tq, q.size(-1), opts, /*zeroed=*/true, splits);
+    at::Tensor dk = token_major(L.batch, L.kv_heads, L.tk, k.size(-1), opts, /*zeroed=*/true);
+    at::Tensor dv = token_major(L.batch, L.kv_heads, L.tk, v.size(-1), opts, /*zeroed=*/true);
     const bool bias_grad = additive.defined() && ctx->needs_input_grad(3);
     at::Tensor dbias = bias_grad ? at::zeros({L.batch, L.heads, L.tq, L.tk}, opts) : at::Tensor();
     if (compute == at::kDouble)

@@ -14,8 +14,8 @@ namespace strata::kernels {
 inline constexpr int64_t kAttentionBlockQ = 64;
 inline constexpr int64_t kAttentionBlockK = 128;
 
-// What the operator implementation "attention.fused_cpu" runs: ATen's fused SDPA for the plain
-// calls it is faster at (see the comment in attention.cpp), the blocked kernel for the rest.
+// What the operator implementation "attention.fused_cpu" runs: the blocked kernel for fp32/fp64,
+// ATen's fused SDPA for plain bfloat16/half calls (see the comment in attention.cpp).
 ops::AttentionResult attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          const ops::AttentionMask& mask, bool with_lse);
 

@@ -299,6 +299,37 @@ TEST_F(AttentionKernel, QueriesThatSeeNothing) {
   EXPECT_TRUE(none.lse.isneginf().all().item<bool>());
 }
 
+// q, k, v as a model makes them: views of one fused [B, T, 3 H D] projection, split and
+// transposed to [B, H, T, D] (rows 3 H D apart, heads D apart). The kernel reads them in place
+// and lays its output and the gradients out [B, T, H, D]; values and gradients must equal those
+// of contiguous copies, and a [B, T, H D] view of the output must need no copy.
+TEST_F(AttentionKernel, StridedViewsOfAFusedProjection) {
+  const int64_t batch = 2, heads = 3, t = 37, dim = 16;
+  for (bool causal : {true, false}) {
+    ops::AttentionMask mask;
+    mask.causal = causal;
+    const at::Tensor fused = at::randn({batch, t, 3 * heads * dim}, at::kFloat).requires_grad_(true);
+    const std::vector<at::Tensor> parts = fused.split(heads * dim, -1);
+    auto split_heads = [&](const at::Tensor& y) { return y.view({batch, t, heads, dim}).transpose(1, 2); };
+    const at::Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
+    ASSERT_FALSE(q.is_contiguous());
+    const at::Tensor w = at::randn({batch, heads, t, dim});
+    const ops::AttentionResult ours = kernels::attention_blocked_cpu(q, k, v, mask, false, kBlockQ, kBlockK);
+    EXPECT_TRUE(ours.out.transpose(1, 2).is_contiguous()) << "output laid out [B, T, H, D]";
+    const auto our_grads = torch::autograd::grad({(ours.out * w).sum()}, {fused});
+
+    const at::Tensor fused_copy = fused.detach().clone().requires_grad_(true);
+    const std::vector<at::Tensor> copies = fused_copy.split(heads * dim, -1);
+    const at::Tensor qc = split_heads(copies[0]).contiguous(), kc = split_heads(copies[1]).contiguous(),
+                     vc = split_heads(copies[2]).contiguous();
+    const ops::AttentionResult ref = kernels::attention_blocked_cpu(qc, kc, vc, mask, false, kBlockQ, kBlockK);
+    const auto ref_grads = torch::autograd::grad({(ref.out * w).sum()}, {fused_copy});
+    expect_close(ours.out, ref.out, 1e-6, "out from strided views");
+    expect_close(our_grads[0], ref_grads[0], 1e-6, "gradient of the fused projection");
+    expect_close(ours.out, reference(qc, kc, vc, mask, false).out, 1e-5, "out against the reference");
+  }
+}
+
 TEST_F(AttentionKernel, BFloat16AndHalf) {
   ops::AttentionMask mask;
   mask.causal = true;
