@@ -11,8 +11,8 @@
 // window, no shared document) are never computed, and under causality a tile stops at the last
 // key its queries can see. The scale rides on the products' alpha (no scaled copy of q); q, k, v
 // and dO are read through their strides (views of a fused qkv projection need no copy), and out,
-// dq, dk, dv are laid out [B, T, H, D], so merging heads afterwards is a view too. Matrix products are BLAS calls on raw tile pointers (blas.h) and the softmax
-// bookkeeping is vectorised row arithmetic (attention_rows.h), both on one thread each inside
+// dq, dk, dv are laid out [B, T, H, D], so merging heads afterwards is a view too. Matrix
+// products are BLAS calls on raw tile pointers (blas.h) and the softmax bookkeeping is vectorised row arithmetic (attention_rows.h), both on one thread each inside
 // at::parallel_for.
 #include "attention.h"
 
@@ -197,7 +197,7 @@ void hide_invisible(const Layout& L, int64_t b, int64_t i0, int64_t nq, int64_t 
     for (int64_t i = 0; i < nq; ++i) {
       T* row = s + i * nk;
       const int64_t end = std::upper_bound(kp, kp + nk, qp[i]) - kp;
-      const int64_t begin = window == std::numeric_limits<int64_t>::max() ? 0 : std::upper_bound(kp, kp + nk, qp[i] - window) - kp;
+      const int64_t begin = L.sliding_window > 0 ? std::upper_bound(kp, kp + nk, qp[i] - window) - kp : 0;
       std::fill(row, row + std::min(begin, end), hidden);
       std::fill(row + end, row + nk, hidden);
     }
@@ -238,7 +238,8 @@ int64_t zigzag(int64_t p, int64_t n) { return p % 2 == 0 ? p / 2 : n - 1 - p / 2
 // vectorised row operations (attention_rows.h), no ATen call inside the loops, so a tile costs
 // its flops and not a dozen dispatches.
 
-// q, k, v, out: contiguous, compute dtype T. Fills out and lse [B, H, Tq].
+// q, k, v, out: compute dtype T, addressed through Rows (any strides, contiguous last dimension).
+// Fills out and lse [B, H, Tq].
 template <class T>
 void forward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                     const at::Tensor& lse) {
@@ -324,8 +325,7 @@ void backward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Te
               for (int64_t i = 0; i < nq; ++i) std::copy(dp.data() + i * nk, dp.data() + (i + 1) * nk, db + i * L.tk);
             }
             gemm(Trans::yes, Trans::no, nk, d, nq, scale, dp.data(), nk, Q, Rq.ld, T(1), dK, Rdk.ld);  // dK += scale dS^T q
-            const Rows<T>& Rdq_split = Rdq[split];
-            gemm(Trans::no, Trans::no, nq, d, nk, scale, dp.data(), nk, K, Rk.ld, T(1), Rdq_split.at(bh, i0), Rdq_split.ld);  // dQ += scale dS K
+            gemm(Trans::no, Trans::no, nq, d, nk, scale, dp.data(), nk, K, Rk.ld, T(1), Rdq[split].at(bh, i0), Rdq[split].ld);  // dQ += scale dS K
           }
         }
       }
@@ -446,10 +446,10 @@ ops::AttentionResult attention_blocked_cpu(const at::Tensor& q, const at::Tensor
   return {result[0], with_lse ? result[1] : at::Tensor()};
 }
 
-// fp32 and fp64 calls run the blocked kernel: measured (bench/results/attention_cpu.md, 1 and 2
-// threads) its forward+backward takes 0.64-0.80x ATen's CPU flash kernel's time on plain causal
-// calls at T 128 and 256 since a tile stops at the last key its queries see, and it never
-// materialises [Tq, Tk] where ATen needs a boolean mask (documents: 1.2-5.8x faster). Plain
+// fp32 and fp64 calls run the blocked kernel: measured (bench/results/attention_cpu.md, 2
+// threads) its forward+backward takes 0.53-0.89x ATen's CPU flash kernel's time on plain causal
+// calls from T 128 to 4096 since a tile stops at the last key its queries see, and it never
+// materialises [Tq, Tk] where ATen needs a boolean mask (documents: 1.4-5.8x faster). Plain
 // bfloat16/half calls (no lse, no documents, no additive mask, as many kv heads as query heads,
 // unmasked or causal over the same tokens with the ends aligned) go to ATen's fused SDPA, as the
 // reference sends them: ATen computes them in their own dtype where the blocked kernel would
