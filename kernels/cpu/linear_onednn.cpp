@@ -1,7 +1,8 @@
 // A Linear layer whose GEMMs each go to the library that runs them faster on this CPU:
 //   forward:      y  = x W^T + b     oneDNN's linear(x, W)
 //   grad input:   dx = dy W          oneDNN's linear(dy, W^T), W^T a transposed view, no copy
-//   grad weight:  dW = dy^T x        at::mm, i.e. MKL (oneDNN's was 1.2-1.8x slower for this one)
+//   grad weight:  dW = dy^T x        oneDNN's matmul(dy^T, x), dy^T a transposed view, no copy
+//                                    (at::mm, i.e. MKL, where libtorch lacks it)
 //   grad bias:    db = sum of dy's rows
 // x is folded to [N, in] rows as at::linear folds it. The weight goes to oneDNN in its plain
 // layout: packing it into oneDNN's blocked layout first (mkldnn::_reorder_linear_weight, what
@@ -11,12 +12,25 @@
 // the dispatcher by its registered name (mkldnn::_linear_pointwise), boxed, so no private
 // libtorch header is needed. Both libraries compute in fp32; results differ from at::linear's
 // by summation order only (about 1e-6 relative).
+//
+// The weight gradient: oneDNN's *linear* wants both operands as [rows, reduction] and so needs
+// copies of dy^T and x^T here (1.2-1.8x slower than MKL, bench/results/gemm_cpu.md); oneDNN's
+// *matmul* reads the transposed view as it is and ran 0.87-0.97x MKL's time on 2 threads at the
+// GPTs' shapes (0.96-1.0x on one). It has no registered op: at::native::mkldnn_matmul is
+// exported by libtorch_cpu but its header is not in the wheel, so it is declared here, weak,
+// and at::mm serves where the symbol is absent.
 #include "linear_onednn.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+namespace at::native {
+// result = alpha * mat1 mat2 + beta * result (ATen/native/mkldnn/Matmul.h in the torch sources).
+__attribute__((weak)) void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& result, float beta,
+                                         float alpha);
+}  // namespace at::native
 
 namespace strata::kernels {
 namespace {
@@ -58,7 +72,7 @@ class OnednnLinear : public torch::autograd::Function<OnednnLinear> {
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0))
       dx = onednn_rows_times_weight(dy, weight.t(), at::Tensor()).view(ctx->saved_data["x_shape"].toIntVector());
-    if (ctx->needs_input_grad(1)) dw = dy.t().mm(rows);
+    if (ctx->needs_input_grad(1)) dw = linear_weight_gradient(dy, rows);
     if (ctx->needs_input_grad(2)) db = dy.sum(0);  // no bias: an empty tensor that needs no gradient
     return {dx, dw, db};
   }
@@ -68,6 +82,17 @@ class OnednnLinear : public torch::autograd::Function<OnednnLinear> {
 
 bool onednn_linear_available() {
   return at::hasMKLDNN() && onednn_linear_op().has_value();
+}
+
+bool onednn_matmul_available() {
+  return at::hasMKLDNN() && &at::native::mkldnn_matmul != nullptr;
+}
+
+at::Tensor linear_weight_gradient(const at::Tensor& dy, const at::Tensor& rows) {
+  if (!onednn_matmul_available()) return dy.t().mm(rows);
+  at::Tensor dw = at::empty({dy.size(1), rows.size(1)}, rows.options());
+  at::native::mkldnn_matmul(dy.t(), rows, dw, /*beta=*/0.f, /*alpha=*/1.f);
+  return dw;
 }
 
 at::Tensor linear_onednn_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {

@@ -1,10 +1,10 @@
 // The `linear` operator through oneDNN on the CPU (fp32): y = x W^T + b. On this project's
 // CPU (AMD Zen 4, AVX-512) MKL's sgemm, which at::linear calls, runs the forward GEMMs of the
 // bench GPTs at 136-191 GF/s and oneDNN's at 150-209 (bench/results/gemm_cpu.md: forward
-// 0.84-0.98x MKL's time, grad input 0.89-1.08x, grad weight 1.2-1.8x slower). So the forward and
-// the input gradient go through oneDNN and the weight gradient stays with MKL. Parity with
-// core's reference: tests/unit/linear_onednn_test.cpp; time in the step:
-// bench/fused_step_time.py.
+// 0.84-0.98x MKL's time, grad input 0.89-1.08x). The weight gradient goes through oneDNN's
+// matmul on transposed views (0.85-1.0x MKL's time, bench/results/gemm_cpu.md, "weight
+// gradient"); oneDNN's linear needed copies there and was 1.2-1.8x slower. Parity with core's
+// reference: tests/unit/linear_onednn_test.cpp; time in the step: bench/fused_step_time.py.
 #pragma once
 
 #include <optional>
@@ -16,6 +16,14 @@ namespace strata::kernels {
 // Whether this libtorch carries oneDNN's linear (mkldnn::_linear_pointwise): the implementation
 // is registered only where it does.
 bool onednn_linear_available();
+
+// Whether libtorch exports oneDNN's matmul (at::native::mkldnn_matmul), which the weight
+// gradient uses; without it the weight gradient is at::mm's.
+bool onednn_matmul_available();
+
+// dW = dy^T rows ([out, in] from dy [N, out] and rows [N, in], fp32): what the backward computes
+// for the weight, through oneDNN's matmul where available, else at::mm.
+at::Tensor linear_weight_gradient(const at::Tensor& dy, const at::Tensor& rows);
 
 // What "linear.onednn_cpu" runs. fp32 CPU tensors; anything else (another dtype, autocast on, an
 // empty input or weight) goes to at::linear, the reference.

@@ -2,6 +2,9 @@
 // reference (at::linear): values and the three gradients at shapes that are and are not
 // multiples of oneDNN's blocks, with and without a bias, 3-D and non-contiguous inputs, frozen
 // inputs and weights, the dtypes and autocast it leaves to at::linear, and the table choosing it.
+#include <array>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -88,6 +91,24 @@ TEST(LinearOnednn, TakesNonContiguousInputsAndWeights) {
   EXPECT_LE(scaled_error(y, exact.y), 2e-6);
   EXPECT_LE(scaled_error(g[0], exact.dx), 2e-6);
   EXPECT_LE(scaled_error(g[1], exact.dw), 2e-6);
+}
+
+TEST(LinearOnednn, WeightGradientGoesThroughOnednnsMatmul) {
+  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
+  // torch 2.11.0's libtorch_cpu exports it: a silent fall back to at::mm would lose the speed.
+  EXPECT_TRUE(kernels::onednn_matmul_available());
+  at::manual_seed(4);
+  for (const auto& [n, out, in] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {37, 5, 19}, {256, 48, 17}, {130, 129, 64}}) {
+    const at::Tensor dy = at::randn({n, out}), rows = at::randn({n, in});
+    const at::Tensor exact = dy.to(at::kDouble).t().mm(rows.to(at::kDouble));
+    EXPECT_LE(scaled_error(kernels::linear_weight_gradient(dy, rows), exact), 2e-6) << n << " x " << out << " x " << in;
+    // Strided operands (a column slice, a transposed copy's view) read as they are.
+    const at::Tensor wide = at::randn({n, out + 3}), rows_t = at::randn({in, n}).t();
+    const at::Tensor dy_view = wide.slice(1, 1, out + 1);
+    EXPECT_LE(scaled_error(kernels::linear_weight_gradient(dy_view, rows_t),
+                           dy_view.to(at::kDouble).t().mm(rows_t.to(at::kDouble))),
+              2e-6);
+  }
 }
 
 TEST(LinearOnednn, ComputesOnlyTheGradientsAskedFor) {
