@@ -99,7 +99,7 @@ def pytorch(model, size, steps, threads, compile_, keep=False):
 
 
 STRATA_VARIANTS = {  # column: passes added to the strategy ({activation}: gelu, or swiglu and rms_norm for a Llama)
-    "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\nlinear = "reference"\n{activation}adamw_update = "reference"\n',
+    "reference": '\n[[pass]]\nname = "module_replace"\nattention = "reference"\nlinear = "reference"\n{activation}adamw_update = "reference"\ncross_entropy = "reference"\n',
     "strata": "",
     "strata_return": 'host_memory = "return"\n',  # glibc's malloc defaults, the host memory setting's A/B
     "fused_loss": '\n[[pass]]\nname = "fused_loss"\n',

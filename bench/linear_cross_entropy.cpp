@@ -2,7 +2,8 @@
 // the chunked kernel of linear_cross_entropy.chunked_cpu (kernels/cpu/linear_cross_entropy.cpp)
 // against the unfused composition, at::linear then at::cross_entropy_loss in fp32 through
 // autograd (what PyTorch eager runs for `F.cross_entropy(F.linear(h, w, b), t)`, and core's
-// reference). Interleaved rounds, medians; peak bytes of tensors one forward+backward allocates
+// reference), and that composition with the loss by cross_entropy.fused_cpu
+// (kernels/cpu/cross_entropy.cpp, what Strata runs without the fused_loss pass). Interleaved rounds, medians; peak bytes of tensors one forward+backward allocates
 // beyond those live before it (bench/cpu_memory.h), beside the formulas. Prints a Markdown
 // report; bench/results/linear_cross_entropy_cpu.md holds one, with its command.
 //
@@ -19,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "cpu/cross_entropy.h"
 #include "cpu/linear_cross_entropy.h"
 #include "cpu_memory.h"
 
@@ -60,6 +62,8 @@ int main(int argc, char** argv) {
        [&] { return at::cross_entropy_loss(at::linear(hidden, weight, bias), targets); }},
       {"chunked kernel (linear_cross_entropy.chunked_cpu)",
        [&] { return strata::kernels::linear_cross_entropy_chunked_cpu(hidden, weight, bias, targets); }},
+      {"unfused with the fused loss (at::linear + cross_entropy.fused_cpu)",
+       [&] { return strata::kernels::cross_entropy_fused_cpu(at::linear(hidden, weight, bias), targets); }},
   };
   if (argc == 7)
     for (std::string rest = argv[6]; !rest.empty();) {

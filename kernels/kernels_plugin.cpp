@@ -3,6 +3,7 @@
 #include "cpu/activations.h"
 #include "cpu/adamw.h"
 #include "cpu/attention.h"
+#include "cpu/cross_entropy.h"
 #include "cpu/linear_cross_entropy.h"
 #include "cpu/linear_onednn.h"
 #include "cpu/rms_norm.h"
@@ -32,6 +33,11 @@ void register_components(Registry& registry) {
       "ATen's fused attention kernels (CUDA): flash/cuDNN/memory-efficient for plain causal or unmasked calls, the "
       "memory-efficient kernel with a 0/-inf bias for every other mask and for a differentiable lse (context parallel)",
       &attention_sdpa_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::CrossEntropy>>(
+      "cross_entropy.fused_cpu",
+      "one pass per row: lse, the loss and the logits' gradient written in the forward (the backward scales it); no "
+      "log-probabilities, no zero-filled [N, V]",
+      &cross_entropy_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::LinearCrossEntropy>>(
       "linear_cross_entropy.chunked_cpu",
       "chunks of rows (4 MiB of logits each): logits, log_softmax and the gradients while the chunk is in cache; the [N, V] "

@@ -15,15 +15,12 @@
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
 #include "strata/ops.h"
+#include "../elementwise_error.h"
 
 namespace strata {
 namespace {
 
-// Largest |a - b| over the largest |b|: GEMM errors scale with the result's magnitude.
-double scaled_error(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
-  return ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item<double>();
-}
+using testing::scaled_error;
 
 struct Grads {
   at::Tensor y, dx, dw, db;
