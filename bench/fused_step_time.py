@@ -164,7 +164,7 @@ def main():
         if not args.append:
             f.write("# Step time and peak memory: Strata vs PyTorch eager and torch.compile (CPU, fp32)\n\n")
             f.write("GPT-2 (tied head, tanh GELU), random tokens, AdamW, clipping at 1.0; the same model and loop in all "
-                    "columns. Strata reference: the reference operators (`module_replace` with attention, linear, gelu and adamw_update = "
+                    "columns. Strata reference: the reference operators (`module_replace` with attention, linear, gelu, adamw_update and cross_entropy = "
                     "\"reference\": the ATen calls eager makes); Strata: the defaults (fused CPU kernels chosen by "
                     "priority; host memory kept for reuse, [job] host_memory = \"keep\"); Strata (return): the same with host_memory = "
                     "\"return\" (glibc's malloc defaults); + fused_loss: also the chunked "
