@@ -5,8 +5,12 @@
 // G does not depend on the loss's incoming gradient g except by a factor, so the forward writes
 // it while the row is in cache and the backward returns g G (G itself when g = 1, the usual
 // case): per row one read of z and one write of G, nothing else [N, V] is made, and z need not
-// be kept for the backward. Per row: z copied into G's row (float) or into a float scratch row
-// (bfloat16/half), then the row arithmetic attention's tiles use (attention_rows.h:
+// be kept for the backward. G is kept in float whatever the logits' type: for bfloat16/half
+// logits the backward rounds g G once, as the reference rounds its gradient. Rounding G first
+// and scaling after loses G's small entries under fp16 loss scaling (g = 65536: entries below
+// half's smallest subnormal, 6e-8, flush to zero before they are scaled up); the loss curve of
+// amp.fp16_close_to_fp32 drifted by 2e-2 that way. Per row: z copied into G's row as float
+// (a float scratch row when no gradient is wanted), then the row arithmetic attention's tiles use (attention_rows.h:
 // online_softmax gives exp(z - m) in place and its sum, scale_rows multiplies by 1 / (C sum)),
 // then -1/C at the target. Rows are split over ATen's threads; the loss is summed in double from
 // per-row values in row order, so it does not depend on the thread count. Without gradients
@@ -54,7 +58,7 @@ int64_t counted_rows(const at::Tensor& targets, int64_t vocab) {
 // G_i = (softmax(z_i) - onehot(t_i)) * inv_count.
 template <class T>
 void loss_and_gradient_rows(const T* z, const int64_t* targets, int64_t vocab, int64_t begin, int64_t end, float inv_count,
-                            T* grad, double* row_loss) {
+                            float* grad, double* row_loss) {
   const AttentionRowOps<float>& ops = attention_row_ops_float();
   std::vector<float> scratch;
   for (int64_t i = begin; i < end; ++i) {
@@ -62,19 +66,17 @@ void loss_and_gradient_rows(const T* z, const int64_t* targets, int64_t vocab, i
     const int64_t t = targets[i];
     if (t == kIgnoreIndex) {
       row_loss[i] = 0;
-      if (grad) std::memset(static_cast<void*>(grad + i * vocab), 0, sizeof(T) * vocab);
+      if (grad) std::memset(grad + i * vocab, 0, sizeof(float) * vocab);
       continue;
     }
-    float* row = nullptr;
-    if constexpr (std::is_same_v<T, float>) {
-      if (grad) {
-        row = grad + i * vocab;
-        std::memcpy(row, zi, sizeof(float) * vocab);
-      }
-    }
-    if (!std::is_same_v<T, float> || !grad) {
+    float* row = grad ? grad + i * vocab : nullptr;
+    if (!row) {
       scratch.resize(vocab);
       row = scratch.data();
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      std::memcpy(row, zi, sizeof(float) * vocab);
+    } else {
       for (int64_t j = 0; j < vocab; ++j) row[j] = static_cast<float>(zi[j]);
     }
     const float target_logit = static_cast<float>(zi[t]);
@@ -85,10 +87,6 @@ void loss_and_gradient_rows(const T* z, const int64_t* targets, int64_t vocab, i
     const float factor = inv_count / sum;
     ops.scale_rows(row, 1, vocab, vocab, &factor);
     row[t] -= inv_count;
-    if constexpr (!std::is_same_v<T, float>) {
-      T* gi = grad + i * vocab;
-      for (int64_t j = 0; j < vocab; ++j) gi[j] = static_cast<T>(row[j]);
-    }
   }
 }
 
@@ -101,14 +99,14 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     const int64_t count = counted_rows(t, vocab);
     // No counted row: the reference's 0/0 loss and zero gradient.
     const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
-    at::Tensor grad = with_grads ? at::empty_like(z) : at::Tensor();
+    at::Tensor grad = with_grads ? at::empty(z.sizes(), z.options().dtype(at::kFloat)) : at::Tensor();
     std::vector<double> row_loss(rows);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, z.scalar_type(), "cross_entropy_fused_cpu", [&] {
       if constexpr (std::is_same_v<scalar_t, double>) {
         throw std::logic_error("cross_entropy.fused_cpu: double goes to the reference");
       } else {
         const scalar_t* zp = z.data_ptr<scalar_t>();
-        scalar_t* gp = with_grads ? grad.data_ptr<scalar_t>() : nullptr;
+        float* gp = with_grads ? grad.data_ptr<float>() : nullptr;
         at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
           loss_and_gradient_rows<scalar_t>(zp, t.data_ptr<int64_t>(), vocab, begin, end, inv_count, gp, row_loss.data());
         });
@@ -118,6 +116,7 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     for (const double l : row_loss) total += l;
     if (with_grads) ctx->save_for_backward({grad});
     ctx->saved_data["with_grads"] = with_grads;
+    ctx->saved_data["logits_dtype"] = z.scalar_type();
     return at::scalar_tensor(total / static_cast<double>(count), z.options().dtype(at::kFloat));
   }
 
@@ -126,9 +125,12 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
       throw std::logic_error("cross_entropy (fused): backward of a call made without gradients");
     const at::Tensor grad = ctx->get_saved_variables()[0];
     const at::Tensor& g = grad_outputs[0];
-    // g = 1 (a plain loss.backward()) is the common case: G as it is, no pass over [N, V].
-    const at::Tensor dlogits = g.defined() && g.item<double>() == 1.0 ? grad : grad * g.to(grad.scalar_type());
-    return {dlogits, at::Tensor(), at::Tensor()};
+    const auto dtype = ctx->saved_data["logits_dtype"].toScalarType();
+    // g = 1 (a plain fp32 loss.backward()) is the common case: G as it is, no pass over [N, V].
+    // Otherwise g G in float, rounded once to the logits' type.
+    const bool unit = g.item<double>() == 1.0;  // g is defined: the Function materialises gradients
+    const at::Tensor scaled = unit ? grad : grad * g.to(at::kFloat);
+    return {scaled.to(dtype), at::Tensor(), at::Tensor()};
   }
 };
 

@@ -2,7 +2,7 @@
 // (at::cross_entropy_loss on fp32 logits) and the fp64 formula: the loss and the logits'
 // gradient at vocabularies below, at and above the vector width (1, 7, 8, 9, 100, 4099) and
 // more rows than threads, with ignored (-100) rows; bfloat16 and half logits; an incoming
-// gradient other than 1; no rows counted; evaluation without gradients; a target out of range;
+// gradient other than 1, fp16 loss scaling on half logits; no rows counted; evaluation without gradients; a target out of range;
 // and the plugin serving it.
 #include <array>
 #include <cmath>
@@ -75,6 +75,23 @@ TEST(CrossEntropyKernel, LowPrecisionLogitsRoundTheGradientAsTheReference) {
     // The same fp32 values rounded once to the dtype: at most one rounding apart.
     EXPECT_LE(scaled_error(ours.grad, ref.grad), dtype == at::kBFloat16 ? 8e-3 : 1e-3) << c10::toString(dtype);
   }
+}
+
+// fp16 loss scaling (g = 65536): g G must be rounded to half once, after scaling. Rounding G
+// first flushes its small entries (below half's 6e-8) to zero before they are scaled up, which
+// made amp.fp16_close_to_fp32's loss curve drift by 2e-2. Every entry that is a normal half
+// number once scaled must be within one half rounding of the fp32 reference's g G.
+TEST(CrossEntropyKernel, HalfLogitsUnderLossScalingRoundOnceAfterScaling) {
+  at::manual_seed(4);
+  const double scale = 65536.0;
+  const at::Tensor logits = (at::randn({48, 4099}) * 3).to(at::kHalf), targets = targets_for(48, 4099);
+  const LossAndGrad ours = run(fused, logits, targets, scale), ref = run(reference, logits, targets, scale);
+  EXPECT_EQ(ours.grad.scalar_type(), at::kHalf);
+  const at::Tensor expected = ref.grad.to(at::kFloat), got = ours.grad.to(at::kFloat);
+  const at::Tensor normal = expected.abs() >= 6.2e-5;  // half's smallest normal number
+  ASSERT_GT(normal.sum().item<int64_t>(), 0);
+  const at::Tensor relative = ((got - expected).abs() / expected.abs()).masked_select(normal);
+  EXPECT_LE(relative.max().item<double>(), 1e-3);
 }
 
 TEST(CrossEntropyKernel, ScalesByTheIncomingGradient) {
