@@ -10,6 +10,7 @@
 #include "cuda/activations_cuda.h"
 #include "cuda/adamw_fused.h"
 #include "cuda/agd_cuda.h"
+#include "cuda/cross_entropy_cuda.h"
 #include "cuda/attention_sdpa.h"
 #include "cuda/linear_cross_entropy_cuda.h"
 #include "cuda/rms_norm_cuda.h"
@@ -68,6 +69,11 @@ void register_components(Registry& registry) {
   registry.add(std::make_unique<ops::OperatorImpl<ops::SwiGlu>>(
       "swiglu.fused_cuda", "silu(gate) * up: one CUDA kernel forward, one backward giving both gradients (float arithmetic)",
       &swiglu_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::CrossEntropy>>(
+      "cross_entropy.fused_cuda",
+      "one CUDA kernel forward, a block per row: lse, the loss terms and the float logits' gradient; the backward scales it "
+      "by g / C on the device (no log-probabilities, no zero-filled [N, V], no host read)",
+      &cross_entropy_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::RmsNorm>>(
       "rms_norm.fused_cuda",
       "one CUDA kernel per direction, a block per row: fp32 sum of squares, the reference's roundings; saves one float per row",

@@ -136,16 +136,18 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
 
 }  // namespace
 
+at::Tensor cross_entropy_reference_call(const at::Tensor& logits, const at::Tensor& targets) {
+  const auto& reference =
+      static_cast<const ops::OperatorImpl<ops::CrossEntropy>&>(*OperatorTable::global().implementations("cross_entropy").back());
+  return reference.fn()(logits, targets);
+}
+
 at::Tensor cross_entropy_fused_cpu(const at::Tensor& logits, const at::Tensor& targets) {
   const bool ours = logits.device().is_cpu() && logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0) &&
                     targets.scalar_type() == at::kLong && logits.size(1) > 0 &&
                     (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16 ||
                      logits.scalar_type() == at::kHalf);
-  if (!ours) {
-    const auto& reference =
-        static_cast<const ops::OperatorImpl<ops::CrossEntropy>&>(*OperatorTable::global().implementations("cross_entropy").back());
-    return reference.fn()(logits, targets);
-  }
+  if (!ours) return cross_entropy_reference_call(logits, targets);
   const bool with_grads = at::GradMode::is_enabled() && logits.requires_grad();
   return FusedCrossEntropy::apply(logits, targets, with_grads);
 }

@@ -16,4 +16,7 @@ namespace strata::kernels {
 // target is not -100 of lse(logits_i) - logits_i[target_i], fp32, 0-dim.
 at::Tensor cross_entropy_fused_cpu(const at::Tensor& logits, const at::Tensor& targets);
 
+// Core's cross_entropy.reference, where the fused kernels (CPU and CUDA) send calls they do not take.
+at::Tensor cross_entropy_reference_call(const at::Tensor& logits, const at::Tensor& targets);
+
 }  // namespace strata::kernels

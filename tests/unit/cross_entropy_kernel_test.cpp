@@ -18,6 +18,7 @@
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
 #include "strata/ops.h"
+#include "../cross_entropy_cases.h"
 #include "../elementwise_error.h"
 
 namespace strata {
@@ -25,37 +26,22 @@ namespace {
 
 using testing::scaled_error;
 
-struct LossAndGrad {
-  at::Tensor loss, grad;
-};
-
-template <class Fn>
-LossAndGrad run(Fn fn, const at::Tensor& logits0, const at::Tensor& targets, double scale = 1.0) {
-  const at::Tensor logits = logits0.clone().requires_grad_(true);
-  const at::Tensor loss = fn(logits, targets);
-  const at::Tensor grad = torch::autograd::grad({loss * scale}, {logits})[0];
-  return {loss.detach(), grad};
-}
+using testing::exact_cross_entropy;
+using testing::loss_and_grad;
+using testing::LossAndGrad;
+using testing::targets_for;
 
 at::Tensor fused(const at::Tensor& logits, const at::Tensor& targets) { return kernels::cross_entropy_fused_cpu(logits, targets); }
 at::Tensor reference(const at::Tensor& logits, const at::Tensor& targets) {
   return at::cross_entropy_loss(logits.to(at::kFloat), targets);
-}
-at::Tensor exact(const at::Tensor& logits, const at::Tensor& targets) { return at::cross_entropy_loss(logits, targets); }
-
-// Targets in [0, vocab) with every third row ignored (when there is more than one row).
-at::Tensor targets_for(int64_t rows, int64_t vocab) {
-  at::Tensor t = at::randint(vocab, {rows}, at::kLong);
-  if (rows > 1) t.slice(0, 0, rows, 3).fill_(-100);
-  return t;
 }
 
 TEST(CrossEntropyKernel, MatchesTheReferenceAndTheFormula) {
   at::manual_seed(0);
   for (const auto& [rows, vocab] : std::vector<std::array<int64_t, 2>>{{1, 1}, {3, 7}, {5, 8}, {17, 9}, {33, 100}, {300, 33}, {64, 4099}}) {
     const at::Tensor logits = at::randn({rows, vocab}) * 3, targets = targets_for(rows, vocab);
-    const LossAndGrad ours = run(fused, logits, targets), ref = run(reference, logits, targets);
-    const LossAndGrad formula = run(exact, logits.to(at::kDouble), targets);
+    const LossAndGrad ours = loss_and_grad(fused, logits, targets), ref = loss_and_grad(reference, logits, targets);
+    const LossAndGrad formula = loss_and_grad(exact_cross_entropy, logits.to(at::kDouble), targets);
     EXPECT_EQ(ours.loss.scalar_type(), at::kFloat);
     EXPECT_EQ(ours.loss.dim(), 0);
     EXPECT_LE(scaled_error(ours.loss, formula.loss), 1e-6) << rows << " x " << vocab;
@@ -69,7 +55,7 @@ TEST(CrossEntropyKernel, LowPrecisionLogitsRoundTheGradientAsTheReference) {
   at::manual_seed(1);
   for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
     const at::Tensor logits = (at::randn({70, 1001}) * 2).to(dtype), targets = targets_for(70, 1001);
-    const LossAndGrad ours = run(fused, logits, targets), ref = run(reference, logits, targets);
+    const LossAndGrad ours = loss_and_grad(fused, logits, targets), ref = loss_and_grad(reference, logits, targets);
     EXPECT_EQ(ours.grad.scalar_type(), dtype);
     EXPECT_LE(scaled_error(ours.loss, ref.loss), 1e-6) << c10::toString(dtype);
     // The same fp32 values rounded once to the dtype: at most one rounding apart.
@@ -77,28 +63,16 @@ TEST(CrossEntropyKernel, LowPrecisionLogitsRoundTheGradientAsTheReference) {
   }
 }
 
-// fp16 loss scaling (g = 65536): g G must be rounded to half once, after scaling. Rounding G
-// first flushes its small entries (below half's 6e-8) to zero before they are scaled up, which
-// made amp.fp16_close_to_fp32's loss curve drift by 2e-2. Every entry that is a normal half
-// number once scaled must be within one half rounding of the fp32 reference's g G.
 TEST(CrossEntropyKernel, HalfLogitsUnderLossScalingRoundOnceAfterScaling) {
-  at::manual_seed(4);
-  const double scale = 65536.0;
-  const at::Tensor logits = (at::randn({48, 4099}) * 3).to(at::kHalf), targets = targets_for(48, 4099);
-  const LossAndGrad ours = run(fused, logits, targets, scale), ref = run(reference, logits, targets, scale);
-  EXPECT_EQ(ours.grad.scalar_type(), at::kHalf);
-  const at::Tensor expected = ref.grad.to(at::kFloat), got = ours.grad.to(at::kFloat);
-  const at::Tensor normal = expected.abs() >= 6.2e-5;  // half's smallest normal number
-  ASSERT_GT(normal.sum().item<int64_t>(), 0);
-  const at::Tensor relative = ((got - expected).abs() / expected.abs()).masked_select(normal);
-  EXPECT_LE(relative.max().item<double>(), 1e-3);
+  testing::expect_half_loss_scaling_rounds_once(fused, reference, at::kCPU);
 }
 
 TEST(CrossEntropyKernel, ScalesByTheIncomingGradient) {
   at::manual_seed(2);
   const at::Tensor logits = at::randn({40, 50}), targets = targets_for(40, 50);
   for (const double scale : {0.5, -3.0, 0.0}) {
-    const LossAndGrad ours = run(fused, logits, targets, scale), ref = run(exact, logits.to(at::kDouble), targets, scale);
+    const LossAndGrad ours = loss_and_grad(fused, logits, targets, scale);
+    const LossAndGrad ref = loss_and_grad(exact_cross_entropy, logits.to(at::kDouble), targets, scale);
     if (scale == 0.0) {
       EXPECT_EQ(ours.grad.abs().max().item<float>(), 0.0f);
     } else {
@@ -111,12 +85,12 @@ TEST(CrossEntropyKernel, NoCountedRowAndEvaluation) {
   at::manual_seed(3);
   const at::Tensor logits = at::randn({6, 10});
   const at::Tensor ignored = at::full({6}, -100, at::kLong);
-  const LossAndGrad ours = run(fused, logits, ignored), ref = run(reference, logits, ignored);
+  const LossAndGrad ours = loss_and_grad(fused, logits, ignored), ref = loss_and_grad(reference, logits, ignored);
   EXPECT_TRUE(std::isnan(ours.loss.item<float>()) && std::isnan(ref.loss.item<float>()));
   EXPECT_TRUE(at::equal(ours.grad, ref.grad));  // zeros
   at::NoGradGuard no_grad;
   const at::Tensor targets = targets_for(6, 10);
-  EXPECT_LE(scaled_error(fused(logits, targets), exact(logits.to(at::kDouble), targets)), 1e-6);
+  EXPECT_LE(scaled_error(fused(logits, targets), exact_cross_entropy(logits.to(at::kDouble), targets)), 1e-6);
 }
 
 TEST(CrossEntropyKernel, RefusesATargetOutOfRange) {
