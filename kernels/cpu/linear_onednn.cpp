@@ -71,10 +71,12 @@ class OnednnLinear : public torch::autograd::Function<OnednnLinear> {
     const at::Tensor &rows = saved[0], &weight = saved[1];
     const at::Tensor dy = grads[0].reshape({-1, weight.size(0)}).contiguous();
     at::Tensor dx, dw, db;
+    // The bias gradient first, while dy (just written by the op after this Linear) is still in
+    // cache; after the two GEMMs it is read back from memory.
+    if (ctx->needs_input_grad(2)) db = dy.sum(0);  // no bias: an empty tensor that needs no gradient
     if (ctx->needs_input_grad(0))
       dx = onednn_rows_times_weight(dy, weight.t(), at::Tensor()).view(ctx->saved_data["x_shape"].toIntVector());
     if (ctx->needs_input_grad(1)) dw = linear_weight_gradient(dy, rows);
-    if (ctx->needs_input_grad(2)) db = dy.sum(0);  // no bias: an empty tensor that needs no gradient
     return {dx, dw, db};
   }
 };
