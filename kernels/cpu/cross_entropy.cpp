@@ -9,10 +9,10 @@
 // logits the backward rounds g G once, as the reference rounds its gradient. Rounding G first
 // and scaling after loses G's small entries under fp16 loss scaling (g = 65536: entries below
 // half's smallest subnormal, 6e-8, flush to zero before they are scaled up); the loss curve of
-// amp.fp16_close_to_fp32 drifted by 2e-2 that way. Per row: z copied into G's row as float
-// (a float scratch row when no gradient is wanted), then the row arithmetic attention's tiles use (attention_rows.h:
-// online_softmax gives exp(z - m) in place and its sum, scale_rows multiplies by 1 / (C sum)),
-// then -1/C at the target. Rows are split over ATen's threads; the loss is summed in double from
+// amp.fp16_close_to_fp32 drifted by 2e-2 that way. Per row: z copied into G's row as float (a
+// float scratch row when no gradient is wanted), then the row arithmetic attention's tiles use
+// (attention_rows.h: online_softmax gives exp(z - m) in place and its sum, scale_rows multiplies
+// by 1 / (C sum)), then -1/C at the target. Rows are split over ATen's threads; the loss is summed in double from
 // per-row values in row order, so it does not depend on the thread count. Without gradients
 // (evaluation) the rows go through the scratch row only.
 #include "cross_entropy.h"
