@@ -39,7 +39,7 @@ CASES = [  # mask, B, H, T, D, reps[, only the implementations whose name starts
 BLOCK_Q, BLOCK_K = 64, 128  # kernels/cpu/attention.h
 
 ESTIMATES = """Extra memory (bytes beyond inputs, outputs and gradients; fp32, estimated from sizes):
-* fused: the lse, B*H*T*4, plus two [64, 128] score tiles per thread (the scale rides on the GEMMs);
+* fused: the lse, B*H*T*4, plus per thread two [64, 128] score tiles and a transposed K of D*T*4;
   the backward adds at most one dq partial per thread when B*H_kv < threads. Nothing grows with T^2.
 * ATen SDPA, plain causal: its logsumexp, B*H*T*4, and per-thread tiles.
 * ATen SDPA with the document mask (and the reference without lse, which calls it): the boolean mask

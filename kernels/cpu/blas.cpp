@@ -3,7 +3,10 @@
 // operands swapped and their transpose flags kept.
 #include "blas.h"
 
+#include <exception>
 #include <stdexcept>
+
+#include <ATen/native/CPUBlas.h>
 
 extern "C" {
 // The reference BLAS interface (LP64) that libtorch_cpu exports (MKL on x86-64 wheels).
@@ -43,6 +46,46 @@ void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, cons
 void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda, const double* b,
           int64_t ldb, double beta, double* c, int64_t ldc) {
   row_major(dgemm_, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+namespace {
+
+// Whether ATen's fp32 brgemm runs here: it throws where oneDNN has no micro-kernel for this CPU.
+bool fp32_brgemm_available() {
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  static const bool available = [] {
+    try {
+      const float a = 3.0f, b = 2.0f;
+      float c = 0.0f;
+      at::native::cpublas::brgemm(1, 1, 1, 1, 1, 1, false, &a, &b, &c, false);
+      return c == 6.0f;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+void tile_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate,
+               float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  if (k > 0 && fp32_brgemm_available()) {
+    at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, accumulate, a, b, c, false);
+    return;
+  }
+#endif
+  gemm(Trans::no, Trans::no, m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+}
+
+void tile_gemm(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b, int64_t ldb,
+               bool accumulate, double* c, int64_t ldc) {
+  gemm(Trans::no, Trans::no, m, n, k, 1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0, c, ldc);
 }
 
 SequentialBlas::SequentialBlas() {

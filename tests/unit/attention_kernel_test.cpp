@@ -3,14 +3,17 @@
 // reaches the outputs through both out and lse, for every mask AttentionMask describes. Small
 // blocks (16 queries x 8 keys) make a few dozen tokens cross many block edges, with sequence
 // lengths that are no multiple of either.
+#include <array>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cpu/attention.h"
+#include "cpu/blas.h"
 #include "strata/core/component_registry.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
@@ -20,6 +23,29 @@ namespace strata {
 namespace {
 
 constexpr int64_t kBlockQ = 16, kBlockK = 8;
+
+// The tiles' plain product (oneDNN's micro-kernel for fp32 where this CPU has it, BLAS otherwise)
+// against at::mm: sub-matrices of wider buffers (row strides beyond the width), accumulate or
+// overwrite, sizes off the vector width, K = 0; columns beyond n stay untouched.
+TEST(AttentionTiles, GemmMatchesMatmulOnStridedTiles) {
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{{64, 128, 64}, {37, 53, 19}, {1, 1, 1}, {5, 7, 0}}) {
+      for (const bool accumulate : {false, true}) {
+        const at::Tensor a = at::randn({m, k + 3}, dtype), b = at::randn({k, n + 5}, dtype), c0 = at::randn({m, n + 2}, dtype);
+        at::Tensor c = c0.clone();
+        if (dtype == at::kFloat)
+          kernels::tile_gemm(m, n, k, a.data_ptr<float>(), k + 3, b.data_ptr<float>(), n + 5, accumulate, c.data_ptr<float>(), n + 2);
+        else
+          kernels::tile_gemm(m, n, k, a.data_ptr<double>(), k + 3, b.data_ptr<double>(), n + 5, accumulate,
+                             c.data_ptr<double>(), n + 2);
+        const at::Tensor product = at::mm(a.narrow(1, 0, k), b.narrow(1, 0, n));
+        const at::Tensor expected = accumulate ? c0.narrow(1, 0, n) + product : product;
+        EXPECT_TRUE(at::allclose(c.narrow(1, 0, n), expected, 1e-5, 1e-5)) << m << "x" << n << "x" << k << " " << dtype;
+        EXPECT_TRUE(c.narrow(1, n, 2).equal(c0.narrow(1, n, 2)));
+      }
+    }
+  }
+}
 
 ops::AttentionResult reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& mask,
                                bool with_lse) {
