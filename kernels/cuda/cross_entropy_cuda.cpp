@@ -48,9 +48,13 @@ class FusedCrossEntropyCuda : public torch::autograd::Function<FusedCrossEntropy
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &grad = saved[0], &count = saved[1];
     // g / C in float (C at least 1: with no counted row every gradient row is 0 and stays 0),
-    // times the float gradient, rounded once to the logits' dtype.
+    // times the float gradient, rounded once to the logits' dtype. mul_out into a tensor of that
+    // dtype: on CUDA ATen computes in float and casts as it writes, so bfloat16/half logits get no
+    // float [N, V] product besides G.
     const at::Tensor scale = (grad_outputs[0].to(at::kDouble) / count.clamp_min(1)).to(at::kFloat);
-    return {(grad * scale).to(ctx->saved_data["logits_dtype"].toScalarType()), at::Tensor(), at::Tensor()};
+    at::Tensor dlogits = at::empty(grad.sizes(), grad.options().dtype(ctx->saved_data["logits_dtype"].toScalarType()));
+    at::mul_out(dlogits, grad, scale);
+    return {dlogits, at::Tensor(), at::Tensor()};
   }
 };
 
