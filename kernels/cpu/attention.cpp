@@ -164,13 +164,14 @@ at::Tensor as_rows(const at::Tensor& x, at::ScalarType compute) {
 // A [B, H, T, D] tensor laid out as [B, T, H, D] (strides, not a view, so in-place use stays
 // allowed): what the model does next with an attention output or gradient ([B, T, H D]) is then
 // a view, not a copy. `parts` > 0 puts a leading dimension of that many such tensors in front.
-at::Tensor token_major(int64_t b, int64_t h, int64_t t, int64_t d, const at::TensorOptions& options, int64_t parts = 0) {
+at::Tensor token_major(int64_t b, int64_t h, int64_t t, int64_t d, const at::TensorOptions& options, bool zeroed, int64_t parts = 0) {
   std::vector<int64_t> sizes{b, h, t, d}, strides{t * h * d, d, h * d, 1};
   if (parts > 0) {
     sizes.insert(sizes.begin(), parts);
     strides.insert(strides.begin(), b * t * h * d);
   }
-  return at::empty_strided(sizes, strides, options);
+  at::Tensor x = at::empty_strided(sizes, strides, options);
+  return zeroed ? x.zero_() : x;
 }
 
 // s[nq, nk] += additive[b, h, i0.., j0..].
@@ -301,52 +302,36 @@ void forward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Ten
   });
 }
 
-// Gradients. dout, out, lse and dlse in compute dtype T. A task works out delta = rowsum(dout o out)
-// - dlse (0 where lse = -inf: the row saw nothing, its P is 0) for its query heads and zeroes the
-// gradient rows it owns before adding to them, so neither is a separate pass over memory. Tasks are (batch, kv head, split): a task owns the key blocks kb = split,
+// Gradients. dout, lse, delta ([B, H, Tq]: rowsum(dout o out) - dlse, 0 where lse = -inf) in
+// compute dtype T. Tasks are (batch, kv head, split): a task owns the key blocks kb = split,
 // split + splits, ... of its kv head, so dk and dv rows have one writer and need no reduction,
 // and it adds the dq of every query head of the group into dq_parts[split], summed afterwards
 // (more than one split only when there are fewer (batch, kv head) pairs than threads).
 template <class T>
 void backward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dlse, int64_t splits,
+                     const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta, int64_t splits,
                      const at::Tensor& dq_parts, const at::Tensor& dk, const at::Tensor& dv, const at::Tensor& dbias) {
   const T inf = std::numeric_limits<T>::infinity();
   const int64_t d = q.size(-1), dvd = v.size(-1);
   const AttentionRowOps<T>& ops = row_ops<T>();
-  const Rows<T> Rq(q), Rk(k), Rv(v), Rdo(dout), Ro(out), Rdk(dk), Rdv(dv);
+  const Rows<T> Rq(q), Rk(k), Rv(v), Rdo(dout), Rdk(dk), Rdv(dv);
   std::vector<Rows<T>> Rdq;
   for (int64_t split = 0; split < splits; ++split) Rdq.emplace_back(dq_parts[split]);
   at::parallel_for(0, L.batch * L.kv_heads * splits, 1, [&](int64_t begin, int64_t end) {
     const SequentialBlas one_thread;
     std::vector<T> p(L.block_q * L.block_k), dp(L.block_q * L.block_k), shift(L.block_q);
     std::vector<T> kt(d * L.block_k), vt(dvd * L.block_k);  // scale K^T and V^T of the key block
-    std::vector<T> delta(L.group * L.tq);                    // of the task's query heads
     for (int64_t task = begin; task < end; ++task) {
       const int64_t kv_slab = task / splits, split = task % splits;
       const int64_t b = kv_slab / L.kv_heads, hk = kv_slab % L.kv_heads;
-      for (int64_t g = 0; g < L.group; ++g) {
-        const int64_t bh = b * L.heads + hk * L.group + g;
-        T* row_delta = delta.data() + g * L.tq;
-        ops.row_dots(Rdo.at(bh, 0), Rdo.ld, Ro.at(bh, 0), Ro.ld, L.tq, dvd, row_delta);
-        const T *lse_row = lse.data_ptr<T>() + bh * L.tq, *dlse_row = dlse.data_ptr<T>() + bh * L.tq;
-        for (int64_t i = 0; i < L.tq; ++i) row_delta[i] = lse_row[i] == -inf ? T(0) : row_delta[i] - dlse_row[i];
-        T* dq = Rdq[split].at(bh, 0);
-        for (int64_t i = 0; i < L.tq; ++i) std::fill(dq + i * Rdq[split].ld, dq + i * Rdq[split].ld + d, T(0));
-      }
       for (int64_t kb = split; kb < L.k_blocks; kb += splits) {
         const int64_t j0 = kb * L.block_k, nk_block = std::min(L.block_k, L.tk - j0);
         const T *K = Rk.at(kv_slab, j0), *V = Rv.at(kv_slab, j0);
         T *dK = Rdk.at(kv_slab, j0), *dV = Rdv.at(kv_slab, j0);
-        for (int64_t j = 0; j < nk_block; ++j) {
-          std::fill(dK + j * Rdk.ld, dK + j * Rdk.ld + d, T(0));
-          std::fill(dV + j * Rdv.ld, dV + j * Rdv.ld + dvd, T(0));
-        }
         transpose_scaled(K, Rk.ld, nk_block, d, scale, kt.data(), nk_block);
         transpose_scaled(V, Rv.ld, nk_block, dvd, T(1), vt.data(), nk_block);
         for (int64_t h = hk * L.group; h < (hk + 1) * L.group; ++h) {
           const int64_t bh = b * L.heads + h;
-          const T* head_delta = delta.data() + (h - hk * L.group) * L.tq;
           for (int64_t qb = 0; qb < L.q_blocks; ++qb) {
             const Sight sight = L.sight(b, qb, kb);
             if (sight == Sight::none) continue;
@@ -360,14 +345,12 @@ void backward_kernel(const Layout& L, T scale, const at::Tensor& q, const at::Te
             ops.exp_shifted(p.data(), nq, nk, nk, shift.data());                                    // P
             gemm(Trans::yes, Trans::no, nk, dvd, nq, T(1), p.data(), nk, dO, Rdo.ld, T(1), dV, Rdv.ld);  // dV += P^T dO
             tile_gemm(nq, nk, dvd, dO, Rdo.ld, vt.data(), nk_block, false, dp.data(), nk);             // dP = dO V^T
-            // dp = scale dS; the additive mask's gradient is dS itself, copied out before scaling.
-            ops.softmax_backward(p.data(), dp.data(), nq, nk, nk, head_delta + i0, dbias.defined() ? T(1) : scale);
+            ops.softmax_backward(p.data(), dp.data(), nq, nk, nk, delta.data_ptr<T>() + bh * L.tq + i0);  // dS
             if (dbias.defined()) {
               T* db = dbias.data_ptr<T>() + (bh * L.tq + i0) * L.tk + j0;
               for (int64_t i = 0; i < nq; ++i) std::copy(dp.data() + i * nk, dp.data() + (i + 1) * nk, db + i * L.tk);
-              std::fill(shift.begin(), shift.end(), scale);
-              ops.scale_rows(dp.data(), nq, nk, nk, shift.data());
             }
+            for (int64_t i = 0; i < nq * nk; ++i) dp[i] *= scale;                                    // scale dS
             gemm(Trans::yes, Trans::no, nk, d, nq, T(1), dp.data(), nk, Q, Rq.ld, T(1), dK, Rdk.ld);  // dK += scale dS^T q
             tile_gemm(nq, d, nk, dp.data(), nk, K, Rk.ld, true, Rdq[split].at(bh, i0), Rdq[split].ld);  // dQ += scale dS K
           }
@@ -420,7 +403,7 @@ class BlockedAttention : public torch::autograd::Function<BlockedAttention> {
     const at::ScalarType compute = compute_type(q);
     const Layout L = make_layout(q, k, mask, additive, compute, block_q, block_k);
     const at::Tensor qc = as_rows(q, compute), kc = as_rows(k, compute), vc = as_rows(v, compute);
-    at::Tensor out = token_major(L.batch, L.heads, L.tq, v.size(-1), q.options().dtype(compute));
+    at::Tensor out = token_major(L.batch, L.heads, L.tq, v.size(-1), q.options().dtype(compute), /*zeroed=*/false);
     at::Tensor lse = at::empty({L.batch, L.heads, L.tq}, q.options().dtype(compute));
     if (compute == at::kDouble)
       forward_kernel<double>(L, softmax_scale(q), qc, kc, vc, out, lse);
@@ -443,23 +426,26 @@ class BlockedAttention : public torch::autograd::Function<BlockedAttention> {
     const Layout L = make_layout(q, k, load_mask(ctx), additive, compute, ctx->saved_data["block_q"].toInt(),
                                  ctx->saved_data["block_k"].toInt());
     // Undefined output gradients arrive as zeros (materialised by autograd).
-    const at::Tensor dout = as_rows(grads[0], compute), outc = as_rows(out, compute);
-    const at::Tensor dlse = grads[1].to(compute).contiguous();
+    const at::Tensor dout = as_rows(grads[0], compute);
+    const at::Tensor dlse = grads[1].to(compute);
+    // delta = rowsum(dO o O) - dlse; 0 on rows that see nothing (their P is 0, keep it finite).
+    at::Tensor delta = (dout * out.to(compute)).sum(-1) - dlse;
+    delta = at::where(lse.isneginf(), at::zeros_like(delta), delta).contiguous();
     const at::Tensor qc = as_rows(q, compute), kc = as_rows(k, compute), vc = as_rows(v, compute);
     // More than one split of the key blocks only to keep every thread busy.
     const int64_t pairs = L.batch * L.kv_heads, threads = at::get_num_threads();
     const int64_t splits = pairs >= threads ? 1 : std::max<int64_t>(1, std::min(L.k_blocks, (threads + pairs - 1) / pairs));
     const auto opts = q.options().dtype(compute);
-    // Gradients laid out [B, T, H, D] like the output (token_major), zeroed by the kernel's tasks.
-    at::Tensor dq_parts = token_major(L.batch, L.heads, L.tq, q.size(-1), opts, splits);
-    at::Tensor dk = token_major(L.batch, L.kv_heads, L.tk, k.size(-1), opts);
-    at::Tensor dv = token_major(L.batch, L.kv_heads, L.tk, v.size(-1), opts);
+    // Gradients laid out [B, T, H, D] like the output (token_major).
+    at::Tensor dq_parts = token_major(L.batch, L.heads, L.tq, q.size(-1), opts, /*zeroed=*/true, splits);
+    at::Tensor dk = token_major(L.batch, L.kv_heads, L.tk, k.size(-1), opts, /*zeroed=*/true);
+    at::Tensor dv = token_major(L.batch, L.kv_heads, L.tk, v.size(-1), opts, /*zeroed=*/true);
     const bool bias_grad = additive.defined() && ctx->needs_input_grad(3);
     at::Tensor dbias = bias_grad ? at::zeros({L.batch, L.heads, L.tq, L.tk}, opts) : at::Tensor();
     if (compute == at::kDouble)
-      backward_kernel<double>(L, softmax_scale(q), qc, kc, vc, dout, outc, lse, dlse, splits, dq_parts, dk, dv, dbias);
+      backward_kernel<double>(L, softmax_scale(q), qc, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
     else
-      backward_kernel<float>(L, static_cast<float>(softmax_scale(q)), qc, kc, vc, dout, outc, lse, dlse, splits, dq_parts, dk, dv, dbias);
+      backward_kernel<float>(L, static_cast<float>(softmax_scale(q)), qc, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
     at::Tensor dq = splits > 1 ? dq_parts.sum(0) : dq_parts[0];
     at::Tensor dadd = bias_grad ? at::sum_to(dbias, additive.sizes()).to(additive.scalar_type()) : at::Tensor();
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dadd, at::Tensor(), at::Tensor(), at::Tensor()};

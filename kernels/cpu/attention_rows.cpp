@@ -76,30 +76,15 @@ void exp_shifted(T* s, int64_t nq, int64_t nk, int64_t ld, const T* shift) {
 }
 
 template <class T>
-void softmax_backward(const T* p, T* dp, int64_t nq, int64_t nk, int64_t ld, const T* delta, T scale) {
+void softmax_backward(const T* p, T* dp, int64_t nq, int64_t nk, int64_t ld, const T* delta) {
   constexpr int64_t w = Vec<T>::size();
-  const Vec<T> vscale(scale);
   for (int64_t i = 0; i < nq; ++i) {
     const T* prow = p + i * ld;
     T* drow = dp + i * ld;
     const Vec<T> vdelta(delta[i]);
     int64_t j = 0;
-    for (; j + w <= nk; j += w) (vscale * Vec<T>::loadu(prow + j) * (Vec<T>::loadu(drow + j) - vdelta)).store(drow + j);
-    for (; j < nk; ++j) drow[j] = scale * prow[j] * (drow[j] - delta[i]);
-  }
-}
-
-template <class T>
-void row_dots(const T* a, int64_t ld_a, const T* b, int64_t ld_b, int64_t rows, int64_t n, T* out) {
-  constexpr int64_t w = Vec<T>::size();
-  for (int64_t i = 0; i < rows; ++i) {
-    const T *x = a + i * ld_a, *y = b + i * ld_b;
-    Vec<T> acc(T(0));
-    int64_t j = 0;
-    for (; j + w <= n; j += w) acc = at::vec::fmadd(Vec<T>::loadu(x + j), Vec<T>::loadu(y + j), acc);
-    T sum = at::vec::vec_reduce_all<T>([](Vec<T>& u, Vec<T>& v) { return u + v; }, acc);
-    for (; j < n; ++j) sum += x[j] * y[j];
-    out[i] = sum;
+    for (; j + w <= nk; j += w) (Vec<T>::loadu(prow + j) * (Vec<T>::loadu(drow + j) - vdelta)).store(drow + j);
+    for (; j < nk; ++j) drow[j] = prow[j] * (drow[j] - delta[i]);
   }
 }
 
@@ -118,7 +103,7 @@ void scale_rows(T* x, int64_t nq, int64_t n, int64_t ld, const T* factor) {
 
 template <class T>
 const AttentionRowOps<T>& ops_for() {
-  static const AttentionRowOps<T> ops{&online_softmax<T>, &exp_shifted<T>, &softmax_backward<T>, &scale_rows<T>, &row_dots<T>};
+  static const AttentionRowOps<T> ops{&online_softmax<T>, &exp_shifted<T>, &softmax_backward<T>, &scale_rows<T>};
   return ops;
 }
 

@@ -18,12 +18,10 @@ struct AttentionRowOps {
   void (*online_softmax)(T* s, int64_t nq, int64_t nk, int64_t ld, T* m, T* l, T* alpha);
   // s = exp(s - shift[i]) per row (shift +inf gives zeros).
   void (*exp_shifted)(T* s, int64_t nq, int64_t nk, int64_t ld, const T* shift);
-  // dp = scale p (dp - delta[i]): the softmax's backward, dS from P and dP, times `scale`.
-  void (*softmax_backward)(const T* p, T* dp, int64_t nq, int64_t nk, int64_t ld, const T* delta, T scale);
+  // dp = p (dp - delta[i]): the softmax's backward, dS from P and dP.
+  void (*softmax_backward)(const T* p, T* dp, int64_t nq, int64_t nk, int64_t ld, const T* delta);
   // x[i, :] *= factor[i] (rows whose factor is 1 are left alone).
   void (*scale_rows)(T* x, int64_t nq, int64_t n, int64_t ld, const T* factor);
-  // out[i] = sum_j a[i, j] b[i, j] for j < n (rows ld_a and ld_b apart).
-  void (*row_dots)(const T* a, int64_t ld_a, const T* b, int64_t ld_b, int64_t rows, int64_t n, T* out);
 };
 
 // The implementation for this CPU: AVX2+FMA where the CPU has them (float), else generic.
