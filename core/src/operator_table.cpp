@@ -166,54 +166,48 @@ const ops::OperatorImplBase& OperatorTable::select(const std::string& op, const 
 
 namespace ops {
 
-namespace {
-// The implementation of Op chosen for a call, given a representative tensor.
-template <class Op>
-const std::function<typename Op::Fn>& pick(const at::Tensor& probe) {
-  return static_cast<const OperatorImpl<Op>&>(OperatorTable::global().select(Op::name, probe)).fn();
-}
-}  // namespace
-
+// Each goes through call<Op> (ops.h), which picks the implementation and names the call for the
+// profiler.
 AttentionResult attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask, bool with_lse) {
-  return pick<Attention>(q)(q, k, v, mask, with_lse);
+  return call<Attention>(q, q, k, v, mask, with_lse);
 }
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                      const std::optional<at::Tensor>& additive_mask) {
   AttentionMask mask;
   mask.causal = causal;
   mask.additive = additive_mask;
-  return pick<Attention>(q)(q, k, v, mask, false).out;
+  return call<Attention>(q, q, k, v, mask, false).out;
 }
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps) {
-  return pick<LayerNorm>(x)(x, weight, bias, eps);
+  return call<LayerNorm>(x, x, weight, bias, eps);
 }
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return pick<RmsNorm>(x)(x, weight, eps); }
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return call<RmsNorm>(x, x, weight, eps); }
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  return pick<Linear>(x)(x, weight, bias);
+  return call<Linear>(x, x, weight, bias);
 }
-at::Tensor gelu(const at::Tensor& x) { return pick<Gelu>(x)(x); }
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return pick<SwiGlu>(gate)(gate, up); }
-at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) { return pick<Rope>(x)(x, cos, sin); }
+at::Tensor gelu(const at::Tensor& x) { return call<Gelu>(x, x); }
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return call<SwiGlu>(gate, gate, up); }
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) { return call<Rope>(x, x, cos, sin); }
 at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef group_sizes) {
-  return pick<GroupedMm>(x)(x, weight, group_sizes);
+  return call<GroupedMm>(x, x, weight, group_sizes);
 }
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
-  return pick<CrossEntropy>(logits)(logits, targets);
+  return call<CrossEntropy>(logits, logits, targets);
 }
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                 const at::Tensor& targets) {
-  return pick<LinearCrossEntropy>(hidden)(hidden, weight, bias, targets);
+  return call<LinearCrossEntropy>(hidden, hidden, weight, bias, targets);
 }
 void agd_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_diff_sq,
                 const at::Tensor& max_exp_avg_diff_sq, const at::Tensor& z, const AgdHyper& hyper) {
-  pick<AgdUpdate>(param)(param, grad, exp_avg, exp_avg_diff_sq, max_exp_avg_diff_sq, z, hyper);
+  call<AgdUpdate>(param, param, grad, exp_avg, exp_avg_diff_sq, max_exp_avg_diff_sq, z, hyper);
 }
 void adamw_update(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                   const AdamwHyper& hyper) {
   TORCH_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() && exp_avg_sqs.size() == params.size(),
               "adamw_update: ", params.size(), " parameters need as many gradients and moments");
   if (params.empty()) return;
-  pick<AdamwUpdate>(params.front())(params, grads, exp_avgs, exp_avg_sqs, hyper);
+  call<AdamwUpdate>(params.front(), params, grads, exp_avgs, exp_avg_sqs, hyper);
 }
 
 }  // namespace ops

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 
 #include "strata/component.h"
 
@@ -236,7 +237,13 @@ STRATA_API std::vector<const OperatorImplBase*> implementations(const std::strin
 template <class Op, class... Args>
 decltype(auto) call(const at::Tensor& probe, Args&&... args) {
   // install() checks every implementation of Op::name has Op's signature, so the cast is exact.
-  return static_cast<const OperatorImpl<Op>&>(select(Op::name, probe)).fn()(std::forward<Args>(args)...);
+  const auto& impl = static_cast<const OperatorImpl<Op>&>(select(Op::name, probe));
+  // A profiler range named by the implementation ("attention.fused_cpu"): [job] profile_steps
+  // and torch.profiler then show each operator call, its forward kernels included (work done
+  // outside ATen's dispatched ops is otherwise lumped into "the rest"). Costs a thread-local
+  // check when no profiler runs.
+  RECORD_FUNCTION(impl.name().c_str(), std::vector<c10::IValue>());
+  return impl.fn()(std::forward<Args>(args)...);
 }
 
 // Pins operator `op` to the implementation named `impl` in the blocks whose name or type is in
