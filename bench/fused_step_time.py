@@ -48,8 +48,9 @@ def model_of(name):
 WARMUP = 3
 
 
-def pytorch_worker(spec):
-    """Runs in a child process: median step ms and peak RSS of eager or compiled PyTorch."""
+def pytorch_setup(spec):
+    """The PyTorch side of one column: a function running one training step on data[s] (eager or
+    compiled), and the number of steps data holds. bench/profile_cpu.py profiles the same."""
     import torch
     import torch.nn.functional as F
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -73,15 +74,25 @@ def pytorch_worker(spec):
 
     run = torch.compile(loss_of) if spec["compile"] else loss_of
     data = torch.randint(vocab, (spec["steps"], batch, seq_len + 1))
-    times = []
-    for s in range(spec["steps"]):
-        start = time.perf_counter()
+
+    def step(s):
         opt.zero_grad(set_to_none=True)
         loss = run(data[s, :, :-1], data[s, :, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss.item()
+
+    return step
+
+
+def pytorch_worker(spec):
+    """Runs in a child process: median step ms and peak RSS of eager or compiled PyTorch."""
+    step = pytorch_setup(spec)
+    times = []
+    for s in range(spec["steps"]):
+        start = time.perf_counter()
+        step(s)
         times.append((time.perf_counter() - start) * 1000)
     print(json.dumps({"ms": statistics.median(times[WARMUP:]), "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
@@ -106,23 +117,29 @@ STRATA_VARIANTS = {  # column: passes added to the strategy ({activation}: gelu,
 }
 
 
-def strata(binary, model, size, steps, threads, variant):
+def strata_command(binary, model, size, steps, threads, variant, out):
+    """`strata run` of one column into out/run (its strategy written to out/bench.toml)."""
     n_layer, n_head, d, seq_len, batch, vocab = size
+    strategy = pathlib.Path(out) / "bench.toml"
+    activation = 'swiglu = "reference"\nrms_norm = "reference"\n' if model == "llama" else 'gelu = "reference"\n'
+    strategy.write_text(f'[job]\nmodel = "{model}"\ndataset = "synthetic"\n' + STRATA_VARIANTS[variant].replace("{activation}", activation)
+                        + (f"\n[model]\nn_kv_head = {n_head // 2}\n" if model == "llama" else ""))
+    sets = {
+        "job.steps": steps, "job.global_batch": batch, "job.log_every": steps, "job.eval_every": 0,
+        "job.checkpoint_every": 0, "job.threads": threads, "model.n_layer": n_layer, "model.n_head": n_head,
+        "model.d_model": d, "model.seq_len": seq_len, "model.vocab_size": vocab, "data.vocab_size": vocab,
+        "data.num_tokens": 1 << 20, "optimizer.lr": 1e-3, "optimizer.weight_decay": 0.1, "optimizer.warmup_steps": 0,
+    }
+    run_dir = pathlib.Path(out) / "run"  # strata run refuses a directory holding other files
+    cmd = [binary, "run", str(strategy), "--out", str(run_dir)]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    return cmd, run_dir
+
+
+def strata(binary, model, size, steps, threads, variant):
     with tempfile.TemporaryDirectory() as out:
-        strategy = pathlib.Path(out) / "bench.toml"
-        activation = 'swiglu = "reference"\nrms_norm = "reference"\n' if model == "llama" else 'gelu = "reference"\n'
-        strategy.write_text(f'[job]\nmodel = "{model}"\ndataset = "synthetic"\n' + STRATA_VARIANTS[variant].replace("{activation}", activation)
-                            + (f"\n[model]\nn_kv_head = {n_head // 2}\n" if model == "llama" else ""))
-        sets = {
-            "job.steps": steps, "job.global_batch": batch, "job.log_every": steps, "job.eval_every": 0,
-            "job.checkpoint_every": 0, "job.threads": threads, "model.n_layer": n_layer, "model.n_head": n_head,
-            "model.d_model": d, "model.seq_len": seq_len, "model.vocab_size": vocab, "data.vocab_size": vocab,
-            "data.num_tokens": 1 << 20, "optimizer.lr": 1e-3, "optimizer.weight_decay": 0.1, "optimizer.warmup_steps": 0,
-        }
-        run_dir = pathlib.Path(out) / "run"  # strata run refuses a directory holding other files
-        cmd = [binary, "run", str(strategy), "--out", str(run_dir)]
-        for k, v in sets.items():
-            cmd += ["--set", f"{k}={v}"]
+        cmd, run_dir = strata_command(binary, model, size, steps, threads, variant, out)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return {"ms": statistics.median(r["step_ms"] for r in records[WARMUP:]), "peak": records[-1]["mem_peak_bytes"]}
