@@ -49,8 +49,8 @@ WARMUP = 3
 
 
 def pytorch_setup(spec):
-    """The PyTorch side of one column: a function running one training step on data[s] (eager or
-    compiled), and the number of steps data holds. bench/profile_cpu.py profiles the same."""
+    """The PyTorch side of one column: a function running training step s (0 <= s < spec["steps"])
+    of the model, eager or compiled. bench/profile_cpu.py profiles the same step."""
     import torch
     import torch.nn.functional as F
     sys.path.insert(0, str(pathlib.Path(__file__).parent))

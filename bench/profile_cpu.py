@@ -16,6 +16,7 @@ kernels' own loops count where they belong. "not in operators": wall time no ope
 (Python or Strata code between ops, waiting). Profiled steps run after 3 warm-up steps.
 """
 import argparse
+import json
 import os
 import pathlib
 import platform
@@ -66,7 +67,6 @@ def strata_profile(binary, model, size, threads, steps):
 
 def eager_worker(spec):
     """In a child process: torch.profiler over `steps` eager steps after the warm-up."""
-    import json
     import torch
     steps = spec["profile_steps"]
     step = fst.pytorch_setup(dict(spec, steps=WARMUP + steps, compile=False))
@@ -93,7 +93,6 @@ def eager_worker(spec):
 
 
 def eager_profile(model, size, threads, steps):
-    import json
     spec = json.dumps({"model": model, "size": size, "threads": threads, "profile_steps": steps})
     out = subprocess.run([sys.executable, __file__, "--worker", spec], check=True, capture_output=True, text=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
@@ -120,7 +119,6 @@ def main():
     parser.add_argument("--worker")
     args = parser.parse_args()
     if args.worker:
-        import json
         return eager_worker(json.loads(args.worker))
 
     sections = []
