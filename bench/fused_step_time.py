@@ -174,9 +174,9 @@ def main():
                     runs[c].append(pytorch(model_of(name), size, args.steps, args.threads, c == "compile", c == "eager_keep"))
         r = {c: {"ms": statistics.median(x["ms"] for x in runs[c]), "peak": max(x["peak"] for x in runs[c])} for c in columns}
         # Each round's own Strata / eager and Strata / compile: how far the medians' ratio moves with the machine.
-        r["by_round"] = [(s["ms"] / e["ms"], s["ms"] / c["ms"]) for s, e, c in zip(runs["strata"], runs["eager"], runs["compile"])]
-        rows.append((name, size, r))
-        print(name, {k: (round(v["ms"], 1), round(v["peak"] / 2**20)) for k, v in r.items() if k in columns}, flush=True)
+        by_round = [(s["ms"] / e["ms"], s["ms"] / c["ms"]) for s, e, c in zip(runs["strata"], runs["eager"], runs["compile"])]
+        rows.append((name, size, r, by_round))
+        print(name, {k: (round(v["ms"], 1), round(v["peak"] / 2**20)) for k, v in r.items()}, flush=True)
 
     mib = lambda b: f"{b / 2**20:.0f}"
     with open(args.out, "a" if args.append else "w") as f:
@@ -199,7 +199,7 @@ def main():
                 "| eager ms | eager (keep) ms | compile ms | Strata / eager | Strata / compile | Strata / Strata (return) "
                 "| + fused_loss / eager | eager (keep) / eager | compile / eager |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-        for name, (l, h, d, t, b, v), r in rows:
+        for name, (l, h, d, t, b, v), r, _ in rows:
             e, k, c, m = r["eager"]["ms"], r["eager_keep"]["ms"], r["compile"]["ms"], r["strata"]["ms"]
             ret = r["strata_return"]["ms"]
             f.write(f"| {name} | {l} x {d} | {t} x {b} | {v} | {r['reference']['ms']:.1f} | {m:.1f} | {ret:.1f} | {r['fused_loss']['ms']:.1f} | "
@@ -208,13 +208,12 @@ def main():
         f.write("\nEach round's Strata / eager and Strata / compile (the rounds are interleaved, so a round's ratio is "
                 "one like-for-like comparison; the table's ratios are of the medians):\n\n| size | Strata / eager by round | "
                 "Strata / compile by round |\n|---|---|---|\n")
-        for name, _, r in rows:
-            f.write(f"| {name} | {', '.join(f'{e:.3f}' for e, _ in r['by_round'])} | "
-                    f"{', '.join(f'{c:.3f}' for _, c in r['by_round'])} |\n")
+        for name, _, _, by_round in rows:
+            f.write(f"| {name} | {', '.join(f'{e:.3f}' for e, _ in by_round)} | {', '.join(f'{c:.3f}' for _, c in by_round)} |\n")
         f.write("\nPeak memory (MiB; Strata: its mem_peak_bytes, PyTorch: the process's peak RSS) next to the logits "
                 "formula N x V x 4 bytes:\n\n")
         f.write("| size | N x V x 4 | Strata | + fused_loss | eager | eager (keep) | compile |\n|---|---|---|---|---|---|---|\n")
-        for name, (l, h, d, t, b, v), r in rows:
+        for name, (l, h, d, t, b, v), r, _ in rows:
             f.write(f"| {name} | {mib(t * b * v * 4)} | {mib(r['strata']['peak'])} | {mib(r['fused_loss']['peak'])} | "
                     f"{mib(r['eager']['peak'])} | {mib(r['eager_keep']['peak'])} | {mib(r['compile']['peak'])} |\n")
     print(open(args.out).read())
