@@ -3,6 +3,7 @@
 #include "cpu/activations.h"
 #include "cpu/adamw.h"
 #include "cpu/attention.h"
+#include "cpu/cpu_paths.h"
 #include "cpu/cross_entropy.h"
 #include "cpu/linear_cross_entropy.h"
 #include "cpu/linear_onednn.h"
@@ -50,11 +51,13 @@ void register_components(Registry& registry) {
       "chunks of rows (256 MiB of logits each, at least 1024 rows) through cuBLAS and ATen's CUDA kernels; the [N, V] logits "
       "never exist",
       &linear_cross_entropy_chunked_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
-  if (onednn_linear_available())
+  // Decided here, once per process, with the other CPU paths (cpu_features.h; `strata ops`).
+  decide_cpu_paths();
+  if (onednn_linear_chosen())
     registry.add(std::make_unique<ops::OperatorImpl<ops::Linear>>(
         "linear.onednn_cpu",
-        "forward and input gradient through oneDNN's linear (faster than MKL's sgemm on this CPU), weight gradient through "
-        "MKL; fp32, everything else to at::linear",
+        "forward and input gradient through oneDNN's linear, weight gradient through oneDNN's matmul where the CPU has "
+        "AVX-512 else MKL (`strata ops` lists which); fp32, everything else to at::linear",
         &linear_onednn_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::Gelu>>(
       "gelu.fused_cpu", "tanh GELU as x sigmoid(2u): one vectorised pass forward, one backward (float arithmetic)",

@@ -25,6 +25,7 @@
 #include <ATen/Parallel.h>
 
 #include "commands.h"
+#include "strata/core/cpu_features.h"
 #include "strata/core/process_memory.h"
 #include "common.h"
 #include "strata/comm.h"
@@ -153,6 +154,9 @@ int check_ranks(const LaunchEnv& env) {
   std::printf("strata doctor: %d ranks (%s); fp32 matmul %ldx%ld on one thread per rank, all-reduce of %ld MiB\n", n,
               env.launcher.c_str(), static_cast<long>(kMatmulSize), static_cast<long>(kMatmulSize),
               static_cast<long>(kReduceElements * 4 >> 20));
+  // The rank 0 host's CPU and the features that decide Strata's CPU paths (`strata ops` says
+  // which path each gets).
+  std::printf("CPU: %s (%s)\n", cpu_features().model.c_str(), cpu_features_line().c_str());
   std::printf("%-6s %14s %10s %18s %10s  %s\n", "rank", "matmul GFLOP/s", "of median", "pair bus GB/s", "of median", "verdict");
   int faulty = 0, stragglers = 0;
   std::ostringstream verdicts;  // for the launching process (check_health): "RANK SLOT VERDICT GFLOPS GBPS REASON"

@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "strata/core/cpu_features.h"
 #include "strata/core/operator_table.h"
 
 namespace strata::cli {
@@ -26,6 +27,12 @@ int run_ops(const Args& args) {
                 << ", from " << (plugin ? "plugin " + plugin->name : std::string("core")) << " - " << impl->info().summary << "\n";
     }
   }
+  // The CPU paths the loaded kernels chose between (each decided once, at plugin load).
+  const CpuFeatures& cpu = cpu_features();
+  std::cout << "\nCPU paths on this machine (" << cpu.model << ": " << cpu_features_line() << ")\n";
+  for (const CpuPathChoice& c : cpu_paths())
+    std::cout << "  " << c.serves << ": " << c.chosen << " - " << c.why << "  [" << c.path << "]\n";
+  std::cout << "STRATA_CPU_FALLBACK=KEY[,KEY...] or all forces the fallback of the paths named in brackets.\n";
   return 0;
 }
 

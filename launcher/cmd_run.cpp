@@ -65,13 +65,19 @@ class StderrFilter {
 };
 
 // The errors ranks wrote to `dir` (see main.cpp), each distinct message once with the ranks
-// that reported it. Returns the exit status they call for: 2 for bad input, 1 otherwise, 0 for none.
-int report_rank_errors(const fs::path& dir, int64_t ranks) {
+// that reported it (an internal error also names where the first of them wrote its full trace).
+// Returns the exit status they call for (2 for bad input, 1 otherwise, 0 for none) and, in
+// `cause`, the first message, for events.jsonl.
+int report_rank_errors(const fs::path& dir, int64_t ranks, std::string& cause) {
   std::map<std::string, std::set<int>> by_message;  // "kind\tmessage" -> ranks
+  std::map<std::string, std::string> trace;         // "kind\tmessage" -> the first rank's trace file
   for (int64_t r = 0; r < ranks; ++r) {
     std::ifstream in(dir / ("rank_" + std::to_string(r)));
-    std::string kind, message;
-    if (in && std::getline(in, kind) && std::getline(in, message)) by_message[kind + "\t" + message].insert(static_cast<int>(r));
+    std::string kind, message, where;
+    if (in && std::getline(in, kind) && std::getline(in, message)) {
+      by_message[kind + "\t" + message].insert(static_cast<int>(r));
+      if (std::getline(in, where) && !where.empty()) trace.emplace(kind + "\t" + message, where);
+    }
   }
   int status = 0;
   for (const auto& [key, who] : by_message) {
@@ -81,7 +87,10 @@ int report_rank_errors(const fs::path& dir, int64_t ranks) {
       for (int r : who) where += (where.empty() ? " (rank " : ",") + std::to_string(r);
       where += ")";
     }
-    std::cerr << "strata: " << (kind == "user" ? "error" : "internal error") << where << ": " << message << "\n";
+    const auto traced = trace.find(key);
+    std::cerr << "strata: " << (kind == "user" ? "error" : "internal error") << where << ": " << message
+              << (traced != trace.end() ? " (full trace: " + traced->second + ")" : "") << "\n";
+    if (cause.empty()) cause = (kind == "user" ? "error" : "internal error") + where + ": " + message;
     status = std::max(status, kind == "user" ? 2 : 1);
   }
   return status;
@@ -211,11 +220,14 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   int wait_status = 0;
   while (::waitpid(child, &wait_status, 0) < 0 && errno == EINTR) {
   }
-  const int reported = report_rank_errors(errors, ranks);
+  std::string reported_cause;
+  const int reported = report_rank_errors(errors, ranks, reported_cause);
   filter.finish(reported != 0);
   std::error_code ignored;
   fs::remove_all(errors, ignored);
-  AttemptResult result{reported ? reported : WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 1, filter.cause(), interrupted != 0, {}};
+  const std::string signalled = filter.cause();
+  AttemptResult result{reported ? reported : WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 1,
+                       signalled.empty() ? reported_cause : signalled, interrupted != 0, {}};
   hangs.finish(result);
   fs::remove_all(progress, ignored);
   return result;

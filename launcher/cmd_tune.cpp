@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "strata/core/cpu_features.h"
 #include "common.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/tune.h"
@@ -57,12 +58,9 @@ std::string other_choices(const TuneCandidate& c) {
 
 // What the cache key says about the machine: CPU model, cores, Strata and libtorch versions.
 std::string machine_fingerprint() {
-  std::string model;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; model.empty() && std::getline(cpuinfo, line);)
-    if (line.rfind("model name", 0) == 0) model = line.substr(line.find(':') + 1);
   const VersionInfo v = version_info();
-  return model + "|" + std::to_string(std::thread::hardware_concurrency()) + "|" + v.strata + "|" + v.torch;
+  // The leading space: keys written before the model came from cpu_features() had it.
+  return " " + cpu_features().model + "|" + std::to_string(std::thread::hardware_concurrency()) + "|" + v.strata + "|" + v.torch;
 }
 
 fs::path cache_file() {

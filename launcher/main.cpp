@@ -1,9 +1,17 @@
 // The strata command.
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <string>
+
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "strata/core/log.h"
@@ -78,7 +86,9 @@ const std::vector<Command>& commands() {
        "usage: strata ops\n\n"
        "Shows every operator of the operator table with its implementations (core's reference and\n"
        "those plugins register), their priorities and what they support, and which one a CPU\n"
-       "float32 and bfloat16 call dispatches to.\n",
+       "float32 and bfloat16 call dispatches to; then the CPU's model and features and, for each\n"
+       "CPU fast path, what serves on this machine and why (STRATA_CPU_FALLBACK=KEY,... or all\n"
+       "forces the fallbacks).\n",
        run_ops},
       {"ckpt", "Work with checkpoints: export to Hugging Face format, consolidate, describe",
        "usage: strata ckpt export RUN_DIR|CHECKPOINT_DIR OUT_DIR\n"
@@ -163,19 +173,45 @@ int dispatch(int argc, char** argv) {
 
 namespace {
 
+// An internal error's one line for the terminal: the first line of what failed (libtorch's
+// errors carry a C++ backtrace after it), and where the whole text went: the run's log
+// (logs/rank_N.log) once a run has one, else a file of its own. A run's events.jsonl gets an
+// "internal_error" event naming both. Returns {line, where}.
+std::pair<std::string, std::string> internal_error(const std::exception& e) {
+  const std::string full = e.what();
+  std::string brief = full;
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e)) brief = torch_error->what_without_backtrace();
+  brief = brief.substr(0, brief.find('\n'));
+  std::string where = strata::log::first_file();
+  if (!where.empty()) {
+    strata::log::record("internal error: " + full);
+    const std::filesystem::path run_dir = std::filesystem::path(where).parent_path().parent_path();
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    const nlohmann::json event{{"time", now}, {"event", "internal_error"}, {"rank", rank ? std::atoi(rank) : 0},
+                               {"message", brief}, {"trace", where}};
+    std::ofstream(run_dir / "events.jsonl", std::ios::app) << event.dump() << "\n";
+  } else {
+    where = (std::filesystem::temp_directory_path() / ("strata-internal-error-" + std::to_string(::getpid()) + ".txt")).string();
+    std::ofstream(where) << full << "\n";
+  }
+  return {brief, where};
+}
+
 // A rank started by `strata run -n N` reports its error to the launcher, which prints each
-// distinct message once (cmd_run.cpp); anywhere else the error goes to standard error.
-void report(const char* kind, const char* message) {
+// distinct message once (cmd_run.cpp); anywhere else the error goes to standard error, one line.
+void report(const char* kind, const std::string& message, const std::string& trace = {}) {
   const char* dir = std::getenv("STRATA_ERROR_DIR");
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (dir && rank) {
     if (std::FILE* f = std::fopen((std::string(dir) + "/rank_" + rank).c_str(), "w")) {
-      std::fprintf(f, "%s\n%s\n", kind, message);
+      std::fprintf(f, "%s\n%s\n%s\n", kind, message.c_str(), trace.c_str());
       std::fclose(f);
       return;
     }
   }
-  std::fprintf(stderr, "strata: %s: %s\n", std::string(kind) == "user" ? "error" : "internal error", message);
+  if (std::string(kind) == "user") std::fprintf(stderr, "strata: error: %s\n", message.c_str());
+  else std::fprintf(stderr, "strata: internal error: %s (full trace: %s)\n", message.c_str(), trace.c_str());
 }
 
 }  // namespace
@@ -187,7 +223,8 @@ int main(int argc, char** argv) {
     report("user", e.what());
     return 2;
   } catch (const std::exception& e) {
-    report("internal", e.what());
+    const auto [line, trace] = internal_error(e);
+    report("internal", line, trace);
     return 1;
   }
 }

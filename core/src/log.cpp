@@ -31,7 +31,17 @@ spdlog::logger& file_logger() {
 
 }  // namespace
 
+namespace {
+std::string& first_file_path() {
+  static std::string path;
+  return path;
+}
+}  // namespace
+
+std::string first_file() { return first_file_path(); }
+
 void add_file(const std::string& path) {
+  if (first_file_path().empty()) first_file_path() = path;
   auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path);
   sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
   logger().sinks().push_back(sink);

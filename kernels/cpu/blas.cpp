@@ -8,6 +8,8 @@
 
 #include <ATen/native/CPUBlas.h>
 
+#include "strata/core/cpu_features.h"
+
 extern "C" {
 // The reference BLAS interface (LP64) that libtorch_cpu exports (MKL on x86-64 wheels).
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
@@ -50,32 +52,42 @@ void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, con
 
 namespace {
 
-// Whether ATen's fp32 brgemm runs here: it throws where oneDNN has no micro-kernel for this CPU.
-bool fp32_brgemm_available() {
+CpuPathChoice decide_brgemm() {
+  CpuPathChoice c{"brgemm", "attention's fp32 tile products", "MKL sgemm", "", false};
 #ifdef CPUBLAS_BRGEMM_F32F32F32
-  static const bool available = [] {
-    try {
-      const float a = 3.0f, b = 2.0f;
-      float c = 0.0f;
-      at::native::cpublas::brgemm(1, 1, 1, 1, 1, 1, false, &a, &b, &c, false);
-      return c == 6.0f;
-    } catch (const std::exception&) {
-      return false;
-    }
-  }();
-  return available;
+  if (cpu_fallback_forced(c.path)) return c.why = "forced by STRATA_CPU_FALLBACK", c;
+  try {
+    const float a = 3.0f, b = 2.0f;
+    float out = 0.0f;
+    at::native::cpublas::brgemm(1, 1, 1, 1, 1, 1, false, &a, &b, &out, false);
+    if (out != 6.0f) return c.why = "oneDNN's micro-kernel gave a wrong result in a trial call", c;
+  } catch (const std::exception&) {
+    return c.why = "oneDNN has no fp32 batch-reduce micro-kernel for this CPU", c;
+  }
+  c.chosen = "oneDNN batch-reduce micro-kernel (cpublas::brgemm)", c.fast = true;
+  c.why = "a trial call ran";
 #else
-  return false;
+  c.why = "this libtorch has no fp32 cpublas::brgemm";
 #endif
+  return c;
 }
 
 }  // namespace
+
+bool brgemm_chosen() {
+  static const bool chosen = [] {
+    const CpuPathChoice choice = decide_brgemm();
+    record_cpu_path(choice);
+    return choice.fast;
+  }();
+  return chosen;
+}
 
 void tile_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate,
                float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
 #ifdef CPUBLAS_BRGEMM_F32F32F32
-  if (k > 0 && fp32_brgemm_available()) {
+  if (k > 0 && brgemm_chosen()) {
     at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, accumulate, a, b, c, false);
     return;
   }

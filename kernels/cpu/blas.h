@@ -18,7 +18,8 @@ void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, con
 // no alpha; one thread. For fp32 this is oneDNN's batch-reduce GEMM micro-kernel (ATen's
 // cpublas::brgemm), which on attention's 64 x 128 x 64 tiles ran 112-115 GFLOP/s on one Zen 4
 // core where MKL's sgemm ran 88-95 (its per-call packing dominates at that size). Where libtorch
-// has no such kernel for this CPU (decided once, by a trial call) and for fp64 it is gemm.
+// has no such kernel for this CPU (decided once, by a trial call: brgemm_chosen), under
+// STRATA_CPU_FALLBACK=brgemm, and for fp64 it is gemm.
 void tile_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate,
                float* c, int64_t ldc);
 void tile_gemm(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b, int64_t ldb, bool accumulate,
@@ -29,6 +30,9 @@ void tile_gemm(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, co
 // parallel region would open a nested OpenMP region for every tile (measured: under
 // OMP_WAIT_POLICY=passive that made the 2-thread attention kernel twice as slow as 1 thread).
 // MKL's thread-local setting where libtorch carries MKL, nothing otherwise.
+// Whether oneDNN's fp32 micro-kernel serves tile_gemm here (recorded, strata/core/cpu_features.h).
+bool brgemm_chosen();
+
 class SequentialBlas {
  public:
   SequentialBlas();

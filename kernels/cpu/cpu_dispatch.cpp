@@ -1,22 +1,49 @@
 // Chooses, once, the compiled copy of each per-capability file this CPU runs (attention_rows.h,
-// activation_math.h, adamw_rows.h), as ATen's DispatchStub does for its own kernels: AVX2+FMA where the CPU has
-// them, else the generic copy.
+// activation_math.h, adamw_rows.h), as ATen's DispatchStub does for its own kernels: AVX2+FMA+F16C where the
+// CPU has them (as libtorch's cpuinfo reads it) and STRATA_CPU_FALLBACK does not name "avx2", else the
+// generic copy; and decides every CPU path of the kernels at once (cpu_paths.h).
+#include "cpu_paths.h"
+
 #include "activation_math.h"
 #include "adamw_rows.h"
 #include "attention_rows.h"
+#include "blas.h"
+#include "linear_onednn.h"
+#include "strata/core/cpu_features.h"
 
 namespace strata::kernels {
 namespace {
 
-bool cpu_has_avx2() {
+CpuPathChoice decide_avx2_copies() {
+  CpuPathChoice c{"avx2", "vectorised rows: attention softmax, GELU/SwiGLU, AdamW", "generic copy (SSE2)", "", false};
+  const CpuFeatures& cpu = cpu_features();
 #if defined(STRATA_HAVE_AVX2_COPIES)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (cpu_fallback_forced(c.path)) c.why = "forced by STRATA_CPU_FALLBACK";
+  else if (!(cpu.avx2 && cpu.fma && cpu.f16c)) c.why = "this CPU lacks AVX2, FMA or F16C";
+  else c.chosen = "AVX2+FMA copy", c.fast = true, c.why = "this CPU has AVX2, FMA and F16C";
 #else
-  return false;
+  c.why = "built without the AVX2 copies (not x86-64)";
 #endif
+  return c;
+}
+
+bool cpu_has_avx2() {
+  static const bool chosen = [] {
+    const CpuPathChoice choice = decide_avx2_copies();
+    record_cpu_path(choice);
+    return choice.fast;
+  }();
+  return chosen;
 }
 
 }  // namespace
+
+void decide_cpu_paths() {
+  cpu_has_avx2();
+  onednn_linear_chosen();
+  onednn_matmul_chosen();
+  brgemm_chosen();
+}
 
 #if defined(STRATA_HAVE_AVX2_COPIES)
 #define STRATA_PICK(name) (cpu_has_avx2() ? avx2::name() : generic::name())

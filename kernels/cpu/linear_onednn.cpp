@@ -17,8 +17,13 @@
 // copies of dy^T and x^T here (1.2-1.8x slower than MKL, bench/results/gemm_cpu.md); oneDNN's
 // *matmul* reads the transposed view as it is and ran 0.87-0.97x MKL's time on 2 threads at the
 // GPTs' shapes (0.96-1.0x on one). It has no registered op: at::native::mkldnn_matmul is
-// exported by libtorch_cpu but its header is not in the wheel, so it is declared here, weak,
-// and at::mm serves where the symbol is absent.
+// exported by libtorch_cpu but its header is not in the wheel, so it is declared here, weak.
+//
+// Which CPU runs them: oneDNN's matmul refuses every call (fp32 too) unless the CPU has AVX-512
+// BW/VL/DQ or AVX-NE-CONVERT (ATen's own callers check first; the check is ideep's and honours
+// ONEDNN_MAX_CPU_ISA), so on an AVX2-only CPU the weight gradient is at::mm's (MKL). oneDNN's
+// fp32 linear runs on any x86-64. Each is decided once, by the CPU's features and a trial call,
+// and recorded with its reason (strata/core/cpu_features.h): `strata ops` shows it.
 #include "linear_onednn.h"
 
 #include <ATen/ATen.h>
@@ -26,6 +31,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include "strata/core/cpu_features.h"
 
 namespace at::native {
 // result = alpha * mat1 mat2 + beta * result (ATen/native/mkldnn/Matmul.h in the torch sources).
@@ -83,16 +90,69 @@ class OnednnLinear : public torch::autograd::Function<OnednnLinear> {
 
 }  // namespace
 
-bool onednn_linear_available() {
-  return at::hasMKLDNN() && onednn_linear_op().has_value();
+namespace {
+
+// The first line of what a refused trial call said (ATen's messages carry a backtrace after it).
+std::string first_line(const std::exception& e) {
+  const std::string what = e.what();
+  return what.substr(0, what.find('\n'));
 }
 
-bool onednn_matmul_available() {
-  return at::hasMKLDNN() && &at::native::mkldnn_matmul != nullptr;
+CpuPathChoice decide_onednn_linear() {
+  CpuPathChoice c{"onednn_linear", "Linear forward and input gradient (fp32)", "at::linear (MKL)", "", false};
+  if (cpu_fallback_forced(c.path)) return c.why = "forced by STRATA_CPU_FALLBACK", c;
+  if (!at::hasMKLDNN() || !onednn_linear_op()) return c.why = "this libtorch has no oneDNN linear", c;
+  try {
+    const at::Tensor y = onednn_rows_times_weight(at::ones({2, 3}), at::ones({4, 3}), at::Tensor());
+    if (!at::equal(y, at::full({2, 4}, 3.0f))) return c.why = "oneDNN's linear gave a wrong result in a trial call", c;
+  } catch (const std::exception& e) {
+    return c.why = "oneDNN's linear refused a trial call: " + first_line(e), c;
+  }
+  c.chosen = "oneDNN linear", c.fast = true;
+  c.why = "a trial call ran (oneDNN's fp32 kernels need no AVX-512)";
+  return c;
+}
+
+CpuPathChoice decide_onednn_matmul() {
+  CpuPathChoice c{"onednn_matmul", "Linear weight gradient (fp32)", "MKL (at::mm)", "", false};
+  const CpuFeatures& cpu = cpu_features();
+  if (cpu_fallback_forced(c.path)) return c.why = "forced by STRATA_CPU_FALLBACK", c;
+  if (!at::hasMKLDNN() || &at::native::mkldnn_matmul == nullptr) return c.why = "this libtorch does not export oneDNN's matmul", c;
+  if (!cpu.avx512 && !cpu.avx_ne_convert)
+    return c.why = "this CPU has no AVX-512 (BW, VL, DQ) and no AVX-NE-CONVERT, which oneDNN's matmul requires", c;
+  try {
+    const at::Tensor a = at::ones({3, 2}), b = at::ones({3, 4}), out = at::empty({2, 4});
+    at::native::mkldnn_matmul(a.t(), b, out, /*beta=*/0.f, /*alpha=*/1.f);
+    if (!at::equal(out, at::full({2, 4}, 3.0f))) return c.why = "oneDNN's matmul gave a wrong result in a trial call", c;
+  } catch (const std::exception& e) {
+    return c.why = "oneDNN's matmul refused a trial call: " + first_line(e), c;
+  }
+  c.chosen = "oneDNN matmul on transposed views", c.fast = true;
+  c.why = cpu.avx512 ? "this CPU has AVX-512 (BW, VL, DQ)" : "this CPU has AVX-NE-CONVERT";
+  return c;
+}
+
+// Decided once, and recorded for `strata ops` and the rank log.
+bool decided(CpuPathChoice (*decide)()) {
+  const CpuPathChoice choice = decide();
+  record_cpu_path(choice);
+  return choice.fast;
+}
+
+}  // namespace
+
+bool onednn_linear_chosen() {
+  static const bool chosen = decided(&decide_onednn_linear);
+  return chosen;
+}
+
+bool onednn_matmul_chosen() {
+  static const bool chosen = decided(&decide_onednn_matmul);
+  return chosen;
 }
 
 at::Tensor linear_weight_gradient(const at::Tensor& dy, const at::Tensor& rows) {
-  if (!onednn_matmul_available()) return dy.t().mm(rows);
+  if (!onednn_matmul_chosen()) return dy.t().mm(rows);
   // Not a dispatched op, so the profiler would fold this GEMM into the autograd node's self
   // time; the named range keeps it visible in [job] profile_steps tables.
   RECORD_FUNCTION("strata::linear_weight_gradient", std::vector<c10::IValue>{});
@@ -105,7 +165,7 @@ at::Tensor linear_onednn_cpu(const at::Tensor& x, const at::Tensor& weight, cons
   const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
   const bool ours = fp32_cpu(x) && fp32_cpu(weight) && (!bias || fp32_cpu(*bias)) && x.numel() > 0 && weight.numel() > 0 &&
                     x.dim() >= 1 && weight.dim() == 2 && !at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
-  if (!ours) return at::linear(x, weight, bias);
+  if (!ours || !onednn_linear_chosen()) return at::linear(x, weight, bias);
   TORCH_CHECK(x.size(-1) == weight.size(1), "linear: x's last dimension ", x.size(-1), " is not the weight's input size ",
               weight.size(1));
   return OnednnLinear::apply(x, weight, bias ? *bias : at::empty({0}, weight.options().requires_grad(false)));

@@ -13,16 +13,20 @@
 
 namespace strata::kernels {
 
-// Whether this libtorch carries oneDNN's linear (mkldnn::_linear_pointwise): the implementation
-// is registered only where it does.
-bool onednn_linear_available();
+// Whether oneDNN's linear (mkldnn::_linear_pointwise) serves the forward and input gradient here:
+// this libtorch carries it, a trial call runs, and STRATA_CPU_FALLBACK does not name
+// "onednn_linear". The implementation is registered only where it does. Decided once, recorded
+// (strata/core/cpu_features.h).
+bool onednn_linear_chosen();
 
-// Whether libtorch exports oneDNN's matmul (at::native::mkldnn_matmul), which the weight
-// gradient uses; without it the weight gradient is at::mm's.
-bool onednn_matmul_available();
+// Whether oneDNN's matmul (at::native::mkldnn_matmul) serves the weight gradient here: libtorch
+// exports it, the CPU has AVX-512 BW/VL/DQ or AVX-NE-CONVERT (oneDNN refuses every call
+// otherwise), a trial call runs, and STRATA_CPU_FALLBACK does not name "onednn_matmul". Else the
+// weight gradient is at::mm's (MKL). Decided once, recorded.
+bool onednn_matmul_chosen();
 
 // dW = dy^T rows ([out, in] from dy [N, out] and rows [N, in], fp32): what the backward computes
-// for the weight, through oneDNN's matmul where available, else at::mm.
+// for the weight, through oneDNN's matmul where chosen, else at::mm.
 at::Tensor linear_weight_gradient(const at::Tensor& dy, const at::Tensor& rows);
 
 // What "linear.onednn_cpu" runs. fp32 CPU tensors; anything else (another dtype, autocast on, an

@@ -45,6 +45,12 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const std::optio
 
 // a [M, K] @ b [K, N] of fp8 operands, dequantized by the inverse scales, in fp32 (mat1
 // row-major and mat2 column-major, the layouts CUDA's _scaled_mm requires; the CPU takes any).
+// On the CPU: ATen's _scaled_mm where a trial call runs it (cpu_scaled_mm_chosen), else the fp32
+// product of the fp8 values, scaled.
 at::Tensor scaled_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& a_scale, const at::Tensor& b_scale);
+
+// Whether ATen's _scaled_mm serves fp8 GEMMs on this CPU (decided once, recorded with its reason:
+// strata/core/cpu_features.h; STRATA_CPU_FALLBACK=fp8_scaled_mm forces the fallback).
+bool cpu_scaled_mm_chosen();
 
 }  // namespace strata::fp8

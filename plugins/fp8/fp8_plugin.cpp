@@ -129,7 +129,9 @@ class Fp8Pass final : public Pass {
     const std::string& recipe = config.get_string("recipe");
     if (recipe != "delayed")
       for (const char* key : kDelayedOnly)
-        if (config.entry(key).origin != Origin::Default)
+        // A saved strategy.toml states every key, defaults included: only a value other than
+        // the default is a choice that nothing would honour.
+        if (config.entry(key).origin != Origin::Default && config.entry(key).value != info().schema.find(key)->default_value)
           diagnostics.error(config.entry(key).pos, std::string("pass 'fp8' key '") + key + "' applies to recipe 'delayed' only, not '" +
                                                        recipe + "'");
     for (const char* key : {"include", "exclude"})
@@ -257,7 +259,10 @@ class Fp8Pass final : public Pass {
   }
 };
 
-void register_components(Registry& registry) { registry.add(std::make_unique<Fp8Pass>()); }
+void register_components(Registry& registry) {
+  cpu_scaled_mm_chosen();  // decided at load, so that `strata ops` lists it
+  registry.add(std::make_unique<Fp8Pass>());
+}
 
 }  // namespace
 }  // namespace strata::fp8

@@ -180,9 +180,7 @@ class Gpt final : public ModelFactory {
 
   NamedTensors from_hf(const NamedTensors& hf, const Config& c) const override {
     require_hf_compatible(c);
-    Config random_init = c;
-    random_init.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
-    return map_from_hf(hf, *create(random_init), hf_name, [](const std::string& n) {
+    return map_from_hf(hf, *whole_model(*this, c), hf_name, [](const std::string& n) {
       // The tied output weight, and the causal-mask buffers older checkpoints store.
       return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
     });

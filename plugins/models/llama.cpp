@@ -156,12 +156,10 @@ class Llama final : public ModelFactory {
 
   NamedTensors from_hf(const NamedTensors& hf, const Config& c) const override {
     if (moe_) require_hub_mixtral(c);
-    Config random_init = c;
-    random_init.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
     const bool tied = c.get_bool("tie_embeddings");
     auto ignored = tied ? +[](const std::string& n) { return n == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq"); }
                         : +[](const std::string& n) { return n.ends_with("rotary_emb.inv_freq"); };
-    return map_from_hf(moe_ ? stacked_from_hub_experts(hf, c.get_int("n_experts")) : hf, *create(random_init), hf_name, ignored);
+    return map_from_hf(moe_ ? stacked_from_hub_experts(hf, c.get_int("n_experts")) : hf, *whole_model(*this, c), hf_name, ignored);
   }
 
   std::string hf_config_json(const Config& c) const override {

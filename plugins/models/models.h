@@ -33,6 +33,9 @@ using ToHfName = HfName (*)(const std::string& strata_name);
 // Maps parameter names (and layouts) both ways with `to_hf_name`. from_hf ignores the names in
 // `ignored` (buffers and tied copies some checkpoints carry).
 NamedTensors map_to_hf(const nn::Model& model, ToHfName to_hf_name);
+// The whole model `factory` builds from `config` with random weights and no init_from, also on a
+// pipeline rank that builds only its stages: the names and shapes from_hf maps a checkpoint to.
+std::shared_ptr<nn::Model> whole_model(const ModelFactory& factory, const Config& config);
 NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, ToHfName to_hf_name,
                          bool (*ignored)(const std::string& hf_name));
 // Loads [model] init_from into `model` when it is set: whole tensors into a whole model, each

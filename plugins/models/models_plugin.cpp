@@ -38,6 +38,15 @@ NamedTensors map_to_hf(const nn::Model& model, ToHfName to_hf_name) {
   return out;
 }
 
+std::shared_ptr<nn::Model> whole_model(const ModelFactory& factory, const Config& config) {
+  Config random_init = config;
+  random_init.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
+  // A pipeline rank builds only its stages (under a BlockFilter); a checkpoint names every
+  // block's tensors, so the names come from the whole model.
+  const nn::BlockFilter every_block([](size_t) { return true; });
+  return factory.create(random_init);
+}
+
 NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, ToHfName to_hf_name,
                          bool (*ignored)(const std::string& hf_name)) {
   std::map<std::string, std::pair<std::string, bool>> strata_of;  // hf name -> strata name, transposed
@@ -68,6 +77,9 @@ void init_from(nn::Model& model, const ModelFactory& factory, const Config& conf
   // rank's piece of each split parameter, where its placement says.
   const Placements placements = nn::parameter_placements(model);
   const auto params = model.named_parameters();
+  // A pipeline rank holds only its stages' blocks: the checkpoint's tensors for the other blocks
+  // (from_hf has matched every one to the whole model) are other ranks' to load.
+  std::erase_if(weights, [&params](const auto& named) { return params.find(named.first) == nullptr; });
   for (auto& [name, tensor] : weights) {
     const auto placement = placements.find(name);
     if (placement == placements.end()) continue;

@@ -6,6 +6,10 @@
 
 namespace strata::models {
 
+namespace {
+constexpr double kDefaultBiasUpdateRate = 0.001;  // DeepSeek-V3's gamma
+}  // namespace
+
 Schema& add_moe_keys(Schema& schema) {
   return schema.integer("n_experts", 8, "Routed experts per MoE layer", between(1, 1 << 16))
       .integer("top_k", 2, "Experts each token is routed to (their weights renormalised to sum to 1)", between(1, 1 << 16))
@@ -23,7 +27,7 @@ Schema& add_moe_keys(Schema& schema) {
               "bias on the selection scores, moved after each step towards the mean load; the loss still applies with "
               "router_aux_loss_coef, 0 for V3's auxiliary-loss-free recipe)",
               {"aux_loss", "bias"})
-      .real("bias_update_rate", 0.001, "balance = \"bias\": the bias step gamma per optimizer step (DeepSeek-V3: 0.001)",
+      .real("bias_update_rate", kDefaultBiasUpdateRate, "balance = \"bias\": the bias step gamma per optimizer step (DeepSeek-V3: 0.001)",
             between(0, 1e3));
 }
 
@@ -34,7 +38,9 @@ void validate_moe(const Config& config, const SourcePos& section, Diagnostics& d
   if (config.get_int("moe_every") > config.get_int("n_layer"))
     diagnostics.error(section, "[model] moe_every (" + std::to_string(config.get_int("moe_every")) + ") exceeds n_layer (" +
                                    std::to_string(config.get_int("n_layer")) + "): the model would have no MoE block");
-  if (config.get_string("balance") != "bias" && config.entry("bias_update_rate").origin != Origin::Default)
+  // A saved strategy.toml states every key, defaults included: only a rate other than the
+  // default is a choice that nothing would honour.
+  if (config.get_string("balance") != "bias" && config.get_float("bias_update_rate") != kDefaultBiasUpdateRate)
     diagnostics.error(config.entry("bias_update_rate").pos, "[model] bias_update_rate applies only to balance = \"bias\"");
 }
 

@@ -2,10 +2,14 @@
 // (torch.optim.AdamW's arithmetic): several steps at sizes that are and are not multiples of the
 // vector width, with and without weight decay, beta1 on both sides of ATen's lerp switch (0.5), a
 // strided parameter, every compiled copy, and the table choosing the kernel for fp32 only.
+#include <string>
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include "cpu/adamw.h"
+#include "cpu/adamw_rows.h"
+#include "cpu/attention_rows.h"
 #include "strata/core/component_registry.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
@@ -48,10 +52,15 @@ double compare(Fn fn, int64_t n, double beta1, double weight_decay) {
 }
 
 TEST(AdamwKernel, MatchesTheReference) {
+  // The copy this CPU runs (cpu_dispatch.cpp): the AVX2 one rounds as ATen's vectorised lerp;
+  // the generic one (a CPU without AVX2, or STRATA_CPU_FALLBACK=avx2) rounds lerp's product
+  // before the add: up to 2.0e-5 of a moment near the 1e-3 floor of the relative error (measured
+  // at 70001 elements), still float rounding.
+  const double tolerance = std::string(kernels::attention_row_ops_capability()) == "avx2" ? 2e-6 : 5e-5;
   for (int64_t n : {1, 7, 8, 9, 33, 1000, 70001})
     for (double beta1 : {0.9, 0.3})
       for (double wd : {0.0, 0.1})
-        EXPECT_LE(compare(kernels::adamw_update_fused_cpu, n, beta1, wd), 2e-6) << n << " beta1 " << beta1 << " wd " << wd;
+        EXPECT_LE(compare(kernels::adamw_update_fused_cpu, n, beta1, wd), tolerance) << n << " beta1 " << beta1 << " wd " << wd;
 }
 
 TEST(AdamwKernel, EveryCompiledCopyMatchesTheReference) {

@@ -2,6 +2,7 @@
 // reference (at::linear): values and the three gradients at shapes that are and are not
 // multiples of oneDNN's blocks, with and without a bias, 3-D and non-contiguous inputs, frozen
 // inputs and weights, the dtypes and autocast it leaves to at::linear, and the table choosing it.
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cpu/linear_onednn.h"
+#include "strata/core/cpu_features.h"
 #include "strata/core/component_registry.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
@@ -45,7 +47,7 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const std::option
 }
 
 TEST(LinearOnednn, MatchesTheFormulaAndTheReference) {
-  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
+  if (!kernels::onednn_linear_chosen()) GTEST_SKIP() << "oneDNN's linear does not serve here (strata ops says why)";
   struct Shape {
     std::vector<int64_t> x;  // [..., in]
     int64_t out;
@@ -76,7 +78,7 @@ TEST(LinearOnednn, MatchesTheFormulaAndTheReference) {
 }
 
 TEST(LinearOnednn, TakesNonContiguousInputsAndWeights) {
-  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
+  if (!kernels::onednn_linear_chosen()) GTEST_SKIP() << "oneDNN's linear does not serve here (strata ops says why)";
   at::manual_seed(1);
   const at::Tensor x = at::randn({48, 3, 40}).transpose(0, 1);  // [3, 48, 40], strided
   const at::Tensor w = at::randn({40, 24}).t();                 // [24, 40], a transposed view
@@ -90,10 +92,20 @@ TEST(LinearOnednn, TakesNonContiguousInputsAndWeights) {
   EXPECT_LE(scaled_error(g[1], exact.dw), 2e-6);
 }
 
-TEST(LinearOnednn, WeightGradientGoesThroughOnednnsMatmul) {
-  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
-  // torch 2.11.0's libtorch_cpu exports it: a silent fall back to at::mm would lose the speed.
-  EXPECT_TRUE(kernels::onednn_matmul_available());
+// Whichever path serves here (oneDNN's matmul; MKL on a CPU without AVX-512 or under
+// STRATA_CPU_FALLBACK, which a ctest entry sets so that both are proven on every machine).
+TEST(LinearOnednn, WeightGradientOnThePathThisCpuRuns) {
+  // torch 2.11.0's libtorch_cpu exports oneDNN's matmul: where the CPU can run it, a silent fall
+  // back to at::mm would lose the speed; where it cannot, calling it would throw.
+  const CpuFeatures& cpu = cpu_features();
+  const bool runnable = at::hasMKLDNN() && (cpu.avx512 || cpu.avx_ne_convert) && cpu.onednn_max_isa.empty();
+  if (cpu.onednn_max_isa.empty() || cpu_fallback_forced("onednn_matmul"))
+    EXPECT_EQ(kernels::onednn_matmul_chosen(), runnable && !cpu_fallback_forced("onednn_matmul")) << cpu_features_line();
+  const auto paths = cpu_paths();
+  const auto recorded = std::find_if(paths.begin(), paths.end(), [](const CpuPathChoice& c) { return c.path == "onednn_matmul"; });
+  ASSERT_NE(recorded, paths.end());
+  EXPECT_EQ(recorded->fast, kernels::onednn_matmul_chosen());
+  EXPECT_FALSE(recorded->why.empty());
   at::manual_seed(4);
   for (const auto& [n, out, in] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {37, 5, 19}, {256, 48, 17}, {130, 129, 64}}) {
     const at::Tensor dy = at::randn({n, out}), rows = at::randn({n, in});
@@ -109,7 +121,7 @@ TEST(LinearOnednn, WeightGradientGoesThroughOnednnsMatmul) {
 }
 
 TEST(LinearOnednn, ComputesOnlyTheGradientsAskedFor) {
-  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
+  if (!kernels::onednn_linear_chosen()) GTEST_SKIP() << "oneDNN's linear does not serve here (strata ops says why)";
   at::manual_seed(2);
   const at::Tensor x = at::randn({9, 12}), w = at::randn({5, 12}).requires_grad_(true), b = at::randn({5});
   const at::Tensor y = onednn(x, w, b);  // x and b frozen (an embedding's output, a frozen bias)
@@ -144,7 +156,7 @@ TEST(LinearOnednn, LeavesOtherDtypesAndAutocastToAtLinear) {
 }
 
 TEST(LinearOnednn, TheKernelsPluginServesFp32OnTheCpu) {
-  if (!kernels::onednn_linear_available()) GTEST_SKIP() << "this libtorch has no oneDNN";
+  if (!kernels::onednn_linear_chosen()) GTEST_SKIP() << "oneDNN's linear does not serve here (strata ops says why)";
   ComponentRegistry registry;
   PluginLoader(registry).load_search_path({STRATA_KERNELS_PLUGIN});
   OperatorTable::global().install(registry);

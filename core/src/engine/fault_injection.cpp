@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <c10/util/Exception.h>
+
 namespace strata::engine {
 
 bool inject_fault(int rank, int64_t step, const std::string& point, const std::function<void()>& before_kill) {
@@ -24,6 +26,8 @@ bool inject_fault(int rank, int64_t step, const std::string& point, const std::f
       std::raise(SIGKILL);
     }
     if (point == "step" && kind == "stop") std::raise(SIGSTOP);
+    // An error from inside libtorch, C++ backtrace and all: what a user sees must be one line.
+    if (point == "step" && kind == "torch_error") TORCH_CHECK(false, "injected fault: a libtorch error at step ", step);
     if (point == "backward" && kind == "stop_in_backward") std::raise(SIGSTOP);
     if (point == "snapshot" && kind == "kill_in_snapshot") std::raise(SIGKILL);
     if (point == "snapshot_done" && kind == "corrupt_snapshot") return true;

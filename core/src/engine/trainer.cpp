@@ -20,6 +20,7 @@
 #include "trainer_impl.h"
 #include "training_state.h"
 #include "strata/core/host_memory.h"
+#include "strata/core/cpu_features.h"
 #include "strata/core/log.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/step_plan.h"
@@ -114,6 +115,9 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   log::record("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + ", local rank " +
               std::to_string(env.local_rank) + " of " + std::to_string(env.local_size) + " on host " + host + " (launcher " +
               env.launcher + "), device " + device.str() + ", " + std::to_string(at::get_num_threads()) + " threads");
+  // The CPU and the fast paths its kernels chose (decided when the plugins loaded; `strata ops`).
+  log::record("cpu " + cpu_features().model + ": " + cpu_features_line());
+  for (const CpuPathChoice& c : cpu_paths()) log::record("cpu path " + c.path + " (" + c.serves + "): " + c.chosen + " - " + c.why);
   // Denormal floats make CPU arithmetic many times slower (seen: PyTorch eager's backward 3.7x
   // slower by the fourth step of a GPT); flushing them to zero changes results only below 1e-38.
   at::globalContext().setFlushDenormal(true);

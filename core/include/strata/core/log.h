@@ -20,6 +20,8 @@ STRATA_API void error(const std::string& message);
 // Also writes every message, with a timestamp, to `path` (appending); used for the run's
 // logs/rank_N.log.
 STRATA_API void add_file(const std::string& path);
+// The first file add_file named (the run's logs/rank_N.log), or empty before any.
+STRATA_API std::string first_file();
 // Writes `line` to the log files only: for what the console already shows on standard output.
 STRATA_API void record(const std::string& line);
 

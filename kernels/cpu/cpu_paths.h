@@ -1,0 +1,14 @@
+// Every CPU path the kernels choose between (strata/core/cpu_features.h), decided at once: the
+// kernels plugin calls this when it registers, so that a process decides before its first step
+// and `strata ops` lists the choices. Each decision also happens on its own at first use.
+//   avx2           the per-capability copies (cpu_dispatch.cpp): AVX2+FMA+F16C, else generic
+//   onednn_linear  Linear forward and input gradient (linear_onednn.cpp): oneDNN, else at::linear
+//   onednn_matmul  Linear weight gradient (linear_onednn.cpp): oneDNN's matmul, else at::mm
+//   brgemm         attention's tile products (blas.cpp): oneDNN's micro-kernel, else sgemm
+#pragma once
+
+namespace strata::kernels {
+
+void decide_cpu_paths();
+
+}  // namespace strata::kernels
