@@ -18,11 +18,15 @@ LayerChoice choose_layers(nn::Model& model, const StringList& include, const Str
     if (!linear) continue;
     const std::string& name = item.key();
     if ((!include.empty() && !contains_any(name, include)) || contains_any(name, exclude)) continue;
+    const auto shape = [&name](int64_t out, int64_t in) { return name + " [" + std::to_string(out) + " x " + std::to_string(in) + "]"; };
+    const auto aligned = [](int64_t out, int64_t in) { return out % kDimMultiple == 0 && in % kDimMultiple == 0; };
+    if (!aligned(linear->out_features, linear->in_features)) {
+      choice.too_small.push_back(shape(linear->out_features, linear->in_features));
+      continue;
+    }
+    choice.fp8.emplace_back(name, linear);
     const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
-    if (out % kDimMultiple != 0 || in % kDimMultiple != 0)
-      choice.too_small.push_back(name + " [" + std::to_string(out) + " x " + std::to_string(in) + "]");
-    else
-      choice.fp8.emplace_back(name, linear);
+    if (!aligned(out, in)) choice.misaligned.push_back(shape(out, in));
   }
   return choice;
 }

@@ -63,7 +63,9 @@ bool cpu_scaled_mm_chosen() {
 }
 
 at::Tensor scaled_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& a_scale, const at::Tensor& b_scale) {
-  if (a.device().is_cpu() && !cpu_scaled_mm_chosen())
+  // A tensor-parallel piece need not be a multiple of 16 (fp8_layers.h), which ATen's kernels may want.
+  const bool aligned = a.size(1) % 16 == 0 && b.size(1) % 16 == 0;
+  if (a.device().is_cpu() && (!cpu_scaled_mm_chosen() || !aligned))
     return a.to(at::kFloat).mm(b.to(at::kFloat)).mul_(a_scale).mul_(b_scale);
   return at::_scaled_mm(a.contiguous(), b.t().contiguous().t(), a_scale, b_scale, std::nullopt, std::nullopt, at::kFloat);
 }

@@ -162,6 +162,9 @@ class Fp8Pass final : public Pass {
       if (!choice.too_small.empty())
         out += "  tensor rank " + std::to_string(index) + ": left in high precision (a dimension not a multiple of 16): " +
                join(choice.too_small) + "\n";
+      if (!choice.misaligned.empty())
+        out += "  tensor rank " + std::to_string(index) + ": pieces not multiples of 16 (run on the CPU; CUDA's fp8 GEMMs refuse them): " +
+               join(choice.misaligned) + "\n";
     }
     rng.restore();
     return out;
@@ -184,6 +187,9 @@ class Fp8Pass final : public Pass {
     }
     if (!any_fp8)
       throw UserError("pass 'fp8': every selected Linear layer has a dimension that is not a multiple of 16: " + join(choice.too_small));
+    if (job.device().is_cuda() && !choice.misaligned.empty())
+      throw UserError("pass 'fp8': under this layout these fp8 layers' pieces are not multiples of 16, which CUDA's fp8 GEMMs "
+                      "need: " + join(choice.misaligned) + "; exclude them (pass 'fp8' exclude) or choose another tensor size");
     const bool report = job.topology->rank() == 0;
     if (report && !choice.too_small.empty())
       std::cout << "fp8: left in high precision (a dimension not a multiple of 16): " << join(choice.too_small) << "\n";

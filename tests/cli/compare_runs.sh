@@ -5,6 +5,7 @@
 # for bit). MODE "differ": the trajectories must differ by more than TOLERANCE somewhere (to show
 # that an option changes training at all). With B_METRICS_MATCH set, every line of run B's
 # metrics.jsonl must also match that extended regex (to show that B really used its option).
+# With GRAD_NORM_STEPS=K, the gradient norms of the first K steps are compared as the losses are.
 # With B_LAUNCHER set (a command, e.g. "torchrun --nproc-per-node 2 --no-python"), run B is
 # started by it instead of directly.
 set -euo pipefail
@@ -27,6 +28,12 @@ paste <(losses "$work/a") <(losses "$work/b") | awk -v mode="$mode" -v tol="$tol
         if (n < 5) exit 1
         if (mode == "same" && worst > tol) exit 1
         if (mode == "differ" && worst <= tol) exit 1 }'
+if [[ -n ${GRAD_NORM_STEPS:-} ]]; then
+  norms() { sed -E 's/.*"grad_norm":([^,]+),.*/\1/' "$1/metrics.jsonl" | head -n "$GRAD_NORM_STEPS"; }
+  paste <(norms "$work/a") <(norms "$work/b") | awk -v tol="$tolerance" '
+    { d = $1 - $2; if (d < 0) d = -d; rel = d / ($1 < 0 ? -$1 : $1); if (rel > worst) worst = rel; n++ }
+    END { printf "%d steps, worst relative gradient norm difference %.3e (tolerance %g)\n", n, worst, tol; if (worst > tol) exit 1 }'
+fi
 if [[ -n ${B_METRICS_MATCH:-} ]]; then
   bad=$(grep -cvE -- "$B_METRICS_MATCH" "$work/b/metrics.jsonl" || true)
   [[ $bad == 0 ]] || { echo "$bad lines of run B's metrics.jsonl do not match $B_METRICS_MATCH"; exit 1; }
