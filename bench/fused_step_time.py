@@ -43,6 +43,16 @@ SIZES = {  # name: n_layer, n_head, d_model, seq_len, batch, vocab
 LLAMA_SIZES = {"llama"}
 
 
+def cpu_description(strata_bin):
+    """The CPU model, its ISA features and the limits set on ATen and oneDNN, as `strata ops` reads
+    them (every column of a run shares the environment, so the limits apply to PyTorch too)."""
+    listing = subprocess.run([strata_bin, "ops"], capture_output=True, text=True).stdout
+    line = next((l for l in listing.splitlines() if l.startswith("CPU paths on this machine (")), "")
+    described = line[len("CPU paths on this machine ("):-1] if line else platform.machine()
+    limits = [f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "STRATA_CPU_FALLBACK") if k in os.environ]
+    return described + (f" (environment: {', '.join(limits)})" if limits else "")
+
+
 def model_of(name):
     return "llama" if name in LLAMA_SIZES else "gpt"
 WARMUP = 3
@@ -192,7 +202,7 @@ def main():
         f.write(f"\n## {args.threads} thread(s)\n\nCommand: `~/.local/share/strata/venv/bin/python bench/fused_step_time.py "
                 f"--steps {args.steps} --rounds {args.rounds} --threads {args.threads} --sizes {args.sizes}"
                 f"{' --append' if args.append else ''}`  \n")
-        f.write(f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared, noisy); {args.threads} threads for all; "
+        f.write(f"Machine: {cpu_description(args.strata)}, {os.cpu_count()} cores (shared, noisy); {args.threads} threads for all; "
                 f"each run's median of steps {WARMUP + 1}..{args.steps}, then the median of {args.rounds} interleaved "
                 "rounds; one process each.\n\n")
         f.write("| size | layers x d_model | seq x batch | vocab | Strata reference ms | Strata ms | Strata (return) ms | + fused_loss ms "

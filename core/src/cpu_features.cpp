@@ -93,6 +93,12 @@ void record_cpu_path(const CpuPathChoice& choice) {
   log::record("cpu path " + choice.path + " (" + choice.serves + "): " + choice.chosen + " - " + choice.why);
 }
 
+bool decide_cpu_path(CpuPathChoice (*decide)()) {
+  const CpuPathChoice choice = decide();
+  record_cpu_path(choice);
+  return choice.fast;
+}
+
 std::vector<CpuPathChoice> cpu_paths() {
   PathRecord& record = path_record();
   const std::lock_guard<std::mutex> lock(record.mutex);

@@ -75,11 +75,7 @@ CpuPathChoice decide_brgemm() {
 }  // namespace
 
 bool brgemm_chosen() {
-  static const bool chosen = [] {
-    const CpuPathChoice choice = decide_brgemm();
-    record_cpu_path(choice);
-    return choice.fast;
-  }();
+  static const bool chosen = decide_cpu_path(&decide_brgemm);
   return chosen;
 }
 

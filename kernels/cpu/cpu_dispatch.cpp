@@ -28,11 +28,7 @@ CpuPathChoice decide_avx2_copies() {
 }
 
 bool cpu_has_avx2() {
-  static const bool chosen = [] {
-    const CpuPathChoice choice = decide_avx2_copies();
-    record_cpu_path(choice);
-    return choice.fast;
-  }();
+  static const bool chosen = decide_cpu_path(&decide_avx2_copies);
   return chosen;
 }
 

@@ -132,22 +132,15 @@ CpuPathChoice decide_onednn_matmul() {
   return c;
 }
 
-// Decided once, and recorded for `strata ops` and the rank log.
-bool decided(CpuPathChoice (*decide)()) {
-  const CpuPathChoice choice = decide();
-  record_cpu_path(choice);
-  return choice.fast;
-}
-
 }  // namespace
 
 bool onednn_linear_chosen() {
-  static const bool chosen = decided(&decide_onednn_linear);
+  static const bool chosen = decide_cpu_path(&decide_onednn_linear);
   return chosen;
 }
 
 bool onednn_matmul_chosen() {
-  static const bool chosen = decided(&decide_onednn_matmul);
+  static const bool chosen = decide_cpu_path(&decide_onednn_matmul);
   return chosen;
 }
 

@@ -54,11 +54,7 @@ CpuPathChoice decide_cpu_scaled_mm() {
 }  // namespace
 
 bool cpu_scaled_mm_chosen() {
-  static const bool chosen = [] {
-    const CpuPathChoice choice = decide_cpu_scaled_mm();
-    record_cpu_path(choice);
-    return choice.fast;
-  }();
+  static const bool chosen = decide_cpu_path(&decide_cpu_scaled_mm);
   return chosen;
 }
 

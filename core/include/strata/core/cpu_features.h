@@ -51,6 +51,9 @@ struct CpuPathChoice {
 // Records a decision (replacing an earlier one for the same path) and writes it to the log
 // files (the rank log). Thread-safe.
 STRATA_API void record_cpu_path(const CpuPathChoice& choice);
+// Runs `decide`, records its choice and returns whether the fast path was chosen. Each path's
+// owner keeps the result in a function-local static, so that the path is decided once.
+STRATA_API bool decide_cpu_path(CpuPathChoice (*decide)());
 // Every decision recorded in this process so far, in the order first recorded.
 STRATA_API std::vector<CpuPathChoice> cpu_paths();
 
