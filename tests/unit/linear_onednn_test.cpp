@@ -98,13 +98,14 @@ TEST(LinearOnednn, WeightGradientOnThePathThisCpuRuns) {
   // torch 2.11.0's libtorch_cpu exports oneDNN's matmul: where the CPU can run it, a silent fall
   // back to at::mm would lose the speed; where it cannot, calling it would throw.
   const CpuFeatures& cpu = cpu_features();
+  const bool chosen = kernels::onednn_matmul_chosen();  // decided (and recorded) by the first call
   const bool runnable = at::hasMKLDNN() && (cpu.avx512 || cpu.avx_ne_convert) && cpu.onednn_max_isa.empty();
   if (cpu.onednn_max_isa.empty() || cpu_fallback_forced("onednn_matmul"))
-    EXPECT_EQ(kernels::onednn_matmul_chosen(), runnable && !cpu_fallback_forced("onednn_matmul")) << cpu_features_line();
+    EXPECT_EQ(chosen, runnable && !cpu_fallback_forced("onednn_matmul")) << cpu_features_line();
   const auto paths = cpu_paths();
   const auto recorded = std::find_if(paths.begin(), paths.end(), [](const CpuPathChoice& c) { return c.path == "onednn_matmul"; });
   ASSERT_NE(recorded, paths.end());
-  EXPECT_EQ(recorded->fast, kernels::onednn_matmul_chosen());
+  EXPECT_EQ(recorded->fast, chosen);
   EXPECT_FALSE(recorded->why.empty());
   at::manual_seed(4);
   for (const auto& [n, out, in] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {37, 5, 19}, {256, 48, 17}, {130, 129, 64}}) {
