@@ -6,8 +6,8 @@
 // for some ISAs; fp8's _scaled_mm on the CPU goes through oneDNN where ATen finds AMX. A machine
 // without them (an AMD EPYC Zen 3 has AVX2 only) must take the next correct path, never crash.
 //
-// So each fast path is decided once per process, at its first use (or when `strata ops` asks),
-// by the path's owner: the CPU's features as libtorch's cpuinfo reports them, then a trial call
+// So each fast path is decided once per process, when the plugin that owns it loads (and at its
+// first use where nothing loaded it), by the path's owner: the CPU's features as libtorch's cpuinfo reports them, then a trial call
 // of the library itself (the library's own check may depend on more than the CPU, e.g. oneDNN's
 // ONEDNN_MAX_CPU_ISA). The decision and its reason are recorded here, so that `strata ops`, the
 // rank log and `strata doctor` can say which path serves and why. STRATA_CPU_FALLBACK forces the
