@@ -78,6 +78,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "-n" || arg == "--ranks") args.given.push_back(arg), args.ranks = parse_count(arg, value());
     else if (arg == "--dry-run") flag(), args.dry_run = true;
     else if (arg == "--finetune") flag(), args.finetune = true;
+    else if (arg == "--remeasure") flag(), args.remeasure = true;
     else if (arg == "--memory-gb") args.given.push_back(arg), args.memory_gb = parse_gib(arg, value());
     else if (arg == "--budget") args.given.push_back(arg), args.budget_s = parse_duration(arg, value());
     else if (arg == "--top") args.given.push_back(arg), args.top = parse_count(arg, value(), "a candidate count");

@@ -21,8 +21,9 @@ struct Args {
   bool help = false;
   bool version = false;
   bool verbose = false;
-  bool dry_run = false;
-  bool finetune = false;                // tune: search only around the complete strategy given                 // tune: rank the candidates without measuring
+  bool dry_run = false;                 // tune: rank the candidates without measuring
+  bool finetune = false;                // tune: search only around the complete strategy given
+  bool remeasure = false;               // tune: measure rates and trials again, ignoring the cache
   double memory_gb = 0;                 // tune: bytes per rank allowed, in GiB; 0 = no limit
   int64_t top = 0;                      // tune: candidates shown (dry run) or measured; 0 = the command's default
   int64_t rounds = 0;                   // tune: trials of each near tie; 0 = the default

@@ -92,6 +92,36 @@ std::string hex_key(const std::string& text) {
   return buf;
 }
 
+// The machine's rates are cached with the trials: measured afresh each time, they vary by 10-60%
+// on a shared machine, which reorders near ties, so a second tune would measure candidates the
+// first did not and the cache would not answer it. Once per machine and rank count (the latest
+// record wins); --remeasure measures them again.
+HardwareRates machine_rates(int64_t ranks, bool remeasure, bool& cached) {
+  const std::string key = "rates|" + machine_fingerprint() + "|" + std::to_string(ranks);
+  const auto cache = read_cache();
+  if (auto hit = cache.find(key); hit != cache.end() && !remeasure) {
+    const nlohmann::json& j = hit->second;
+    HardwareRates r;
+    r.flops_per_s = j.value("flops_per_s", r.flops_per_s), r.oversubscription = j.value("oversubscription", r.oversubscription);
+    r.bytes_per_s = j.value("bytes_per_s", r.bytes_per_s), r.message_latency_s = j.value("message_latency_s", r.message_latency_s);
+    r.layer_overhead_s = j.value("layer_overhead_s", r.layer_overhead_s), r.parameter_pass_s = j.value("parameter_pass_s", r.parameter_pass_s);
+    r.process_bytes = j.value("process_bytes", r.process_bytes);
+    cached = true;
+    return r;
+  }
+  const HardwareRates r = measure_rates(ranks);
+  std::error_code ec;
+  fs::create_directories(cache_file().parent_path(), ec);
+  std::ofstream(cache_file(), std::ios::app)
+      << nlohmann::json{{"key", key}, {"flops_per_s", r.flops_per_s}, {"oversubscription", r.oversubscription},
+                        {"bytes_per_s", r.bytes_per_s}, {"message_latency_s", r.message_latency_s},
+                        {"layer_overhead_s", r.layer_overhead_s}, {"parameter_pass_s", r.parameter_pass_s},
+                        {"process_bytes", r.process_bytes}}.dump()
+      << "\n";
+  cached = false;
+  return r;
+}
+
 // --finetune (ATorch's finetune_strategy): the strategy must plan as it is; its layout and passes
 // stay, and the values it gives searched keys (Schema::tuned) become starting points: they are
 // removed so the search tries every declared value of them, and passes that declare
@@ -154,7 +184,7 @@ nlohmann::json outcome_json(const Outcome& o, size_t rank, double calibration) {
 }  // namespace
 
 int run_tune(const Args& args) {
-  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top", "--rounds", "--budget", "--out", "-o", "--output", "--finetune"});
+  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top", "--rounds", "--budget", "--out", "-o", "--output", "--finetune", "--remeasure"});
   if (args.positional.size() != 1) throw UserError("'strata tune' takes one strategy file; see strata tune --help");
   if (args.dry_run && (!args.out_dir.empty() || !args.output.empty() || args.budget_s > 0 || args.rounds > 0))
     throw UserError("'strata tune --dry-run' measures nothing and writes nothing: drop --out, -o, --rounds and --budget");
@@ -168,7 +198,8 @@ int run_tune(const Args& args) {
   ComponentRegistry registry;
   load_plugins(registry, strategy_plugin_path(raw));
   if (args.finetune && !open_to_finetune(raw, registry, args.ranks)) return 2;
-  const HardwareRates rates = measure_rates(args.ranks);
+  bool rates_cached = false;
+  const HardwareRates rates = machine_rates(args.ranks, args.remeasure, rates_cached);
   const TuneSpace space = generate_candidates(raw, registry, args.ranks, rates);
   const double budget = args.memory_gb * double(1 << 30);
 
@@ -195,9 +226,10 @@ int run_tune(const Args& args) {
   if (budget > 0) std::printf(", %zu over --memory-gb %g", over_budget, args.memory_gb);
   if (space.duplicates > 0) std::printf("; %zu that plan the same as another dropped", space.duplicates);
   std::printf("\nrates: matmul %.1f GFLOP/s on one thread, parameter pass %.2f ns, layer overhead %.0f us, %ld ranks on %u cores; "
-              "all-reduce %.2f GB/s, %.0f us latency (strata doctor)\n\n",
+              "all-reduce %.2f GB/s, %.0f us latency (strata doctor)%s\n\n",
               rates.flops_per_s / 1e9, rates.parameter_pass_s * 1e9, rates.layer_overhead_s * 1e6, static_cast<long>(args.ranks),
-              std::max(1u, std::thread::hardware_concurrency()), rates.bytes_per_s / 1e9, rates.message_latency_s * 1e6);
+              std::max(1u, std::thread::hardware_concurrency()), rates.bytes_per_s / 1e9, rates.message_latency_s * 1e6,
+              rates_cached ? "; cached, --remeasure measures them again" : "");
   const size_t shown = std::min<size_t>(ranked.size(), args.dry_run && args.top > 0 ? static_cast<size_t>(args.top) : 20);
   std::printf("%5s %12s %14s  %-40s %s\n", "rank", "predicted s", "peak MiB/rank", "layout", "other choices");
   for (size_t i = 0; i < shown; ++i)
@@ -262,7 +294,7 @@ int run_tune(const Args& args) {
                                                                   "; " + other_choices(*o.candidate) + "\n");
     std::ofstream(out_dir / (o.name + ".toml")) << text;
     o.cache_key = hex_key(text.substr(text.find('\n') + 1) + "|" + fingerprint);
-    if (auto hit = cache.find(o.cache_key); hit != cache.end()) {
+    if (auto hit = cache.find(o.cache_key); hit != cache.end() && !args.remeasure) {
       TrialResult r;
       r.ok = true, r.verdict = "ok", r.step_s = hit->second.value("step_s", 0.0), r.peak_bytes = hit->second.value("peak_bytes", 0.0);
       o.trial = r, o.cached = true;

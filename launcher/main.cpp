@@ -39,7 +39,7 @@ const std::vector<Command>& commands() {
        run_plan},
       {"tune", "Find the fastest strategy for N ranks: search, predict, measure the best few, write the winner",
        "usage: strata tune STRATEGY.toml -n N [--memory-gb G] [--top K] [--rounds R] [--budget 10m] [--out DIR] [-o BEST.toml]\n"
-       "                   [--dry-run] [--finetune] [--set section.key=value]... [--disable PASS]...\n\n"
+       "                   [--dry-run] [--finetune] [--remeasure] [--set section.key=value]... [--disable PASS]...\n\n"
        "Generates every strategy for N ranks around STRATEGY (what it states stays fixed): the mesh\n"
        "factorisations over the dimensions the loaded passes claim, the pass serving each dimension,\n"
        "passes that declare themselves worth trying (act_checkpoint), and the keys passes declare as\n"
@@ -52,7 +52,8 @@ const std::vector<Command>& commands() {
        "the fastest are trained again, interleaved, and compared by their median. The fastest that\n"
        "ran within the memory budget is written as a strategy\n"
        "(a comment header says what was measured) and every candidate to DIR/tune.jsonl. Measured\n"
-       "results are cached (~/.cache/strata/tune_cache.jsonl) by strategy, ranks and machine.\n\n"
+       "results and the machine's rates are cached (~/.cache/strata/tune_cache.jsonl) by strategy, ranks\n"
+       "and machine, so tuning again on the same machine ranks the same way and measures only what is new.\n\n"
        "  -n, --ranks N        world size to search for\n"
        "  --memory-gb G        drop candidates predicted (or measured) to need more than G GiB per rank\n"
        "  --top K              candidates measured (default 6); with --dry-run, shown (default 20)\n"
@@ -63,6 +64,7 @@ const std::vector<Command>& commands() {
        "  --dry-run            print the ranked candidates without measuring anything\n"
        "  --finetune           start from a complete strategy: keep its layout and passes, search the\n"
        "                       declared values of their keys (its own values included) and optional passes\n"
+       "  --remeasure          measure the machine's rates and every trial again (the cache is updated)\n"
        "  --set S.K=V          fix a key before searching, e.g. parallel.tensor=2\n"
        "  --disable PASS       keep a pass out of the search\n",
        run_tune},

@@ -36,8 +36,10 @@ start=$(date +%s)
 # The ranking depends on rates measured each time, so the top 2 may differ by a near tie; what
 # was measured before must come from the cache.
 grep -q "(cached)" "$work/second.txt" || check "the second tune measured again: $(cat "$work/second.txt")"
+grep -q "^rates: .*; cached, --remeasure measures them again" "$work/second.txt" || check "the second tune measured the rates again"
 [ $(( $(date +%s) - start )) -le 20 ] || check "the cached tune took more than 20 s"
 
-"$strata" tune $base -n 2 --top 1 --out "$work/tune3" "${sets[@]}" --set parallel.tensor=2 > "$work/third.txt" 2>&1 || check "fixed tensor tune failed: $(cat "$work/third.txt")"
+"$strata" tune $base -n 2 --top 1 --out "$work/tune3" "${sets[@]}" --set parallel.tensor=2 --remeasure > "$work/third.txt" 2>&1 || check "fixed tensor tune failed: $(cat "$work/third.txt")"
+grep -q "^rates: .*cached" "$work/third.txt" && check "--remeasure took the cached rates"
 grep -q "^tensor = 2$" "$work/tune3/best.toml" || check "best.toml lost the fixed tensor = 2"
 exit $fail
