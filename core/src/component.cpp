@@ -56,6 +56,9 @@ std::string Pass::plan_problem(const Config&, const PlanFacts&) const { return {
 std::optional<std::vector<size_t>> Pass::blocks_to_build(const Config&, const Job&, const std::function<const nn::Model&()>&) const {
   return std::nullopt;
 }
+std::shared_ptr<nn::BuildKeeper> Pass::keeper_at_build(const Config&, const Job&, const std::function<const nn::Model&()>&) const {
+  return nullptr;
+}
 TuneUse Pass::tune_use() const { return TuneUse::UserOnly; }
 void Pass::estimate(const Config&, const PlanFacts&, CostEstimate&) const {}
 

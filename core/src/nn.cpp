@@ -359,15 +359,21 @@ at::Tensor AttentionCore::forward(const at::Tensor& q, const at::Tensor& k, cons
 
 Block::~Block() = default;
 
-AbsentBlock::AbsentBlock(std::string type, int64_t parameters, bool reads_tied_weight)
-    : Block(std::move(type)), parameters_(parameters), reads_tied_weight_(reads_tied_weight) {}
+AbsentBlock::AbsentBlock(std::string type, std::vector<ParameterShape> parameters, bool reads_tied_weight)
+    : Block(std::move(type)), parameters_(std::move(parameters)), reads_tied_weight_(reads_tied_weight) {}
 AbsentBlock::~AbsentBlock() = default;
+int64_t AbsentBlock::parameter_count() const {
+  int64_t count = 0;
+  for (const auto& p : parameters_) count += c10::multiply_integers(p.shape);
+  return count;
+}
 at::Tensor AbsentBlock::forward(const at::Tensor&) {
   throw std::logic_error("a block this rank did not build (nn::AbsentBlock) was run");
 }
 
 namespace {
 thread_local const std::function<bool(size_t)>* current_block_filter = nullptr;
+thread_local BuildKeeper* current_keeper = nullptr;
 
 bool holds_tied_linear(const Block& block) {
   for (const auto& m : block.modules(/*include_self=*/false))
@@ -380,6 +386,25 @@ BlockFilter::BlockFilter(std::function<bool(size_t index)> keep) : outer_(curren
   current_block_filter = &keep_;
 }
 BlockFilter::~BlockFilter() { current_block_filter = outer_; }
+
+BuildKeeper::~BuildKeeper() = default;
+
+at::Tensor placeholder(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return at::zeros({1}, options.requires_grad(false)).expand(sizes);
+}
+
+bool is_placeholder(const at::Tensor& t) {
+  return t.defined() && t.numel() > 1 && t.storage().nbytes() < static_cast<size_t>(t.numel()) * t.element_size();
+}
+KeepAtBuild::KeepAtBuild(BuildKeeper* keeper) : outer_(current_keeper) { current_keeper = keeper; }
+KeepAtBuild::~KeepAtBuild() { current_keeper = outer_; }
+
+std::vector<ParameterShape> block_parameter_shapes(const Model& model, size_t index) {
+  if (const auto* absent = dynamic_cast<const AbsentBlock*>(&model.block(index))) return absent->parameter_shapes();
+  std::vector<ParameterShape> out;
+  for (const auto& p : model.block(index).named_parameters()) out.push_back({p.key(), p.value().sizes().vec(), p.value().requires_grad()});
+  return out;
+}
 
 int64_t block_parameter_count(const Model& model, size_t index) {
   if (const auto* absent = dynamic_cast<const AbsentBlock*>(&model.block(index))) return absent->parameter_count();
@@ -398,9 +423,11 @@ Model::~Model() = default;
 
 void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
   if (current_block_filter && !(*current_block_filter)(blocks_.size())) {
-    int64_t parameters = 0;
-    for (const auto& p : block->parameters()) parameters += p.numel();
-    block = std::make_shared<AbsentBlock>(block->type(), parameters, holds_tied_linear(*block));
+    std::vector<ParameterShape> parameters;
+    for (const auto& p : block->named_parameters()) parameters.push_back({p.key(), p.value().sizes().vec(), p.value().requires_grad()});
+    block = std::make_shared<AbsentBlock>(block->type(), std::move(parameters), holds_tied_linear(*block));
+  } else if (current_keeper) {
+    current_keeper->built(blocks_.size(), name, *block);
   }
   register_module(name, block);
   blocks_.push_back(Entry{name, std::move(block), nullptr, {}, {}});

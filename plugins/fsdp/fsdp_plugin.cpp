@@ -15,10 +15,31 @@
 #include <ATen/ATen.h>
 
 #include "../sharding/sharded_training.h"
+#include "fsdp_sharded_init.h"
+#include "fsdp_units.h"
 #include "strata/plugin.h"
 
 namespace strata::fsdp {
 namespace {
+
+// Broadcasts from rank 0 what a sharded build left whole: buffers and the parameters that are
+// not placeholders (ignored blocks', frozen ones).
+// Why sharded initialisation cannot serve this job (the model is built whole, then sharded), or
+// empty. The parts of issue 58 still to come lift these.
+std::string whole_build_reason(const Config& config, const Config& model, int64_t pipeline, bool split_experts) {
+  if (!config.get_bool("sharded_init")) return "sharded_init = false";
+  if (model.has("init_from") && !model.get_string("init_from").empty()) return "[model] init_from loads whole tensors";
+  if (pipeline > 1) return "under pipeline parallel a rank's units are known only after its stages are cut";
+  if (split_experts) return "split experts shard over the expert-data ranks";
+  return {};
+}
+
+void broadcast_built_state(nn::Model& model, Communicator& data) {
+  at::NoGradGuard no_grad;
+  for (auto& p : model.parameters())
+    if (!nn::is_placeholder(p)) data.broadcast(p, 0)->wait();
+  for (auto& b : model.buffers()) data.broadcast(b, 0)->wait();
+}
 
 using sharding::FlatUnit;
 using sharding::GradReduce;
@@ -31,37 +52,6 @@ struct Options {
   bool forward_prefetch;
   int64_t limit_all_gathers;
 };
-
-// Blocks [first, last] of the model that form one wrapped unit.
-struct BlockRun {
-  size_t first, last;
-};
-
-// Runs of blocks to wrap: named or typed blocks one each, then with min_params > 0 the remaining
-// consecutive blocks grouped in model order until each group has at least min_params parameters
-// (a smaller remainder stays in the root unit).
-std::vector<BlockRun> wrapped_runs(const nn::Model& model, const Config& config, const std::vector<size_t>& ignored) {
-  auto is_ignored = [&](size_t b) { return std::find(ignored.begin(), ignored.end(), b) != ignored.end(); };
-  std::vector<bool> taken(model.num_blocks(), false);
-  std::vector<BlockRun> runs;
-  for (size_t b : model.find_blocks(config.get_strings("wrap")))
-    if (!is_ignored(b)) runs.push_back({b, b}), taken[b] = true;
-  if (const int64_t min_params = config.get_int("min_params"); min_params > 0) {
-    std::optional<size_t> start;
-    int64_t count = 0;
-    for (size_t b = 0; b < model.num_blocks(); ++b) {
-      if (taken[b] || is_ignored(b)) {
-        start.reset(), count = 0;
-        continue;
-      }
-      if (!start) start = b;
-      for (const auto& p : model.block(b).parameters()) count += p.numel();
-      if (count >= min_params) runs.push_back({*start, b}), start.reset(), count = 0;
-    }
-  }
-  std::sort(runs.begin(), runs.end(), [](const BlockRun& a, const BlockRun& b) { return a.first < b.first; });
-  return runs;
-}
 
 NamedParams block_params(const nn::Model& model, size_t b) {
   NamedParams out;
@@ -199,7 +189,9 @@ class FsdpPass final : public Pass {
                   .tuned({true, false})
                   .boolean("forward_prefetch", false, "All-gather the next unit during the current forward")
                   .integer("limit_all_gathers", 2, "Most all-gathers in flight at once", at_least(1))
-                  .boolean("sync_module_states", true, "Broadcast initial parameters from rank 0"))},
+                  .boolean("sync_module_states", true, "Broadcast initial parameters from rank 0")
+                  .boolean("sharded_init", true,
+                           "Each rank keeps only its shards as the model is built (peak: shards plus one block), not the whole model"))},
              {Phase::Wrapping, {}, {"ddp", "zero1", "zero2"}, {}, {}}, {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
@@ -223,36 +215,55 @@ class FsdpPass final : public Pass {
     c.messages += (static_cast<double>(c.model.layers) / static_cast<double>(c.pipeline) + 1) * (config.get_bool("reshard_after_forward") ? 3 : 2);
   }
 
+  // Sharded initialisation (fsdp_sharded_init.h) where this rank's units can be planned on the
+  // outline; otherwise the model is built whole and sharded in apply(), as the log says.
+  std::shared_ptr<nn::BuildKeeper> keeper_at_build(const Config& config, const Job& job,
+                                                   const std::function<const nn::Model&()>& outline) const override {
+    if (!whole_build_reason(config, job.model_config(), job.topology->size(Dim::Pipeline), job.topology->size(Dim::Expert) > 1).empty())
+      return nullptr;
+    const nn::Model& model = outline();
+    const std::vector<BlockInfo> blocks = describe_blocks(model);
+    const UnitPlan plan = plan_units(blocks, model.shared_parameters(), config);
+    Communicator& comm = job.topology->group(Dim::Data);
+    return std::make_shared<ShardKeeper>(unit_layouts(plan, blocks), comm.size(), comm.rank());
+  }
+
+  std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
+    const bool experts = std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "expert_parallel") != facts.enabled_passes.end();
+    const std::string why = whole_build_reason(config, facts.model, facts.mesh.pipeline, experts);
+    if (why.empty()) return "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(facts.mesh.data) + " of every unit as the model is built";
+    return "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
+  }
+
   void apply(Job& job, const Config& config) const override {
     nn::Model& model = *job.model;
     Communicator& comm = job.topology->group(Dim::Data);
     Communicator& expert_comm = job.topology->expert_data_group();
-    if (config.get_bool("sync_module_states")) sharding::broadcast_model_state(model, comm, expert_comm);
+    auto* keeper = dynamic_cast<ShardKeeper*>(job.build_keeper.get());
+    if (config.get_bool("sync_module_states")) {
+      // A keeper's ranks drew the same values from the same generators: what they kept is already
+      // equal, only what was built whole (buffers, frozen or ignored parameters) is sent.
+      if (keeper)
+        broadcast_built_state(model, comm);
+      else
+        sharding::broadcast_model_state(model, comm, expert_comm);
+    }
     const auto split_expert = sharding::split_expert_predicate(model);
-    const std::vector<size_t> ignored_blocks = model.find_blocks(config.get_strings("ignored"));
-    const std::vector<BlockRun> runs = wrapped_runs(model, config, ignored_blocks);
-    if (runs.empty())
+    const std::vector<BlockInfo> blocks = describe_blocks(model);
+    UnitPlan plan = plan_units(blocks, model.shared_parameters(), config);
+    if (plan.runs.empty())
       throw UserError("pass 'fsdp': no block of the model is wrapped (wrap = " + join(config.get_strings("wrap")) +
                       ", min_params = " + std::to_string(config.get_int("min_params")) + ")");
-    const std::vector<std::string>& shared = model.shared_parameters();
-    auto is_shared = [&](const std::string& n) { return std::find(shared.begin(), shared.end(), n) != shared.end(); };
-
-    // Tied parameters are read by several blocks, so they live in the root unit.
-    std::vector<int> owner(model.num_blocks(), -1);  // wrapped run index, -2 ignored
-    for (size_t b : ignored_blocks) owner[b] = -2;
-    for (size_t r = 0; r < runs.size(); ++r)
-      for (size_t b = runs[r].first; b <= runs[r].last; ++b) owner[b] = static_cast<int>(r);
-    std::vector<NamedParams> run_params(runs.size());
-    NamedParams root_params, ignored_params;
+    std::map<std::string, at::Tensor> by_name;
     for (size_t b = 0; b < model.num_blocks(); ++b)
-      for (auto& np : block_params(model, b)) {
-        if (owner[b] == -2)
-          ignored_params.push_back(np);
-        else if (owner[b] >= 0 && !is_shared(np.first))
-          run_params[static_cast<size_t>(owner[b])].push_back(np);
-        else
-          root_params.push_back(np);
-      }
+      for (auto& np : block_params(model, b)) by_name[np.first] = np.second;
+    auto named = [&](const std::vector<std::string>& names) {
+      NamedParams out;
+      for (const auto& n : names) out.emplace_back(n, by_name.at(n));
+      return out;
+    };
+    const std::vector<UnitLayout> layouts = keeper ? unit_layouts(plan, blocks) : std::vector<UnitLayout>{};
+    if (keeper) keeper->restore_changed_units(layouts, by_name, comm, job.device());
 
     // Wrapped and root units gather in the compute dtype; the ignored unit keeps its parameters
     // whole, in their own dtype. Each becomes a set: its dense parameters over the data ranks, its
@@ -262,26 +273,33 @@ class FsdpPass final : public Pass {
       NamedParams dense, experts;
       for (auto& np : params) (split_expert(np.first) ? experts : dense).push_back(std::move(np));
       UnitSet set;
-      if (!dense.empty()) set.push_back(std::make_shared<FlatUnit>(name, std::move(dense), comm, reduce, persistent, dtypes));
+      const auto layout = std::find_if(layouts.begin(), layouts.end(), [&](const UnitLayout& u) { return u.name == name; });
+      if (!dense.empty() && keeper && !persistent && layout != layouts.end() && keeper->planned(*layout)) {
+        const at::Tensor chunk = keeper->take_chunk(*layout).to(job.device(), dense.front().second.scalar_type());
+        set.push_back(std::make_shared<FlatUnit>(name, std::move(dense), comm, chunk, dtypes));
+      } else if (!dense.empty()) {
+        set.push_back(std::make_shared<FlatUnit>(name, std::move(dense), comm, reduce, persistent, dtypes));
+      }
       if (!experts.empty())
         set.push_back(std::make_shared<FlatUnit>(name + ".experts", std::move(experts), expert_comm, reduce, persistent, dtypes));
       return set;
     };
     std::vector<UnitSet> wrapped;
     std::vector<size_t> wrapped_run;  // the run each wrapped set shards
-    for (size_t r = 0; r < runs.size(); ++r) {
-      if (run_params[r].empty()) continue;  // nothing to shard; its blocks run as they are
-      wrapped.push_back(unit_set(model.block_name(runs[r].first), std::move(run_params[r]), GradReduce::ReduceScatter, false, gathered));
+    for (size_t r = 0; r < plan.runs.size(); ++r) {
+      if (plan.run_params[r].empty()) continue;  // nothing to shard; its blocks run as they are
+      wrapped.push_back(unit_set(model.block_name(plan.runs[r].first), named(plan.run_params[r]), GradReduce::ReduceScatter, false, gathered));
       wrapped_run.push_back(r);
     }
-    UnitSet root = unit_set("root", std::move(root_params), GradReduce::ReduceScatter, false, gathered);
-    UnitSet ignored = unit_set("ignored", std::move(ignored_params), GradReduce::AllReduce, true, whole);
+    UnitSet root = unit_set("root", named(plan.root), GradReduce::ReduceScatter, false, gathered);
+    UnitSet ignored = unit_set("ignored", named(plan.ignored), GradReduce::AllReduce, true, whole);
+    job.build_keeper.reset();
     const Options options{sharding::ignores_unused_parameters(config), config.get_bool("reshard_after_forward"), config.get_bool("forward_prefetch"),
                           config.get_int("limit_all_gathers")};
     auto sharder = std::make_shared<Sharder>(wrapped, root, ignored, options);
 
     for (size_t u = 0; u < wrapped_run.size(); ++u) {
-      const BlockRun& run = runs[wrapped_run[u]];
+      const BlockRun& run = plan.runs[wrapped_run[u]];
       model.add_pre_forward_hook(run.first, [sharder, u](nn::Block&, const at::Tensor&) { sharder->before_unit(u); });
       model.add_post_forward_hook(run.last, [sharder, u](nn::Block&, const at::Tensor& out) { sharder->after_unit(u, out); });
     }

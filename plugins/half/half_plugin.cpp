@@ -21,7 +21,12 @@ class HalfPass final : public Pass {
 
   // Before the wrapping passes, so ddp buckets and zero/fsdp units are built from half tensors.
   void apply(Job& job, const Config& config) const override {
-    job.model->to(config.get_string("dtype") == "fp16" ? at::kHalf : at::kBFloat16);
+    const at::ScalarType dtype = config.get_string("dtype") == "fp16" ? at::kHalf : at::kBFloat16;
+    // Placeholders of a sharded build (nn::placeholder) change dtype without materialising.
+    at::NoGradGuard no_grad;
+    for (auto p : job.model->parameters())
+      if (nn::is_placeholder(p)) p.set_data(nn::placeholder(p.sizes(), p.options().dtype(dtype)));
+    job.model->to(dtype);
   }
 };
 

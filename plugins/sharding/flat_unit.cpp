@@ -38,17 +38,11 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
   // view of the averaged gradient: both need the parameters in their own dtype.
   if (gather_dtype_ != master_dtype_ && (persistent_ || reduce_ == GradReduce::AllReduce))
     throw std::logic_error("flat unit '" + name_ + "': only units that gather before use and reduce-scatter change dtype");
-  for (const auto& [pname, p] : params_) {
+  for (const auto& [pname, p] : params_)
     if (p.scalar_type() != master_dtype_ || p.device() != options.device())
       throw std::invalid_argument("flat unit '" + name_ + "': parameter '" + pname + "' has another dtype or device than '" +
                                   params_.front().first + "'");
-    offsets_.push_back(numel_);
-    numel_ += p.numel();
-  }
-  const int64_t ranks = comm_.size();
-  padded_ = (numel_ + ranks - 1) / ranks * ranks;
-  chunk_ = padded_ / ranks;
-  chunk_begin_ = chunk_ * comm_.rank();
+  lay_out();
 
   at::NoGradGuard no_grad;
   at::Tensor master = at::zeros({padded_}, options);
@@ -65,6 +59,49 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
   else
     grad_chunk_ = at::zeros({chunk_}, options);
 
+  make_pieces();
+  ready_.assign(params_.size(), true);
+  if (!persistent_) release();
+}
+
+FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm, at::Tensor kept_chunk,
+                   UnitDtypes dtypes)
+    : name_(std::move(name)), params_(std::move(params)), comm_(comm), reduce_(GradReduce::ReduceScatter), persistent_(false) {
+  if (params_.empty()) throw std::logic_error("flat unit '" + name_ + "' has no parameters");
+  const at::TensorOptions options = kept_chunk.options().requires_grad(false);
+  master_dtype_ = kept_chunk.scalar_type();
+  gather_dtype_ = dtypes.gather.value_or(master_dtype_);
+  reduce_dtype_ = dtypes.reduce.value_or(gather_dtype_);
+  lay_out();
+  if (kept_chunk.dim() != 1 || kept_chunk.numel() != chunk_)
+    throw std::logic_error("flat unit '" + name_ + "': the kept chunk has " + std::to_string(kept_chunk.numel()) + " elements, the unit's chunk " +
+                           std::to_string(chunk_));
+  at::NoGradGuard no_grad;
+  shard_ = kept_chunk;
+  // The full buffer's pages are not touched here; release() gives its storage back.
+  full_ = at::empty({padded_}, options.dtype(gather_dtype_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i].second;
+    p.set_data(full_.narrow(0, offsets_[i], p.numel()).view(p.sizes()));
+  }
+  grad_chunk_ = at::zeros({chunk_}, options);
+  make_pieces();
+  ready_.assign(params_.size(), true);
+  release();
+}
+
+void FlatUnit::lay_out() {
+  for (const auto& named : params_) {
+    offsets_.push_back(numel_);
+    numel_ += named.second.numel();
+  }
+  const int64_t ranks = comm_.size();
+  padded_ = (numel_ + ranks - 1) / ranks * ranks;
+  chunk_ = padded_ / ranks;
+  chunk_begin_ = chunk_ * comm_.rank();
+}
+
+void FlatUnit::make_pieces() {
   const at::Tensor data = data_chunk(), grad = grad_chunk();
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& [pname, p] = params_[i];
@@ -79,8 +116,6 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
     }
     pieces_.push_back(std::move(piece));
   }
-  ready_.assign(params_.size(), true);
-  if (!persistent_) release();
 }
 
 void FlatUnit::nest_pieces_in(const Placements& parameter_placements) {

@@ -46,6 +46,12 @@ class FlatUnit {
   // and AllReduce units keep parameters in their own dtype.
   FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm,
            GradReduce reduce, bool persistent_params, UnitDtypes dtypes = {});
+  // A unit whose parameters were let go as the model was built (fsdp's sharded initialisation):
+  // the parameters are placeholders of their shape (nn::placeholder), `kept_chunk` is this
+  // rank's chunk of the flat buffer, in the master dtype on the job's device, as the keeper
+  // assembled it. Reduce-scatters, gathers before use, starts released.
+  FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm, at::Tensor kept_chunk,
+           UnitDtypes dtypes = {});
 
   const std::string& name() const { return name_; }
   const std::vector<std::pair<std::string, at::Tensor>>& params() const { return params_; }
@@ -91,6 +97,8 @@ class FlatUnit {
  private:
   enum class State { Released, Gathering, Gathered };
   at::Tensor data_chunk() const;
+  void lay_out();      // offsets_, numel_, padded_, chunk_, chunk_begin_
+  void make_pieces();  // pieces_ over the data and gradient chunks
 
   std::string name_;
   std::vector<std::pair<std::string, at::Tensor>> params_;

@@ -6,7 +6,10 @@
 // on an outline of the model: the same factory run with every block absent, the generators put
 // back afterwards. So a pipeline rank's peak at start-up is its own blocks plus the largest other
 // one, not the whole model (bench/results/pipeline_startup_cpu.md), at the price of running the
-// factory twice.
+// factory twice. A pass that shards parameters over ranks (fsdp) sees the same outline, whose
+// absent blocks know their parameters' shapes, and returns a BuildKeeper: as the factory adds each
+// block, the keeper copies out this rank's part of it and turns its parameters into placeholders
+// (nn::placeholder), so an fsdp rank's peak at start-up is its shards plus one whole block.
 #include "model_build.h"
 
 #include <algorithm>
@@ -24,7 +27,8 @@
 
 namespace strata::engine {
 
-std::shared_ptr<nn::Model> build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& order, const Job& job) {
+void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& order, Job& job) {
+  const double resident_before = resident_bytes();
   const auto& factory = *static_cast<const ModelFactory*>(plan.model_component);
   const nn::TensorShard shard{job.topology->size(Dim::Tensor), job.topology->rank_in(Dim::Tensor)};
   const auto build = [&] {
@@ -63,21 +67,46 @@ std::shared_ptr<nn::Model> build_rank_model(const ResolvedStrategy& plan, const 
     keep = std::move(wanted);
     chosen_by += (chosen_by.empty() ? "" : ", ") + entry.pass->name();
   }
+  std::shared_ptr<nn::BuildKeeper> keeper;
+  std::string kept_by;
+  for (size_t i : order) {
+    const PassEntry& entry = plan.passes[i];
+    auto mine = entry.pass->keeper_at_build(entry.config, job, get_outline);
+    if (!mine) continue;
+    if (keeper) throw std::logic_error("passes '" + kept_by + "' and '" + entry.pass->name() + "' both shard the model as it is built");
+    keeper = std::move(mine), kept_by = entry.pass->name();
+  }
   outline.reset();
 
   std::optional<nn::BlockFilter> filter;
   if (keep) filter.emplace([&keep](size_t b) { return std::find(keep->begin(), keep->end(), b) != keep->end(); });
+  std::optional<nn::KeepAtBuild> keeping;
+  if (keeper) keeping.emplace(keeper.get());
   const std::shared_ptr<nn::Model> model = build();
+  keeping.reset();
   filter.reset();
   int64_t parameters = 0;
-  for (const auto& p : model->parameters()) parameters += p.numel();
+  for (const auto& p : model->parameters())
+    if (!nn::is_placeholder(p)) parameters += p.numel();  // a keeper's placeholders hold nothing
   log::record("model built: " + std::to_string(parameters) + " parameters held" +
               (keep ? " (" + std::to_string(keep->size()) + " of " + std::to_string(model->num_blocks()) + " blocks, chosen by " +
                           chosen_by + ")"
                     : std::string(" (every block)")) +
-              "; resident " + std::to_string(static_cast<int64_t>(resident_bytes() / (1 << 20))) + " MiB, peak " +
-              std::to_string(static_cast<int64_t>(peak_resident_bytes() / (1 << 20))) + " MiB");
-  return model;
+              (keeper ? "; " + keeper->summary() : std::string()) + "; resident " +
+              std::to_string(static_cast<int64_t>(resident_bytes() / (1 << 20))) + " MiB, peak " +
+              std::to_string(static_cast<int64_t>(peak_resident_bytes() / (1 << 20))) + " MiB (" +
+              std::to_string(static_cast<int64_t>(resident_before / (1 << 20))) + " MiB before the build)");
+  // A placeholder moves as one element (the keeper's pass gives it storage on the job's device).
+  if (keeper) {
+    at::NoGradGuard no_grad;
+    for (auto t : model->parameters(true))
+      t.set_data(nn::is_placeholder(t) ? nn::placeholder(t.sizes(), t.options().device(job.device())) : t.to(job.device()));
+    for (auto t : model->buffers(true)) t.set_data(t.to(job.device()));
+  } else {
+    model->to(job.device());
+  }
+  job.model = model;
+  job.build_keeper = std::move(keeper);
 }
 
 }  // namespace strata::engine

@@ -11,7 +11,9 @@ namespace strata::engine {
 
 // Builds [model] at this rank's tensor-parallel shapes from the current generator state, with
 // the blocks no enabled pass wants on this rank absent (Pass::blocks_to_build). `order` is the
-// passes' application order (indices into plan.passes). A model that does not fit is a UserError.
-std::shared_ptr<nn::Model> build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& order, const Job& job);
+// passes' application order (indices into plan.passes). A pass that shards parameters keeps only
+// this rank's part of each block as it is built (Pass::keeper_at_build). Sets job.model (on the
+// job's device) and job.build_keeper. A model that does not fit is a UserError.
+void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& order, Job& job);
 
 }  // namespace strata::engine

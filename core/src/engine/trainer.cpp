@@ -133,8 +133,7 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
     if (c.micro == 0) inject_fault(env.rank, c.step, "backward");
   });
   // Split layers hold only this rank's tensor-parallel piece, a pipeline rank only its stages.
-  job->model = engine::build_rank_model(plan, order, *job);
-  job->model->to(device);
+  engine::build_rank_model(plan, order, *job);
   dataset = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{fs::current_path()});
   if (dataset->vocab_size() > job->model->vocab_size())
     throw UserError("[data] has a vocabulary of " + std::to_string(dataset->vocab_size()) + " tokens but [model] vocab_size is " +

@@ -67,6 +67,9 @@ class STRATA_API Job {
   // Ranks, groups and communicators of this job (a one-rank topology in a single process).
   std::shared_ptr<Topology> topology;
   std::shared_ptr<nn::Model> model;
+  // What kept this rank's part of each block while the model was built (Pass::keeper_at_build),
+  // for the pass that made it to finish the sharding in apply(); null when the model was built whole.
+  std::shared_ptr<nn::BuildKeeper> build_keeper;
   // Builds the optimizer once passes are applied; a pass may wrap it (sharding, WSAM).
   std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>)> make_optimizer;
 

@@ -358,20 +358,29 @@ class STRATA_API Block : public torch::nn::Module {
   std::string type_;
 };
 
+// A parameter of a block as an outline knows it: its name within the block, its shape at this
+// rank (a tensor-parallel piece's), and whether it trains.
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool trains = true;
+};
+
 // What stands in for a block this rank does not build (Model::add_block under a BlockFilter): the
 // name and type stay, so partitions and selectors see the whole model, while its parameters are
-// gone. `parameters` counts the ones the block had; running it is an error.
+// gone; their names and shapes are kept. Running it is an error.
 class STRATA_API AbsentBlock final : public Block {
  public:
-  AbsentBlock(std::string type, int64_t parameters, bool reads_tied_weight);
+  AbsentBlock(std::string type, std::vector<ParameterShape> parameters, bool reads_tied_weight);
   ~AbsentBlock() override;
   at::Tensor forward(const at::Tensor& x) override;
-  int64_t parameter_count() const { return parameters_; }
+  int64_t parameter_count() const;
+  const std::vector<ParameterShape>& parameter_shapes() const { return parameters_; }
   // Whether the block read a weight another block owns (a TiedLinear head).
   bool reads_tied_weight() const { return reads_tied_weight_; }
 
  private:
-  int64_t parameters_;
+  std::vector<ParameterShape> parameters_;
   bool reads_tied_weight_;
 };
 
@@ -392,9 +401,40 @@ class STRATA_API BlockFilter {
   std::function<bool(size_t)> keep_;
 };
 
+// What a sharding pass does with each block the moment the factory has built it (Model::add_block
+// calls `built` for every block it keeps while a KeepAtBuild scope is alive on this thread): keep
+// this rank's part of the block's values and let the rest go, so that building a model holds this
+// rank's shards plus one whole block, never the whole model (Pass::keeper_at_build).
+class STRATA_API BuildKeeper {
+ public:
+  virtual ~BuildKeeper();
+  virtual void built(size_t index, const std::string& name, Block& block) = 0;
+  // One line for the rank log: what was kept, "fsdp kept 1/4 of 12345 parameters".
+  virtual std::string summary() const = 0;
+};
+
+// What a keeper leaves in place of a parameter it let go: the parameter's shape, dtype and device
+// over one zero element (stride 0), so shapes, dtype casts and module moves work on it while it
+// holds nothing; its values are the sharding pass's to provide.
+STRATA_API at::Tensor placeholder(at::IntArrayRef sizes, const at::TensorOptions& options);
+STRATA_API bool is_placeholder(const at::Tensor& t);
+
+class STRATA_API KeepAtBuild {
+ public:
+  explicit KeepAtBuild(BuildKeeper* keeper);
+  ~KeepAtBuild();
+  KeepAtBuild(const KeepAtBuild&) = delete;
+  KeepAtBuild& operator=(const KeepAtBuild&) = delete;
+
+ private:
+  BuildKeeper* outer_;
+};
+
 class Model;
 // The parameters of block `index` of `model`, also when it is absent.
 STRATA_API int64_t block_parameter_count(const Model& model, size_t index);
+// The names, shapes and trainability of block `index`'s parameters, also when it is absent.
+STRATA_API std::vector<ParameterShape> block_parameter_shapes(const Model& model, size_t index);
 // Whether block `index` reads a weight another block owns (holds a TiedLinear), also when absent.
 STRATA_API bool block_reads_tied_weight(const Model& model, size_t index);
 

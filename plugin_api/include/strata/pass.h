@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@ namespace strata {
 class Job;  // the training job a pass transforms; defined by the training runtime
 namespace nn {
 class Model;
+class BuildKeeper;
 }
 
 // Default order of passes; explicit after/before declarations override it.
@@ -101,6 +103,15 @@ class STRATA_API Pass : public Component {
   // under an nn::BlockFilter keeping these blocks; apply() still sees the whole list of blocks.
   virtual std::optional<std::vector<size_t>> blocks_to_build(const Config& config, const Job& job,
                                                              const std::function<const nn::Model&()>& outline) const;
+
+  // For a pass that shards parameters over ranks (fsdp): called on every rank before the model is
+  // built, after blocks_to_build, with the same outline (its absent blocks know their parameters'
+  // names and shapes). Returns what keeps this rank's part of each block the moment the factory
+  // has built it (nn::BuildKeeper), or nullptr to build the model whole (this default). Core
+  // builds under it and hands it to apply() as Job::build_keeper; the parameters it let go are
+  // placeholders (nn::placeholder) until apply() gives them storage again.
+  virtual std::shared_ptr<nn::BuildKeeper> keeper_at_build(const Config& config, const Job& job,
+                                                           const std::function<const nn::Model&()>& outline) const;
 
   // Whether `strata tune` may add this pass on its own (this default: UserOnly).
   virtual TuneUse tune_use() const;

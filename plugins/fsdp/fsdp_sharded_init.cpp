@@ -1,0 +1,88 @@
+#include "fsdp_sharded_init.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+
+namespace strata::fsdp {
+
+std::vector<UnitLayout> unit_layouts(const UnitPlan& plan, const std::vector<BlockInfo>& blocks) {
+  std::map<std::string, int64_t> numel;
+  for (const auto& block : blocks)
+    for (const auto& [name, n] : block.params) numel[name] = n;
+  auto layout = [&](std::string name, const std::vector<std::string>& params) {
+    UnitLayout unit{std::move(name), {}};
+    for (const auto& p : params) unit.params.emplace_back(p, numel.at(p));
+    return unit;
+  };
+  std::vector<UnitLayout> out;
+  for (size_t r = 0; r < plan.runs.size(); ++r)
+    if (!plan.run_params[r].empty()) out.push_back(layout(blocks[plan.runs[r].first].name, plan.run_params[r]));
+  if (!plan.root.empty()) out.push_back(layout("root", plan.root));
+  return out;
+}
+
+ShardKeeper::ShardKeeper(std::vector<UnitLayout> units, int64_t ranks, int64_t rank) : units_(std::move(units)), ranks_(ranks) {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    int64_t offset = 0;
+    for (const auto& [name, n] : units_[u].params) slots_[name] = Slot{u, offset}, offset += n;
+    const int64_t padded = (offset + ranks - 1) / ranks * ranks;
+    chunk_.push_back(padded / ranks);
+    chunk_begin_.push_back(padded / ranks * rank);
+  }
+  chunks_.resize(units_.size());
+}
+
+void ShardKeeper::built(size_t, const std::string& name, nn::Block& block) {
+  at::NoGradGuard no_grad;
+  for (auto& named : block.named_parameters()) {
+    at::Tensor& p = named.value();
+    const auto slot = slots_.find(name + "." + named.key());
+    if (slot == slots_.end() || !p.requires_grad()) continue;  // an ignored block's, or frozen: kept whole
+    const size_t u = slot->second.unit;
+    const int64_t offset = slot->second.offset, begin = std::max(offset, chunk_begin_[u]),
+                  end = std::min(offset + p.numel(), chunk_begin_[u] + chunk_[u]);
+    if (!chunks_[u].defined()) chunks_[u] = at::zeros({chunk_[u]}, p.options().requires_grad(false));
+    if (begin < end) chunks_[u].narrow(0, begin - chunk_begin_[u], end - begin).copy_(p.detach().reshape(-1).narrow(0, begin - offset, end - begin));
+    kept_ += std::max<int64_t>(end - begin, 0), seen_ += p.numel();
+    p.set_data(nn::placeholder(p.sizes(), p.options()));
+  }
+}
+
+std::string ShardKeeper::summary() const {
+  return "fsdp kept " + std::to_string(kept_) + " of " + std::to_string(seen_) + " sharded parameters (1/" + std::to_string(ranks_) +
+         " of each unit, sharded as built)";
+}
+
+bool ShardKeeper::planned(const UnitLayout& unit) const {
+  return std::any_of(units_.begin(), units_.end(), [&](const UnitLayout& u) { return u.name == unit.name && u.params == unit.params; });
+}
+
+void ShardKeeper::restore_changed_units(const std::vector<UnitLayout>& built, const std::map<std::string, at::Tensor>& params,
+                                        Communicator& comm, c10::Device device) {
+  at::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (std::find(built.begin(), built.end(), units_[u]) != built.end() || !chunks_[u].defined()) continue;
+    const at::Tensor chunk = std::exchange(chunks_[u], at::Tensor()).to(device);
+    at::Tensor full = at::empty({chunk_[u] * ranks_}, chunk.options());
+    comm.all_gather(full, chunk)->wait();
+    int64_t offset = 0;
+    for (const auto& [name, n] : units_[u].params) {
+      at::Tensor p = params.at(name);
+      p.set_data(full.narrow(0, offset, n).view(p.sizes()).to(p.scalar_type()).clone());
+      offset += n;
+    }
+  }
+}
+
+at::Tensor ShardKeeper::take_chunk(const UnitLayout& unit) {
+  const auto it = std::find_if(units_.begin(), units_.end(), [&](const UnitLayout& u) { return u.name == unit.name; });
+  if (it == units_.end() || it->params != unit.params)
+    throw std::logic_error("fsdp: unit '" + unit.name + "' of the built model is not the unit planned on its outline");
+  const size_t u = static_cast<size_t>(it - units_.begin());
+  if (!chunks_[u].defined()) throw std::logic_error("fsdp: no block of unit '" + unit.name + "' was built");
+  return std::exchange(chunks_[u], at::Tensor());
+}
+
+}  // namespace strata::fsdp
