@@ -1,7 +1,10 @@
 #include "strata/nn.h"
 
+#include "strata/core/process_memory.h"
+
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -390,7 +393,9 @@ BlockFilter::~BlockFilter() { current_block_filter = outer_; }
 BuildKeeper::~BuildKeeper() = default;
 
 at::Tensor placeholder(at::IntArrayRef sizes, const at::TensorOptions& options) {
-  return at::zeros({1}, options.requires_grad(false)).expand(sizes);
+  // NaN, not zero: a pass that computed with a placeholder's values would be loud, not subtly wrong.
+  const bool floating = at::isFloatingType(c10::typeMetaToScalarType(options.dtype()));
+  return at::full({1}, floating ? std::numeric_limits<double>::quiet_NaN() : 0.0, options.requires_grad(false)).expand(sizes);
 }
 
 bool is_placeholder(const at::Tensor& t) {
@@ -428,6 +433,7 @@ void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
     block = std::make_shared<AbsentBlock>(block->type(), std::move(parameters), holds_tied_linear(*block));
   } else if (current_keeper) {
     current_keeper->built(blocks_.size(), name, *block);
+    release_free_memory();  // what the keeper let go, before the next block is drawn
   }
   register_module(name, block);
   blocks_.push_back(Entry{name, std::move(block), nullptr, {}, {}});

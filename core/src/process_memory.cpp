@@ -4,6 +4,10 @@
 
 #include <cstdio>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 namespace strata {
 
 double resident_bytes() {
@@ -24,6 +28,12 @@ double peak_resident_bytes() {
     std::fclose(f);
   }
   return kib * 1024.0;
+}
+
+void release_free_memory() {
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
 }
 
 }  // namespace strata

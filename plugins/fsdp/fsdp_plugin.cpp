@@ -26,8 +26,10 @@ namespace {
 // not placeholders (ignored blocks', frozen ones).
 // Why sharded initialisation cannot serve this job (the model is built whole, then sharded), or
 // empty. The parts of issue 58 still to come lift these.
-std::string whole_build_reason(const Config& config, const Config& model, int64_t pipeline, bool split_experts) {
+std::string whole_build_reason(const Config& config, const Config& model, int64_t data, int64_t pipeline, bool split_experts) {
   if (!config.get_bool("sharded_init")) return "sharded_init = false";
+  // One rank keeps every chunk: a keeper would only add the block being drawn to the whole model.
+  if (data == 1) return "one data rank: nothing to shard";
   if (model.has("init_from") && !model.get_string("init_from").empty()) return "[model] init_from loads whole tensors";
   if (pipeline > 1) return "under pipeline parallel a rank's units are known only after its stages are cut";
   if (split_experts) return "split experts shard over the expert-data ranks";
@@ -219,7 +221,9 @@ class FsdpPass final : public Pass {
   // outline; otherwise the model is built whole and sharded in apply(), as the log says.
   std::shared_ptr<nn::BuildKeeper> keeper_at_build(const Config& config, const Job& job,
                                                    const std::function<const nn::Model&()>& outline) const override {
-    if (!whole_build_reason(config, job.model_config(), job.topology->size(Dim::Pipeline), job.topology->size(Dim::Expert) > 1).empty())
+    if (!whole_build_reason(config, job.model_config(), job.topology->size(Dim::Data), job.topology->size(Dim::Pipeline),
+                            job.topology->size(Dim::Expert) > 1)
+             .empty())
       return nullptr;
     const nn::Model& model = outline();
     const std::vector<BlockInfo> blocks = describe_blocks(model);
@@ -230,7 +234,7 @@ class FsdpPass final : public Pass {
 
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
     const bool experts = std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "expert_parallel") != facts.enabled_passes.end();
-    const std::string why = whole_build_reason(config, facts.model, facts.mesh.pipeline, experts);
+    const std::string why = whole_build_reason(config, facts.model, facts.mesh.data, facts.mesh.pipeline, experts);
     if (why.empty()) return "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(facts.mesh.data) + " of every unit as the model is built";
     return "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
   }

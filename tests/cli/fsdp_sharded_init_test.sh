@@ -24,12 +24,14 @@ run whole examples/strategies/fsdp_bf16.toml 4 "${gpt2[@]}" --set pass.fsdp.shar
 grep -q "fsdp kept 30919488 of 123677952 sharded parameters (1/4 of each unit" "$work/sharded/logs/rank_3.log" || check "rank 3 did not keep a quarter"
 grep -q "model built: 123677952 parameters held (every block)" "$work/whole/logs/rank_3.log" || check "the whole build did not hold the model"
 # Whole: 124M fp32 parameters, 472 MiB. Sharded: a quarter (118 MiB) plus the largest block while
-# it is drawn (the embedding, 147 MiB): 265 MiB; measured 297-317 MiB on the 2-core machine.
+# it is drawn (the embedding, 147 MiB): 265 MiB; measured 265-266 MiB on the 2-core machine.
 most_sharded=$(above sharded | sort -n | tail -1) least_whole=$(above whole | sort -n | head -1)
 echo "build peak above the resident set before it: sharded at most $most_sharded MiB, whole at least $least_whole MiB"
-[ -n "$most_sharded" ] && [ -n "$least_whole" ] && [ $((most_sharded * 4)) -le $((least_whole * 3)) ] ||
-  check "sharded build peak ${most_sharded} MiB is not under 3/4 of the whole build's ${least_whole} MiB"
+# Issue 58's target: at most 1.25 x the formula (331 MiB); the whole build is over it.
+[ -n "$most_sharded" ] && [ -n "$least_whole" ] && [ "$most_sharded" -le 331 ] && [ "$least_whole" -gt 331 ] ||
+  check "sharded build peak ${most_sharded} MiB is over 1.25 x the formula's 265 MiB (whole build: ${least_whole} MiB)"
 [ "$(losses sharded)" = "$(losses whole)" ] || check "the sharded build's loss differs: $(losses sharded) vs $(losses whole)"
+rm -rf "$work/sharded/checkpoints" "$work/whole/checkpoints"  # 1.5 GB each
 
 tiny=(--set job.steps=3 --set job.global_batch=4 --set model.n_layer=2 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=16)
 { cat examples/strategies/fsdp.toml; printf '\n[[pass]]\nname = "half"\ndtype = "bf16"\n'; } > "$work/half.toml"

@@ -77,6 +77,7 @@ void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& o
     keeper = std::move(mine), kept_by = entry.pass->name();
   }
   outline.reset();
+  release_free_memory();  // the outline's blocks, before the real ones are drawn
 
   std::optional<nn::BlockFilter> filter;
   if (keep) filter.emplace([&keep](size_t b) { return std::find(keep->begin(), keep->end(), b) != keep->end(); });

@@ -414,7 +414,7 @@ class STRATA_API BuildKeeper {
 };
 
 // What a keeper leaves in place of a parameter it let go: the parameter's shape, dtype and device
-// over one zero element (stride 0), so shapes, dtype casts and module moves work on it while it
+// over one NaN element (stride 0), so shapes, dtype casts and module moves work on it while it
 // holds nothing; its values are the sharding pass's to provide.
 STRATA_API at::Tensor placeholder(at::IntArrayRef sizes, const at::TensorOptions& options);
 STRATA_API bool is_placeholder(const at::Tensor& t);
