@@ -22,8 +22,6 @@
 namespace strata::fsdp {
 namespace {
 
-// Broadcasts from rank 0 what a sharded build left whole: buffers and the parameters that are
-// not placeholders (ignored blocks', frozen ones).
 // Why sharded initialisation cannot serve this job (the model is built whole, then sharded), or
 // empty. The parts of issue 58 still to come lift these.
 std::string whole_build_reason(const Config& config, const Config& model, int64_t data, int64_t pipeline, bool split_experts) {
@@ -36,6 +34,8 @@ std::string whole_build_reason(const Config& config, const Config& model, int64_
   return {};
 }
 
+// Broadcasts from rank 0 what a sharded build left whole: buffers and the parameters that are
+// not placeholders (ignored blocks', frozen ones).
 void broadcast_built_state(nn::Model& model, Communicator& data) {
   at::NoGradGuard no_grad;
   for (auto& p : model.parameters())
@@ -218,18 +218,15 @@ class FsdpPass final : public Pass {
   }
 
   // Sharded initialisation (fsdp_sharded_init.h) where this rank's units can be planned on the
-  // outline; otherwise the model is built whole and sharded in apply(), as the log says.
+  // outline; otherwise the model is built whole and sharded in apply(), as `strata plan` says.
   std::shared_ptr<nn::BuildKeeper> keeper_at_build(const Config& config, const Job& job,
                                                    const std::function<const nn::Model&()>& outline) const override {
     if (!whole_build_reason(config, job.model_config(), job.topology->size(Dim::Data), job.topology->size(Dim::Pipeline),
                             job.topology->size(Dim::Expert) > 1)
              .empty())
       return nullptr;
-    const nn::Model& model = outline();
-    const std::vector<BlockInfo> blocks = describe_blocks(model);
-    const UnitPlan plan = plan_units(blocks, model.shared_parameters(), config);
     Communicator& comm = job.topology->group(Dim::Data);
-    return std::make_shared<ShardKeeper>(unit_layouts(plan, blocks), comm.size(), comm.rank());
+    return std::make_shared<ShardKeeper>(unit_layouts(plan_units(outline(), config)), comm.size(), comm.rank());
   }
 
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
@@ -253,8 +250,7 @@ class FsdpPass final : public Pass {
         sharding::broadcast_model_state(model, comm, expert_comm);
     }
     const auto split_expert = sharding::split_expert_predicate(model);
-    const std::vector<BlockInfo> blocks = describe_blocks(model);
-    UnitPlan plan = plan_units(blocks, model.shared_parameters(), config);
+    const UnitPlan plan = plan_units(model, config);
     if (plan.runs.empty())
       throw UserError("pass 'fsdp': no block of the model is wrapped (wrap = " + join(config.get_strings("wrap")) +
                       ", min_params = " + std::to_string(config.get_int("min_params")) + ")");
@@ -266,7 +262,7 @@ class FsdpPass final : public Pass {
       for (const auto& n : names) out.emplace_back(n, by_name.at(n));
       return out;
     };
-    const std::vector<UnitLayout> layouts = keeper ? unit_layouts(plan, blocks) : std::vector<UnitLayout>{};
+    const std::vector<UnitLayout> layouts = keeper ? unit_layouts(plan) : std::vector<UnitLayout>{};
     if (keeper) keeper->restore_changed_units(layouts, by_name, comm, job.device());
 
     // Wrapped and root units gather in the compute dtype; the ignored unit keeps its parameters

@@ -7,9 +7,9 @@
 
 namespace strata::fsdp {
 
-std::vector<UnitLayout> unit_layouts(const UnitPlan& plan, const std::vector<BlockInfo>& blocks) {
+std::vector<UnitLayout> unit_layouts(const UnitPlan& plan) {
   std::map<std::string, int64_t> numel;
-  for (const auto& block : blocks)
+  for (const auto& block : plan.blocks)
     for (const auto& [name, n] : block.params) numel[name] = n;
   auto layout = [&](std::string name, const std::vector<std::string>& params) {
     UnitLayout unit{std::move(name), {}};
@@ -18,7 +18,7 @@ std::vector<UnitLayout> unit_layouts(const UnitPlan& plan, const std::vector<Blo
   };
   std::vector<UnitLayout> out;
   for (size_t r = 0; r < plan.runs.size(); ++r)
-    if (!plan.run_params[r].empty()) out.push_back(layout(blocks[plan.runs[r].first].name, plan.run_params[r]));
+    if (!plan.run_params[r].empty()) out.push_back(layout(plan.blocks[plan.runs[r].first].name, plan.run_params[r]));
   if (!plan.root.empty()) out.push_back(layout("root", plan.root));
   return out;
 }

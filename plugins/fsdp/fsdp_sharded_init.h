@@ -32,9 +32,8 @@ struct UnitLayout {
   bool operator==(const UnitLayout&) const = default;
 };
 
-// The units fsdp builds, in order (wrapped runs that have parameters, then the root), from a plan
-// and the blocks it was made from.
-std::vector<UnitLayout> unit_layouts(const UnitPlan& plan, const std::vector<BlockInfo>& blocks);
+// The units fsdp builds, in order (wrapped runs that have parameters, then the root).
+std::vector<UnitLayout> unit_layouts(const UnitPlan& plan);
 
 class ShardKeeper final : public nn::BuildKeeper {
  public:

@@ -7,6 +7,8 @@
 
 namespace strata::fsdp {
 
+namespace {
+
 std::vector<BlockInfo> describe_blocks(const nn::Model& model) {
   std::vector<BlockInfo> out;
   for (size_t b = 0; b < model.num_blocks(); ++b) {
@@ -18,22 +20,12 @@ std::vector<BlockInfo> describe_blocks(const nn::Model& model) {
   return out;
 }
 
-namespace {
-
-std::vector<size_t> find_blocks(const std::vector<BlockInfo>& blocks, const StringList& selectors) {
-  std::vector<size_t> out;
-  for (size_t b = 0; b < blocks.size(); ++b)
-    if (std::find(selectors.begin(), selectors.end(), blocks[b].name) != selectors.end() ||
-        std::find(selectors.begin(), selectors.end(), blocks[b].type) != selectors.end())
-      out.push_back(b);
-  return out;
-}
-
-std::vector<BlockRun> wrapped_runs(const std::vector<BlockInfo>& blocks, const Config& config, const std::vector<size_t>& ignored) {
+std::vector<BlockRun> wrapped_runs(const nn::Model& model, const std::vector<BlockInfo>& blocks, const Config& config,
+                                   const std::vector<size_t>& ignored) {
   auto is_ignored = [&](size_t b) { return std::find(ignored.begin(), ignored.end(), b) != ignored.end(); };
   std::vector<bool> taken(blocks.size(), false);
   std::vector<BlockRun> runs;
-  for (size_t b : find_blocks(blocks, config.get_strings("wrap")))
+  for (size_t b : model.find_blocks(config.get_strings("wrap")))
     if (!is_ignored(b)) runs.push_back({b, b}), taken[b] = true;
   if (const int64_t min_params = config.get_int("min_params"); min_params > 0) {
     std::optional<size_t> start;
@@ -54,10 +46,13 @@ std::vector<BlockRun> wrapped_runs(const std::vector<BlockInfo>& blocks, const C
 
 }  // namespace
 
-UnitPlan plan_units(const std::vector<BlockInfo>& blocks, const std::vector<std::string>& shared, const Config& config) {
+UnitPlan plan_units(const nn::Model& model, const Config& config) {
   UnitPlan plan;
-  const std::vector<size_t> ignored_blocks = find_blocks(blocks, config.get_strings("ignored"));
-  plan.runs = wrapped_runs(blocks, config, ignored_blocks);
+  plan.blocks = describe_blocks(model);
+  const std::vector<BlockInfo>& blocks = plan.blocks;
+  const std::vector<std::string>& shared = model.shared_parameters();
+  const std::vector<size_t> ignored_blocks = model.find_blocks(config.get_strings("ignored"));
+  plan.runs = wrapped_runs(model, blocks, config, ignored_blocks);
   auto is_shared = [&](const std::string& n) { return std::find(shared.begin(), shared.end(), n) != shared.end(); };
   std::vector<int> owner(blocks.size(), -1);  // wrapped run index, -2 ignored
   for (size_t b : ignored_blocks) owner[b] = -2;

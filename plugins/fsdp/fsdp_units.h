@@ -19,8 +19,6 @@ struct BlockInfo {
   std::string name, type;
   std::vector<std::pair<std::string, int64_t>> params;
 };
-// Every block of `model`, built or absent (nn::block_parameter_shapes).
-std::vector<BlockInfo> describe_blocks(const nn::Model& model);
 
 // Blocks [first, last] of the model that form one wrapped unit.
 struct BlockRun {
@@ -28,6 +26,7 @@ struct BlockRun {
 };
 
 struct UnitPlan {
+  std::vector<BlockInfo> blocks;                    // every block, built or absent (nn::block_parameter_shapes)
   std::vector<BlockRun> runs;                       // wrapped runs, in model order
   std::vector<std::vector<std::string>> run_params;  // each run's parameters (empty: nothing to shard)
   std::vector<std::string> root;     // parameters of no wrapped run, and tied ones
@@ -36,8 +35,8 @@ struct UnitPlan {
 
 // Wrapped runs: named or typed blocks one each, then with min_params > 0 the remaining
 // consecutive blocks grouped in model order until each group has at least min_params parameters
-// (a smaller remainder stays in the root unit). Tied parameters (`shared`) are read by several
-// blocks, so they live in the root unit.
-UnitPlan plan_units(const std::vector<BlockInfo>& blocks, const std::vector<std::string>& shared, const Config& config);
+// (a smaller remainder stays in the root unit). Tied parameters (Model::shared_parameters) are
+// read by several blocks, so they live in the root unit. `model` may be the built model or its outline.
+UnitPlan plan_units(const nn::Model& model, const Config& config);
 
 }  // namespace strata::fsdp
