@@ -71,8 +71,11 @@ at::Tensor clip_gradient_norm(const std::vector<LocalGradient>& grads, double ma
       int sharded = 1;
       // Expert is a factor of data: a piece sharded over data (a ZeRO chunk of split experts) is
       // already one of data-size pieces.
-      for (Dim d : g.placement.sharded_over)
-        if (d != Dim::Expert || !g.placement.is_sharded_over(Dim::Data)) sharded *= topology->size(d);
+      for (Dim d : g.placement.sharded_over) {
+        if (d == Dim::Expert && g.placement.is_sharded_over(Dim::Data)) continue;
+        // HSDP: pieces differ only within a shard group of data ranks.
+        sharded *= d == Dim::Data && g.placement.data_shard_size > 0 ? static_cast<int>(g.placement.data_shard_size) : topology->size(d);
+      }
       replicas = static_cast<double>(topology->world_size()) / sharded;
     }
     grads_by_replicas[replicas].push_back(g.grad.detach().to(at::kFloat));

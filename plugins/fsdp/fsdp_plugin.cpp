@@ -8,6 +8,8 @@
 // Experts split by expert_parallel are replicated only over the data ranks holding the same
 // experts: each unit's split-expert parameters form a companion unit sharded over that group
 // (Topology::expert_data_group), gathered, freed and reduced together with it.
+// With shard_size = S the data ranks form shard groups of S that each shard the model as above
+// and replicate it across groups (HSDP, fsdp_hybrid.h).
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -15,6 +17,7 @@
 #include <ATen/ATen.h>
 
 #include "../sharding/sharded_training.h"
+#include "fsdp_hybrid.h"
 #include "fsdp_sharded_init.h"
 #include "fsdp_units.h"
 #include "strata/plugin.h"
@@ -24,10 +27,10 @@ namespace {
 
 // Why sharded initialisation cannot serve this job (the model is built whole, then sharded), or
 // empty. The parts of issue 58 still to come lift these.
-std::string whole_build_reason(const Config& config, const Config& model, int64_t data, int64_t pipeline, bool split_experts) {
+std::string whole_build_reason(const Config& config, const Config& model, int64_t shard_ranks, int64_t pipeline, bool split_experts) {
   if (!config.get_bool("sharded_init")) return "sharded_init = false";
   // One rank keeps every chunk: a keeper would only add the block being drawn to the whole model.
-  if (data == 1) return "one data rank: nothing to shard";
+  if (shard_ranks == 1) return "one rank per shard group: nothing to shard";
   if (model.has("init_from") && !model.get_string("init_from").empty()) return "[model] init_from loads whole tensors";
   if (pipeline > 1) return "under pipeline parallel a rank's units are known only after its stages are cut";
   if (split_experts) return "split experts shard over the expert-data ranks";
@@ -132,14 +135,16 @@ class Sharder {
   // spent waiting.
   double finish() {
     const auto waiting = std::chrono::steady_clock::now();
+    // HSDP: every unit's average over the replicas is in flight before the first is waited for.
+    for (auto& unit : all_) unit->start_replica_reduce();
     for (auto& unit : all_) unit->wait_reduced(), unit->release();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
   }
 
-  // This step's collectives: how many all-gathers, and the bytes of the full buffers gathered and
-  // reduced.
+  // This step's collectives: how many all-gathers, the bytes of the full buffers gathered and
+  // reduced, and (HSDP) of the gradient chunks averaged over the replicas.
   struct Traffic {
-    int64_t all_gathers = 0, gather_bytes = 0, reduce_bytes = 0;
+    int64_t all_gathers = 0, gather_bytes = 0, reduce_bytes = 0, replica_reduce_bytes = 0;
   };
   Traffic take_traffic() { return std::exchange(traffic_, Traffic{}); }
 
@@ -165,7 +170,7 @@ class Sharder {
   // Gradients are reduced only in the last micro-batch (earlier ones accumulate locally); full
   // parameters are freed unless the next micro-batch reuses them without resharding.
   void unit_backward_done(FlatUnit& unit) {
-    if (last_) unit.start_reduce(), traffic_.reduce_bytes += unit.reduce_bytes();
+    if (last_) unit.start_reduce(), traffic_.reduce_bytes += unit.reduce_bytes(), traffic_.replica_reduce_bytes += unit.replica_reduce_bytes();
     const bool is_root = std::any_of(root_.begin(), root_.end(), [&](const auto& r) { return r.get() == &unit; });
     const bool keep = !last_ && (is_root || !options_.reshard_after_forward);
     if (!keep) unit.release();
@@ -192,6 +197,10 @@ class FsdpPass final : public Pass {
                   .boolean("forward_prefetch", false, "All-gather the next unit during the current forward")
                   .integer("limit_all_gathers", 2, "Most all-gathers in flight at once", at_least(1))
                   .boolean("sync_module_states", true, "Broadcast initial parameters from rank 0")
+                  .integer("shard_size", 0,
+                           "Hybrid sharding (HSDP): shard over groups of this many contiguous data ranks, replicate across the groups; "
+                           "0 = shard over every data rank",
+                           at_least(0))
                   .boolean("sharded_init", true,
                            "Each rank keeps only its shards as the model is built (peak: shards plus one block), not the whole model"))},
              {Phase::Wrapping, {}, {"ddp", "zero1", "zero2"}, {}, {}}, {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}) {}
@@ -201,14 +210,32 @@ class FsdpPass final : public Pass {
       diagnostics.error(section, "pass 'fsdp' needs blocks to wrap: set wrap or min_params");
   }
 
+  std::string size_problem(const Config& config, const Config&, const MeshSizes& mesh) const override {
+    const int64_t s = config.get_int("shard_size");
+    if (s > 0 && mesh.data % s != 0)
+      return "pass 'fsdp': shard_size = " + std::to_string(s) + " does not divide the " + std::to_string(mesh.data) + " data ranks";
+    return {};
+  }
+
+  std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
+    const bool experts = std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "expert_parallel") != facts.enabled_passes.end();
+    if (experts && effective_shard_size(config.get_int("shard_size"), facts.mesh.data) < facts.mesh.data)
+      return "pass 'fsdp': shard_size below the data size (hybrid sharding) is not built with expert_parallel; leave shard_size = 0";
+    return {};
+  }
+
   // Model states all sharded (16/d bytes per fp32 AdamW parameter) plus what is gathered at once:
   // the root unit (embeddings, head, final norm) and up to limit_all_gathers layers, with their
   // gradients before the reduce-scatter. Parameters are all-gathered for forward and again for
   // backward when resharded after forward; gradients reduce-scattered.
+  // Under HSDP (fsdp_hybrid.h) the same within a shard group of S, plus the gradient chunks'
+  // all-reduce over the D/S replicas.
   void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
-    const double d = static_cast<double>(c.data), t = static_cast<double>(c.tensor);
+    const double d = static_cast<double>(effective_shard_size(config.get_int("shard_size"), c.data)), t = static_cast<double>(c.tensor);
+    const double replicas = static_cast<double>(c.data) / d;
     const double full_weights = c.weight_bytes;
-    c.comm_bytes += (config.get_bool("reshard_after_forward") ? 2 : 1) * (d - 1) / d * full_weights + (d - 1) / d * c.gradient_bytes;
+    c.comm_bytes += (config.get_bool("reshard_after_forward") ? 2 : 1) * (d - 1) / d * full_weights + (d - 1) / d * c.gradient_bytes +
+                    2 * (replicas - 1) / replicas * c.gradient_bytes / d;
     c.weight_bytes /= d, c.gradient_bytes /= d, c.optimizer_bytes /= d;
     const double layer = static_cast<double>(c.model.layer_parameters);
     const double root = static_cast<double>(c.model.parameters) - static_cast<double>(c.model.layers) * layer;
@@ -221,33 +248,50 @@ class FsdpPass final : public Pass {
   // outline; otherwise the model is built whole and sharded in apply(), as `strata plan` says.
   std::shared_ptr<nn::BuildKeeper> keeper_at_build(const Config& config, const Job& job,
                                                    const std::function<const nn::Model&()>& outline) const override {
-    if (!whole_build_reason(config, job.model_config(), job.topology->size(Dim::Data), job.topology->size(Dim::Pipeline),
-                            job.topology->size(Dim::Expert) > 1)
+    const int64_t shard_ranks = effective_shard_size(config.get_int("shard_size"), job.topology->size(Dim::Data));
+    if (!whole_build_reason(config, job.model_config(), shard_ranks, job.topology->size(Dim::Pipeline), job.topology->size(Dim::Expert) > 1)
              .empty())
       return nullptr;
-    Communicator& comm = job.topology->group(Dim::Data);
-    return std::make_shared<ShardKeeper>(unit_layouts(plan_units(outline(), config)), comm.size(), comm.rank());
+    // This rank's chunk is its position in its shard group (fsdp_hybrid.h).
+    return std::make_shared<ShardKeeper>(unit_layouts(plan_units(outline(), config)), shard_ranks,
+                                         job.topology->rank_in(Dim::Data) % shard_ranks);
   }
 
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
     const bool experts = std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "expert_parallel") != facts.enabled_passes.end();
-    const std::string why = whole_build_reason(config, facts.model, facts.mesh.data, facts.mesh.pipeline, experts);
-    if (why.empty()) return "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(facts.mesh.data) + " of every unit as the model is built";
-    return "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
+    const int64_t shard_ranks = effective_shard_size(config.get_int("shard_size"), facts.mesh.data);
+    const std::string hybrid =
+        shard_ranks < facts.mesh.data
+            ? "fsdp: hybrid sharding (HSDP): " + std::to_string(facts.mesh.data / shard_ranks) + " shard groups of " +
+                  std::to_string(shard_ranks) + " data ranks, each holding 1/" + std::to_string(shard_ranks) +
+                  " of the model states, replicated across the groups; " + describe_groups(shard_ranks, facts.mesh.data) + "\n"
+            : std::string();
+    const std::string why = whole_build_reason(config, facts.model, shard_ranks, facts.mesh.pipeline, experts);
+    if (why.empty()) return hybrid + "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(shard_ranks) + " of every unit as the model is built";
+    return hybrid + "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
   }
 
   void apply(Job& job, const Config& config) const override {
     nn::Model& model = *job.model;
-    Communicator& comm = job.topology->group(Dim::Data);
+    Communicator& data_comm = job.topology->group(Dim::Data);
     Communicator& expert_comm = job.topology->expert_data_group();
+    // HSDP: units shard over this rank's shard group and average gradients over its replica group
+    // (split from the data group: collective, every data rank in step).
+    const int64_t data = data_comm.size(), shard_ranks = effective_shard_size(config.get_int("shard_size"), data);
+    std::shared_ptr<Communicator> shard_comm, replica_comm;
+    if (shard_ranks < data) {
+      shard_comm = data_comm.split(shard_group(shard_ranks, data, data_comm.rank()));
+      replica_comm = data_comm.split(replica_group(shard_ranks, data, data_comm.rank()));
+    }
+    Communicator& comm = shard_comm ? *shard_comm : data_comm;
     auto* keeper = dynamic_cast<ShardKeeper*>(job.build_keeper.get());
     if (config.get_bool("sync_module_states")) {
       // A keeper's ranks drew the same values from the same generators: what they kept is already
       // equal, only what was built whole (buffers, frozen or ignored parameters) is sent.
       if (keeper)
-        broadcast_built_state(model, comm);
+        broadcast_built_state(model, data_comm);
       else
-        sharding::broadcast_model_state(model, comm, expert_comm);
+        sharding::broadcast_model_state(model, data_comm, expert_comm);
     }
     const auto split_expert = sharding::split_expert_predicate(model);
     const UnitPlan plan = plan_units(model, config);
@@ -280,6 +324,7 @@ class FsdpPass final : public Pass {
       } else if (!dense.empty()) {
         set.push_back(std::make_shared<FlatUnit>(name, std::move(dense), comm, reduce, persistent, dtypes));
       }
+      if (!set.empty() && replica_comm) set.back()->replicate_across(*replica_comm);
       if (!experts.empty())
         set.push_back(std::make_shared<FlatUnit>(name + ".experts", std::move(experts), expert_comm, reduce, persistent, dtypes));
       return set;
@@ -310,11 +355,15 @@ class FsdpPass final : public Pass {
     job.add_hook(HookPoint::BeforeBackward, [sharder](StepContext& c) { sharder->begin_micro_batch(c.last_backward); });
     job.add_hook(HookPoint::AfterBackward, [sharder](StepContext&) { sharder->after_backward(); });
     job.program.own(Stage::SyncGradients, [sharder](StepContext& c) { c.metrics.emplace_back("fsdp_exposed_comm_ms", sharder->finish()); });
-    job.add_hook(HookPoint::AfterStep, [sharder](StepContext& c) {
+    // The job keeps HSDP's groups alive, not the sharder: the parameters' gradient hooks hold the
+    // sharder, which holds the parameters, so it outlives the job, and a group left at exit would
+    // keep MPI from finalizing.
+    job.add_hook(HookPoint::AfterStep, [sharder, groups = std::vector{shard_comm, replica_comm}, hybrid = replica_comm != nullptr](StepContext& c) {
       const Sharder::Traffic traffic = sharder->take_traffic();
       c.metrics.emplace_back("fsdp_all_gathers", static_cast<double>(traffic.all_gathers));
       c.metrics.emplace_back("fsdp_gather_bytes", static_cast<double>(traffic.gather_bytes));
       c.metrics.emplace_back("fsdp_reduce_bytes", static_cast<double>(traffic.reduce_bytes));
+      if (hybrid) c.metrics.emplace_back("fsdp_replica_reduce_bytes", static_cast<double>(traffic.replica_reduce_bytes));
     });
     // Step metrics count the training step's collectives, not an evaluation's.
     job.add_hook(HookPoint::AfterEvaluate, [sharder](StepContext&) { sharder->take_traffic(); });

@@ -120,8 +120,22 @@ void FlatUnit::make_pieces() {
 
 void FlatUnit::nest_pieces_in(const Placements& parameter_placements) {
   for (Piece& piece : pieces_)
-    if (auto outer = parameter_placements.find(piece.name); outer != parameter_placements.end())
+    if (auto outer = parameter_placements.find(piece.name); outer != parameter_placements.end()) {
+      const int64_t shard_size = piece.placement.data_shard_size;
       piece.placement = nest(outer->second, piece.placement.offset, piece.placement.sharded_over);
+      piece.placement.data_shard_size = shard_size;
+    }
+}
+
+void FlatUnit::replicate_across(Communicator& replicas) {
+  if (replicas.size() <= 1) return;
+  replicas_ = &replicas;
+  for (Piece& piece : pieces_) piece.placement.data_shard_size = comm_.size();
+}
+
+int64_t FlatUnit::replica_reduce_bytes() const {
+  if (!replicas_) return 0;
+  return (reduce_ == GradReduce::AllReduce ? padded_ : chunk_) * static_cast<int64_t>(c10::elementSize(reduce_dtype_));
 }
 
 int64_t FlatUnit::gather_bytes() const { return padded_ * static_cast<int64_t>(c10::elementSize(gather_dtype_)); }
@@ -204,7 +218,16 @@ void FlatUnit::start_reduce() {
   reduce_work_ = comm_.reduce_scatter(reduced_, staging_, ReduceOp::Avg);
 }
 
+void FlatUnit::start_replica_reduce() {
+  if (!replicas_ || !reduce_work_ || replica_reduce_started_) return;
+  reduce_work_->wait();
+  reduce_work_ = replicas_->all_reduce(reduce_ == GradReduce::AllReduce ? staging_ : reduced_, ReduceOp::Avg);
+  replica_reduce_started_ = true;
+}
+
 void FlatUnit::wait_reduced() {
+  start_replica_reduce();
+  replica_reduce_started_ = false;
   if (!reduce_work_) return;
   reduce_work_->wait();
   reduce_work_.reset();

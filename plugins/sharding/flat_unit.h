@@ -53,12 +53,20 @@ class FlatUnit {
   FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm, at::Tensor kept_chunk,
            UnitDtypes dtypes = {});
 
+  // Hybrid sharding (HSDP): `comm` is one of several shard groups of contiguous data ranks, and
+  // `replicas` the ranks of the other groups that hold the same chunk. Gradients reduced within
+  // the shard group are then averaged over `replicas`; pieces are placed as sharded over groups of
+  // comm.size() data ranks. Called right after construction, before any use.
+  void replicate_across(Communicator& replicas);
+
   const std::string& name() const { return name_; }
   const std::vector<std::pair<std::string, at::Tensor>>& params() const { return params_; }
   int64_t numel() const { return numel_; }
   // Size of the full buffer each all-gather fills and each gradient reduction sends.
   int64_t gather_bytes() const;
   int64_t reduce_bytes() const;
+  // Size of the chunk each reduction averages over the replicas (HSDP), else 0.
+  int64_t replica_reduce_bytes() const;
 
   // Full parameters (fsdp): start_gather() launches the all-gather into a freshly allocated
   // buffer, wait_gathered() completes it, release() frees the buffer.
@@ -79,6 +87,10 @@ class FlatUnit {
   void fill_missing_gradients();
   // Launches the reduction of the parameters' (accumulated) gradients; ReduceScatter frees them.
   void start_reduce();
+  // HSDP: waits for the reduction within the shard group and launches the average over the
+  // replicas (a second collective on another communicator must not start before the first has
+  // filled its input); nothing otherwise. wait_reduced() calls it when it has not run.
+  void start_replica_reduce();
   // Completes it; AllReduce makes each parameter's .grad() a view of the averaged buffer.
   void wait_reduced();
 
@@ -104,6 +116,8 @@ class FlatUnit {
   std::vector<std::pair<std::string, at::Tensor>> params_;
   std::vector<int64_t> offsets_;
   Communicator& comm_;
+  Communicator* replicas_ = nullptr;  // HSDP's replica group, or none
+  bool replica_reduce_started_ = false;
   GradReduce reduce_;
   bool persistent_;
   at::ScalarType master_dtype_, gather_dtype_, reduce_dtype_;

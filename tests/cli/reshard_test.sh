@@ -4,7 +4,7 @@
 # process without passes, or tpN for [parallel] tensor = N with a strategy that enables
 # tensor_parallel; ppN for [parallel] pipeline = N with pipeline.toml, pp1 without the pass;
 # tp2+on-fsdp adds a pass the strategy lists disabled; epN for [parallel] expert = N with
-# mixtral.toml), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
+# mixtral.toml; hsdpN for fsdp with shard_size = N), checkpointing every 4; keeps only the step-4 checkpoint and resumes it
 # on TO_RANKS ranks with TO_PASS. Every later step's loss must match the uninterrupted run within
 # a relative 1e-5 (the tolerance of data-parallel parity: the sums run in another order), or
 # $RESHARD_TOLERANCE (fp8, whose roundings amplify another summation order).
@@ -21,6 +21,7 @@ pass_flags() {
     pp*) echo --set "parallel.pipeline=${1#pp}" ;;  # pipeline parallel at that size (pipeline.toml)
     on-*) echo --set "pass.${1#on-}.enabled=true" ;;  # a pass the strategy lists disabled
     ep*) echo --set "parallel.expert=${1#ep}" --set pass.expert_parallel.enabled=true ;;  # expert parallel (mixtral.toml)
+    hsdp*) echo --disable ddp --set pass.fsdp.enabled=true --set "pass.fsdp.shard_size=${1#hsdp}" ;;  # fsdp in shard groups of N
     *) echo --disable ddp --set "pass.$1.enabled=true" ;;
   esac
 }

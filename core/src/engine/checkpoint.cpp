@@ -162,6 +162,7 @@ Metadata checkpoint_file_metadata(int64_t step, const Placements& placements) {
       for (Dim d : p.sharded_over) dims.push_back(dim_name(d));
       entry["sharded_over"] = dims;
     }
+    if (p.data_shard_size > 0) entry["data_shard_size"] = p.data_shard_size;
   }
   return {{"format", kFormat}, {"step", std::to_string(step)}, {"slices", slice_json.dump()}};
 }

@@ -187,6 +187,11 @@ SavedState gather_state(const Job& job) {
   for (size_t i = 0; i < entries.size(); ++i)
     if (entries[i].placement && entries[i].placement->is_sharded_over(Dim::Expert) && !entries[i].placement->is_sharded_over(Dim::Data))
       writer[i] = dp_rank % job.topology->size(Dim::Expert);
+  // A piece sharded within groups of S data ranks (HSDP) is held alike by every group: the first
+  // group writes it.
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (entries[i].placement && entries[i].placement->is_sharded_over(Dim::Data) && entries[i].placement->data_shard_size > 0)
+      writer[i] = dp_rank % static_cast<int>(entries[i].placement->data_shard_size);
   SavedState out;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (writer[i] != dp_rank) continue;

@@ -25,7 +25,9 @@ namespace strata {
 // The mesh side: over the dimensions in `sharded_over` ranks hold disjoint pieces; over those in
 // `partial_over` they hold addends whose sum is the value (a gradient before its sync); over
 // every other dimension they hold equal copies (replicas). A default Placement is a whole,
-// replicated tensor.
+// replicated tensor. With `data_shard_size` S > 0 (HSDP), the pieces sharded over Data are disjoint
+// only within groups of S contiguous data ranks (data rank r is in group r / S) and equal across
+// the groups.
 struct Placement {
   std::vector<int64_t> shape;  // of the whole tensor (a LocalGradient's may be left empty)
   std::vector<int64_t> block_start, block_size;
@@ -33,6 +35,7 @@ struct Placement {
   int64_t offset = 0;
   std::vector<Dim> sharded_over;
   std::vector<Dim> partial_over;
+  int64_t data_shard_size = 0;  // 0: sharded over every data rank (with Data in sharded_over)
 
   bool has_block() const { return !block_size.empty(); }
   bool is_sharded_over(Dim dim) const;

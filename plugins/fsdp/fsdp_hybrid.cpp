@@ -1,0 +1,34 @@
+#include "fsdp_hybrid.h"
+
+namespace strata::fsdp {
+
+int64_t effective_shard_size(int64_t shard_size, int64_t data) { return shard_size == 0 ? data : shard_size; }
+
+std::vector<int> shard_group(int64_t shard_size, int64_t data, int64_t data_rank) {
+  const int64_t s = effective_shard_size(shard_size, data), first = data_rank / s * s;
+  std::vector<int> ranks;
+  for (int64_t r = first; r < first + s; ++r) ranks.push_back(static_cast<int>(r));
+  return ranks;
+}
+
+std::vector<int> replica_group(int64_t shard_size, int64_t data, int64_t data_rank) {
+  const int64_t s = effective_shard_size(shard_size, data);
+  std::vector<int> ranks;
+  for (int64_t r = data_rank % s; r < data; r += s) ranks.push_back(static_cast<int>(r));
+  return ranks;
+}
+
+std::string describe_groups(int64_t shard_size, int64_t data) {
+  const int64_t s = effective_shard_size(shard_size, data);
+  auto set = [](const std::vector<int>& ranks) {
+    std::string out = "{";
+    for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+    return out + "}";
+  };
+  std::string shards, replicas;
+  for (int64_t g = 0; g < data / s; ++g) shards += " " + set(shard_group(s, data, g * s));
+  for (int64_t p = 0; p < s; ++p) replicas += " " + set(replica_group(s, data, p));
+  return "shard groups (data ranks)" + shards + "; replica groups" + replicas;
+}
+
+}  // namespace strata::fsdp
