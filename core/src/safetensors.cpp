@@ -1,12 +1,15 @@
 #include "strata/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -14,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "strata/core/safetensors_view.h"
 #include "strata/errors.h"
 
 namespace strata {
@@ -140,7 +144,12 @@ NamedTensors parse_safetensors(const std::string& bytes, const std::string& labe
   return parse_safetensors(std::string_view(bytes), label, metadata);
 }
 
-NamedTensors parse_safetensors(std::string_view bytes, const std::string& label, Metadata* metadata) {
+namespace {
+
+// Checks everything the format promises and returns the tensors, each made by
+// `make(dtype, shape, data, bytes)` from its bytes in `bytes`, in file order.
+using MakeTensor = std::function<at::Tensor(at::ScalarType dtype, const std::vector<int64_t>& shape, const char* data, size_t bytes)>;
+NamedTensors parse(std::string_view bytes, const std::string& label, Metadata* metadata, const MakeTensor& make) {
   auto fail = [&](const std::string& why) -> UserError { return UserError("safetensors file " + label + ": " + why); };
   if (bytes.size() < 8) throw fail("shorter than its 8-byte header length");
   uint64_t header_len = 0;
@@ -237,13 +246,69 @@ NamedTensors parse_safetensors(std::string_view bytes, const std::string& label,
 
   NamedTensors out;
   const char* data = bytes.data() + 8 + header_len;
-  for (const Entry* entry : by_offset) {  // in file order
-    const Entry& e = *entry;
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
-    out.emplace_back(e.name, t);
-  }
+  for (const Entry* entry : by_offset)  // in file order
+    out.emplace_back(entry->name, make(entry->dtype, entry->shape, data + entry->begin, entry->end - entry->begin));
   return out;
+}
+
+at::Tensor copy_of(at::ScalarType dtype, const std::vector<int64_t>& shape, const char* data, size_t bytes) {
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+  if (bytes > 0) std::memcpy(t.data_ptr(), data, bytes);
+  return t;
+}
+
+}  // namespace
+
+NamedTensors parse_safetensors(std::string_view bytes, const std::string& label, Metadata* metadata) {
+  return parse(bytes, label, metadata, copy_of);
+}
+
+NamedTensors view_safetensors(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& label, Metadata* metadata) {
+  return parse(bytes, label, metadata, [&owner](at::ScalarType dtype, const std::vector<int64_t>& shape, const char* data, size_t size) {
+    // A tensor whose bytes do not sit on its element size's boundary (the format does not
+    // promise it) is copied rather than viewed misaligned.
+    if (size == 0 || reinterpret_cast<uintptr_t>(data) % c10::elementSize(dtype) != 0) return copy_of(dtype, shape, data, size);
+    return at::from_blob(const_cast<char*>(data), shape, [owner](void*) {}, at::TensorOptions().dtype(dtype));
+  });
+}
+
+std::shared_ptr<const MappedFile> MappedFile::open(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw UserError("cannot read " + path.string() + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw UserError("cannot read " + path.string() + ": " + std::strerror(error));
+  }
+  auto file = std::shared_ptr<MappedFile>(new MappedFile());
+  file->size_ = static_cast<size_t>(st.st_size);
+  if (file->size_ > 0) {
+    void* data = ::mmap(nullptr, file->size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) {
+      const int error = errno;
+      ::close(fd);
+      throw UserError("cannot map " + path.string() + ": " + std::strerror(error));
+    }
+    file->data_ = data;
+  }
+  ::close(fd);
+  return file;
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(data_, size_);
+}
+
+void MappedFile::release_pages(const void* begin, size_t bytes) const {
+  // The pages stay in the page cache; this process stops counting them as resident.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto from = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const auto to = (reinterpret_cast<uintptr_t>(begin) + bytes) / page * page;
+  const auto start = reinterpret_cast<uintptr_t>(data_);
+  // Only pages of this mapping (a tensor copied for its alignment lives elsewhere).
+  if (!data_ || to <= from || from < start || to > start + size_) return;
+  ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
 }
 
 NamedTensors read_safetensors(const std::filesystem::path& path, Metadata* metadata) {

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "strata/core/safetensors_view.h"
 #include "strata/safetensors.h"
 #include "strata/errors.h"
 
@@ -214,6 +215,40 @@ TEST(Safetensors, EmptyAndZeroDimensionalTensorsAreAllowed) {
   ASSERT_EQ(t.size(), 2u);
   EXPECT_EQ(t[0].second.numel(), 0);
   EXPECT_EQ(t[1].second.dim(), 0);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Resuming reads checkpoints through a mapping (safetensors_view.h): views equal what was written,
+// outlive the mapping's handle, stay correct after their pages are let go, and a tensor whose bytes
+// are misaligned for its dtype comes back as a copy.
+TEST(SafetensorsView, MappedViewsMatchTheFileAndOutliveTheHandle) {
+  const auto path = std::filesystem::temp_directory_path() / "strata_view_test.safetensors";
+  const at::Tensor a = at::arange(3000, at::kFloat).reshape({30, 100}), b = at::arange(7, at::kLong);
+  write_safetensors(path, {{"a", a}, {"b", b}});
+  NamedTensors views;
+  {
+    const std::shared_ptr<const MappedFile> file = MappedFile::open(path);
+    Metadata metadata;
+    views = view_safetensors(file->bytes(), file, path.string(), &metadata);
+    ASSERT_EQ(views.size(), 2u);
+    file->release_pages(views[0].second.data_ptr(), views[0].second.nbytes());
+  }  // the views keep the mapping
+  EXPECT_TRUE(at::equal(views[0].second, a));
+  EXPECT_TRUE(at::equal(views[1].second, b));
+  std::filesystem::remove(path);
+  EXPECT_THROW(MappedFile::open(path), UserError);
+
+  // One float at data offset 0 of a header whose length is not a multiple of 4: misaligned.
+  std::string bytes = file_bytes(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} )", std::string("\0\0\x80\x3f", 4));
+  const auto owner = std::make_shared<std::string>(std::string(1, ' ') + bytes);  // shift by one byte
+  const std::string_view shifted = std::string_view(*owner).substr(1);
+  const NamedTensors copied = view_safetensors(shifted, owner, "shifted");
+  EXPECT_EQ(copied[0].second.item<float>(), 1.0f);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "../sha256.h"
 #include "strata/safetensors.h"
+#include "strata/core/safetensors_view.h"
 #include "strata/errors.h"
 
 namespace strata::engine {
@@ -198,9 +199,11 @@ std::optional<std::string> checkpoint_problem(const fs::path& dir) {
 
 namespace {
 
-RankFile read_rank_file(std::string_view image, const std::string& label) {
+// The rank file's tensors are views of `image` (kept alive by `owner`): fill() copies only the
+// elements a request needs.
+RankFile read_rank_file(std::string_view image, std::shared_ptr<const void> owner, const std::string& label) {
   Metadata metadata;
-  RankFile file{parse_safetensors(image, label, &metadata), {}};
+  RankFile file{view_safetensors(image, std::move(owner), label, &metadata), {}};
   auto it = metadata.find("slices");
   if (it == metadata.end()) return file;
   try {
@@ -229,19 +232,17 @@ RankFile read_rank_file(std::string_view image, const std::string& label) {
 }
 
 RankFile read_rank_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError("cannot read safetensors file " + path.string());
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string bytes = buffer.str();
-  return read_rank_file(std::string_view(bytes), path.string());
+  const std::shared_ptr<const MappedFile> mapped = MappedFile::open(path);
+  RankFile file = read_rank_file(mapped->bytes(), mapped, path.string());
+  file.mapping = mapped;
+  return file;
 }
 
 }  // namespace
 
 RankFile Checkpoint::read_rank(int rank) const {
   if (images_.empty()) return read_rank_file(dir_ / shard_name(rank));
-  return read_rank_file(images_.at(static_cast<size_t>(rank)), dir_.string() + " rank " + std::to_string(rank));
+  return read_rank_file(images_.at(static_cast<size_t>(rank)), keep_alive_, dir_.string() + " rank " + std::to_string(rank));
 }
 
 Checkpoint Checkpoint::from_images(const CheckpointMeta& meta, const std::string& label, std::vector<std::string_view> images,
@@ -335,8 +336,17 @@ void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
           if (from >= to) continue;
           target.narrow(0, from - begin, to - from).copy_(source.narrow(0, from - stored_begin, to - from));
           filled[i].narrow(0, from - begin, to - from).fill_(true);
+        } else if (!has_block(stored_slice)) {
+          // A block wanted from a flat range [stored_begin, + numel) of the whole tensor (or all of
+          // it): the positions wanted are offsets into the stored range.
+          const at::Tensor want = global_indices(wanted, target.numel());
+          const int64_t stored_begin = stored_slice ? stored_slice->offset : 0;
+          const at::Tensor match = want.ge(stored_begin).logical_and_(want.lt(stored_begin + source.numel()));
+          if (!match.any().item<bool>()) continue;
+          target.index_put_({match}, source.index({want.index({match}) - stored_begin}));
+          filled[i].logical_or_(match);
         } else {
-          // A block on either side: match elements by their position in the whole tensor.
+          // Blocks on both sides: match elements by their position in the whole tensor.
           const at::Tensor want = global_indices(wanted, target.numel());
           const at::Tensor have = global_indices(stored_slice, source.numel());
           if (have.numel() == 0) continue;
@@ -348,6 +358,7 @@ void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
         }
         done[i] = filled[i].all().item<bool>();
       }
+      if (file.mapping) file.mapping->release_pages(stored.data_ptr(), stored.nbytes());
     }
   }
   for (size_t i = 0; i < requests.size(); ++i) {

@@ -15,6 +15,7 @@
 
 #include "strata/comm.h"
 #include "strata/optimizer.h"
+#include "strata/core/safetensors_view.h"
 #include "strata/safetensors.h"
 
 namespace strata::engine {
@@ -58,8 +59,9 @@ void publish_checkpoint(const std::filesystem::path& checkpoints_dir, const std:
 
 // One rank's file, read whole: its tensors and the placements of those that are pieces.
 struct RankFile {
-  NamedTensors tensors;
+  NamedTensors tensors;  // read-only views of the file's bytes
   Placements slices;
+  std::shared_ptr<const MappedFile> mapping;  // the file on disk, or none (an image in memory)
 };
 
 // One tensor a rank wants from a checkpoint: `target` (on the CPU) receives the whole tensor

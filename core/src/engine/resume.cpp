@@ -8,6 +8,8 @@
 
 #include "trainer_impl.h"
 #include "training_state.h"
+#include "strata/core/log.h"
+#include "strata/core/process_memory.h"
 #include "strata/errors.h"
 
 namespace strata {
@@ -74,9 +76,26 @@ void Trainer::Impl::find_checkpoints() {
   }
 }
 
+namespace {
+
+// The rank log's record of what restoring state cost in memory: a rank reads only the elements of
+// its own pieces from the checkpoint's files (mapped, engine/checkpoint.cpp), so its peak should
+// rise by about its share of the model states, not by whole files.
+struct RestoreMemory {
+  double resident_before = (release_free_memory(), resident_bytes()), peak_before = peak_resident_bytes();
+  void record(const std::string& from) const {
+    const auto mib = [](double bytes) { return std::to_string(static_cast<int64_t>(bytes / (1 << 20))); };
+    log::record("state restored from " + from + ": resident " + mib(resident_bytes()) + " MiB, peak " + mib(peak_resident_bytes()) +
+                " MiB (" + mib(resident_before) + " MiB before the restore, peak " + mib(peak_before) + " MiB)");
+  }
+};
+
+}  // namespace
+
 bool Trainer::load() {
   Impl& t = *impl_;
   const auto restore_started = std::chrono::steady_clock::now();
+  const RestoreMemory memory;
   // The set-up's search when it is fresh (the constructor's resume), else a new one.
   if (!t.checkpoints_found) t.find_checkpoints();
   t.checkpoints_found = false;
@@ -85,6 +104,7 @@ bool Trainer::load() {
     std::string problem;
     restored = t.restore_flash(problem);
     if (restored > 0) {
+      memory.record("a flash snapshot");
       t.progress->set_restore(seconds_since(restore_started), RestoreSource::Memory);
       t.continue_from(restored);
       return true;
@@ -113,6 +133,7 @@ bool Trainer::load() {
     return false;
   }
   t.progress->set_restore(seconds_since(restore_started), RestoreSource::Disk);
+  memory.record(t.newest->path().string());
   const engine::CheckpointMeta meta = t.newest->meta();
   t.console->message("resumed from " + t.newest->path().string() + " at step " + std::to_string(meta.step) +
                      (meta.world_size != t.env.world_size ? " (saved by " + std::to_string(meta.world_size) + " ranks)" : std::string()));
