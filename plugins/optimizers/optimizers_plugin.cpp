@@ -82,8 +82,11 @@ class Sgd final : public Optimizer {
  public:
   Sgd(std::vector<ParamGroup> groups, const Config& c)
       : groups_(std::move(groups)), momentum_(c.get_float("momentum")), nesterov_(c.get_bool("nesterov")) {
+    // Without momentum there is no buffer (torch.optim.SGD keeps none either): a parameter's
+    // worth of memory per parameter saved.
+    const std::vector<std::string> slots = momentum_ != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
     for (const auto& g : groups_)
-      for (size_t i = 0; i < g.params.size(); ++i) state_.add(g.names[i], g.params[i], {"momentum_buffer"});
+      for (size_t i = 0; i < g.params.size(); ++i) state_.add(g.names[i], g.params[i], slots);
   }
 
   void step(double lr) override {
@@ -91,11 +94,12 @@ class Sgd final : public Optimizer {
     size_t index = 0;
     for (auto& g : groups_)
       for (auto& p : g.params) {
-        auto& buffer = state_.of(index++)[0];
+        std::vector<at::Tensor>& slots = state_.of(index++);
         if (!p.grad().defined()) continue;
         at::Tensor d = g.weight_decay != 0 ? p.grad() + g.weight_decay * p : p.grad();
         if (momentum_ != 0) {
           // The buffer starts at zero, so the first step leaves it equal to d, as PyTorch's does.
+          at::Tensor& buffer = slots[0];
           buffer.mul_(momentum_).add_(d);
           d = nesterov_ ? d + momentum_ * buffer : buffer;
         }
