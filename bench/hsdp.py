@@ -15,7 +15,9 @@ buffers with ring algorithms' factors: (S-1)/S of every gather and of the reduce
 shard group, 2 (R-1)/R of the replica all-reduce across R = D/S groups; the only traffic between
 groups (nodes) is the last. MPI's own algorithm choice is not observed here.
 """
-import argparse, json, os, platform, shutil, statistics, subprocess, tempfile
+import argparse, json, os, shutil, statistics, subprocess, tempfile
+
+from sharded_init import cpu_model  # bench/, beside this file
 
 COMMON = ["--set", "model.n_layer=6", "--set", "model.d_model=256", "--set", "model.n_head=4", "--set", "job.steps=8",
           "--set", "job.global_batch=12", "--set", "job.threads=1", "--set", "job.eval_every=0", "--set", "job.checkpoint_every=0",
@@ -33,13 +35,6 @@ def run(strata, ranks, shard):
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in line]
     shutil.rmtree(out)
     return steps, " ".join(cmd[1:]).replace(out, "OUT")
-
-
-def cpu_model():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main():
