@@ -10,6 +10,7 @@
 #include "strata/errors.h"
 #include "strata/model.h"
 #include "strata/safetensors.h"
+#include "strata/core/safetensors_view.h"
 
 namespace strata {
 
@@ -46,10 +47,18 @@ std::string ModelFactory::hf_config_json(const Config&) const {
   throw UserError("model '" + name() + "' has no Hugging Face equivalent to export to");
 }
 
-NamedTensors read_hf_checkpoint(const fs::path& path) {
-  if (fs::is_regular_file(path)) return read_safetensors(path);
+namespace {
+
+// The files of a Hugging Face checkpoint and, for a sharded one, the names each must hold.
+struct CheckpointFile {
+  fs::path path;
+  std::set<std::string> names;  // empty: every tensor of the file
+};
+
+std::vector<CheckpointFile> checkpoint_files(const fs::path& path) {
+  if (fs::is_regular_file(path)) return {{path, {}}};
   if (!fs::is_directory(path)) throw UserError("Hugging Face checkpoint " + path.string() + " does not exist");
-  if (fs::is_regular_file(path / "model.safetensors")) return read_safetensors(path / "model.safetensors");
+  if (fs::is_regular_file(path / "model.safetensors")) return {{path / "model.safetensors", {}}};
   const fs::path index_path = path / "model.safetensors.index.json";
   std::ifstream in(index_path);
   if (!in) throw UserError(path.string() + " holds neither model.safetensors nor model.safetensors.index.json");
@@ -67,16 +76,56 @@ NamedTensors read_hf_checkpoint(const fs::path& path) {
       throw UserError(index_path.string() + ": weight_map entry '" + name + "' does not name a file beside the index");
     wanted[file.get<std::string>()].insert(name);
   }
-  NamedTensors out;
-  for (const auto& [file, names] : wanted) {
-    NamedTensors shard = read_safetensors(path / file);
-    std::set<std::string> found;
-    for (auto& [name, tensor] : shard)
-      if (names.count(name)) out.emplace_back(name, tensor), found.insert(name);
-    for (const auto& name : names)
-      if (!found.count(name)) throw UserError(index_path.string() + " puts '" + name + "' in " + file + ", which lacks it");
-  }
+  std::vector<CheckpointFile> out;
+  for (auto& [file, names] : wanted) out.push_back({path / file, std::move(names)});
   return out;
+}
+
+// The tensors of `shard` that `file` lists (all of them for a single file); an index entry its
+// file lacks is an error naming both.
+void take_listed(const CheckpointFile& file, NamedTensors&& shard, NamedTensors& out) {
+  if (file.names.empty()) {
+    for (auto& named : shard) out.push_back(std::move(named));
+    return;
+  }
+  std::set<std::string> found;
+  for (auto& [name, tensor] : shard)
+    if (file.names.count(name)) out.emplace_back(name, tensor), found.insert(name);
+  for (const auto& name : file.names)
+    if (!found.count(name))
+      throw UserError((file.path.parent_path() / "model.safetensors.index.json").string() + " puts '" + name + "' in " +
+                      file.path.filename().string() + ", which lacks it");
+}
+
+}  // namespace
+
+NamedTensors read_hf_checkpoint(const fs::path& path) {
+  NamedTensors out;
+  for (const auto& file : checkpoint_files(path)) take_listed(file, read_safetensors(file.path), out);
+  return out;
+}
+
+struct MappedHfCheckpoint::Files {
+  std::vector<std::shared_ptr<const MappedFile>> mapped;
+};
+
+MappedHfCheckpoint::MappedHfCheckpoint(const fs::path& path) {
+  auto files = std::make_shared<Files>();
+  for (const auto& file : checkpoint_files(path)) {
+    auto mapped = MappedFile::open(file.path);
+    files->mapped.push_back(mapped);
+    take_listed(file, view_safetensors(mapped->bytes(), mapped, file.path.string()), tensors_);
+  }
+  files_ = std::move(files);
+}
+
+MappedHfCheckpoint::~MappedHfCheckpoint() = default;
+
+const NamedTensors& MappedHfCheckpoint::tensors() const { return tensors_; }
+
+void MappedHfCheckpoint::release(const at::Tensor& view) const {
+  // Each mapping ignores a range outside it (and a tensor copied for its alignment lies outside all).
+  for (const auto& file : files_->mapped) file->release_pages(view.data_ptr(), view.nbytes());
 }
 
 void load_parameters(nn::Model& model, const NamedTensors& tensors, const std::string& source) {

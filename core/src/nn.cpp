@@ -376,7 +376,8 @@ at::Tensor AbsentBlock::forward(const at::Tensor&) {
 
 namespace {
 thread_local const std::function<bool(size_t)>* current_block_filter = nullptr;
-thread_local BuildKeeper* current_keeper = nullptr;
+// The live KeepAtBuild scopes' keepers, outermost first.
+thread_local std::vector<BuildKeeper*> keepers;
 
 bool holds_tied_linear(const Block& block) {
   for (const auto& m : block.modules(/*include_self=*/false))
@@ -401,8 +402,8 @@ at::Tensor placeholder(at::IntArrayRef sizes, const at::TensorOptions& options) 
 bool is_placeholder(const at::Tensor& t) {
   return t.defined() && t.numel() > 1 && t.storage().nbytes() < static_cast<size_t>(t.numel()) * t.element_size();
 }
-KeepAtBuild::KeepAtBuild(BuildKeeper* keeper) : outer_(current_keeper) { current_keeper = keeper; }
-KeepAtBuild::~KeepAtBuild() { current_keeper = outer_; }
+KeepAtBuild::KeepAtBuild(BuildKeeper* keeper) : outer_(keepers.empty() ? nullptr : keepers.back()) { keepers.push_back(keeper); }
+KeepAtBuild::~KeepAtBuild() { keepers.pop_back(); }
 
 std::vector<ParameterShape> block_parameter_shapes(const Model& model, size_t index) {
   if (const auto* absent = dynamic_cast<const AbsentBlock*>(&model.block(index))) return absent->parameter_shapes();
@@ -431,9 +432,9 @@ void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
     std::vector<ParameterShape> parameters;
     for (const auto& p : block->named_parameters()) parameters.push_back({p.key(), p.value().sizes().vec(), p.value().requires_grad()});
     block = std::make_shared<AbsentBlock>(block->type(), std::move(parameters), holds_tied_linear(*block));
-  } else if (current_keeper) {
-    current_keeper->built(blocks_.size(), name, *block);
-    release_free_memory();  // what the keeper let go, before the next block is drawn
+  } else if (!keepers.empty()) {
+    for (auto keeper = keepers.rbegin(); keeper != keepers.rend(); ++keeper) (*keeper)->built(blocks_.size(), name, *block);
+    release_free_memory();  // what the keepers let go, before the next block is drawn
   }
   register_module(name, block);
   blocks_.push_back(Entry{name, std::move(block), nullptr, {}, {}});
@@ -544,9 +545,10 @@ Placement piece_placement(const at::Tensor& piece, int64_t dim, int64_t whole_si
 
 }  // namespace
 
-Placements parameter_placements(const Model& model) {
+namespace {
+Placements module_placements(const torch::nn::Module& root) {
   Placements out;
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
     const std::string prefix = item.key() + ".";
     if (const auto* linear = dynamic_cast<const Linear*>(item.value().get()); linear && linear->shard.parts > 1) {
       const bool row = linear->parallel_style == ParallelStyle::Row;
@@ -579,6 +581,10 @@ Placements parameter_placements(const Model& model) {
   }
   return out;
 }
+}  // namespace
+
+Placements parameter_placements(const Model& model) { return module_placements(model); }
+Placements parameter_placements(const Block& block) { return module_placements(block); }
 
 std::vector<std::string> Model::decayed_parameter_names() const {
   std::vector<std::string> out;

@@ -156,6 +156,8 @@ class Gpt final : public ModelFactory {
     if (const std::string problem = split_problem(c, shard.parts); !problem.empty()) throw UserError(problem);
     const bool bias = c.get_bool("bias");
     const double dropout = c.get_float("dropout");
+    if (!c.get_string("init_from").empty()) require_hf_compatible(c);
+    InitFrom loading(c, hf_layout());
     auto model = std::make_shared<nn::Model>(c.get_int("vocab_size"), c.get_int("seq_len"));
     auto embed = std::make_shared<Embed>(c.get_int("vocab_size"), c.get_int("seq_len"), d, dropout, shard);
     model->add_block("embed", embed);
@@ -168,7 +170,7 @@ class Gpt final : public ModelFactory {
     model->mark_shared("embed.wte.weight");
     model->set_attention_shape(n_layer, heads, d / heads);
     apply_sliding_window(*model, c);
-    init_from(*model, *this, c);
+    loading.finish(*model);
     return model;
   }
 
@@ -180,10 +182,7 @@ class Gpt final : public ModelFactory {
 
   NamedTensors from_hf(const NamedTensors& hf, const Config& c) const override {
     require_hf_compatible(c);
-    return map_from_hf(hf, *whole_model(*this, c), hf_name, [](const std::string& n) {
-      // The tied output weight, and the causal-mask buffers older checkpoints store.
-      return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
-    });
+    return map_from_hf(hf, *whole_model(*this, c), hf_layout());
   }
 
   std::string hf_config_json(const Config& c) const override {
@@ -201,6 +200,11 @@ class Gpt final : public ModelFactory {
  private:
   static void require_hf_compatible(const Config& c) {
     if (!c.get_bool("bias")) throw UserError("GPT2LMHeadModel always has biases; a [model] bias = false GPT cannot move to or from it");
+  }
+
+  static HfLayout hf_layout() {
+    // The tied output weight, and the causal-mask buffers older checkpoints store, have no parameter.
+    return {hf_name, [](const std::string& n) { return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias"); }};
   }
 
   // embed.wte -> transformer.wte, hN.x -> transformer.h.N.x, head.ln_f -> transformer.ln_f; the

@@ -130,6 +130,8 @@ class Llama final : public ModelFactory {
     const int64_t n_layer = c.get_int("n_layer"), d = c.get_int("d_model"), vocab = c.get_int("vocab_size");
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
     if (const std::string problem = split_problem(c, shard.parts); !problem.empty()) throw UserError(problem);
+    if (moe_ && !c.get_string("init_from").empty()) require_hub_mixtral(c);
+    InitFrom loading(c, hf_layout(c));
     auto model = std::make_shared<nn::Model>(vocab, c.get_int("seq_len"));
     auto embed = std::make_shared<Embed>(vocab, d, shard);
     model->add_block("embed", embed);
@@ -144,7 +146,7 @@ class Llama final : public ModelFactory {
       const double unchosen = static_cast<double>(c.get_int("n_experts") - c.get_int("top_k"));
       model->set_inactive_parameters(static_cast<double>(moe_layer_count(c)) * unchosen * 3.0 * static_cast<double>(d * hidden));
     }
-    init_from(*model, *this, c);
+    loading.finish(*model);
     return model;
   }
 
@@ -156,10 +158,7 @@ class Llama final : public ModelFactory {
 
   NamedTensors from_hf(const NamedTensors& hf, const Config& c) const override {
     if (moe_) require_hub_mixtral(c);
-    const bool tied = c.get_bool("tie_embeddings");
-    auto ignored = tied ? +[](const std::string& n) { return n == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq"); }
-                        : +[](const std::string& n) { return n.ends_with("rotary_emb.inv_freq"); };
-    return map_from_hf(moe_ ? stacked_from_hub_experts(hf, c.get_int("n_experts")) : hf, *whole_model(*this, c), hf_name, ignored);
+    return map_from_hf(hf, *whole_model(*this, c), hf_layout(c));
   }
 
   std::string hf_config_json(const Config& c) const override {
@@ -191,6 +190,15 @@ class Llama final : public ModelFactory {
   }
 
   bool moe_;
+  // The rotary frequencies some checkpoints store, and a tied model's copy of the embedding, have
+  // no parameter; Mixtral's experts are stored one tensor each.
+  HfLayout hf_layout(const Config& c) const {
+    const bool tied = c.get_bool("tie_embeddings");
+    auto ignored = tied ? +[](const std::string& n) { return n == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq"); }
+                        : +[](const std::string& n) { return n.ends_with("rotary_emb.inv_freq"); };
+    return {hf_name, ignored, moe_ ? c.get_int("n_experts") : 0};
+  }
+
   // embed.embed_tokens -> model.embed_tokens, layersN.x -> model.layers.N.x, head.norm ->
   // model.norm, head.lm_head -> lm_head. q/k use the rotate-half layout on both sides.
   static HfName hf_name(const std::string& n) {

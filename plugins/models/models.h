@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "init_from.h"
 #include "strata/interchange.h"
 #include "strata/plugin.h"
 
@@ -24,23 +25,13 @@ void apply_sliding_window(nn::Model& model, const Config& config);
 // model as one would silently change what it computes. (Importing weights into one is a choice.)
 void require_no_sliding_window(const Config& config, const std::string& hf_architecture);
 
-// How one Strata parameter is stored in the Hugging Face checkpoint.
-struct HfName {
-  std::string name;
-  bool transposed = false;  // GPT-2's Conv1D weights are stored (in, out)
-};
-using ToHfName = HfName (*)(const std::string& strata_name);
-// Maps parameter names (and layouts) both ways with `to_hf_name`. from_hf ignores the names in
-// `ignored` (buffers and tied copies some checkpoints carry).
+// Maps parameter names (and layouts) both ways with the factory's HfLayout (init_from.h): to_hf
+// for export, from_hf for a checkpoint given whole (init_from loads block by block instead).
 NamedTensors map_to_hf(const nn::Model& model, ToHfName to_hf_name);
 // The whole model `factory` builds from `config` with random weights and no init_from, also on a
 // pipeline rank that builds only its stages: the names and shapes from_hf maps a checkpoint to.
 std::shared_ptr<nn::Model> whole_model(const ModelFactory& factory, const Config& config);
-NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, ToHfName to_hf_name,
-                         bool (*ignored)(const std::string& hf_name));
-// Loads [model] init_from into `model` when it is set: whole tensors into a whole model, each
-// split parameter's piece (by its placement) into a model built as one tensor-parallel rank.
-void init_from(nn::Model& model, const ModelFactory& factory, const Config& config);
+NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, const HfLayout& layout);
 std::string json_number(double value);
 // "vocabulary: V/t rows per rank", or the uneven rows when t does not divide V.
 std::string vocab_line(int64_t vocab, int64_t parts);

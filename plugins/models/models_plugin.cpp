@@ -1,5 +1,6 @@
 // Model factories: GPT-2, Llama and Mixtral architectures, configured by [model].
 #include "models.h"
+#include "moe_layer.h"
 
 #include <cstdio>
 #include <map>
@@ -47,18 +48,18 @@ std::shared_ptr<nn::Model> whole_model(const ModelFactory& factory, const Config
   return factory.create(random_init);
 }
 
-NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, ToHfName to_hf_name,
-                         bool (*ignored)(const std::string& hf_name)) {
+NamedTensors map_from_hf(const NamedTensors& given, const nn::Model& shape_donor, const HfLayout& layout) {
+  const NamedTensors hf = layout.experts > 0 ? stacked_from_hub_experts(given, layout.experts) : given;
   std::map<std::string, std::pair<std::string, bool>> strata_of;  // hf name -> strata name, transposed
   for (const auto& p : shape_donor.named_parameters()) {
-    HfName name = to_hf_name(p.key());
+    HfName name = layout.to_hf_name(p.key());
     strata_of[name.name] = {p.key(), name.transposed};
   }
   NamedTensors out;
   for (const auto& [name, tensor] : hf) {
     auto it = strata_of.find(name);
     if (it == strata_of.end()) {
-      if (ignored(name)) continue;
+      if (layout.ignored(name)) continue;
       throw UserError("Hugging Face tensor '" + name + "' has no place in this model; check [model] against the checkpoint's config.json");
     }
     if (it->second.second && tensor.dim() != 2)
@@ -66,29 +67,6 @@ NamedTensors map_from_hf(const NamedTensors& hf, const nn::Model& shape_donor, T
     out.emplace_back(it->second.first, it->second.second ? tensor.t().contiguous() : tensor);
   }
   return out;
-}
-
-void init_from(nn::Model& model, const ModelFactory& factory, const Config& config) {
-  const std::string& path = config.get_string("init_from");
-  if (path.empty()) return;
-  const std::string source = "[model] init_from " + path;
-  NamedTensors weights = factory.from_hf(read_hf_checkpoint(path), config);
-  // The checkpoint holds whole tensors; a model split over tensor-parallel ranks keeps this
-  // rank's piece of each split parameter, where its placement says.
-  const Placements placements = nn::parameter_placements(model);
-  const auto params = model.named_parameters();
-  // A pipeline rank holds only its stages' blocks: the checkpoint's tensors for the other blocks
-  // (from_hf has matched every one to the whole model) are other ranks' to load.
-  std::erase_if(weights, [&params](const auto& named) { return params.find(named.first) == nullptr; });
-  for (auto& [name, tensor] : weights) {
-    const auto placement = placements.find(name);
-    if (placement == placements.end()) continue;
-    if (tensor.sizes() != at::IntArrayRef(placement->second.shape))
-      throw UserError(source + ": tensor for '" + name + "' has shape " + c10::str(tensor.sizes()) + ", the model needs " +
-                      c10::str(at::IntArrayRef(placement->second.shape)));
-    tensor = piece_of(tensor, placement->second, params[name].sizes());
-  }
-  load_parameters(model, weights, source);
 }
 
 std::string json_number(double value) {

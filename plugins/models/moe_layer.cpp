@@ -49,17 +49,21 @@ constexpr std::pair<const char*, const char*> kHubProjections[] = {{"gate_proj",
 const std::string kExperts = ".block_sparse_moe.experts.";
 }  // namespace
 
+std::vector<std::string> hub_expert_names(const std::string& stacked_name, int64_t experts) {
+  std::vector<std::string> out;
+  for (const auto& [ours, hub] : kHubProjections)
+    if (const size_t at = stacked_name.find(kExperts + ours + ".weight"); at != std::string::npos)
+      for (int64_t j = 0; j < experts; ++j) out.push_back(stacked_name.substr(0, at) + kExperts + std::to_string(j) + "." + hub + ".weight");
+  return out;
+}
+
 NamedTensors hub_experts_from_stacked(const NamedTensors& tensors) {
   NamedTensors out;
   for (const auto& [name, tensor] : tensors) {
-    bool split = false;
-    for (const auto& [ours, hub] : kHubProjections)
-      if (const size_t at = name.find(kExperts + ours + ".weight"); at != std::string::npos) {
-        for (int64_t j = 0; j < tensor.size(0); ++j)
-          out.emplace_back(name.substr(0, at) + kExperts + std::to_string(j) + "." + hub + ".weight", tensor[j].clone());  // a tensor of its own: safetensors refuses aliases
-        split = true;
-      }
-    if (!split) out.emplace_back(name, tensor);
+    const auto hub = hub_expert_names(name, tensor.size(0));
+    for (size_t j = 0; j < hub.size(); ++j)
+      out.emplace_back(hub[j], tensor[static_cast<int64_t>(j)].clone());  // a tensor of its own: safetensors refuses aliases
+    if (hub.empty()) out.emplace_back(name, tensor);
   }
   return out;
 }

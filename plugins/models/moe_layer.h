@@ -49,7 +49,9 @@ int64_t moe_layer_count(const Config& config);
 // Hugging Face's MixtralForCausalLM keeps one tensor per expert and projection
 // (model.layers.N.block_sparse_moe.experts.J.w1/w3/w2.weight: gate, up, down), Strata one
 // [E, ., .] tensor per projection (its names mapped as model.layers.N.block_sparse_moe.experts.
-// gate_proj/up_proj/down_proj.weight). These convert between the two, other tensors untouched.
+// gate_proj/up_proj/down_proj.weight). These convert between the two, other tensors untouched;
+// hub_expert_names gives the hub's per-expert names of a stacked name (empty for any other name).
+std::vector<std::string> hub_expert_names(const std::string& stacked_name, int64_t experts);
 NamedTensors hub_experts_from_stacked(const NamedTensors& tensors);
 NamedTensors stacked_from_hub_experts(const NamedTensors& tensors, int64_t experts);
 // MixtralForCausalLM computes what this model computes only with an MoE MLP in every block, no

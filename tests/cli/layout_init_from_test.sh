@@ -5,7 +5,8 @@
 # them in one process (ONE_PROCESS_ARGS) and the run under the layout (LAYOUT_ARGS, with its -n)
 # agree at every step within 2e-6 relative, and their first loss lies far below a fresh start's.
 # A checkpoint tensor of a block another pipeline rank holds is that rank's, not an error (a
-# regression once refused lm_head.weight on the ranks without the head).
+# regression once refused lm_head.weight on the ranks without the head). LAYOUT_LOG_MATCH, when set,
+# is a pattern the layout run's rank 0 log must hold (fsdp: that it kept its shards as it loaded).
 set -euo pipefail
 strata=$1 strategy=$2 work=$3
 shift 3
@@ -22,6 +23,9 @@ rm -rf "$work" && mkdir -p "$work"
 "$(dirname "$0")/compare_runs.sh" "$strata" "$work/runs" same 2e-6 \
   -- "$strategy" "${one[@]}" --set "model.init_from=$work/hf" \
   -- "$strategy" "${layout[@]}" --set "model.init_from=$work/hf"
+if [[ -n ${LAYOUT_LOG_MATCH:-} ]]; then
+  grep -q -- "$LAYOUT_LOG_MATCH" "$work/runs/b/logs/rank_0.log" || { echo "rank 0's log lacks $LAYOUT_LOG_MATCH"; exit 1; }
+fi
 first() { sed -n '1s/.*"loss":\([^,]*\),.*/\1/p' "$1"; }
 fresh=$(first "$work/source/metrics.jsonl") loaded=$(first "$work/runs/b/metrics.jsonl")
 echo "first loss: fresh start $fresh, from the exported weights under the layout $loaded"

@@ -11,7 +11,7 @@
 
 #include "strata/export.h"
 
-#define STRATA_ABI_VERSION 22
+#define STRATA_ABI_VERSION 23
 
 #define STRATA_STRINGIFY_IMPL(x) #x
 #define STRATA_STRINGIFY(x) STRATA_STRINGIFY_IMPL(x)

@@ -404,7 +404,10 @@ class STRATA_API BlockFilter {
 // What a sharding pass does with each block the moment the factory has built it (Model::add_block
 // calls `built` for every block it keeps while a KeepAtBuild scope is alive on this thread): keep
 // this rank's part of the block's values and let the rest go, so that building a model holds this
-// rank's shards plus one whole block, never the whole model (Pass::keeper_at_build).
+// rank's shards plus one whole block, never the whole model (Pass::keeper_at_build). A factory
+// may install one of its own inside the pass's scope: scopes nest, and every live keeper sees
+// each block, the innermost first, so a factory that fills each block from a checkpoint
+// ([model] init_from) does so before the sharding pass keeps its part.
 class STRATA_API BuildKeeper {
  public:
   virtual ~BuildKeeper();
@@ -514,5 +517,7 @@ class STRATA_API Model : public torch::nn::Module {
 // over Dim::Tensor, and the experts an expert-parallel GroupedLinear keeps, sharded over
 // Dim::Expert. Parameters without an entry are whole.
 STRATA_API Placements parameter_placements(const Model& model);
+// The same for one block, named relative to it ("attn.c_attn.weight"): what a BuildKeeper needs.
+STRATA_API Placements parameter_placements(const Block& block);
 
 }  // namespace strata::nn

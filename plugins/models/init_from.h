@@ -1,0 +1,68 @@
+// [model] init_from: a Hugging Face checkpoint loaded block by block, as the factory adds each block.
+//
+// The checkpoint is mapped, not read (MappedHfCheckpoint): its tensors are views of the files. The
+// moment the factory adds a block, InitFrom (an nn::BuildKeeper installed inside the build) copies
+// each of the block's parameters from its view, converted to Strata's layout (GPT-2's Conv1D
+// weights transposed, Mixtral's per-expert tensors stacked) and cut to this rank's piece where the
+// parameter is split over tensor-parallel ranks (its placement), then lets go of the block's file
+// pages. Keeper scopes nest and the innermost sees a block first, so a sharding pass's keeper
+// (fsdp's sharded initialisation) then keeps its part of the loaded values. A rank therefore holds
+// what it keeps plus about one block, never the whole checkpoint or model; a pipeline rank never
+// touches the blocks other stages build (they are absent). PyTorch's DCP and torchtitan reach the
+// same by reading each rank's slices into meta-initialised shards.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "strata/interchange.h"
+#include "strata/nn.h"
+
+namespace strata::models {
+
+// How one Strata parameter is stored in the Hugging Face checkpoint.
+struct HfName {
+  std::string name;
+  bool transposed = false;  // GPT-2's Conv1D weights are stored (in, out)
+};
+using ToHfName = HfName (*)(const std::string& strata_name);
+
+// A factory's mapping to its Hugging Face architecture.
+struct HfLayout {
+  ToHfName to_hf_name;
+  bool (*ignored)(const std::string& hf_name);  // tensors some checkpoints carry that have no parameter (buffers, tied copies)
+  int64_t experts = 0;                          // > 0: expert weights are stored one tensor per expert (Mixtral)
+};
+
+class InitFrom final : public nn::BuildKeeper {
+ public:
+  // Does nothing when [model] init_from is empty; else maps the checkpoint and takes part in the
+  // build until finish().
+  InitFrom(const Config& config, HfLayout layout);
+  ~InitFrom() override;
+  InitFrom(const InitFrom&) = delete;
+  InitFrom& operator=(const InitFrom&) = delete;
+
+  void built(size_t index, const std::string& name, nn::Block& block) override;
+  std::string summary() const override;
+  // After the factory's last block: every parameter was loaded, and every checkpoint tensor has a
+  // place (a parameter of a block this rank built or of one it left to another pipeline rank).
+  void finish(const nn::Model& model);
+
+ private:
+  // The checkpoint tensor(s) for Strata parameter `full_name`, as one whole tensor in its layout.
+  at::Tensor whole_tensor(const std::string& full_name);
+  std::vector<std::string> hf_names(const std::string& full_name) const;
+
+  HfLayout layout_;
+  std::string source_;
+  std::unique_ptr<MappedHfCheckpoint> checkpoint_;
+  std::map<std::string, at::Tensor> views_;
+  std::set<std::string> used_, loaded_;
+  std::optional<nn::KeepAtBuild> scope_;
+};
+
+}  // namespace strata::models
