@@ -1,5 +1,8 @@
 #include "init_from.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <ATen/ATen.h>
 
 #include "moe_layer.h"
@@ -27,22 +30,35 @@ std::vector<std::string> InitFrom::hf_names(const std::string& full_name) const 
   return {hf};
 }
 
-at::Tensor InitFrom::whole_tensor(const std::string& full_name) {
-  const HfName hf = layout_.to_hf_name(full_name);
-  std::vector<at::Tensor> parts;
+namespace {
+// A slice of the file copied at a time: its pages are let go before the next is read, so loading
+// a block holds the block plus this much of the file.
+constexpr int64_t kSliceBytes = 16 << 20;
+}  // namespace
+
+InitFrom::Source InitFrom::source_of(const std::string& full_name) {
+  Source source;
+  source.transposed = layout_.to_hf_name(full_name).transposed;
   for (const auto& name : hf_names(full_name)) {
     const auto it = views_.find(name);
     if (it == views_.end()) throw UserError(source_ + " has no tensor '" + name + "' for parameter '" + full_name + "'");
     if (!at::isFloatingType(it->second.scalar_type()))
       throw UserError(source_ + ": tensor '" + name + "' is " + c10::toString(it->second.scalar_type()) + ", not a floating-point dtype");
-    parts.push_back(it->second);
+    if (source.transposed && it->second.dim() != 2)
+      throw UserError("Hugging Face tensor '" + name + "' is a Conv1D weight and must be 2-D, but has shape " + c10::str(it->second.sizes()));
+    source.views.push_back(it->second);
     used_.insert(name);
   }
-  if (parts.size() > 1) return at::stack(parts);  // one copy: the experts of one projection
-  if (!hf.transposed) return parts[0];
-  if (parts[0].dim() != 2)
-    throw UserError("Hugging Face tensor '" + hf.name + "' is a Conv1D weight and must be 2-D, but has shape " + c10::str(parts[0].sizes()));
-  return parts[0].t();  // a strided view: copy_ reads it in place
+  return source;
+}
+
+void InitFrom::check_finite(const at::Tensor& loaded, const std::string& full_name) const {
+  // A NaN or infinity would train to NaN. (Checked on what this rank loads: a rank holding the
+  // rest of a split tensor checks that.) The extremes propagate NaN and show an infinity, without
+  // isfinite's temporaries the size of the slice.
+  if (loaded.numel() == 0) return;
+  const auto [lowest, highest] = at::aminmax(loaded);
+  if (!std::isfinite(lowest.item<double>()) || !std::isfinite(highest.item<double>())) throw UserError(source_ + ": tensor for '" + full_name + "' holds NaN or infinite values");
 }
 
 void InitFrom::built(size_t, const std::string& name, nn::Block& block) {
@@ -52,17 +68,32 @@ void InitFrom::built(size_t, const std::string& name, nn::Block& block) {
   for (auto& named : block.named_parameters()) {
     const std::string full_name = name + "." + named.key();
     at::Tensor& p = named.value();
-    const at::Tensor whole = whole_tensor(full_name);
+    const Source source = source_of(full_name);
+    // The whole tensor in Strata's layout: the experts of one projection stacked (one copy), a
+    // Conv1D weight as a transposed view.
+    const at::Tensor whole = source.views.size() > 1 ? at::stack(source.views) : source.transposed ? source.views[0].t() : source.views[0];
     const auto placement = placements.find(named.key());
     const at::IntArrayRef wanted = placement == placements.end() ? p.sizes() : at::IntArrayRef(placement->second.shape);
     if (whole.sizes() != wanted)
       throw UserError(source_ + ": tensor for '" + full_name + "' has shape " + c10::str(whole.sizes()) + ", the model needs " +
                       c10::str(wanted));
-    p.copy_(placement == placements.end() ? whole : piece_of(whole, placement->second, p.sizes()));
-    // A NaN or infinity would train to NaN. (Checked on this rank's piece: the rank holding the
-    // rest checks that.)
-    if (!at::isfinite(p).all().item<bool>()) throw UserError(source_ + ": tensor for '" + full_name + "' holds NaN or infinite values");
-    for (const auto& hf : hf_names(full_name)) checkpoint_->release(views_.at(hf));
+    if (placement != placements.end() || source.views.size() > 1 || p.dim() == 0) {
+      p.copy_(placement == placements.end() ? whole : piece_of(whole, placement->second, p.sizes()));
+      check_finite(p, full_name);
+    } else {  // the whole parameter from one file tensor: slice by slice, in file order
+      const at::Tensor& file = source.views[0];
+      const int64_t rows = file.size(0), row_bytes = static_cast<int64_t>(file.nbytes()) / std::max<int64_t>(rows, 1);
+      const int64_t per = std::max<int64_t>(1, kSliceBytes / std::max<int64_t>(row_bytes, 1));
+      for (int64_t row = 0; row < rows; row += per) {
+        const int64_t n = std::min(per, rows - row);
+        const at::Tensor slice = file.narrow(0, row, n);
+        at::Tensor into = source.transposed ? p.narrow(1, row, n) : p.narrow(0, row, n);
+        into.copy_(source.transposed ? slice.t() : slice);
+        check_finite(into, full_name);
+        checkpoint_->release(slice);
+      }
+    }
+    for (const auto& view : source.views) checkpoint_->release(view);
     loaded_.insert(full_name);
   }
 }

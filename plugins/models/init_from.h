@@ -53,9 +53,14 @@ class InitFrom final : public nn::BuildKeeper {
   void finish(const nn::Model& model);
 
  private:
-  // The checkpoint tensor(s) for Strata parameter `full_name`, as one whole tensor in its layout.
-  at::Tensor whole_tensor(const std::string& full_name);
+  // The checkpoint tensor(s) for Strata parameter `full_name` (several: one per expert), checked.
+  struct Source {
+    std::vector<at::Tensor> views;
+    bool transposed = false;
+  };
+  Source source_of(const std::string& full_name);
   std::vector<std::string> hf_names(const std::string& full_name) const;
+  void check_finite(const at::Tensor& loaded, const std::string& full_name) const;
 
   HfLayout layout_;
   std::string source_;

@@ -4,6 +4,7 @@
 # fsdp_bf16.toml): each rank's build peak above its resident set before the build is well under the
 # whole model's, and the step is bit-identical to the same run built whole. A tiny model under half
 # (placeholders change dtype) trains bit-identically both ways; `strata plan` says which way it builds.
+# The same bound holds when the model starts from exported weights ([model] init_from).
 set -uo pipefail
 strata=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
@@ -31,7 +32,16 @@ echo "build peak above the resident set before it: sharded at most $most_sharded
 [ -n "$most_sharded" ] && [ -n "$least_whole" ] && [ "$most_sharded" -le 331 ] && [ "$least_whole" -gt 331 ] ||
   check "sharded build peak ${most_sharded} MiB is over 1.25 x the formula's 265 MiB (whole build: ${least_whole} MiB)"
 [ "$(losses sharded)" = "$(losses whole)" ] || check "the sharded build's loss differs: $(losses sharded) vs $(losses whole)"
+# [model] init_from under fsdp 4 loads each block as it is built, then keeps its shards (issue 58,
+# sharded loading): the same bound holds with the checkpoint mapped (its pages let go slice by slice).
+"$strata" ckpt export "$work/sharded" "$work/hf" > /dev/null || check "export failed"
 rm -rf "$work/sharded/checkpoints" "$work/whole/checkpoints"  # 1.5 GB each
+run loaded examples/strategies/fsdp_bf16.toml 4 "${gpt2[@]}" --set "model.init_from=$work/hf"
+grep -q "fsdp kept 30919488 of 123677952 sharded parameters" "$work/loaded/logs/rank_3.log" || check "init_from did not shard as built"
+most_loaded=$(above loaded | sort -n | tail -1)
+echo "build peak above the resident set before it with init_from: at most $most_loaded MiB"
+[ -n "$most_loaded" ] && [ "$most_loaded" -le 331 ] || check "init_from's sharded build peak ${most_loaded} MiB is over 331 MiB"
+rm -rf "$work/hf" "$work/loaded/checkpoints"
 
 tiny=(--set job.steps=3 --set job.global_batch=4 --set model.n_layer=2 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=16)
 { cat examples/strategies/fsdp.toml; printf '\n[[pass]]\nname = "half"\ndtype = "bf16"\n'; } > "$work/half.toml"
