@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "strata/core/log.h"
+#include "strata/core/process_memory.h"
 #include "strata/core/version.h"
 #include "strata/errors.h"
 
@@ -225,6 +226,15 @@ int main(int argc, char** argv) {
     report("user", e.what());
     return 2;
   } catch (const std::exception& e) {
+    // Out of memory under [job] rank_memory_limit_mb is the configuration's, not a defect.
+    if (strata::allocation_cap() > 0 && strata::is_allocation_failure(e.what())) {
+      std::string what = e.what();
+      if (const auto* torch_error = dynamic_cast<const c10::Error*>(&e)) what = torch_error->what_without_backtrace();
+      report("user", "this rank ran out of the memory [job] rank_memory_limit_mb = " +
+                         std::to_string(static_cast<int64_t>(strata::allocation_cap() / (1 << 20))) + " MiB allows it (" +
+                         what.substr(0, what.find('\n')) + "); raise the limit, or shard more (fsdp, a larger data size, act_checkpoint)");
+      return 2;
+    }
     const auto [line, trace] = internal_error(e);
     report("internal", line, trace);
     return 1;

@@ -48,6 +48,11 @@ const Schema& job_schema() {
             "Seconds `strata run -n N` waits for every rank to report its first progress before declaring a hang at "
             "start-up and naming the ranks that never reported",
             between(1, 1e6))
+      .integer("rank_memory_limit_mb", 0,
+               "Caps the memory each rank may allocate after start-up at this many MiB (the operating system's data "
+               "limit, RLIMIT_DATA, set to the rank's footprint at start plus this): an allocation past it fails, and a "
+               "model or step that does not fit stops with a clear message instead of the machine swapping. 0 = no cap",
+               at_least(0))
       .integer("min_ranks", 0,
                "Elastic world size under `strata run -n N`: when the same rank fails in two attempts in a row, continue "
                "on one rank fewer while at least min_ranks remain (0 = never shrink)",

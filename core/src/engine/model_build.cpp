@@ -38,6 +38,12 @@ void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& o
       // A model too large for this machine fails in the allocator; say so instead of an internal error.
       const std::string what = e.what_without_backtrace();
       if (what.find("allocate") == std::string::npos && what.find("memory") == std::string::npos) throw;
+      if (allocation_cap() > 0) {
+        const double whole = 4.0 * static_cast<double>(factory.shape(plan.model).parameters) / (1 << 20);
+        throw UserError("[model] does not fit in this rank's memory: building it needed more than [job] rank_memory_limit_mb = " +
+                        std::to_string(static_cast<int64_t>(allocation_cap() / (1 << 20))) + " (its fp32 weights alone are " +
+                        std::to_string(static_cast<int64_t>(whole)) + " MiB; fsdp shards them as the model is built)");
+      }
       throw UserError("[model] does not fit in this rank's memory (" + what.substr(0, what.find('\n')) + ")");
     }
   };
@@ -96,7 +102,8 @@ void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& o
               (keeper ? "; " + keeper->summary() : std::string()) + "; resident " +
               std::to_string(static_cast<int64_t>(resident_bytes() / (1 << 20))) + " MiB, peak " +
               std::to_string(static_cast<int64_t>(peak_resident_bytes() / (1 << 20))) + " MiB (" +
-              std::to_string(static_cast<int64_t>(resident_before / (1 << 20))) + " MiB before the build)");
+              std::to_string(static_cast<int64_t>(resident_before / (1 << 20))) + " MiB before the build); allocated " +
+              std::to_string(static_cast<int64_t>(allocated_bytes() / (1 << 20))) + " MiB");
   // A placeholder moves as one element (the keeper's pass gives it storage on the job's device).
   if (keeper) {
     at::NoGradGuard no_grad;

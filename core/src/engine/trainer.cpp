@@ -22,6 +22,7 @@
 #include "strata/core/host_memory.h"
 #include "strata/core/cpu_features.h"
 #include "strata/core/log.h"
+#include "strata/core/process_memory.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/step_plan.h"
 #include "strata/errors.h"
@@ -105,6 +106,12 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   log::add_file((out_dir / "logs" / ("rank_" + std::to_string(env.rank) + ".log")).string());
   if (leader) engine::write_text_durably(out_dir / "strategy.toml", resolved_strategy_toml(plan));
   configure_host_memory(job_cfg.get_string("host_memory"));  // before the model and data allocate
+  if (const int64_t cap_mib = job_cfg.get_int("rank_memory_limit_mb"); cap_mib > 0) {
+    const double footprint = allocated_bytes(), limit = cap_allocations(static_cast<double>(cap_mib) * (1 << 20));
+    log::record("memory cap: this rank may allocate " + std::to_string(cap_mib) + " MiB more than its " +
+                std::to_string(static_cast<int64_t>(footprint / (1 << 20))) + " MiB at start (RLIMIT_DATA " +
+                std::to_string(static_cast<int64_t>(limit / (1 << 20))) + " MiB)");
+  }
   const int64_t threads = job_cfg.get_int("threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, cores / static_cast<unsigned>(env.local_size))));
