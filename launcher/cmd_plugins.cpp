@@ -59,20 +59,21 @@ int run_plugins(const Args& args) {
                                     {"version", plugin.version},
                                     {"path", plugin.path},
                                     {"torch_version", plugin.torch_version},
+                                    {"abi", plugin.abi},
                                     {"components", std::move(components)}});
     }
     toml::array searched;
     for (const auto& p : search_path) searched.push_back(p.string());
-    print_json(toml::table{{"abi_version", STRATA_ABI_VERSION}, {"search_path", std::move(searched)}, {"plugins", std::move(plugins)}});
+    print_json(toml::table{{"abi_version", STRATA_ABI_VERSION_MAJOR}, {"abi_minor", STRATA_ABI_VERSION_MINOR}, {"search_path", std::move(searched)}, {"plugins", std::move(plugins)}});
     return 0;
   }
 
   std::cout << "Plugin search path:\n";
   for (const auto& p : search_path) std::cout << "  " << p.string() << "\n";
-  std::cout << registry.plugins().size() << " plugins loaded (ABI " << STRATA_ABI_VERSION << ", libtorch "
+  std::cout << registry.plugins().size() << " plugins loaded (ABI " << STRATA_ABI_VERSION_MAJOR << "." << STRATA_ABI_VERSION_MINOR << ", libtorch "
             << STRATA_TORCH_VERSION_STRING << ")\n";
   for (const auto& plugin : registry.plugins()) {
-    std::cout << "\n" << plugin.name << " " << plugin.version << "  " << plugin.path << "\n";
+    std::cout << "\n" << plugin.name << " " << plugin.version << "  " << plugin.path << (plugin.abi.empty() ? "" : "  (ABI " + plugin.abi + ")") << "\n";
     for (const Component* c : plugin.components) {
       std::cout << "  " << component_kind_name(c->kind()) << " " << c->name() << " - " << c->info().summary << "\n";
       if (const auto* pass = dynamic_cast<const Pass*>(c)) std::cout << "      " << pass_details(*pass) << "\n";

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -34,15 +35,28 @@ bool is_plugin_file_name(const std::string& name) {
 
 std::string safe_string(const char* s) { return s ? std::string(s) : std::string(); }
 
+// The fields every descriptor of this major has; abi_minor was appended after them.
+constexpr size_t kFrozenDescriptorBytes = offsetof(StrataPluginDescriptor, abi_minor);
+
+const std::string kHostAbi = std::to_string(STRATA_ABI_VERSION_MAJOR) + "." + std::to_string(STRATA_ABI_VERSION_MINOR);
+
+uint32_t abi_minor_of(const StrataPluginDescriptor* d) {
+  return d->struct_size >= offsetof(StrataPluginDescriptor, abi_minor) + sizeof(uint32_t) ? d->abi_minor : 0;
+}
+
 void check_descriptor(const StrataPluginDescriptor* d, const std::string& path) {
   if (!d) throw UserError("plugin " + path + ": its entry point returned no descriptor");
-  // Nothing but abi_version may be read before the version matches: the layout may differ.
-  if (d->abi_version != STRATA_ABI_VERSION)
+  // Nothing but abi_version may be read before the major matches: the layout may differ.
+  if (d->abi_version != STRATA_ABI_VERSION_MAJOR)
     throw UserError("plugin " + path + " was built for Strata plugin ABI " + std::to_string(d->abi_version) +
-                    " but this strata uses ABI " + std::to_string(STRATA_ABI_VERSION) +
-                    "; rebuild the plugin against this Strata's SDK");
-  if (d->struct_size < sizeof(StrataPluginDescriptor))
+                    ".x but this strata uses ABI " + kHostAbi + "; rebuild the plugin against this Strata's SDK");
+  if (d->struct_size < kFrozenDescriptorBytes)
     throw UserError("plugin " + path + " has a truncated descriptor (" + std::to_string(d->struct_size) + " bytes)");
+  // A plugin built for a newer minor may call what this host lacks.
+  if (abi_minor_of(d) > STRATA_ABI_VERSION_MINOR)
+    throw UserError("plugin " + path + " was built for Strata plugin ABI " + std::to_string(d->abi_version) + "." +
+                    std::to_string(abi_minor_of(d)) + ", newer than this strata's ABI " + kHostAbi +
+                    "; update strata, or rebuild the plugin against this Strata's SDK");
   if (safe_string(d->name).empty() || !d->register_components)
     throw UserError("plugin " + path + " has a descriptor without a name or register function");
   if (safe_string(d->torch_version) != STRATA_TORCH_VERSION_STRING)
@@ -117,7 +131,8 @@ void PluginLoader::load_file(const fs::path& file) {
   const StrataPluginDescriptor* descriptor = entry();
   check_descriptor(descriptor, path);
 
-  PluginRecord record{descriptor->name, safe_string(descriptor->version), path, descriptor->torch_version, {}};
+  PluginRecord record{descriptor->name, safe_string(descriptor->version), path, descriptor->torch_version, {},
+                      std::to_string(descriptor->abi_version) + "." + std::to_string(abi_minor_of(descriptor))};
   loaded_libraries().push_back(std::move(library));
   registry_.register_plugin(std::move(record), descriptor->register_components);
   log::debug("loaded plugin '" + std::string(descriptor->name) + "' from " + path);

@@ -11,7 +11,7 @@ namespace strata {
 VersionInfo version_info() {
   VersionInfo info;
   info.strata = STRATA_VERSION_STRING;
-  info.abi = STRATA_ABI_VERSION;
+  info.abi = std::to_string(STRATA_ABI_VERSION_MAJOR) + "." + std::to_string(STRATA_ABI_VERSION_MINOR);
   info.torch = STRATA_TORCH_VERSION_STRING;
   info.torch_wheel = STRATA_TORCH_WHEEL_VERSION;
   info.torch_cuda = STRATA_TORCH_CUDA_VERSION;

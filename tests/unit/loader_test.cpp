@@ -94,10 +94,25 @@ TEST(Loader, SearchPathLoadsDirectoriesAndRefusesMissingEntries) {
 TEST(Loader, RefusesAbiMismatchNamingBothVersions) {
   ComponentRegistry registry;
   std::string e = load_error(registry, plugin("abi_mismatch", "abi_mismatch"));
-  EXPECT_TRUE(contains(e, "was built for Strata plugin ABI " + std::to_string(STRATA_ABI_VERSION + 1)));
-  EXPECT_TRUE(contains(e, "this strata uses ABI " + std::to_string(STRATA_ABI_VERSION)));
+  const std::string host = std::to_string(STRATA_ABI_VERSION_MAJOR) + "." + std::to_string(STRATA_ABI_VERSION_MINOR);
+  EXPECT_TRUE(contains(e, "was built for Strata plugin ABI " + std::to_string(STRATA_ABI_VERSION + 1) + ".x")) << e;
+  EXPECT_TRUE(contains(e, "this strata uses ABI " + host)) << e;
   EXPECT_TRUE(contains(e, "rebuild the plugin"));
+  // A newer minor may call what this host lacks: refused, naming both.
+  e = load_error(registry, plugin("newer_minor", "newer_minor"));
+  EXPECT_TRUE(contains(e, "was built for Strata plugin ABI " + std::to_string(STRATA_ABI_VERSION_MAJOR) + "." +
+                              std::to_string(STRATA_ABI_VERSION_MINOR + 1) + ", newer than this strata's ABI " + host))
+      << e;
   EXPECT_TRUE(registry.plugins().empty());
+}
+
+// The same major with an older (here: no) minor loads: a descriptor from before abi_minor was
+// appended is read up to its struct_size and counts as minor 0.
+TEST(Loader, LoadsAnOlderMinorOfTheSameMajor) {
+  ComponentRegistry registry;
+  EXPECT_EQ(load_error(registry, plugin("no_minor", "no_minor")), "");
+  ASSERT_EQ(registry.plugins().size(), 1u);
+  EXPECT_EQ(registry.plugins()[0].abi, std::to_string(STRATA_ABI_VERSION_MAJOR) + ".0");
 }
 
 TEST(Loader, RefusesLibtorchAndCxxAbiMismatch) {

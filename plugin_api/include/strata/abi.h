@@ -1,8 +1,10 @@
-// The plugin ABI: one version integer and one exported C entry point per plugin.
+// The plugin ABI: a version MAJOR.MINOR and one exported C entry point per plugin.
 //
-// Rule: STRATA_ABI_VERSION changes whenever anything a plugin can see changes layout or meaning
-// (these headers, the descriptor, virtual tables of the component interfaces). The host refuses
-// a plugin whose version differs in either direction; there is no partial compatibility.
+// Rule (docs/plugin-abi.md): MAJOR changes whenever anything a plugin can see changes layout or
+// meaning (these headers' classes and functions, the descriptor's frozen fields, virtual tables of
+// the component interfaces); MINOR grows when something is only added (a function, a class, a new
+// interface a plugin may implement and core finds by dynamic_cast). A host M.n loads a plugin
+// built for M.m when m <= n and refuses any other, naming both versions.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +13,11 @@
 
 #include "strata/export.h"
 
-#define STRATA_ABI_VERSION 23
+#define STRATA_ABI_VERSION_MAJOR 23
+#define STRATA_ABI_VERSION_MINOR 0
+// The descriptor's first field, which every host (also those before MINOR existed) compares with
+// its own: the major.
+#define STRATA_ABI_VERSION STRATA_ABI_VERSION_MAJOR
 
 #define STRATA_STRINGIFY_IMPL(x) #x
 #define STRATA_STRINGIFY(x) STRATA_STRINGIFY_IMPL(x)
@@ -36,8 +42,9 @@ class Registry;
 }
 
 extern "C" {
-// Field order is frozen: the host reads abi_version before anything else, so it must stay first
-// in every ABI version, and struct_size second.
+// Field order is frozen: the host reads abi_version (the major) before anything else, so it must
+// stay first in every ABI version, and struct_size second; fields are only ever appended, and a
+// host reads an appended one only where struct_size covers it (abi_minor: 0 when it does not).
 struct StrataPluginDescriptor {
   uint32_t abi_version;
   uint32_t struct_size;
@@ -46,6 +53,7 @@ struct StrataPluginDescriptor {
   const char* torch_version;
   const char* cxx_abi;
   void (*register_components)(strata::Registry& registry);
+  uint32_t abi_minor;  // since 23.0
 };
 }
 
@@ -59,6 +67,7 @@ struct StrataPluginDescriptor {
                                                    VERSION,                                      \
                                                    STRATA_TORCH_VERSION_STRING,                  \
                                                    STRATA_CXX_ABI_TAG,                           \
-                                                   &REGISTER_FN};                                \
+                                                   &REGISTER_FN,                                 \
+                                                   STRATA_ABI_VERSION_MINOR};                    \
     return &descriptor;                                                                          \
   }

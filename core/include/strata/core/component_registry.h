@@ -19,6 +19,7 @@ struct PluginRecord {
   std::string path;  // the file it was loaded from, or "<builtin>" for components core registers
   std::string torch_version;
   std::vector<const Component*> components;  // in registration order
+  std::string abi;  // the plugin ABI it was built for, "M.m" (this host's for core's own)
 };
 
 class STRATA_API ComponentRegistry final : public Registry {

@@ -9,7 +9,7 @@ namespace strata {
 
 struct VersionInfo {
   std::string strata;         // project version
-  int abi = 0;                // STRATA_ABI_VERSION
+  std::string abi;            // the plugin ABI, "MAJOR.MINOR"
   std::string torch;          // libtorch headers it was compiled against
   std::string torch_wheel;    // torch.__version__ of the wheel that provided libtorch
   std::string torch_cuda;     // CUDA version of that wheel ("None" for a CPU wheel)
