@@ -25,31 +25,26 @@ double resident_bytes() {
   return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
 }
 
-double peak_resident_bytes() {
-  double kib = 0;
-  if (FILE* f = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) break;
-    std::fclose(f);
-  }
-  return kib * 1024.0;
-}
-
-double allocated_bytes() {
-  double kib = 0;
-  if (FILE* f = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "VmData: %lf kB", &kib) == 1) break;
-    std::fclose(f);
-  }
-  return kib * 1024.0;
-}
-
 namespace {
-double cap = 0;
+double cap = 0;  // cap_allocations's bytes
+
+// A "Name:  N kB" line of /proc/self/status, in bytes (0 where it is missing).
+double status_bytes(const std::string& field) {
+  const std::string format = field + ": %lf kB";
+  double kib = 0;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, format.c_str(), &kib) == 1) break;
+    std::fclose(f);
+  }
+  return kib * 1024.0;
+}
 }  // namespace
+
+double peak_resident_bytes() { return status_bytes("VmHWM"); }
+
+double allocated_bytes() { return status_bytes("VmData"); }
 
 double cap_allocations(double bytes) {
 #ifdef __GLIBC__
