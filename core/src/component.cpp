@@ -60,6 +60,7 @@ std::shared_ptr<nn::BuildKeeper> Pass::keeper_at_build(const Config&, const Job&
   return nullptr;
 }
 TuneUse Pass::tune_use() const { return TuneUse::UserOnly; }
+KeepsBuiltBlocks::~KeepsBuiltBlocks() = default;
 void Pass::estimate(const Config&, const PlanFacts&, CostEstimate&) const {}
 
 bool Pass::claims_stage(Stage stage, StageUse use) const {

@@ -28,11 +28,10 @@ namespace {
 
 // Why sharded initialisation cannot serve this job (the model is built whole, then sharded), or
 // empty. The parts of issue 58 still to come lift these.
-std::string whole_build_reason(const Config& config, int64_t shard_ranks, int64_t pipeline, bool split_experts) {
+std::string whole_build_reason(const Config& config, int64_t shard_ranks, bool split_experts) {
   if (!config.get_bool("sharded_init")) return "sharded_init = false";
   // One rank keeps every chunk: a keeper would only add the block being drawn to the whole model.
   if (shard_ranks == 1) return "one rank per shard group: nothing to shard";
-  if (pipeline > 1) return "under pipeline parallel a rank's units are known only after its stages are cut";
   if (split_experts) return "split experts shard over the expert-data ranks";
   return {};
 }
@@ -201,7 +200,7 @@ class Sharder {
   Traffic traffic_;
 };
 
-class FsdpPass final : public Pass {
+class FsdpPass final : public Pass, public KeepsBuiltBlocks {
  public:
   FsdpPass()
       : Pass({ComponentKind::Pass, "fsdp", "Parameters, gradients and optimizer states sharded per wrapped unit",
@@ -263,12 +262,12 @@ class FsdpPass final : public Pass {
 
   // Sharded initialisation (fsdp_sharded_init.h) where this rank's units can be planned on the
   // outline; otherwise the model is built whole and sharded in apply(), as `strata plan` says.
-  std::shared_ptr<nn::BuildKeeper> keeper_at_build(const Config& config, const Job& job,
-                                                   const std::function<const nn::Model&()>& outline) const override {
+  // Under a pipeline the outline is already cut to this rank's stage (KeepsBuiltBlocks), the
+  // blocks apply() will shard once pipeline_parallel has applied.
+  std::shared_ptr<nn::BuildKeeper> keeper_of_built_blocks(const Config& config, const Job& job,
+                                                          const std::function<const nn::Model&()>& outline) const override {
     const int64_t shard_ranks = effective_shard_size(config.get_int("shard_size"), job.topology->size(Dim::Data));
-    if (!whole_build_reason(config, shard_ranks, job.topology->size(Dim::Pipeline), job.topology->size(Dim::Expert) > 1)
-             .empty())
-      return nullptr;
+    if (!whole_build_reason(config, shard_ranks, job.topology->size(Dim::Expert) > 1).empty()) return nullptr;
     // This rank's chunk is its position in its shard group (fsdp_hybrid.h).
     return std::make_shared<ShardKeeper>(unit_layouts(plan_units(outline(), config)), shard_ranks,
                                          job.topology->rank_in(Dim::Data) % shard_ranks);
@@ -283,8 +282,10 @@ class FsdpPass final : public Pass {
                   std::to_string(shard_ranks) + " data ranks, each holding 1/" + std::to_string(shard_ranks) +
                   " of the model states, replicated across the groups; " + describe_groups(shard_ranks, facts.mesh.data) + "\n"
             : std::string();
-    const std::string why = whole_build_reason(config, shard_ranks, facts.mesh.pipeline, experts);
-    if (why.empty()) return hybrid + "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(shard_ranks) + " of every unit as the model is built";
+    const std::string why = whole_build_reason(config, shard_ranks, experts);
+    if (why.empty())
+      return hybrid + "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(shard_ranks) + " of every unit" +
+             (facts.mesh.pipeline > 1 ? " of its pipeline stage" : "") + " as the model is built";
     return hybrid + "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
   }
 

@@ -4,7 +4,8 @@
 # metrics.jsonl. MODE "same": every step's relative difference must be <= TOLERANCE (0 = bit
 # for bit). MODE "differ": the trajectories must differ by more than TOLERANCE somewhere (to show
 # that an option changes training at all). With B_METRICS_MATCH set, every line of run B's
-# metrics.jsonl must also match that extended regex (to show that B really used its option).
+# metrics.jsonl must also match that extended regex (to show that B really used its option);
+# with B_LOG_MATCH set, every rank log of run B must hold a line matching that one.
 # With GRAD_NORM_STEPS=K, the gradient norms of the first K steps are compared as the losses are.
 # With B_LAUNCHER set (a command, e.g. "torchrun --nproc-per-node 2 --no-python"), run B is
 # started by it instead of directly.
@@ -37,4 +38,9 @@ fi
 if [[ -n ${B_METRICS_MATCH:-} ]]; then
   bad=$(grep -cvE -- "$B_METRICS_MATCH" "$work/b/metrics.jsonl" || true)
   [[ $bad == 0 ]] || { echo "$bad lines of run B's metrics.jsonl do not match $B_METRICS_MATCH"; exit 1; }
+fi
+if [[ -n ${B_LOG_MATCH:-} ]]; then
+  for log in "$work"/b/logs/rank_*.log; do
+    grep -qE -- "$B_LOG_MATCH" "$log" || { echo "$log has no line matching $B_LOG_MATCH"; exit 1; }
+  done
 fi

@@ -9,7 +9,10 @@
 // factory twice. A pass that shards parameters over ranks (fsdp) sees the same outline, whose
 // absent blocks know their parameters' shapes, and returns a BuildKeeper: as the factory adds each
 // block, the keeper copies out this rank's part of it and turns its parameters into placeholders
-// (nn::placeholder), so an fsdp rank's peak at start-up is its shards plus one whole block.
+// (nn::placeholder), so an fsdp rank's peak at start-up is its shards plus one whole block. A
+// keeper that composes with a pipeline (KeepsBuiltBlocks) sees the outline cut to the blocks this
+// rank builds, which is the stage apply() will shard: a pipeline x fsdp rank keeps its shards of
+// its stage only.
 #include "model_build.h"
 
 #include <algorithm>
@@ -73,16 +76,31 @@ void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& o
     keep = std::move(wanted);
     chosen_by += (chosen_by.empty() ? "" : ", ") + entry.pass->name();
   }
+  // A keeper that knows KeepsBuiltBlocks plans on the outline of the blocks this rank builds.
+  std::shared_ptr<nn::Model> built_outline;
+  const std::function<const nn::Model&()> get_built_outline = [&]() -> const nn::Model& {
+    if (!keep) return get_outline();
+    if (!built_outline) {
+      const RngSnapshot generators{job.device()};
+      const nn::BlockFilter none([](size_t) { return false; });
+      built_outline = build();
+      generators.restore();
+      built_outline->keep_blocks(*keep);
+    }
+    return *built_outline;
+  };
   std::shared_ptr<nn::BuildKeeper> keeper;
   std::string kept_by;
   for (size_t i : order) {
     const PassEntry& entry = plan.passes[i];
-    auto mine = entry.pass->keeper_at_build(entry.config, job, get_outline);
+    const auto* of_built = dynamic_cast<const KeepsBuiltBlocks*>(entry.pass);
+    auto mine = of_built ? of_built->keeper_of_built_blocks(entry.config, job, get_built_outline)
+                         : entry.pass->keeper_at_build(entry.config, job, get_outline);
     if (!mine) continue;
     if (keeper) throw std::logic_error("passes '" + kept_by + "' and '" + entry.pass->name() + "' both shard the model as it is built");
     keeper = std::move(mine), kept_by = entry.pass->name();
   }
-  outline.reset();
+  outline.reset(), built_outline.reset();
   release_free_memory();  // the outline's blocks, before the real ones are drawn
 
   std::optional<nn::BlockFilter> filter;

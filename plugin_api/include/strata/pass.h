@@ -124,4 +124,17 @@ class STRATA_API Pass : public Component {
   Claims claims_;
 };
 
+// Since ABI 23.1. A pass that shards parameters as the model is built (fsdp) and can do so when
+// another pass keeps only some blocks on this rank (pipeline parallel) implements this too; core
+// finds it by dynamic_cast and calls it instead of Pass::keeper_at_build. `outline()` is the
+// outline of the blocks this rank builds: the same factory run with every block absent, then
+// Model::keep_blocks with blocks_to_build's choice (the whole outline where no pass chooses), so
+// it lists exactly the blocks apply() will see once the choosing pass has cut its stage.
+class STRATA_API KeepsBuiltBlocks {
+ public:
+  virtual ~KeepsBuiltBlocks();
+  virtual std::shared_ptr<nn::BuildKeeper> keeper_of_built_blocks(const Config& config, const Job& job,
+                                                                  const std::function<const nn::Model&()>& outline) const = 0;
+};
+
 }  // namespace strata
