@@ -14,8 +14,11 @@ namespace {
 // Message tags: a header (dtype and shape) then the tensor, per micro-batch and chunk.
 // Each kind has 5000 tags; a micro-batch and chunk picks one (tags repeat only 5000 apart, and
 // messages with equal tags between two ranks match in order anyway).
+// The tied weight and its gradient go with headers too: the two stages may hold it in different
+// dtypes (fsdp under amp gathers the head's copy in bf16 while the embedding's weight is fp32),
+// and a raw receive of another size corrupted memory.
 constexpr int kActivationHeader = 0, kActivation = 5000, kGradientHeader = 10000, kGradient = 15000, kTiedWeight = 20000,
-              kTiedGradient = 20001;
+              kTiedGradient = 20001, kTiedWeightHeader = 20002, kTiedGradientHeader = 20003;
 constexpr int kMaxDims = 8;
 
 using Clock = std::chrono::steady_clock;
@@ -44,17 +47,16 @@ void StageRuntime::install_tied_weight_hooks() {
     job_.model->add_post_forward_hook(tied_->owner_block, [this, last_rank](nn::Block&, const at::Tensor&) {
       if (!send_tied_weight_) return;
       send_tied_weight_ = false;
-      const at::Tensor weight = tied_->parameter.detach().clone();
-      other_sends_.emplace_back(group_.send(weight, last_rank, kTiedWeight), weight);
+      send(tied_->parameter.detach().clone(), last_rank, kTiedWeightHeader, kTiedWeight);
     });
   if (tied_->copy.defined())
     job_.model->add_pre_forward_hook(tied_->reader_block, [this](nn::Block&, const at::Tensor&) {
       if (!receive_tied_weight_) return;
       receive_tied_weight_ = false;
-      at::Tensor weight = at::empty_like(tied_->copy, at::MemoryFormat::Contiguous);
-      group_.recv(weight, 0, kTiedWeight)->wait();
+      double waited_ms = 0;
+      const at::Tensor weight = receive(0, kTiedWeightHeader, kTiedWeight, waited_ms);
       at::NoGradGuard no_grad;
-      tied_->copy.copy_(weight);
+      tied_->copy.copy_(weight);  // in the copy's own dtype
     });
 }
 
@@ -156,10 +158,7 @@ void StageRuntime::run_step(StepContext& context) {
       case ActionKind::Backward:
       case ActionKind::BackwardInput: {
         if (static_cast<long>(i) == tied_gradient_receive_before_) {
-          at::Tensor grad = at::empty_like(tied_->parameter, at::MemoryFormat::Contiguous);
-          const auto start = Clock::now();
-          group_.recv(grad, p - 1, kTiedGradient)->wait();
-          waited_ms += ms_since(start);
+          const at::Tensor grad = receive(p - 1, kTiedGradientHeader, kTiedGradient, waited_ms).to(tied_->parameter.scalar_type());
           at::NoGradGuard no_grad;
           if (tied_->parameter.grad().defined())
             tied_->parameter.mutable_grad().add_(grad);
@@ -188,8 +187,7 @@ void StageRuntime::run_step(StepContext& context) {
         if (stage == 0) in_flight_.erase(key);
         // The activation sent for this micro-batch has been consumed: its gradient came back.
         if (static_cast<long>(i) == tied_gradient_send_after_) {
-          const at::Tensor grad = tied_->copy.grad().defined() ? tied_->copy.grad().clone() : at::zeros_like(tied_->copy);
-          other_sends_.emplace_back(group_.send(grad, 0, kTiedGradient), grad);
+          send(tied_->copy.grad().defined() ? tied_->copy.grad().clone() : at::zeros_like(tied_->copy), 0, kTiedGradientHeader, kTiedGradient);
         }
         break;
       }
