@@ -2,10 +2,11 @@
 // docs/plugin-abi.md "How it is checked").
 //
 // abidw reads types from DWARF. The rest of libstrata_core is built without -g (build time and
-// size); this one file is built with -g and -fno-eliminate-unused-debug-types
-// (core/CMakeLists.txt), so every class, enum and virtual table declared in plugin_api/include
-// is described once, also the interfaces only plugins implement and no exported function names.
-// The check keeps only the types those headers declare (abidw --headers-dir).
+// size); this one file is built with -g -fno-eliminate-unused-debug-types
+// -femit-class-debug-always (core/CMakeLists.txt), so every class, enum and virtual table declared
+// in plugin_api/include is described once, also the interfaces only plugins implement and no
+// exported function names. The check keeps only the types those headers declare
+// (sdk/abi/plugin_headers.suppr).
 #include "strata/abi.h"
 #include "strata/claims.h"
 #include "strata/comm.h"

@@ -51,14 +51,17 @@ void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& o
     }
   };
 
+  // The model with every block absent, drawing nothing: the generators are put back afterwards.
+  const auto build_outline = [&]() {
+    const RngSnapshot generators{job.device()};
+    const nn::BlockFilter none([](size_t) { return false; });
+    std::shared_ptr<nn::Model> built = build();
+    generators.restore();
+    return built;
+  };
   std::shared_ptr<nn::Model> outline;
   const std::function<const nn::Model&()> get_outline = [&]() -> const nn::Model& {
-    if (!outline) {
-      const RngSnapshot generators{job.device()};
-      const nn::BlockFilter none([](size_t) { return false; });
-      outline = build();
-      generators.restore();
-    }
+    if (!outline) outline = build_outline();
     return *outline;
   };
   std::optional<std::vector<size_t>> keep;
@@ -80,13 +83,7 @@ void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& o
   std::shared_ptr<nn::Model> built_outline;
   const std::function<const nn::Model&()> get_built_outline = [&]() -> const nn::Model& {
     if (!keep) return get_outline();
-    if (!built_outline) {
-      const RngSnapshot generators{job.device()};
-      const nn::BlockFilter none([](size_t) { return false; });
-      built_outline = build();
-      generators.restore();
-      built_outline->keep_blocks(*keep);
-    }
+    if (!built_outline) built_outline = build_outline(), built_outline->keep_blocks(*keep);
     return *built_outline;
   };
   std::shared_ptr<nn::BuildKeeper> keeper;
