@@ -1,10 +1,13 @@
 #include "strata/nn.h"
 
+#include "strata/core/expert_split.h"
 #include "strata/core/process_memory.h"
 
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -133,13 +136,37 @@ LossGradientScale::LossGradientScale(double scale) : previous_(loss_gradient_sca
 LossGradientScale::~LossGradientScale() { loss_gradient_scale = previous_; }
 double LossGradientScale::current() { return loss_gradient_scale.load(); }
 
+namespace {
+thread_local TensorShard experts_at_build;  // ExpertSplitAtBuild's, {1, 0} outside one
+
+// Rank `shard.index`'s experts of `groups` split in `shard.parts` equal parts.
+ShardRange expert_range(int64_t groups, TensorShard shard) {
+  check_shard(shard);
+  if (groups % shard.parts != 0)
+    throw UserError(std::to_string(groups) + " experts do not split evenly over " + std::to_string(shard.parts) + " expert-parallel ranks");
+  return {shard.index * (groups / shard.parts), groups / shard.parts};
+}
+}  // namespace
+
+ExpertSplitAtBuild::ExpertSplitAtBuild(TensorShard experts) : outer_(experts_at_build) {
+  check_shard(experts);
+  experts_at_build = experts;
+}
+ExpertSplitAtBuild::~ExpertSplitAtBuild() { experts_at_build = outer_; }
+
 GroupedLinear::GroupedLinear(int64_t groups_, int64_t in, int64_t out, double init_std, ParallelStyle style, TensorShard shard_)
     : groups(groups_), in_features(in), out_features(out), parallel_style(style),
       shard(style == ParallelStyle::Column || style == ParallelStyle::Row ? shard_ : TensorShard{}) {
   check_shard(shard);
-  // The whole tensor is drawn (every layout holds the unsplit model's values), this rank's piece kept.
-  weight = register_parameter("weight", piece_of(at::empty({groups, out, in}).normal_(0.0, init_std),
-                                                 parallel_style == ParallelStyle::Row ? 2 : 1, shard, 1));
+  // The whole tensor is drawn (every layout holds the unsplit model's values), this rank's experts
+  // (ExpertSplitAtBuild) and its piece of each kept.
+  at::Tensor whole = at::empty({groups, out, in}).normal_(0.0, init_std);
+  if (experts_at_build.parts > 1) {
+    const ShardRange mine = expert_range(groups, experts_at_build);
+    whole = whole.narrow(0, mine.start, mine.size).clone();
+    expert_shard = experts_at_build;
+  }
+  weight = register_parameter("weight", piece_of(whole, parallel_style == ParallelStyle::Row ? 2 : 1, shard, 1));
 }
 
 at::Tensor GroupedLinear::forward(const at::Tensor& x, at::IntArrayRef group_sizes) {
@@ -147,12 +174,11 @@ at::Tensor GroupedLinear::forward(const at::Tensor& x, at::IntArrayRef group_siz
 }
 
 void GroupedLinear::keep_groups(TensorShard shard) {
-  check_shard(shard);
-  if (groups % shard.parts != 0)
-    throw UserError(std::to_string(groups) + " experts do not split evenly over " + std::to_string(shard.parts) + " expert-parallel ranks");
-  const int64_t local = groups / shard.parts;
+  const ShardRange mine = expert_range(groups, shard);
+  if (expert_shard.parts == shard.parts && expert_shard.index == shard.index) return;  // kept at build (ExpertSplitAtBuild)
+  if (expert_shard.parts > 1) throw std::logic_error("GroupedLinear: experts split twice");
   at::NoGradGuard no_grad;
-  weight.set_data(weight.narrow(0, shard.index * local, local).clone());
+  weight.set_data(weight.narrow(0, mine.start, mine.size).clone());
   expert_shard = shard;
 }
 
@@ -364,7 +390,19 @@ Block::~Block() = default;
 
 AbsentBlock::AbsentBlock(std::string type, std::vector<ParameterShape> parameters, bool reads_tied_weight)
     : Block(std::move(type)), parameters_(std::move(parameters)), reads_tied_weight_(reads_tied_weight) {}
-AbsentBlock::~AbsentBlock() = default;
+namespace {
+Placements module_placements(const torch::nn::Module& root);
+
+// The placements an AbsentBlock's parameters had when the factory built them (parameter_placements
+// of an absent block), kept beside the blocks: AbsentBlock's layout is part of the plugin ABI.
+std::mutex absent_placements_mutex;
+std::map<const AbsentBlock*, Placements> absent_placements;
+}  // namespace
+
+AbsentBlock::~AbsentBlock() {
+  const std::lock_guard<std::mutex> lock(absent_placements_mutex);
+  absent_placements.erase(this);
+}
 int64_t AbsentBlock::parameter_count() const {
   int64_t count = 0;
   for (const auto& p : parameters_) count += c10::multiply_integers(p.shape);
@@ -431,10 +469,19 @@ void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
   if (current_block_filter && !(*current_block_filter)(blocks_.size())) {
     std::vector<ParameterShape> parameters;
     for (const auto& p : block->named_parameters()) parameters.push_back({p.key(), p.value().sizes().vec(), p.value().requires_grad()});
-    block = std::make_shared<AbsentBlock>(block->type(), std::move(parameters), holds_tied_linear(*block));
-  } else if (!keepers.empty()) {
+    Placements placements = module_placements(*block);
+    auto absent = std::make_shared<AbsentBlock>(block->type(), std::move(parameters), holds_tied_linear(*block));
+    if (!placements.empty()) {
+      const std::lock_guard<std::mutex> lock(absent_placements_mutex);
+      absent_placements[absent.get()] = std::move(placements);
+    }
+    block = std::move(absent);
+  } else {
     for (auto keeper = keepers.rbegin(); keeper != keepers.rend(); ++keeper) (*keeper)->built(blocks_.size(), name, *block);
-    release_free_memory();  // what the keepers let go, before the next block is drawn
+    // What the keepers let go, and the whole tensors layers drew to keep a piece of (tensor and
+    // expert parallel), before the next block is drawn: glibc kept them otherwise (an expert 4
+    // rank's build peaked at the whole model's size).
+    release_free_memory();
   }
   register_module(name, block);
   blocks_.push_back(Entry{name, std::move(block), nullptr, {}, {}});
@@ -584,7 +631,14 @@ Placements module_placements(const torch::nn::Module& root) {
 }  // namespace
 
 Placements parameter_placements(const Model& model) { return module_placements(model); }
-Placements parameter_placements(const Block& block) { return module_placements(block); }
+Placements parameter_placements(const Block& block) {
+  if (const auto* absent = dynamic_cast<const AbsentBlock*>(&block)) {
+    const std::lock_guard<std::mutex> lock(absent_placements_mutex);
+    const auto found = absent_placements.find(absent);
+    return found == absent_placements.end() ? Placements{} : found->second;
+  }
+  return module_placements(block);
+}
 
 std::vector<std::string> Model::decayed_parameter_names() const {
   std::vector<std::string> out;

@@ -6,7 +6,9 @@
 //                           own slice of the batch
 //   experts                 rank p of a group keeps experts [p E/P, (p+1) E/P) of each layer
 //                           (nn::GroupedLinear::keep_groups: placement sharded over Dim::Expert,
-//                           so checkpoints record it and load under any expert size)
+//                           so checkpoints record it and load under any expert size); core builds
+//                           the model keeping them as each layer is drawn (ExpertSplitAtBuild), so
+//                           no rank holds every expert, and split_experts finds them kept
 //   dispatch / combine      routing stays on the token's rank; per-expert row counts go out by an
 //                           all-to-all, then the rows (variable splits) to the ranks holding their
 //                           experts, and back after the experts ran (nn::all_to_all_rows, whose
@@ -60,7 +62,7 @@ class ExpertParallelPass final : public Pass {
     char line[200];
     std::snprintf(line, sizeof line, "%.0f", bytes);
     return "experts: " + std::to_string(experts / p) + " of " + std::to_string(experts) + " per rank in each MoE layer (expert groups of " +
-           std::to_string(p) + " data ranks)\nall-to-all per MoE layer and micro-batch, uniform routing, fp32: " + line +
+           std::to_string(p) + " data ranks), kept as the model is built\nall-to-all per MoE layer and micro-batch, uniform routing, fp32: " + line +
            " bytes sent per rank to dispatch, as many to combine, and the same again in backward\n";
   }
 

@@ -7,7 +7,8 @@
 // fp32 shards stay the optimizer's master weights) and gradients reduced in amp's reduce_dtype.
 // Experts split by expert_parallel are replicated only over the data ranks holding the same
 // experts: each unit's split-expert parameters form a companion unit sharded over that group
-// (Topology::expert_data_group), gathered, freed and reduced together with it.
+// (Topology::expert_data_group), gathered, freed and reduced together with it; sharded
+// initialisation keeps its chunks of both as the model is built (fsdp_sharded_init.h).
 // With shard_size = S the data ranks form shard groups of S that each shard the model as above
 // and replicate it across groups (HSDP, fsdp_hybrid.h).
 #include <algorithm>
@@ -27,21 +28,22 @@ namespace strata::fsdp {
 namespace {
 
 // Why sharded initialisation cannot serve this job (the model is built whole, then sharded), or
-// empty. The parts of issue 58 still to come lift these.
-std::string whole_build_reason(const Config& config, int64_t shard_ranks, bool split_experts) {
+// empty.
+std::string whole_build_reason(const Config& config, int64_t shard_ranks) {
   if (!config.get_bool("sharded_init")) return "sharded_init = false";
   // One rank keeps every chunk: a keeper would only add the block being drawn to the whole model.
   if (shard_ranks == 1) return "one rank per shard group: nothing to shard";
-  if (split_experts) return "split experts shard over the expert-data ranks";
   return {};
 }
 
 // Broadcasts from rank 0 what a sharded build left whole: buffers and the parameters that are
-// not placeholders (ignored blocks', frozen ones).
-void broadcast_built_state(nn::Model& model, Communicator& data) {
+// not placeholders (ignored blocks', frozen ones; split experts among them over the ranks holding
+// the same experts).
+void broadcast_built_state(nn::Model& model, Communicator& data, Communicator& expert_data) {
   at::NoGradGuard no_grad;
-  for (auto& p : model.parameters())
-    if (!nn::is_placeholder(p)) data.broadcast(p, 0)->wait();
+  const auto split_expert = sharding::split_expert_predicate(model);
+  for (auto& p : model.named_parameters())
+    if (!nn::is_placeholder(p.value())) (split_expert(p.key()) ? expert_data : data).broadcast(p.value(), 0)->wait();
   for (auto& b : model.buffers()) data.broadcast(b, 0)->wait();
 }
 
@@ -267,10 +269,15 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
   std::shared_ptr<nn::BuildKeeper> keeper_of_built_blocks(const Config& config, const Job& job,
                                                           const std::function<const nn::Model&()>& outline) const override {
     const int64_t shard_ranks = effective_shard_size(config.get_int("shard_size"), job.topology->size(Dim::Data));
-    if (!whole_build_reason(config, shard_ranks, job.topology->size(Dim::Expert) > 1).empty()) return nullptr;
-    // This rank's chunk is its position in its shard group (fsdp_hybrid.h).
-    return std::make_shared<ShardKeeper>(unit_layouts(plan_units(outline(), config)), shard_ranks,
-                                         job.topology->rank_in(Dim::Data) % shard_ranks);
+    if (!whole_build_reason(config, shard_ranks).empty()) return nullptr;
+    // This rank's chunk is its position in its shard group (fsdp_hybrid.h); a split expert's, its
+    // position among the data ranks holding the same experts. The outline was built with this
+    // rank's experts only, so their shapes are the ones apply() shards.
+    const nn::Model& model = outline();
+    const Communicator& expert_data = job.topology->expert_data_group();
+    return std::make_shared<ShardKeeper>(unit_layouts(plan_units(model, config), sharding::split_expert_predicate(model)),
+                                         ChunkGroup{shard_ranks, job.topology->rank_in(Dim::Data) % shard_ranks},
+                                         ChunkGroup{expert_data.size(), expert_data.rank()});
   }
 
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
@@ -282,10 +289,12 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
                   std::to_string(shard_ranks) + " data ranks, each holding 1/" + std::to_string(shard_ranks) +
                   " of the model states, replicated across the groups; " + describe_groups(shard_ranks, facts.mesh.data) + "\n"
             : std::string();
-    const std::string why = whole_build_reason(config, shard_ranks, experts);
+    const std::string why = whole_build_reason(config, shard_ranks);
     if (why.empty())
       return hybrid + "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(shard_ranks) + " of every unit" +
-             (facts.mesh.pipeline > 1 ? " of its pipeline stage" : "") + " as the model is built";
+             (facts.mesh.pipeline > 1 ? " of its pipeline stage" : "") +
+             (experts && facts.mesh.expert > 1 ? " (of its experts, 1/" + std::to_string(facts.mesh.data / facts.mesh.expert) + ")" : "") +
+             " as the model is built";
     return hybrid + "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
   }
 
@@ -307,7 +316,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
       // A keeper's ranks drew the same values from the same generators: what they kept is already
       // equal, only what was built whole (buffers, frozen or ignored parameters) is sent.
       if (keeper)
-        broadcast_built_state(model, data_comm);
+        broadcast_built_state(model, data_comm, expert_comm);
       else
         sharding::broadcast_model_state(model, data_comm, expert_comm);
     }
@@ -324,8 +333,8 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
       for (const auto& n : names) out.emplace_back(n, by_name.at(n));
       return out;
     };
-    const std::vector<UnitLayout> layouts = keeper ? unit_layouts(plan) : std::vector<UnitLayout>{};
-    if (keeper) keeper->restore_changed_units(layouts, by_name, comm, job.device());
+    const std::vector<UnitLayout> layouts = keeper ? unit_layouts(plan, split_expert) : std::vector<UnitLayout>{};
+    if (keeper) keeper->restore_changed_units(layouts, by_name, comm, expert_comm, job.device());
 
     // Wrapped and root units gather in the compute dtype; the ignored unit keeps its parameters
     // whole, in their own dtype. Each becomes a set: its dense parameters over the data ranks, its
@@ -334,17 +343,19 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     auto unit_set = [&](const std::string& name, NamedParams params, GradReduce reduce, bool persistent, sharding::UnitDtypes dtypes) {
       NamedParams dense, experts;
       for (auto& np : params) (split_expert(np.first) ? experts : dense).push_back(std::move(np));
+      // A unit kept at build starts from its chunk, any other from its whole parameters.
+      auto flat_unit = [&](const std::string& unit, NamedParams params, Communicator& over) {
+        const auto layout = std::find_if(layouts.begin(), layouts.end(), [&](const UnitLayout& u) { return u.name == unit; });
+        if (keeper && !persistent && layout != layouts.end() && keeper->planned(*layout)) {
+          const at::Tensor chunk = keeper->take_chunk(*layout).to(job.device(), params.front().second.scalar_type());
+          return std::make_shared<FlatUnit>(unit, std::move(params), over, chunk, dtypes);
+        }
+        return std::make_shared<FlatUnit>(unit, std::move(params), over, reduce, persistent, dtypes);
+      };
       UnitSet set;
-      const auto layout = std::find_if(layouts.begin(), layouts.end(), [&](const UnitLayout& u) { return u.name == name; });
-      if (!dense.empty() && keeper && !persistent && layout != layouts.end() && keeper->planned(*layout)) {
-        const at::Tensor chunk = keeper->take_chunk(*layout).to(job.device(), dense.front().second.scalar_type());
-        set.push_back(std::make_shared<FlatUnit>(name, std::move(dense), comm, chunk, dtypes));
-      } else if (!dense.empty()) {
-        set.push_back(std::make_shared<FlatUnit>(name, std::move(dense), comm, reduce, persistent, dtypes));
-      }
+      if (!dense.empty()) set.push_back(flat_unit(name, std::move(dense), comm));
       if (!set.empty() && replica_comm) set.back()->replicate_across(*replica_comm);
-      if (!experts.empty())
-        set.push_back(std::make_shared<FlatUnit>(name + ".experts", std::move(experts), expert_comm, reduce, persistent, dtypes));
+      if (!experts.empty()) set.push_back(flat_unit(name + ".experts", std::move(experts), expert_comm));
       return set;
     };
     std::vector<UnitSet> wrapped;

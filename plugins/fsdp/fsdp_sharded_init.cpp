@@ -7,29 +7,33 @@
 
 namespace strata::fsdp {
 
-std::vector<UnitLayout> unit_layouts(const UnitPlan& plan) {
+std::vector<UnitLayout> unit_layouts(const UnitPlan& plan, const std::function<bool(const std::string&)>& split_expert) {
   std::map<std::string, int64_t> numel;
   for (const auto& block : plan.blocks)
     for (const auto& [name, n] : block.params) numel[name] = n;
-  auto layout = [&](std::string name, const std::vector<std::string>& params) {
-    UnitLayout unit{std::move(name), {}};
-    for (const auto& p : params) unit.params.emplace_back(p, numel.at(p));
-    return unit;
-  };
   std::vector<UnitLayout> out;
+  auto add = [&](const std::string& name, const std::vector<std::string>& params) {
+    UnitLayout dense{name, {}, false}, experts{name + ".experts", {}, true};
+    for (const auto& p : params) (split_expert(p) ? experts : dense).params.emplace_back(p, numel.at(p));
+    if (!dense.params.empty()) out.push_back(std::move(dense));
+    if (!experts.params.empty()) out.push_back(std::move(experts));
+  };
   for (size_t r = 0; r < plan.runs.size(); ++r)
-    if (!plan.run_params[r].empty()) out.push_back(layout(plan.blocks[plan.runs[r].first].name, plan.run_params[r]));
-  if (!plan.root.empty()) out.push_back(layout("root", plan.root));
+    if (!plan.run_params[r].empty()) add(plan.blocks[plan.runs[r].first].name, plan.run_params[r]);
+  if (!plan.root.empty()) add("root", plan.root);
   return out;
 }
 
-ShardKeeper::ShardKeeper(std::vector<UnitLayout> units, int64_t ranks, int64_t rank) : units_(std::move(units)), ranks_(ranks) {
+ShardKeeper::ShardKeeper(std::vector<UnitLayout> units, ChunkGroup shard, ChunkGroup experts)
+    : units_(std::move(units)), shard_ranks_(shard.ranks), expert_ranks_(experts.ranks) {
   for (size_t u = 0; u < units_.size(); ++u) {
+    const ChunkGroup group = units_[u].experts ? experts : shard;
     int64_t offset = 0;
     for (const auto& [name, n] : units_[u].params) slots_[name] = Slot{u, offset}, offset += n;
-    const int64_t padded = (offset + ranks - 1) / ranks * ranks;
-    chunk_.push_back(padded / ranks);
-    chunk_begin_.push_back(padded / ranks * rank);
+    const int64_t padded = (offset + group.ranks - 1) / group.ranks * group.ranks;
+    chunk_.push_back(padded / group.ranks);
+    chunk_begin_.push_back(padded / group.ranks * group.rank);
+    ranks_.push_back(group.ranks);
   }
   // One allocation for every chunk, made before anything is drawn: chunks allocated as blocks
   // come would sit between the blocks' freed memory and keep the allocator from giving it back
@@ -57,8 +61,10 @@ void ShardKeeper::built(size_t, const std::string& name, nn::Block& block) {
 }
 
 std::string ShardKeeper::summary() const {
-  return "fsdp kept " + std::to_string(kept_) + " of " + std::to_string(seen_) + " sharded parameters (1/" + std::to_string(ranks_) +
-         " of each unit, sharded as built)";
+  const bool experts = std::any_of(units_.begin(), units_.end(), [](const UnitLayout& u) { return u.experts; });
+  return "fsdp kept " + std::to_string(kept_) + " of " + std::to_string(seen_) + " sharded parameters (1/" + std::to_string(shard_ranks_) +
+         " of each unit" + (experts ? ", its experts 1/" + std::to_string(expert_ranks_) + " over the expert-data ranks" : "") +
+         ", sharded as built)";
 }
 
 bool ShardKeeper::planned(const UnitLayout& unit) const {
@@ -66,13 +72,13 @@ bool ShardKeeper::planned(const UnitLayout& unit) const {
 }
 
 void ShardKeeper::restore_changed_units(const std::vector<UnitLayout>& built, const std::map<std::string, at::Tensor>& params,
-                                        Communicator& comm, c10::Device device) {
+                                        Communicator& shard, Communicator& experts, c10::Device device) {
   at::NoGradGuard no_grad;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (std::find(built.begin(), built.end(), units_[u]) != built.end()) continue;
     const at::Tensor chunk = std::exchange(chunks_[u], at::Tensor()).to(device);
-    at::Tensor full = at::empty({chunk_[u] * ranks_}, chunk.options());
-    comm.all_gather(full, chunk)->wait();
+    at::Tensor full = at::empty({chunk_[u] * ranks_[u]}, chunk.options());
+    (units_[u].experts ? experts : shard).all_gather(full, chunk)->wait();
     int64_t offset = 0;
     for (const auto& [name, n] : units_[u].params) {
       at::Tensor p = params.at(name);

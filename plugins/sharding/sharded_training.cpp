@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -90,13 +91,14 @@ class ShardedModelState final : public Stateful {
 }  // namespace
 
 std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& model) {
-  const Placements placements = nn::parameter_placements(model);
-  return [placements](const std::string& name) {
-    const auto p = placements.find(name);
-    if (p == placements.end()) return false;
-    const std::vector<Dim>& dims = p->second.sharded_over;  // (Placement::is_sharded_over is core-internal)
-    return std::find(dims.begin(), dims.end(), Dim::Expert) != dims.end();
-  };
+  // Block by block: an outline's absent blocks report the placements they were built with.
+  std::set<std::string> split;
+  for (size_t b = 0; b < model.num_blocks(); ++b)
+    for (const auto& [name, placement] : nn::parameter_placements(model.block(b))) {
+      const std::vector<Dim>& dims = placement.sharded_over;  // (Placement::is_sharded_over is core-internal)
+      if (std::find(dims.begin(), dims.end(), Dim::Expert) != dims.end()) split.insert(model.block_name(b) + "." + name);
+    }
+  return [split = std::move(split)](const std::string& name) { return split.count(name) > 0; };
 }
 
 void broadcast_model_state(nn::Model& model, Communicator& data, Communicator& expert_data, bool buffers) {

@@ -16,7 +16,8 @@ using Units = std::vector<std::shared_ptr<FlatUnit>>;
 
 // Whether a parameter (by name) is a piece of experts split by expert_parallel (placed over
 // Dim::Expert): replicated only over the data ranks that hold the same experts, so it is
-// broadcast, reduced and sharded over Topology::expert_data_group, not the data group.
+// broadcast, reduced and sharded over Topology::expert_data_group, not the data group. `model`
+// may be an outline (its absent blocks keep their placements).
 std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& model);
 
 // Broadcasts parameters from rank 0 of `data` (split experts from rank 0 of `expert_data`) and,

@@ -9,7 +9,10 @@
 // factory twice. A pass that shards parameters over ranks (fsdp) sees the same outline, whose
 // absent blocks know their parameters' shapes, and returns a BuildKeeper: as the factory adds each
 // block, the keeper copies out this rank's part of it and turns its parameters into placeholders
-// (nn::placeholder), so an fsdp rank's peak at start-up is its shards plus one whole block. A
+// (nn::placeholder), so an fsdp rank's peak at start-up is its shards plus one whole block.
+// Expert-parallel ranks keep only their experts of each MoE layer as it is constructed
+// (nn::ExpertSplitAtBuild, like tensor-parallel pieces), in the outline too, so a keeper plans on
+// the experts the rank holds (the outline's placements say which parameters those are). A
 // keeper that composes with a pipeline (KeepsBuiltBlocks) sees the outline cut to the blocks this
 // rank builds, which is the stage apply() will shard: a pipeline x fsdp rank keeps its shards of
 // its stage only.
@@ -21,6 +24,7 @@
 
 #include <ATen/ATen.h>
 
+#include "strata/core/expert_split.h"
 #include "strata/core/log.h"
 #include "strata/core/process_memory.h"
 #include "strata/errors.h"
@@ -34,6 +38,8 @@ void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& o
   const double resident_before = resident_bytes();
   const auto& factory = *static_cast<const ModelFactory*>(plan.model_component);
   const nn::TensorShard shard{job.topology->size(Dim::Tensor), job.topology->rank_in(Dim::Tensor)};
+  // Expert-parallel ranks keep their experts as they are drawn, in the outline and in the build.
+  const nn::ExpertSplitAtBuild experts({job.topology->size(Dim::Expert), job.topology->rank_in(Dim::Expert)});
   const auto build = [&] {
     try {
       return factory.create_shard(plan.model, shard);

@@ -150,7 +150,9 @@ class STRATA_API GroupedLinear : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, at::IntArrayRef group_sizes);
   // Keeps the groups of piece `shard.index` of `shard.parts` (equal parts): expert parallel.
   // The parameter keeps its identity (its data is replaced), so call it before anything holds
-  // views of it; its placement is then a block sharded over Dim::Expert.
+  // views of it; its placement is then a block sharded over Dim::Expert. Under expert parallel
+  // core builds the model with each GroupedLinear keeping its groups as it is constructed (the
+  // whole tensor drawn, this rank's groups kept); keep_groups with the same shard is then a no-op.
   void keep_groups(TensorShard shard);
   at::Tensor weight;  // [groups, out, in], or this rank's groups (and piece of each)
   int64_t groups, in_features, out_features;  // of the whole layer
@@ -518,6 +520,8 @@ class STRATA_API Model : public torch::nn::Module {
 // Dim::Expert. Parameters without an entry are whole.
 STRATA_API Placements parameter_placements(const Model& model);
 // The same for one block, named relative to it ("attn.c_attn.weight"): what a BuildKeeper needs.
+// For an AbsentBlock, the placements its parameters had when the factory built it (a model
+// outline's absent blocks say which parameters a rank holds a piece of, and which piece).
 STRATA_API Placements parameter_placements(const Block& block);
 
 }  // namespace strata::nn
