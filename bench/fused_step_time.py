@@ -107,7 +107,7 @@ def pytorch_worker(spec):
     print(json.dumps({"ms": statistics.median(times[WARMUP:]), "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
-# glibc's malloc set as Strata's [job] host_memory = "keep" sets it (core/src/host_memory.cpp),
+# glibc's malloc set as Strata's [job] host_memory = "keep" sets it (core/src/host/host_memory.cpp),
 # for the "eager (keep)" column: what that setting alone gives PyTorch.
 KEEP_HOST_MEMORY = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
 

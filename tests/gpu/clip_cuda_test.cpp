@@ -1,4 +1,4 @@
-// clip_gradient_norm on a GPU (core/src/job.cpp) computes its scale on the device and reads
+// clip_gradient_norm on a GPU (core/src/ir/job.cpp) computes its scale on the device and reads
 // nothing to the host: the same norm and the same clipped gradients as on the CPU, where the
 // norm is read and the scale is a host scalar. Cases: clipped, below max_norm (gradients
 // untouched), max_norm 0 (norm only), a non-finite norm (left alone), sizes off the vector width.

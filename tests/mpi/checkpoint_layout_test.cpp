@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "../../core/src/engine/checkpoint.h"
+#include "../../core/src/checkpoint/checkpoint.h"
 #include "mpi_world.h"
 
 namespace strata {

@@ -8,7 +8,7 @@
 
 #include <filesystem>
 
-#include "../../core/src/engine/checkpoint.h"
+#include "../../core/src/checkpoint/checkpoint.h"
 #include "mpi_world.h"
 #include "strata/dist.h"
 #include "strata/model.h"

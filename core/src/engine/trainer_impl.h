@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "metrics.h"
 #include "op_profile.h"
 #include "sampler.h"

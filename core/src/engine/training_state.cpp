@@ -11,7 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "../sha256.h"
+#include "checkpoint/sha256.h"
 #include "strata/errors.h"
 
 namespace strata::engine {

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "sampler.h"
 #include "strata/core/strategy.h"
 #include "strata/job.h"

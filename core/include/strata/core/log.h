@@ -1,5 +1,5 @@
 // Logging. spdlog does the work behind this narrow interface because libtorch bundles its own,
-// newer {fmt}, which Debian's spdlog cannot compile against: only core/src/log.cpp sees spdlog,
+// newer {fmt}, which Debian's spdlog cannot compile against: only core/src/host/log.cpp sees spdlog,
 // and it is built without libtorch's include directories.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Reading safetensors files without copying them: a file mapped into memory, and its tensors as
 // views of the mapping. A rank that resumes from a checkpoint copies only the elements its own
-// pieces need (engine/checkpoint.cpp); the rest of each file is never read into its memory,
+// pieces need (core/src/checkpoint/checkpoint.cpp); the rest of each file is never read into its memory,
 // where reading a file whole held it (and a copy) at once.
 #pragma once
 

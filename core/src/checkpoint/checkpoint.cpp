@@ -15,7 +15,7 @@
 #include <c10/util/accumulate.h>
 #include <nlohmann/json.hpp>
 
-#include "../sha256.h"
+#include "checkpoint/sha256.h"
 #include "strata/safetensors.h"
 #include "strata/core/safetensors_view.h"
 #include "strata/errors.h"

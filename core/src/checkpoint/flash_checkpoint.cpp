@@ -18,8 +18,8 @@
 
 #include <ATen/ATen.h>
 
-#include "engine/checkpoint.h"
-#include "sha256.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sha256.h"
 #include "strata/errors.h"
 
 namespace strata {
