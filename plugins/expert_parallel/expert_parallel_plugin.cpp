@@ -33,10 +33,6 @@
 namespace strata::expert_parallel {
 namespace {
 
-int64_t micro_batch_of(const Config& job, int64_t data) {
-  return job.get_int("micro_batch") > 0 ? job.get_int("micro_batch") : job.get_int("global_batch") / std::max<int64_t>(1, data);
-}
-
 class ExpertParallelPass final : public Pass {
  public:
   ExpertParallelPass()
@@ -56,7 +52,7 @@ class ExpertParallelPass final : public Pass {
 
   std::string describe_plan(const Config&, const PlanFacts& facts) const override {
     const int64_t p = facts.mesh.expert, experts = facts.model.get_int("n_experts");
-    const double tokens = static_cast<double>(micro_batch_of(facts.job, facts.mesh.data) * facts.model.get_int("seq_len"));
+    const double tokens = static_cast<double>(facts.job.get_int("global_batch") / std::max<int64_t>(1, facts.mesh.data) / facts.mesh.micro_batches * facts.model.get_int("seq_len"));
     const double bytes = tokens * static_cast<double>(facts.model.get_int("top_k") * facts.model.get_int("d_model")) * 4.0 *
                          static_cast<double>(p - 1) / static_cast<double>(p);
     char line[200];

@@ -212,8 +212,7 @@ class PipelineParallelPass final : public Pass {
     const bool measured = config.get_string("partition") == "balanced";
     const std::shared_ptr<nn::Model> model = build_for_plan(facts, measured, build_problem);
     if (!model) return "Pipeline: the model could not be built to show its stages (" + build_problem + ")\n";
-    const int64_t local_batch = facts.job.get_int("global_batch") / std::max<int64_t>(1, facts.mesh.data);
-    const int64_t micro_batch = facts.job.get_int("micro_batch") > 0 ? facts.job.get_int("micro_batch") : local_batch;
+    const int64_t micro_batch = facts.job.get_int("global_batch") / std::max<int64_t>(1, facts.mesh.data) / facts.mesh.micro_batches;
     const int64_t heads = facts.model.has("n_head") ? facts.model.get_int("n_head") / facts.mesh.tensor : 0;
     std::vector<BlockCost> costs;
     if (measured)
@@ -281,8 +280,7 @@ class PipelineParallelPass final : public Pass {
     // Balanced partitions use rank 0's measurements on every rank, so all ranks cut alike.
     std::vector<BlockCost> costs(model.num_blocks());
     if (config.get_string("partition") == "balanced") {
-      const int64_t micro_batch = job.job_config().get_int("micro_batch") > 0 ? job.job_config().get_int("micro_batch")
-                                                                               : job.job_config().get_int("global_batch") / mesh.data;
+      const int64_t micro_batch = job.job_config().get_int("global_batch") / mesh.data / mesh.micro_batches;
       const int64_t heads = job.model_config().has("n_head") ? job.model_config().get_int("n_head") / mesh.tensor : 0;
       costs = measure_blocks(model, micro_batch, heads, static_cast<int>(config.get_int("balance_repeats")));
       std::vector<double> figures;

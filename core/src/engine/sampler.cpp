@@ -23,6 +23,11 @@ BatchSampler::BatchSampler(const TokenDataset& data, int64_t seq_len, uint64_t s
   start_epoch(0);
 }
 
+std::string vocabulary_problem(const TokenDataset& data, int64_t model_vocab) {
+  if (data.vocab_size() <= model_vocab) return {};
+  return "[data] has a vocabulary of " + std::to_string(data.vocab_size()) + " tokens but [model] vocab_size is " + std::to_string(model_vocab);
+}
+
 std::string too_short_for_windows(const TokenDataset& data, int64_t seq_len) {
   if (data.num_tokens(Split::Train) - 1 < seq_len)
     return "[data] the training split has " + std::to_string(data.num_tokens(Split::Train)) +

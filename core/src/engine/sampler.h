@@ -16,6 +16,8 @@ namespace strata::engine {
 
 // Why `data` cannot feed windows of seq_len + 1 tokens in both splits, or empty when it can.
 std::string too_short_for_windows(const TokenDataset& data, int64_t seq_len);
+// Why a model of `model_vocab` tokens cannot read `data`'s tokens, or empty when it can.
+std::string vocabulary_problem(const TokenDataset& data, int64_t model_vocab);
 
 class BatchSampler {
  public:

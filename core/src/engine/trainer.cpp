@@ -142,9 +142,8 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   // Split layers hold only this rank's tensor-parallel piece, a pipeline rank only its stages.
   engine::build_rank_model(plan, order, *job);
   dataset = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{fs::current_path()});
-  if (dataset->vocab_size() > job->model->vocab_size())
-    throw UserError("[data] has a vocabulary of " + std::to_string(dataset->vocab_size()) + " tokens but [model] vocab_size is " +
-                    std::to_string(job->model->vocab_size()));
+  // check_sizes said so at plan time when it could open the data; a job started without a plan did not.
+  if (const std::string problem = engine::vocabulary_problem(*dataset, job->model->vocab_size()); !problem.empty()) throw UserError(problem);
   const auto* optimizer_factory = static_cast<const OptimizerFactory*>(plan.optimizer_component);
   job->make_optimizer = [this, optimizer_factory](std::vector<ParamGroup> groups) {
     return optimizer_factory->create(std::move(groups), plan.optimizer);
@@ -152,9 +151,8 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
 
   // resolve_strategy checked that the batch splits (check_sizes in strategy_resolve.cpp).
   global_batch = job_cfg.get_int("global_batch");
-  const int64_t local_batch = global_batch / topology->size(Dim::Data);
-  const int64_t micro_batch = job_cfg.get_int("micro_batch") > 0 ? job_cfg.get_int("micro_batch") : local_batch;
-  micro_count = local_batch / micro_batch;
+  const int64_t micro_batch = micro_batch_size(plan);
+  micro_count = global_batch / topology->size(Dim::Data) / micro_batch;
   steps = job_cfg.get_int("steps");
   seq_len = job->model->seq_len();
   sampler = std::make_unique<engine::BatchSampler>(*dataset, seq_len, static_cast<uint64_t>(seed), job_cfg.get_bool("shuffle"));

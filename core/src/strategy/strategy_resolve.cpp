@@ -253,10 +253,14 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
   return out;
 }
 
+int64_t micro_batch_size(const ResolvedStrategy& plan) {
+  const int64_t local_batch = plan.job.get_int("global_batch") / std::max<int64_t>(1, plan.layout.data);
+  return plan.job.get_int("micro_batch") > 0 ? plan.job.get_int("micro_batch") : local_batch;
+}
+
 MeshSizes mesh_sizes(const ResolvedStrategy& plan) {
   const ParallelLayout& l = plan.layout;
-  const int64_t local_batch = plan.job.get_int("global_batch") / std::max<int64_t>(1, l.data);
-  const int64_t micro_batch = plan.job.get_int("micro_batch") > 0 ? plan.job.get_int("micro_batch") : local_batch;
+  const int64_t local_batch = plan.job.get_int("global_batch") / std::max<int64_t>(1, l.data), micro_batch = micro_batch_size(plan);
   return {l.data, l.tensor, l.pipeline, l.context, micro_batch > 0 ? std::max<int64_t>(1, local_batch / micro_batch) : 1, l.expert};
 }
 
@@ -321,10 +325,9 @@ std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) 
   } catch (const UserError& e) {
     return e.what();
   }
-  if (plan.model.has("vocab_size") && data->vocab_size() > plan.model.get_int("vocab_size"))
-    diagnostics.error(plan.model.entry("vocab_size").pos, "[data] has a vocabulary of " + std::to_string(data->vocab_size()) +
-                                                              " tokens but [model] vocab_size is " +
-                                                              std::to_string(plan.model.get_int("vocab_size")));
+  if (plan.model.has("vocab_size"))
+    if (const std::string problem = engine::vocabulary_problem(*data, plan.model.get_int("vocab_size")); !problem.empty())
+      diagnostics.error(plan.model.entry("vocab_size").pos, problem);
   if (plan.model.has("seq_len"))
     if (const std::string problem = engine::too_short_for_windows(*data, plan.model.get_int("seq_len")); !problem.empty())
       diagnostics.error(data_pos, problem);

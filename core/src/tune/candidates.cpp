@@ -13,15 +13,6 @@
 
 namespace strata {
 
-bool check_plan(const RawStrategy& raw, const ComponentRegistry& registry, int64_t world_size, CheckedPlan& out,
-                Diagnostics& diagnostics) {
-  out.plan = resolve_strategy(raw, registry, world_size, diagnostics);
-  out.order = order_passes(out.plan.passes, diagnostics);
-  check_claims(out.plan, registry, diagnostics);
-  out.data_not_checked = check_sizes(out.plan, diagnostics);
-  return diagnostics.ok();
-}
-
 namespace {
 
 constexpr Dim kDims[] = {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context};

@@ -94,6 +94,20 @@ STRATA_API MeshSizes mesh_sizes(const ResolvedStrategy& plan);
 // What passes may read of the plan (describe_plan, plan_problem): sections, model factory, mesh,
 // device and the dtype the blocks compute in. Needs the plan's model component.
 STRATA_API PlanFacts plan_facts(const ResolvedStrategy& plan);
+// The samples in one micro-batch of a data-parallel rank ([job] micro_batch, or its whole share
+// of the global batch when that is 0).
+STRATA_API int64_t micro_batch_size(const ResolvedStrategy& plan);
+
+// A strategy after every plan-time check (resolve, pass order, claims, sizes), or the errors.
+struct CheckedPlan {
+  ResolvedStrategy plan;
+  std::vector<size_t> order;
+  std::string data_not_checked;  // why the data could not be opened, if it could not
+};
+// What `strata plan`, `strata run`, `strata tune`'s candidates and the library API run on a parsed
+// strategy (strategy/plan_check.cpp). Returns false with the problems in `diagnostics`.
+STRATA_API bool check_plan(const RawStrategy& raw, const ComponentRegistry& registry, int64_t world_size, CheckedPlan& out,
+                           Diagnostics& diagnostics);
 
 
 // Core's own sections. [optimizer] is this plus the chosen optimizer's keys.

@@ -23,16 +23,6 @@
 
 namespace strata {
 
-// A strategy after every plan-time check (resolve, pass order, claims, sizes), or the errors.
-struct CheckedPlan {
-  ResolvedStrategy plan;
-  std::vector<size_t> order;
-  std::string data_not_checked;  // why the data could not be opened, if it could not
-};
-// What `strata plan` runs on a parsed strategy. Returns false with the problems in `diagnostics`.
-STRATA_API bool check_plan(const RawStrategy& raw, const ComponentRegistry& registry, int64_t world_size, CheckedPlan& out,
-                           Diagnostics& diagnostics);
-
 // The cost model: core's single-process figures for the data rank's share, then every enabled
 // pass's Pass::estimate in pass order.
 STRATA_API CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_t>& order);
