@@ -79,17 +79,31 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
       out_dir(options.out_dir.empty() ? fs::path(plan.job.get_string("run_dir")) : options.out_dir),
       checkpoints_dir(out_dir / "checkpoints"),
       leader(env.rank == 0) {
-  const Config& job_cfg = plan.job;
   inject_fault(env.rank, 0);
+  start_rank();
+  claim_run_directory();
+  configure_process();
+  build_job();
+  compose_step();
+  prepare_loop();
+}
+
+// Where this rank is, its device, and the mesh's communicators.
+void Trainer::Impl::start_rank() {
   // Where this rank is, for the supervisor's hang detection (strata/core/progress.h); from here,
   // so that a rank stuck starting up is named too.
   progress.emplace(env.rank);
   progress->beat(0, StepPhase::StartingUp);
   // The job's device is current before any communicator starts: a device backend (nccl) binds
   // its communicators to the current device.
-  device = engine::parse_device(job_cfg.get_string("device"), env.slot);
+  device = engine::parse_device(plan.job.get_string("device"), env.slot);
   if (device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
   topology = engine::make_topology(plan, registry, env, *progress);
+}
+
+// The run directory claimed (or refused), a resume of another configuration refused before
+// anything is written, the rank's log and the resolved strategy written.
+void Trainer::Impl::claim_run_directory() {
   // The run directory is claimed (locked, and refused if it holds another run) by the launcher
   // that started the ranks, or else here by rank 0 before any rank writes into it.
   if (leader && !std::getenv(kRunDirectoryClaimedEnv)) claim.emplace(out_dir, options.resume, options.overwrite);
@@ -105,14 +119,19 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   fs::create_directories(out_dir / "logs");
   log::add_file((out_dir / "logs" / ("rank_" + std::to_string(env.rank) + ".log")).string());
   if (leader) engine::write_text_durably(out_dir / "strategy.toml", resolved_strategy_toml(plan));
-  configure_host_memory(job_cfg.get_string("host_memory"));  // before the model and data allocate
-  if (const int64_t cap_mib = job_cfg.get_int("rank_memory_limit_mb"); cap_mib > 0) {
+}
+
+// The process set up before the model and data allocate: host memory policy and cap, threads,
+// what the rank log says about where it runs, denormals, the seed.
+void Trainer::Impl::configure_process() {
+  configure_host_memory(plan.job.get_string("host_memory"));  // before the model and data allocate
+  if (const int64_t cap_mib = plan.job.get_int("rank_memory_limit_mb"); cap_mib > 0) {
     const double footprint = allocated_bytes(), limit = cap_allocations(static_cast<double>(cap_mib) * (1 << 20));
     log::record("memory cap: this rank may allocate " + std::to_string(cap_mib) + " MiB more than its " +
                 std::to_string(static_cast<int64_t>(footprint / (1 << 20))) + " MiB at start (RLIMIT_DATA " +
                 std::to_string(static_cast<int64_t>(limit / (1 << 20))) + " MiB)");
   }
-  const int64_t threads = job_cfg.get_int("threads");
+  const int64_t threads = plan.job.get_int("threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads > 0 ? threads : std::max(1u, cores / static_cast<unsigned>(env.local_size))));
   // Where this rank runs, as its launcher said: across nodes the local rank picks the device slot
@@ -128,9 +147,11 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   // Denormal floats make CPU arithmetic many times slower (seen: PyTorch eager's backward 3.7x
   // slower by the fourth step of a GPT); flushing them to zero changes results only below 1e-38.
   at::globalContext().setFlushDenormal(true);
-  const int64_t seed = job_cfg.get_int("seed");
-  at::manual_seed(static_cast<uint64_t>(seed));
+  at::manual_seed(static_cast<uint64_t>(plan.job.get_int("seed")));
+}
 
+// The job: this rank's model, the dataset, the optimizer's factory.
+void Trainer::Impl::build_job() {
   job = std::make_unique<Job>(plan.job, plan.model, plan.data, plan.optimizer, device);
   job->topology = topology;
   // The micro-batch in flight, for the supervisor's hang report (pipelines run them out of order).
@@ -148,14 +169,19 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   job->make_optimizer = [this, optimizer_factory](std::vector<ParamGroup> groups) {
     return optimizer_factory->create(std::move(groups), plan.optimizer);
   };
+}
 
+// The step: the sampler, core's step program, then every pass applied in order, and the states a
+// checkpoint saves.
+void Trainer::Impl::compose_step() {
   // resolve_strategy checked that the batch splits (check_sizes in strategy_resolve.cpp).
-  global_batch = job_cfg.get_int("global_batch");
+  global_batch = plan.job.get_int("global_batch");
   const int64_t micro_batch = micro_batch_size(plan);
   micro_count = global_batch / topology->size(Dim::Data) / micro_batch;
-  steps = job_cfg.get_int("steps");
+  steps = plan.job.get_int("steps");
   seq_len = job->model->seq_len();
-  sampler = std::make_unique<engine::BatchSampler>(*dataset, seq_len, static_cast<uint64_t>(seed), job_cfg.get_bool("shuffle"));
+  sampler = std::make_unique<engine::BatchSampler>(*dataset, seq_len, static_cast<uint64_t>(plan.job.get_int("seed")),
+                                                   plan.job.get_bool("shuffle"));
 
   // Core's step program, then the passes own or wrap its stages (their Claims say which).
   engine::provide_core_step(*job, *sampler, optimizer, engine::BatchShape{micro_batch, micro_count});
@@ -179,12 +205,16 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
   job->register_state("data", engine::data_state(*sampler));
   job->register_state("rng", engine::rng_state());
   for (const auto& p : job->model->parameters()) params.push_back(p);
+}
 
+// What the loop needs around the step: the optimizer, the learning-rate schedule, the console,
+// flash snapshots.
+void Trainer::Impl::prepare_loop() {
   schedule.emplace(engine::LrSchedule{plan.optimizer.get_float("lr"), plan.optimizer.get_string("schedule"),
                                       plan.optimizer.get_int("warmup_steps"), steps, plan.optimizer.get_float("min_lr_ratio")});
-  console.emplace(steps, job_cfg.get_int("log_every"), job->model->training_flops_per_token(), job_cfg.get_float("peak_tflops"),
+  console.emplace(steps, plan.job.get_int("log_every"), job->model->training_flops_per_token(), plan.job.get_float("peak_tflops"),
                   /*to_stdout=*/leader);
-  const int64_t flash_every = job_cfg.get_int("flash_every");
+  const int64_t flash_every = plan.job.get_int("flash_every");
   const char* flash_env = std::getenv("STRATA_FLASH_DIR");
   if (flash_every > 0 && flash_env) flash_dir = flash_env, flash.emplace(flash_dir, env.rank);
   else if (flash_every > 0)

@@ -76,7 +76,14 @@ struct Trainer::Impl {
   int64_t profile_first = 0, profile_last = 0;  // [job] profile_steps after two warm-up steps
   StepRecord last;
 
+  // Built in these steps, in this order (trainer.cpp).
   Impl(const ResolvedStrategy& plan, std::vector<size_t> order, const ComponentRegistry& registry, RunOptions options);
+  void start_rank();
+  void claim_run_directory();
+  void configure_process();
+  void build_job();
+  void compose_step();
+  void prepare_loop();
   void find_checkpoints();  // into newest/older/skipped
   // The flash snapshot every rank agrees is the newest whole one, restored into the job; its
   // step, or 0 with `problem` saying why not.
