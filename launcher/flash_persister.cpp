@@ -1,16 +1,27 @@
 #include "flash_persister.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <sstream>
 #include <vector>
 
 #include "strata/core/flash_checkpoint.h"
 #include "strata/errors.h"
-#include "supervisor.h"
 
 namespace strata::cli {
 
 namespace fs = std::filesystem;
+
+int64_t newest_checkpoint_step(const fs::path& run_dir) {
+  int64_t newest = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0) newest = std::max<int64_t>(newest, std::atoll(name.c_str() + 5));
+  }
+  return newest;
+}
 
 FlashPersister::FlashPersister(fs::path flash_dir, fs::path checkpoints_dir, int64_t every, int64_t keep,
                                std::function<void(const std::string&, const std::string&)> log, double pause_seconds)

@@ -17,6 +17,10 @@
 
 namespace strata::cli {
 
+// The step of the newest checkpoint directory of a run (checkpoints/step_NNNNNNNN), or 0: what
+// is on disk, which the persister does not write again and the supervisor reports.
+int64_t newest_checkpoint_step(const std::filesystem::path& run_dir);
+
 class FlashPersister {
  public:
   // `log(event, fields)` appends to events.jsonl (fields start with a comma); `pause_seconds`

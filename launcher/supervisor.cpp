@@ -116,16 +116,6 @@ std::vector<int> children_of(int parent) {
 }  // namespace
 
 // The step of the newest checkpoint directory (checkpoints/step_NNNNNNNN), or 0.
-int64_t newest_checkpoint_step(const fs::path& run_dir) {
-  int64_t newest = 0;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step_", 0) == 0) newest = std::max<int64_t>(newest, std::atoll(name.c_str() + 5));
-  }
-  return newest;
-}
-
 HangWatch::HangWatch(fs::path dir, int ranks, double timeout_s, double start_timeout_s, int launcher_pid)
     : dir_(std::move(dir)), ranks_(ranks), timeout_s_(timeout_s), start_timeout_s_(start_timeout_s), launcher_pid_(launcher_pid) {
   thread_ = std::thread([this] { watch(); });

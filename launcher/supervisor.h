@@ -101,9 +101,6 @@ struct SupervisorOptions {
   std::function<std::vector<RankHealth>(const std::vector<int>& slots)> check_health = strata::cli::check_health;
 };
 
-// The step of the newest checkpoint directory of a run (checkpoints/step_NNNNNNNN), or 0.
-int64_t newest_checkpoint_step(const std::filesystem::path& run_dir);
-
 // Runs `mpirun -np ranks` on this program with the same arguments but -n (and with `resume`,
 // --resume instead of --overwrite), watching for hangs, and returns how the attempt ended.
 // Errors the ranks report are printed once (cmd_run.cpp).
