@@ -14,7 +14,9 @@ its attention and all its experts). Kept weights: ddp x expert P holds the dense
 1/P of the experts; fsdp D x expert P holds 1/D of the dense parameters and 1/P of the experts
 sharded over the D/P ranks holding the same experts, i.e. 1/D of them.
 """
-import argparse, glob, os, platform, re, shutil, subprocess, tempfile
+import argparse, glob, os, re, shutil, subprocess, tempfile
+
+from sharded_init import MIB, cpu_model  # the same report conventions as the dense figures
 
 LAYERS, D, FFN, EXPERTS, HEADS, KV_HEADS, VOCAB, SEQ = 16, 512, 1024, 8, 8, 4, 256, 32
 SHAPE = ["--set", f"model.n_layer={LAYERS}", "--set", f"model.d_model={D}", "--set", f"model.ffn_hidden={FFN}",
@@ -22,7 +24,6 @@ SHAPE = ["--set", f"model.n_layer={LAYERS}", "--set", f"model.d_model={D}", "--s
          "--set", f"model.seq_len={SEQ}", "--set", "job.steps=1", "--set", "job.threads=1", "--set", "job.eval_every=0",
          "--set", "job.checkpoint_every=0", "--set", "job.log_every=1"]
 LINE = re.compile(r"model built: (\d+) parameters held.*peak (\d+) MiB \((\d+) MiB before the build\)")
-MIB = 1 << 20
 REPEATS = 2  # a rank's peak is the process's high-water mark: a transient before the build shows in it now and then
 # (label, ranks, settings, fraction of the dense parameters kept, of the experts kept)
 RUNS = [("one process", 1, ["--set", "parallel.expert=1", "--disable", "expert_parallel", "--disable", "ddp"], 1, 1),
@@ -55,13 +56,6 @@ def run(strata, toml, ranks, settings):
     found = [LINE.search(open(log).read()).groups() for log in sorted(glob.glob(os.path.join(out, "logs", "rank_*.log")))]
     shutil.rmtree(out)
     return [(int(held), int(peak) - int(before)) for held, peak, before in found], shown
-
-
-def cpu_model():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main():

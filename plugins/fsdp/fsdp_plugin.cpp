@@ -36,17 +36,6 @@ std::string whole_build_reason(const Config& config, int64_t shard_ranks) {
   return {};
 }
 
-// Broadcasts from rank 0 what a sharded build left whole: buffers and the parameters that are
-// not placeholders (ignored blocks', frozen ones; split experts among them over the ranks holding
-// the same experts).
-void broadcast_built_state(nn::Model& model, Communicator& data, Communicator& expert_data) {
-  at::NoGradGuard no_grad;
-  const auto split_expert = sharding::split_expert_predicate(model);
-  for (auto& p : model.named_parameters())
-    if (!nn::is_placeholder(p.value())) (split_expert(p.key()) ? expert_data : data).broadcast(p.value(), 0)->wait();
-  for (auto& b : model.buffers()) data.broadcast(b, 0)->wait();
-}
-
 using sharding::FlatUnit;
 using sharding::GradReduce;
 using sharding::Units;
@@ -313,12 +302,10 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     Communicator& comm = shard_comm ? *shard_comm : data_comm;
     auto* keeper = dynamic_cast<ShardKeeper*>(job.build_keeper.get());
     if (config.get_bool("sync_module_states")) {
-      // A keeper's ranks drew the same values from the same generators: what they kept is already
-      // equal, only what was built whole (buffers, frozen or ignored parameters) is sent.
-      if (keeper)
-        broadcast_built_state(model, data_comm, expert_comm);
-      else
-        sharding::broadcast_model_state(model, data_comm, expert_comm);
+      // After a sharded build the ranks drew the same values from the same generators: what they
+      // kept is already equal, only what was built whole (buffers, frozen or ignored parameters)
+      // is sent; the placeholders are skipped.
+      sharding::broadcast_model_state(model, data_comm, expert_comm);
     }
     const auto split_expert = sharding::split_expert_predicate(model);
     const UnitPlan plan = plan_units(model, config);

@@ -104,7 +104,8 @@ std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& 
 void broadcast_model_state(nn::Model& model, Communicator& data, Communicator& expert_data, bool buffers) {
   const auto split_expert = split_expert_predicate(model);
   at::NoGradGuard no_grad;
-  for (auto& p : model.named_parameters()) (split_expert(p.key()) ? expert_data : data).broadcast(p.value(), 0)->wait();
+  for (auto& p : model.named_parameters())
+    if (!nn::is_placeholder(p.value())) (split_expert(p.key()) ? expert_data : data).broadcast(p.value(), 0)->wait();
   if (buffers)
     for (auto& b : model.buffers()) data.broadcast(b, 0)->wait();
 }

@@ -21,7 +21,8 @@ using Units = std::vector<std::shared_ptr<FlatUnit>>;
 std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& model);
 
 // Broadcasts parameters from rank 0 of `data` (split experts from rank 0 of `expert_data`) and,
-// with `buffers`, buffers from rank 0 of `data`, so replicas start equal.
+// with `buffers`, buffers from rank 0 of `data`, so replicas start equal. Placeholders (what a
+// sharded build left of the parameters it kept a chunk of: nn::placeholder) hold nothing to send.
 void broadcast_model_state(nn::Model& model, Communicator& data, Communicator& expert_data, bool buffers = true);
 
 // Replaces the job's optimizer construction, its "model" state and its local gradients with
