@@ -17,10 +17,24 @@
 #include "cuda/rms_norm_cuda.h"
 #include "strata/plugin.h"
 
+#include <cstdlib>
+#include <string_view>
+
+#ifdef STRATA_HAVE_CUDA_KERNELS
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace strata::kernels {
 namespace {
 
 void register_components(Registry& registry) {
+#ifdef STRATA_HAVE_CUDA_KERNELS
+  // STRATA_CUDA_SYNC_DEBUG=1: c10 warns at every call that makes the host wait for a CUDA device
+  // (a read, a copy from pageable memory, a synchronize); scripts/gpu_check counts the warnings
+  // to show that steps which neither log nor checkpoint wait for nothing.
+  if (const char* debug = std::getenv("STRATA_CUDA_SYNC_DEBUG"); debug && std::string_view(debug) == "1")
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+#endif
   // Priority 10 > the reference's 0: selected by default on CPU for these dtypes. Plain causal
   // and unmasked calls without lse still go to ATen's fused SDPA inside (see cpu/attention.cpp).
   registry.add(std::make_unique<ops::OperatorImpl<ops::Attention>>(

@@ -35,7 +35,8 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
     // fp32 arithmetic for fp32/bf16/fp16 inputs, as the reference's fp32 loss; fp64 stays fp64.
     const at::ScalarType compute = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     const bool low_precision = hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kHalf;
-    const bool gemm_in_input_dtype = input_dtype_gemms && low_precision && weight.scalar_type() == hidden.scalar_type();
+    // A weight of another dtype (fp32 master weights under autocast) is cast to hidden's, as autocast's linear would.
+    const bool gemm_in_input_dtype = input_dtype_gemms && low_precision;
     const at::ScalarType operand = gemm_in_input_dtype ? hidden.scalar_type() : compute;
     const at::Tensor w = weight.to(operand).contiguous();
     const at::Tensor b = has_bias ? bias.to(compute) : at::Tensor();

@@ -5,6 +5,7 @@
 // a scaled incoming gradient. Skips without a
 // CUDA device.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include "cpu/linear_cross_entropy.h"
@@ -63,6 +64,40 @@ TEST(LinearCrossEntropyCuda, MatchesTheReference) {
         EXPECT_LE(relative_error(ours.weight, expected.weight), tol) << "grad weight";
         if (bias) EXPECT_LE(relative_error(ours.bias, expected.bias), tol) << "grad bias";
       }
+}
+
+// amp's case: fp32 hidden and master weight under autocast(bf16). The reference's linear runs in
+// bf16 there; chunked_cuda's GEMMs too (not fp32, which missed the tensor cores), and the
+// gradients come back fp32.
+TEST(LinearCrossEntropyCuda, UnderAutocastMultipliesInItsDtype) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  OperatorTable::global().reset();
+  const auto& ref = static_cast<const ops::OperatorImpl<ops::LinearCrossEntropy>&>(
+      *OperatorTable::global().implementations("linear_cross_entropy").back());
+  at::manual_seed(7);
+  const auto opts = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor h = at::randn({3000, 64}, opts), w = at::randn({50257, 64}, opts) * 0.3;
+  const at::Tensor t = at::randint(50257, {3000}, opts.dtype(at::kLong));
+  auto under_autocast = [](auto fn) {
+    return [fn](auto&&... a) {
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      at::Tensor loss = fn(a...);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+      return loss;
+    };
+  };
+  const Result expected = run(under_autocast(ref.fn()), h, w, at::Tensor(), t);
+  const Result ours = run(under_autocast(kernels::linear_cross_entropy_chunked_cuda), h, w, at::Tensor(), t);
+  EXPECT_EQ(ours.hidden.scalar_type(), at::kFloat);
+  EXPECT_EQ(ours.weight.scalar_type(), at::kFloat);
+  EXPECT_LE(relative_error(ours.loss, expected.loss), 2e-2) << "loss";
+  EXPECT_LE(relative_error(ours.hidden, expected.hidden), 2e-2) << "grad hidden";
+  EXPECT_LE(relative_error(ours.weight, expected.weight), 2e-2) << "grad weight";
+  // Not the fp32 product: bf16 operands lose about 3 decimal digits.
+  const Result fp32 = run(kernels::linear_cross_entropy_chunked_cuda, h, w, at::Tensor(), t);
+  EXPECT_GT(relative_error(ours.hidden, fp32.hidden), 1e-6) << "the GEMMs ran in fp32 under autocast";
 }
 
 }  // namespace

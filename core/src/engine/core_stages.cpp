@@ -10,6 +10,17 @@
 #include "strata/ops.h"
 
 namespace strata::engine {
+namespace {
+
+// A host batch onto the job's device without waiting: a copy from pageable memory first waits
+// for everything queued on the device (a drained queue every step), one from pinned memory is
+// queued like a kernel (the pinned block is not reused before the copy has run).
+at::Tensor to_device(const at::Tensor& host, c10::Device device) {
+  if (device.is_cpu()) return host;
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+}  // namespace
 
 void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Optimizer>& optimizer, BatchShape shape) {
   const int64_t seq_len = job.model->seq_len(), micro_batch = shape.micro_batch, micro_count = shape.micro_count;
@@ -58,7 +69,7 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
   };
 
   job.validation_batch = [&sampler, micro_batch, device](int64_t index) {
-    return sampler.val_batch(index * micro_batch, micro_batch).to(device);
+    return to_device(sampler.val_batch(index * micro_batch, micro_batch), device);
   };
 
   StepProgram& program = job.program;
@@ -69,7 +80,7 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
                     context.batches.clear();
                     for (int64_t micro = 0; micro < micro_count; ++micro)
                       context.batches.push_back(
-                          sampler.next_train(micro_batch * dp).narrow(0, dp_rank * micro_batch, micro_batch).to(device));
+                          to_device(sampler.next_train(micro_batch * dp).narrow(0, dp_rank * micro_batch, micro_batch), device));
                   });
   program.provide(Stage::Gradients, core_stage_description(Stage::Gradients), [&program](StepContext& context) {
     program.run(Stage::ForwardBackward, context);

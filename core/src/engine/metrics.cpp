@@ -1,5 +1,7 @@
 #include "metrics.h"
 
+#include <atomic>
+
 #include <cmath>
 #include <cerrno>
 #include <cstdio>
@@ -164,7 +166,14 @@ void Console::finish() {
   std::cout << std::flush;
 }
 
+namespace {
+std::atomic<int64_t> host_read_count{0};
+}
+
+int64_t host_reads() { return host_read_count.load(); }
+
 std::vector<double> read_on_host(const std::vector<at::Tensor>& values) {
+  host_read_count.fetch_add(1);
   std::vector<at::Tensor> parts;
   c10::Device device = at::kCPU;
   for (const auto& v : values) {

@@ -56,8 +56,10 @@ class Console {
 std::string format_number(double value);  // %.17g: exact round trip
 
 // The elements of `values` (0-dim or 1-dim; undefined reads as 0), in order, as doubles, copied
-// to the host together: on a GPU each read waits for the device's queue to drain, so a step reads
-// its figures once, at its end.
+// to the host together. On a GPU each read waits for the device's queue to drain, so the step
+// loop reads nothing except on steps that log, evaluate or checkpoint (Trainer::Impl::advance),
+// and core reads every figure through this function, which counts its calls (host_reads).
 std::vector<double> read_on_host(const std::vector<at::Tensor>& values);
+int64_t host_reads();  // calls of read_on_host in this process so far
 
 }  // namespace strata::engine

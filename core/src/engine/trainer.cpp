@@ -249,10 +249,10 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
     at::Tensor outcomes =  // ranks that failed, ranks that skipped
         at::tensor(std::vector<int>{outcome == FlashWrite::Failed ? 1 : 0, outcome == FlashWrite::Skipped ? 1 : 0}, at::kInt).to(device);
     topology->world().all_reduce(outcomes, ReduceOp::Sum)->wait();
-    outcomes = outcomes.cpu();
-    if (outcomes[0].item<int>() == 0) {
+    const std::vector<double> counts = engine::read_on_host({outcomes});
+    if (counts[0] == 0) {
       if (outcome == FlashWrite::Written && inject_fault(env.rank, at_step, "snapshot_done")) flash->damage_newest();
-      snapshot_skipped = outcomes[1].item<int>() > 0;
+      snapshot_skipped = counts[1] > 0;
       return seconds_since(started);
     }
     console->message("flash checkpoints off: " + (problem.empty() ? std::string("another rank's shared memory is full") : problem) +
@@ -286,96 +286,154 @@ Trainer::Trainer(const ResolvedStrategy& plan, std::vector<size_t> order, const 
 
 Trainer::~Trainer() = default;
 
-const StepRecord& Trainer::step() {
-  Impl& t = *impl_;
-  Job& job = *t.job;
-  if (t.step >= t.steps)
-    throw UserError("[job] steps = " + std::to_string(t.steps) + " are done: the learning-rate schedule ends there");
-  const int64_t step = t.step + 1;
-  const Config& job_cfg = t.plan.job;
-  if (step == t.profile_first && t.profile_last >= t.profile_first) t.profile.start();
-  t.progress->beat(step, StepPhase::Starting);
+const StepRecord& Trainer::step() { return impl_->advance(/*read_figures=*/true); }
+
+// One optimizer step. Its loss, gradient norm and memory figures stay where they are (on a GPU,
+// reading one waits until the device's queue has drained) unless `read_figures` or the step
+// logs, evaluates, checkpoints or is profiled: then every step not read yet is read at once,
+// after this step has been queued, and recorded (metrics.jsonl, the console).
+const StepRecord& Trainer::Impl::advance(bool read_figures) {
+  Job& job = *this->job;
+  if (step >= steps) throw UserError("[job] steps = " + std::to_string(steps) + " are done: the learning-rate schedule ends there");
+  const int64_t at_step = step + 1;
+  const Config& job_cfg = plan.job;
+  if (at_step == profile_first && profile_last >= profile_first) profile.start();
+  progress->beat(at_step, StepPhase::Starting);
   // A kill between steps finds the previous snapshot whole: its checksum thread may not have run
   // yet on a loaded machine, and a kill during a snapshot is kill_in_snapshot's case.
-  inject_fault(t.env.rank, step, "step", [&] {
-    if (t.flash) t.flash->wait();
+  inject_fault(env.rank, at_step, "step", [&] {
+    if (flash) flash->wait();
   });
   const auto started = std::chrono::steady_clock::now();
-  for (auto& p : t.params) p.mutable_grad() = at::Tensor();
+  const int64_t reads_before = engine::host_reads();
+  if (unread.empty()) unread_since = started;
+  for (auto& p : params) p.mutable_grad() = at::Tensor();
   StepContext context;
-  context.step = step;
-  context.micro_count = t.micro_count;
+  context.step = at_step;
+  context.micro_count = micro_count;
   job.program.run(Stage::PrepareBatches, context);
-  t.progress->beat(step, StepPhase::BatchesReady);
+  progress->beat(at_step, StepPhase::BatchesReady);
   job.program.run(Stage::Gradients, context);
-  t.progress->beat(step, StepPhase::GradientsDone);
+  progress->beat(at_step, StepPhase::GradientsDone);
   job.program.run(Stage::ClipGradients, context);
-  t.progress->beat(step, StepPhase::Clipped);
-  context.lr = t.schedule->at(step);
+  progress->beat(at_step, StepPhase::Clipped);
+  context.lr = schedule->at(at_step);
   job.run_hooks(HookPoint::BeforeStep, context);
   const engine::MemoryFigures memory = engine::memory_figures(job);
   job.program.run(Stage::OptimizerStep, context);
   job.run_hooks(HookPoint::AfterStep, context);
-  job.model->after_optimizer_step(t.topology->group({Dim::Data, Dim::Context}));
+  job.model->after_optimizer_step(topology->group({Dim::Data, Dim::Context}));
   job.model->collect_metrics(context.metrics);
-  t.progress->beat(step, StepPhase::Updated);
+  progress->beat(at_step, StepPhase::Updated);
 
-  StepRecord record;
-  const std::vector<double> figures = engine::read_on_host({job.reduce_loss(context.local_loss), context.grad_norm});
-  record.loss = figures[0];
-  record.grad_norm = figures[1];
-  // The largest figure of any rank: what the busiest one needs.
-  std::vector<double> memory_max{memory.params, memory.grads, memory.optimizer, memory.peak};
-  if (t.topology->world().size() > 1) {
-    at::Tensor figures_max = at::tensor(memory_max, at::kDouble).to(t.device);
-    t.topology->world().all_reduce(figures_max, ReduceOp::Max)->wait();
-    memory_max = engine::read_on_host({figures_max});
-  }
-  record.step = step;
-  record.lr = context.lr;
-  record.tokens = t.global_batch * t.seq_len;
-  record.extra = context.metrics;
-  const char* memory_names[] = {"mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_peak_bytes"};
-  for (int i = 0; i < 4; ++i) record.extra.emplace_back(memory_names[i], memory_max[static_cast<size_t>(i)]);
-  record.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  if (step >= t.profile_first && step <= t.profile_last) {
-    t.profile.add_step(record.step_ms);
-    if (step == t.profile_last || step == t.steps) {
-      t.profile.stop();
-      const fs::path file = t.out_dir / ("profile_rank" + std::to_string(t.env.rank) + ".md");
-      t.profile.write(file, "Operator profile of rank " + std::to_string(t.env.rank) + ", steps " + std::to_string(t.profile_first) +
-                                ".." + std::to_string(step));
-      if (t.leader)
-        t.console->message("operator profile of steps " + std::to_string(t.profile_first) + ".." + std::to_string(step) +
-                           " written to " + file.string());
+  UnreadStep& done = unread.emplace_back();
+  done.record.step = at_step;
+  done.record.lr = context.lr;
+  done.record.tokens = global_batch * seq_len;
+  done.record.extra = context.metrics;
+  done.loss = job.reduce_loss(context.local_loss);
+  done.grad_norm = context.grad_norm;
+  done.memory = {memory.params, memory.grads, memory.optimizer, memory.peak, memory.device_peak};
+  done.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  done.host_reads = engine::host_reads() - reads_before;
+  step = at_step;
+
+  const int64_t eval_every = job_cfg.get_int("eval_every"), checkpoint_every = job_cfg.get_int("checkpoint_every");
+  const bool eval_due = eval_every > 0 && (at_step % eval_every == 0 || at_step == steps);
+  // A checkpoint is taken before the step is recorded, so its record says what it blocked.
+  const bool disk_due = (checkpoint_every > 0 && at_step % checkpoint_every == 0) || at_step == steps;
+  const bool save_due = disk_due || (flash && at_step % job_cfg.get_int("flash_every") == 0);
+  const bool profiled = at_step >= profile_first && at_step <= profile_last;
+  if (!(read_figures || eval_due || save_due || profiled || at_step % job_cfg.get_int("log_every") == 0)) return done.record;
+
+  read_unread();
+  StepRecord& record = unread.back().record;
+  record.extra.emplace_back("host_reads", static_cast<double>(engine::host_reads() - reads_before));
+  if (profiled) {
+    profile.add_step(record.step_ms);
+    if (at_step == profile_last || at_step == steps) {
+      profile.stop();
+      const fs::path file = out_dir / ("profile_rank" + std::to_string(env.rank) + ".md");
+      profile.write(file, "Operator profile of rank " + std::to_string(env.rank) + ", steps " + std::to_string(profile_first) + ".." +
+                              std::to_string(at_step));
+      if (leader)
+        console->message("operator profile of steps " + std::to_string(profile_first) + ".." + std::to_string(at_step) + " written to " +
+                         file.string());
     }
   }
-  const int64_t eval_every = job_cfg.get_int("eval_every"), checkpoint_every = job_cfg.get_int("checkpoint_every");
-  if (eval_every > 0 && (step % eval_every == 0 || step == t.steps)) {
-    t.progress->beat(step, StepPhase::Evaluating);
-    record.val_loss = t.evaluate(step);
+  if (eval_due) {
+    progress->beat(at_step, StepPhase::Evaluating);
+    record.val_loss = evaluate(at_step);
   }
-  // Checkpoint before the step is recorded, so its record says what the checkpoint blocked.
-  const bool disk_due = (checkpoint_every > 0 && step % checkpoint_every == 0) || step == t.steps;
-  if (disk_due || (t.flash && step % job_cfg.get_int("flash_every") == 0)) {
-    t.progress->beat(step, StepPhase::Checkpointing);
-    const double blocked = t.save(step, disk_due);
-    t.progress->add_checkpoint_time(blocked);
+  if (save_due) {
+    progress->beat(at_step, StepPhase::Checkpointing);
+    const double blocked = save(at_step, disk_due);
+    progress->add_checkpoint_time(blocked);
     // A snapshot some rank skipped (its older slot was being persisted) is told apart: it cost
     // the agreement only, and the newest complete snapshot is an older one.
-    record.extra.emplace_back(t.snapshot_skipped ? "snapshot_skipped_ms" : "checkpoint_ms", blocked * 1000.0);
+    record.extra.emplace_back(snapshot_skipped ? "snapshot_skipped_ms" : "checkpoint_ms", blocked * 1000.0);
   }
-  if (t.metrics) t.metrics->write(record);
-  t.console->step(record);
-  t.step = step;
-  t.last = std::move(record);
-  return t.last;
+  record_unread();
+  return last;
+}
+
+// The figures of every unread step in one read: losses, gradient norms and, across ranks, the
+// largest memory figures (what the busiest rank needs). On a device with a queue the host's time
+// per step says when a step was queued, not when it ran, so each unread step is given the mean
+// wall time since the first of them started; on the CPU, where work runs as it is issued, its own.
+void Trainer::Impl::read_unread() {
+  if (unread.empty()) return;
+  std::vector<at::Tensor> values;
+  std::vector<double> memory;
+  for (const auto& u : unread) values.push_back(u.loss), values.push_back(u.grad_norm);
+  for (const auto& u : unread) memory.insert(memory.end(), u.memory.begin(), u.memory.end());
+  if (topology->world().size() > 1) {
+    at::Tensor memory_max = at::tensor(memory, at::kDouble).to(device);
+    topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
+    values.push_back(memory_max);
+  }
+  const std::vector<double> figures = engine::read_on_host(values);
+  const size_t n = unread.size();
+  if (figures.size() > 2 * n) memory.assign(figures.begin() + static_cast<std::ptrdiff_t>(2 * n), figures.end());
+  const double mean_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - unread_since).count() /
+                         static_cast<double>(n);
+  const char* memory_names[] = {"mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_peak_bytes", "mem_device_peak_bytes"};
+  const size_t kinds = std::size(memory_names), reported = device.is_cpu() ? kinds - 1 : kinds;
+  for (size_t i = 0; i < n; ++i) {
+    StepRecord& r = unread[i].record;
+    r.loss = figures[2 * i];
+    r.grad_norm = figures[2 * i + 1];
+    r.step_ms = device.is_cpu() ? unread[i].host_ms : mean_ms;
+    for (size_t k = 0; k < reported; ++k) r.extra.emplace_back(memory_names[k], memory[kinds * i + k]);
+    if (i + 1 < n) r.extra.emplace_back("host_reads", static_cast<double>(unread[i].host_reads));
+  }
+}
+
+// Records the unread steps (read by read_unread) in order, and keeps the newest as `last`.
+void Trainer::Impl::record_unread() {
+  for (auto& u : unread) {
+    if (metrics) metrics->write(u.record);
+    console->step(u.record);
+  }
+  if (!unread.empty()) last = std::move(unread.back().record);
+  unread.clear();
 }
 
 RunSummary Trainer::run() {
   Impl& t = *impl_;
   RunSummary summary{t.first_step, t.step, t.last.loss};
-  while (t.step < t.steps) summary.last_loss = step().loss;
+  try {
+    while (t.step < t.steps) t.advance(/*read_figures=*/false);
+  } catch (...) {
+    // The steps done before the failure are recorded, as when every step was read.
+    try {
+      t.read_unread();
+      t.record_unread();
+    } catch (...) {
+    }
+    throw;
+  }
+  summary.last_loss = t.last.loss;
   summary.last_step = t.step;
   if (t.flash) t.flash->wait();  // the last snapshot is valid before the supervisor persists it
   t.progress->beat(t.steps, StepPhase::Finished);

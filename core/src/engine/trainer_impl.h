@@ -2,6 +2,8 @@
 // trainer.cpp (set-up, step, run, save) and resume.cpp (load).
 #pragma once
 
+#include <array>
+#include <chrono>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -74,7 +76,18 @@ struct Trainer::Impl {
   std::vector<at::Tensor> params;
   engine::OpProfile profile;
   int64_t profile_first = 0, profile_last = 0;  // [job] profile_steps after two warm-up steps
-  StepRecord last;
+  StepRecord last;  // the newest step recorded
+
+  // Steps run whose figures are not read yet (advance() says when they are).
+  struct UnreadStep {
+    StepRecord record;
+    at::Tensor loss, grad_norm;  // where the step left them
+    std::array<double, 5> memory{};  // this rank's engine::MemoryFigures, in their order
+    double host_ms = 0;
+    int64_t host_reads = 0;  // engine::read_on_host calls during the step
+  };
+  std::vector<UnreadStep> unread;
+  std::chrono::steady_clock::time_point unread_since;  // when the first unread step started
 
   // Built in these steps, in this order (trainer.cpp).
   Impl(const ResolvedStrategy& plan, std::vector<size_t> order, const ComponentRegistry& registry, RunOptions options);
@@ -93,6 +106,9 @@ struct Trainer::Impl {
   void continue_from(int64_t resumed_step);
   double save(int64_t step, bool to_disk);  // the seconds training was blocked
   double evaluate(int64_t step);
+  const StepRecord& advance(bool read_figures);  // one step (trainer.cpp)
+  void read_unread();
+  void record_unread();
 };
 
 }  // namespace strata

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "checkpoint/sha256.h"
@@ -259,6 +260,11 @@ MemoryFigures memory_figures(const Job& job) {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   m.peak = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  // Read from the allocator's host-side counters: no wait on the device.
+  const c10::Device device = job.device();
+  if (!device.is_cpu())
+    m.device_peak = static_cast<double>(
+        at::accelerator::getDeviceStats(device.index()).allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
   return m;
 }
 

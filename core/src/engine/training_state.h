@@ -51,7 +51,8 @@ std::string state_hash(const ResolvedStrategy& plan);
 // Bytes held in model states, each storage counted once (views of one flat buffer, parameters
 // freed between uses), and the process's peak resident memory.
 struct MemoryFigures {
-  double params = 0, grads = 0, optimizer = 0, peak = 0;
+  double params = 0, grads = 0, optimizer = 0, peak = 0;  // peak: the process's resident set
+  double device_peak = 0;  // the accelerator allocator's peak of allocated bytes (0 on the CPU)
 };
 MemoryFigures memory_figures(const Job& job);
 
