@@ -146,6 +146,30 @@ def strata_run(strata, kind, n_layer, n_head, n_kv, d, seq, batch, vocab, device
         return batch * seq / (mean_ms / 1000), peak, reads
 
 
+def profile_kernels(forward, params, opt, data, vocab, device, path):
+    """The device kernels of 5 steps by time (torch.profiler's self device time), as Markdown."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
+    sync(device)
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for s in range(5):
+            train_step(forward, params, opt, data[s % len(data)], vocab, device)
+        sync(device)
+    wall_ms = (time.perf_counter() - start) * 1000 / 5
+    rows = [e for e in prof.key_averages() if e.self_device_time_total > 0] if device == "cuda" else []
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    busy = sum(e.self_device_time_total for e in rows) / 1000 / 5
+    with open(path, "w") as f:
+        f.write(f"# Device kernels of 5 steps ({pathlib.Path(path).stem})\n\n{sum(e.count for e in rows) / 5:.0f} kernels per step, "
+                f"{busy:.2f} ms per step of device time, {wall_ms:.2f} ms per step of wall time (profiled).\n\n")
+        f.write("| kernel | calls/step | ms/step | share of device time |\n|---|---|---|---|\n")
+        for e in rows[:40]:
+            name = e.key if len(e.key) <= 120 else e.key[:117] + "..."
+            ms = e.self_device_time_total / 1000 / 5
+            f.write(f"| `{name.replace('|', '/')}` | {e.count / 5:.1f} | {ms:.3f} | {100 * ms / busy:.1f}% |\n")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--strata", default="build/bin/strata")
@@ -155,6 +179,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=10, help="steps before timing (a multiple of 10: Strata's read windows)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--profile", default="", help="a folder: each PyTorch loop's device kernels over 5 steps, as Strata's profile_steps")
     parser.add_argument("--out", default="bench/results/step_time_cuda_bf16.md")
     args = parser.parse_args()
     device = args.device
@@ -199,6 +224,9 @@ def main():
                 tps, mem = pytorch_run(forward, params, opt, data, vocab, device, args.steps, args.warmup)
                 measured[name].append((tps, mem))
                 print(f"{size} round {r + 1} {name}: {tps:.0f} tok/s, peak {mem / 2**30:.2f} GiB", flush=True)
+        if args.profile:
+            for name, forward in loops.items():
+                profile_kernels(forward, params, opt, data, vocab, device, f"{args.profile}/profile_{size}_{name}.md")
         base = {k: statistics.median(t for t, _ in v) for k, v in measured.items() if v}
         for name, runs in measured.items():
             if not runs:

@@ -13,6 +13,7 @@
 #include "linear_cross_entropy.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
@@ -29,8 +30,13 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
   // bias: empty tensor for none. with_grads: whether backward will run (decided by the caller,
   // where grad mode and requires_grad are visible); without it only the loss is computed.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-                            const at::Tensor& targets, int64_t chunk_rows, bool with_grads, bool input_dtype_gemms) {
+                            const at::Tensor& targets, int64_t chunk_rows, bool with_grads, bool input_dtype_gemms,
+                            int64_t vocab_multiple) {
     const int64_t rows = hidden.size(0), vocab = weight.size(0), dim = weight.size(1);
+    // The GEMMs run over `padded` rows of the weight (zeros past `vocab`) so that the logits' rows
+    // are aligned for the tensor cores; the padding logits are set to -inf, so they take no
+    // probability, their gradient is exactly 0, and nothing else changes.
+    const int64_t padded = (vocab + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
     const bool has_bias = bias.numel() > 0;
     // fp32 arithmetic for fp32/bf16/fp16 inputs, as the reference's fp32 loss; fp64 stays fp64.
     const at::ScalarType compute = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -38,20 +44,24 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
     // A weight of another dtype (fp32 master weights under autocast) is cast to hidden's, as autocast's linear would.
     const bool gemm_in_input_dtype = input_dtype_gemms && low_precision;
     const at::ScalarType operand = gemm_in_input_dtype ? hidden.scalar_type() : compute;
-    const at::Tensor w = weight.to(operand).contiguous();
-    const at::Tensor b = has_bias ? bias.to(compute) : at::Tensor();
+    at::Tensor w = weight.to(operand).contiguous();
+    at::Tensor b = has_bias ? bias.to(compute) : at::Tensor();
+    if (padded != vocab) {
+      w = at::cat({w, at::zeros({padded - vocab, dim}, w.options())});
+      if (has_bias) b = at::cat({b, at::zeros({padded - vocab}, b.options())});
+    }
     const auto options = hidden.options().dtype(compute);
     at::Tensor grad_hidden, grad_weight, grad_bias;
     if (with_grads) {
       grad_hidden = at::empty({rows, dim}, options);
-      grad_weight = at::zeros({vocab, dim}, options);
-      if (has_bias) grad_bias = at::zeros({vocab}, options);
+      grad_weight = at::zeros({padded, dim}, options);
+      if (has_bias) grad_bias = at::zeros({padded}, options);
     }
     const double inv_rows = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
     const int64_t chunk = std::max<int64_t>(1, std::min(chunk_rows, rows));
     // Two chunk-sized buffers reused by every chunk: logits, and log-probabilities turned into
     // the gradient of the logits.
-    at::Tensor logits_buffer = at::empty({chunk, vocab}, options), probs_buffer = at::empty({chunk, vocab}, options);
+    at::Tensor logits_buffer = at::empty({chunk, padded}, options), probs_buffer = at::empty({chunk, padded}, options);
     at::Tensor loss_sum = at::zeros({}, options.dtype(at::kDouble));
     for (int64_t start = 0; start < rows; start += chunk) {
       const int64_t n = std::min(chunk, rows - start);
@@ -66,6 +76,7 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
       } else {
         at::mm_out(logits, h, w.t());
       }
+      if (padded != vocab) logits.narrow(1, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
       at::_log_softmax_out(log_probs, logits, 1, false);
       loss_sum.sub_(log_probs.gather(1, t).sum(), 1.0);
       if (!with_grads) continue;
@@ -84,6 +95,10 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
       if (has_bias) grad_bias.add_(g.sum(0), inv_rows);
     }
     if (with_grads) {
+      if (padded != vocab) {
+        grad_weight = grad_weight.narrow(0, 0, vocab);
+        if (has_bias) grad_bias = grad_bias.narrow(0, 0, vocab);
+      }
       ctx->save_for_backward({grad_hidden, grad_weight, grad_bias});
       ctx->saved_data["hidden_dtype"] = hidden.scalar_type();
       ctx->saved_data["weight_dtype"] = weight.scalar_type();
@@ -102,7 +117,7 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
       return grad.defined() ? (grad * scale).to(ctx->saved_data[dtype].toScalarType()) : at::Tensor();
     };
     return {scaled(saved[0], "hidden_dtype"), scaled(saved[1], "weight_dtype"), scaled(saved[2], "bias_dtype"), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -113,14 +128,15 @@ int64_t linear_cross_entropy_chunk_rows(int64_t vocab) {
 }
 
 at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                        const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms) {
+                                        const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms, int64_t vocab_multiple) {
+  if (vocab_multiple < 1) throw std::invalid_argument("linear_cross_entropy: vocab_multiple must be at least 1");
   if (hidden.dim() != 2 || weight.dim() != 2 || targets.dim() != 1 || hidden.size(1) != weight.size(1) ||
       targets.size(0) != hidden.size(0))
     throw std::invalid_argument("linear_cross_entropy: hidden [N, D], weight [V, D] and targets [N] expected");
   const at::Tensor b = bias ? *bias : at::empty({0}, weight.options().requires_grad(false));
   const bool with_grads =
       at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad() || (bias && bias->requires_grad()));
-  return ChunkedLinearCrossEntropy::apply(hidden, weight, b, targets, chunk_rows, with_grads, input_dtype_gemms);
+  return ChunkedLinearCrossEntropy::apply(hidden, weight, b, targets, chunk_rows, with_grads, input_dtype_gemms, vocab_multiple);
 }
 
 at::Tensor linear_cross_entropy_chunked_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

@@ -30,8 +30,11 @@ at::Tensor linear_cross_entropy_chunked_cpu(const at::Tensor& hidden, const at::
 
 // The same with an explicit chunk size (tests cross chunk edges with few rows). input_dtype_gemms:
 // bf16/fp16 inputs multiplied as they are into fp32 outputs (CUDA only: ATen's mm with out_dtype);
-// otherwise every GEMM runs on fp32 copies.
+// otherwise every GEMM runs on fp32 copies. vocab_multiple: the GEMMs run over the vocabulary
+// rounded up to a multiple of it (zero rows of the weight, -inf logits), which keeps the logits'
+// rows aligned for tensor cores (GPT-2's 50257 is odd); the results are the same.
 at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                        const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms = false);
+                                        const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms = false,
+                                        int64_t vocab_multiple = 1);
 
 }  // namespace strata::kernels

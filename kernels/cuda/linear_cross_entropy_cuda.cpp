@@ -19,7 +19,7 @@ at::Tensor linear_cross_entropy_chunked_cuda(const at::Tensor& hidden, const at:
   const at::Tensor h = autocast ? hidden.to(at::autocast::get_autocast_dtype(at::kCUDA)) : hidden;
   const int64_t rows = std::max<int64_t>(kLinearCrossEntropyCudaMinRows,
                                          kLinearCrossEntropyCudaChunkBytes / (4 * std::max<int64_t>(1, weight.size(0))));
-  return linear_cross_entropy_chunked(h, weight, bias, targets, rows, /*input_dtype_gemms=*/true);
+  return linear_cross_entropy_chunked(h, weight, bias, targets, rows, /*input_dtype_gemms=*/true, kLinearCrossEntropyCudaVocabMultiple);
 }
 
 }  // namespace strata::kernels

@@ -15,6 +15,9 @@ namespace strata::kernels {
 // fewer rows leave an H100/H200 idle; 1335 rows at vocabulary 50257).
 inline constexpr int64_t kLinearCrossEntropyCudaChunkBytes = int64_t{256} << 20;
 inline constexpr int64_t kLinearCrossEntropyCudaMinRows = 1024;
+// The GEMMs' vocabulary rounded up to a multiple of 64 (nanoGPT's 50304 for GPT-2): cuBLAS's
+// tensor-core kernels want the logits' rows 16-byte aligned, which 50257 bf16 values are not.
+inline constexpr int64_t kLinearCrossEntropyCudaVocabMultiple = 64;
 
 // What "linear_cross_entropy.chunked_cuda" runs.
 at::Tensor linear_cross_entropy_chunked_cuda(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

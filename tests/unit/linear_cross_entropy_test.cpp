@@ -43,7 +43,8 @@ Grads run(Fn fn, const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& b
   return {loss.detach(), h.grad(), w.grad(), b ? b->grad() : at::Tensor()};
 }
 
-void check(at::ScalarType dtype, int64_t rows, int64_t dim, int64_t vocab, bool bias, int64_t chunk, double tol) {
+void check(at::ScalarType dtype, int64_t rows, int64_t dim, int64_t vocab, bool bias, int64_t chunk, double tol,
+           int64_t vocab_multiple = 1) {
   at::manual_seed(rows * 131 + vocab);
   const auto opts = at::TensorOptions().dtype(dtype);
   const at::Tensor h = at::randn({rows, dim}, opts), w = at::randn({vocab, dim}, opts) * 0.3;
@@ -59,10 +60,11 @@ void check(at::ScalarType dtype, int64_t rows, int64_t dim, int64_t vocab, bool 
   const Grads ref = dtype == at::kDouble ? run(in_double, h, w, b, t, 3.0) : run(reference, h, w, b, t, 3.0);
   const Grads ours = run(
       [&](const at::Tensor& h_, const at::Tensor& w_, const std::optional<at::Tensor>& b_, const at::Tensor& t_) {
-        return kernels::linear_cross_entropy_chunked(h_, w_, b_, t_, chunk);
+        return kernels::linear_cross_entropy_chunked(h_, w_, b_, t_, chunk, /*input_dtype_gemms=*/false, vocab_multiple);
       },
       h, w, b, t, 3.0);
-  const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(rows) + " chunk " + std::to_string(chunk);
+  const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(rows) + " chunk " + std::to_string(chunk) +
+                           " vocab multiple " + std::to_string(vocab_multiple);
   EXPECT_EQ(ours.loss.scalar_type(), at::kFloat) << what;  // as the reference's, also for fp64 inputs
   EXPECT_EQ(ours.loss.dim(), 0) << what;
   // the loss is fp32 (about 7 digits) whatever the input
@@ -82,6 +84,14 @@ TEST(LinearCrossEntropy, MatchesTheReferenceInDouble) {
 TEST(LinearCrossEntropy, MatchesTheReferenceInFloat) {
   for (int64_t chunk : {5, 32, 256}) check(at::kFloat, 200, 32, 300, true, chunk, 2e-6);
   check(at::kFloat, 37, 16, 1000, false, kernels::linear_cross_entropy_chunk_rows(1000), 2e-6);
+}
+
+// The GEMMs over a vocabulary padded to a multiple (what chunked_cuda does for tensor-core
+// alignment): zero weight rows, -inf logits, so the loss and the gradients are the formula's.
+TEST(LinearCrossEntropy, APaddedVocabularyChangesNothing) {
+  for (int64_t multiple : {7, 64})
+    for (bool bias : {false, true}) check(at::kDouble, 64, 24, 50, bias, 16, 1e-12, multiple);
+  check(at::kFloat, 200, 32, 300, true, 32, 2e-6, 64);
 }
 
 // bf16 inputs: the kernel computes in fp32 from the bf16 values; the reference multiplies in bf16

@@ -297,7 +297,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   if (step >= steps) throw UserError("[job] steps = " + std::to_string(steps) + " are done: the learning-rate schedule ends there");
   const int64_t at_step = step + 1;
   const Config& job_cfg = plan.job;
-  if (at_step == profile_first && profile_last >= profile_first) profile.start();
+  if (at_step == profile_first && profile_last >= profile_first) profile.start(/*device_kernels=*/!device.is_cpu());
   progress->beat(at_step, StepPhase::Starting);
   // A kill between steps finds the previous snapshot whole: its checksum thread may not have run
   // yet on a loaded machine, and a kill during a snapshot is kill_in_snapshot's case.
