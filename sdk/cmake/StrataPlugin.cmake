@@ -22,6 +22,8 @@ function(strata_add_plugin name)
     if(NOT ARG_OUTPUT_DIRECTORY)
       install(TARGETS ${target} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/strata/plugins)
       set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/../..")
+      # A bundled plugin: part of what `strata` needs to train (the strata_main target).
+      set_property(GLOBAL APPEND PROPERTY STRATA_BUNDLED_PLUGINS ${target})
     endif()
   else()
     target_link_libraries(${target} PRIVATE Strata::core)
