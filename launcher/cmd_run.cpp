@@ -289,7 +289,39 @@ int run_train(const Args& args) {
   // its newest checkpoint, whatever the first attempt was told.
   const char* elastic_restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const bool restarted = env.launcher == "torchrun" && elastic_restart && std::string(elastic_restart) != "0";
-  run_training(loaded.plan, loaded.order, registry, RunOptions{args.out_dir, args.resume || restarted, args.overwrite && !restarted});
+  const RunOptions options{args.out_dir, args.resume || restarted, args.overwrite && !restarted, {}};
+  const fs::path out_dir = args.out_dir.empty() ? fs::path(loaded.plan.job.get_string("run_dir")) : fs::path(args.out_dir);
+  const bool leader = env.rank == 0;
+  const ParallelLayout& l = loaded.plan.layout;
+  if (leader) std::cout << "strata: " << (options.resume ? "continuing" : "training") << " in " << out_dir.string() << ": "
+                        << "world " << l.world_size << " (data " << l.data << " x tensor " << l.tensor << " x pipeline " << l.pipeline
+                        << " x context " << l.context << "), strategy " << loaded.plan.file << ", " << loaded.plan.job.get_int("steps")
+                        << " steps\n" << std::flush;
+  Trainer trainer(loaded.plan, loaded.order, registry, options);
+  // Ctrl-C in a single process stops before the next step and saves it; ranks under a launcher
+  // stop together only by its hand (a rank alone cannot take a collective checkpoint).
+  const bool single = env.world_size == 1;
+  if (single) interrupted = 0, ::signal(SIGINT, note_interrupt);
+  const RunSummary summary = trainer.run([&] { return single && interrupted != 0; });
+  if (single) ::signal(SIGINT, SIG_DFL);
+  const std::string ranks = env.world_size > 1 ? "-n " + std::to_string(env.world_size) + " " : "";
+  const std::string resume = "strata run " + ranks + (out_dir / "strategy.toml").string() + " --out " + out_dir.string() + " --resume";
+  if (trainer.completed_steps() < trainer.total_steps()) {
+    trainer.save();
+    std::cout << "strata: interrupted at step " << trainer.completed_steps() << " of " << trainer.total_steps()
+              << " (checkpoint saved); continue with `" << resume << "`\n";
+    return 130;
+  }
+  if (leader) {
+    std::ostringstream line;
+    line.precision(5);
+    line << "strata: done: step " << summary.last_step << ", loss " << summary.last_loss;
+    if (trainer.metrics().val_loss) line << ", val_loss " << *trainer.metrics().val_loss;
+    line << "; checkpoint in " << (out_dir / "checkpoints").string() << "; `strata report " << out_dir.string()
+         << "` charts it, `strata ckpt export " << out_dir.string() << " DIR` exports it for transformers, and `" << resume
+         << " --set job.steps=N` trains on";
+    std::cout << line.str() << "\n";
+  }
   return 0;
 }
 

@@ -418,6 +418,10 @@ int supervise(const SupervisorOptions& options,
       if (options.max_restarts > 0 && n >= options.max_restarts && result.status != 2 && !result.interrupted)
         std::cerr << "strata: error: giving up after " << n << " restart" << (n == 1 ? "" : "s") << " ([job] max_restarts = "
                   << options.max_restarts << "); last failure: " << cause << "; resume with --resume\n";
+      if (result.interrupted)
+        std::cerr << "strata: interrupted at step " << reached.last_step << " (newest checkpoint: step " << checkpoint
+                  << "); continue with `strata run -n " << slots.size() << " " << (options.run_dir / "strategy.toml").string() << " --out "
+                  << options.run_dir.string() << " --resume`\n";
       if (flash && persisted) flash->remove();  // everything is on disk
       // 2 (bad input) stays 2; any other failure (mpirun's 128 + signal included) is 1.
       return result.status == 2 ? 2 : 1;

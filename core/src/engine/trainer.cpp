@@ -111,10 +111,15 @@ void Trainer::Impl::claim_run_directory() {
   // A resume with another configuration is refused before anything is written.
   if (options.resume) {
     find_checkpoints();
-    if (newest && newest->meta().state_hash != engine::state_hash(plan))
-      throw UserError("checkpoint " + newest->path().string() +
-                      " was saved with another model, data or optimizer configuration; resume with the strategy.toml "
-                      "saved in " + out_dir.string());
+    if (newest && newest->meta().state_hash != engine::state_hash(plan)) {
+      // Name what changed, from the strategy the run directory's last run wrote.
+      const std::vector<std::string> changed = engine::state_differences(plan, out_dir / "strategy.toml");
+      std::string what;
+      for (size_t i = 0; i < std::min<size_t>(changed.size(), 4); ++i) what += (i ? "; " : ": ") + changed[i];
+      if (changed.size() > 4) what += "; and " + std::to_string(changed.size() - 4) + " more";
+      throw UserError("checkpoint " + newest->path().string() + " was saved with another model, data or optimizer configuration" +
+                      what + "; resume with the strategy.toml saved in " + out_dir.string());
+    }
   }
   fs::create_directories(out_dir / "logs");
   log::add_file((out_dir / "logs" / ("rank_" + std::to_string(env.rank) + ".log")).string());
@@ -420,10 +425,14 @@ void Trainer::Impl::record_unread() {
 }
 
 RunSummary Trainer::run() {
+  return run([] { return false; });
+}
+
+RunSummary Trainer::run(const std::function<bool()>& stop_requested) {
   Impl& t = *impl_;
   RunSummary summary{t.first_step, t.step, t.last.loss};
   try {
-    while (t.step < t.steps) t.advance(/*read_figures=*/false);
+    while (t.step < t.steps && !stop_requested()) t.advance(/*read_figures=*/false);
   } catch (...) {
     // The steps done before the failure are recorded, as when every step was read.
     try {
@@ -433,10 +442,12 @@ RunSummary Trainer::run() {
     }
     throw;
   }
+  t.read_unread();  // a stop between reads
+  t.record_unread();
   summary.last_loss = t.last.loss;
   summary.last_step = t.step;
   if (t.flash) t.flash->wait();  // the last snapshot is valid before the supervisor persists it
-  t.progress->beat(t.steps, StepPhase::Finished);
+  if (t.step == t.steps) t.progress->beat(t.steps, StepPhase::Finished);
   t.console->finish();
   return summary;
 }

@@ -2,6 +2,7 @@
 #include "training_state.h"
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -268,10 +269,13 @@ MemoryFigures memory_figures(const Job& job) {
   return m;
 }
 
-std::string state_hash(const ResolvedStrategy& plan) {
-  std::string text;
+namespace {
+
+// What a checkpoint's state depends on, one "section.key" and its TOML value per entry.
+std::vector<std::pair<std::string, std::string>> state_identity(const ResolvedStrategy& plan) {
+  std::vector<std::pair<std::string, std::string>> entries;
   auto add = [&](const std::string& section, const Config& config) {
-    for (const auto& [key, entry] : config.entries()) text += section + "." + key + "=" + value_to_toml(entry.value) + "\n";
+    for (const auto& [key, entry] : config.entries()) entries.emplace_back(section + "." + key, value_to_toml(entry.value));
   };
   Config job;
   for (const char* key : {"model", "dataset", "global_batch", "seed", "shuffle"}) job.set(key, plan.job.entry(key));
@@ -279,9 +283,41 @@ std::string state_hash(const ResolvedStrategy& plan) {
   add("model", plan.model);
   add("data", plan.data);
   add("optimizer", plan.optimizer);
+  return entries;
+}
+
+}  // namespace
+
+std::string state_hash(const ResolvedStrategy& plan) {
+  std::string text;
+  for (const auto& [key, value] : state_identity(plan)) text += key + "=" + value + "\n";
   Sha256 hash;
   hash.update(text.data(), text.size());
   return hash.hex_digest();
+}
+
+std::vector<std::string> state_differences(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy) {
+  // strategy.toml as Strata writes it: "[section]" lines, then "key = value" lines.
+  std::map<std::string, std::string> saved;
+  std::ifstream in(saved_strategy);
+  std::string section;
+  for (std::string line; std::getline(in, line);) {
+    if (line.size() > 2 && line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq == std::string::npos || line.empty() || line.front() == '#') continue;
+    saved[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  std::vector<std::string> differences;
+  if (saved.empty()) return differences;
+  for (const auto& [key, value] : state_identity(plan)) {
+    const auto it = saved.find(key);
+    if (it == saved.end()) differences.push_back(key + " (not set there, " + value + " here)");
+    else if (it->second != value) differences.push_back(key + " = " + it->second + " there, " + value + " here");
+  }
+  return differences;
 }
 
 }  // namespace strata::engine

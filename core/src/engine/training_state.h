@@ -2,6 +2,7 @@
 // the job, and how one rank saves and restores its share of it under any layout.
 #pragma once
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,9 @@ bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::
 // model, data or optimizer is refused. Ranks, parallel layout, passes, steps, logging and paths
 // may change; state a pass keeps is checked when it loads.
 std::string state_hash(const ResolvedStrategy& plan);
+// The keys of that identity whose values differ from those in `saved_strategy` (a strategy.toml
+// Strata wrote), each as "section.key = there, here"; empty when the file is missing.
+std::vector<std::string> state_differences(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy);
 
 // Bytes held in model states, each storage counted once (views of one flat buffer, parameters
 // freed between uses), and the process's peak resident memory.

@@ -60,8 +60,12 @@ class STRATA_API Trainer {
   // eval_every, checkpoint_every or flash_every say so (and at the last step), and records it in
   // metrics.jsonl. Past [job] steps it is a UserError: the learning-rate schedule ends there.
   const StepRecord& step();
-  // Steps through [job] steps, then waits for the last flash snapshot.
+  // Steps through [job] steps, then waits for the last flash snapshot. Figures are read from
+  // the device only on steps that log, evaluate or checkpoint (step() reads every step).
   RunSummary run();
+  // The same, stopping before a step when `stop_requested` says so (a single process's Ctrl-C);
+  // every step done is recorded. Then completed_steps() < total_steps().
+  RunSummary run(const std::function<bool()>& stop_requested);
   // A checkpoint of the last completed step on disk (collective); returns the seconds it took.
   double save();
   // Restores the newest checkpoint of the run directory that every rank can read (a flash

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The run's lifecycle speaks (issue 62, item 6): a start line naming the run directory, world and
+# strategy; a closing line with the loss and how to report, export and train on; Ctrl-C in a
+# single process stops before the next step, saves it, says how to continue, exits 130, and the
+# continued run resumes from that step.
+#   lifecycle_test.sh STRATA STRATEGY WORK_DIR
+set -euo pipefail
+strata=$1 strategy=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+small=(--set job.eval_every=0 --set job.threads=1 --set job.global_batch=4 --set model.n_layer=1 --set model.seq_len=32)
+"$strata" run "$strategy" --out "$work/done" "${small[@]}" --set job.steps=3 > "$work/done.log"
+grep -q "^strata: training in $work/done: world 1 (data 1 x tensor 1 x pipeline 1 x context 1), strategy $strategy, 3 steps$" "$work/done.log" \
+  || { echo "FAIL: no start line"; cat "$work/done.log"; exit 1; }
+grep -Eq "^strata: done: step 3, loss [0-9.]+; checkpoint in $work/done/checkpoints; .strata report $work/done. .*strata ckpt export $work/done DIR.*strata run $work/done/strategy.toml --out $work/done --resume --set job.steps=N" "$work/done.log" \
+  || { echo "FAIL: no closing line"; cat "$work/done.log"; exit 1; }
+# Ctrl-C: a long run, interrupted once it has started stepping.
+"$strata" run "$strategy" --out "$work/long" "${small[@]}" --set job.steps=1000000 --set job.checkpoint_every=0 > "$work/long.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do [ -s "$work/long/metrics.jsonl" ] && break; sleep 0.1; done
+kill -INT $pid
+set +e; wait $pid; status=$?; set -e
+[ "$status" = 130 ] || { echo "FAIL: exit $status after Ctrl-C, expected 130"; cat "$work/long.log"; exit 1; }
+line=$(grep "^strata: interrupted at step" "$work/long.log") || { echo "FAIL: no interrupted line"; cat "$work/long.log"; exit 1; }
+step=$(echo "$line" | sed -E 's/^strata: interrupted at step ([0-9]+) of.*/\1/')
+echo "$line" | grep -q "(checkpoint saved); continue with .strata run $work/long/strategy.toml --out $work/long --resume." \
+  || { echo "FAIL: $line"; exit 1; }
+[ "$(tail -1 "$work/long/metrics.jsonl" | sed -E 's/^\{"step":([0-9]+),.*/\1/')" = "$step" ] || { echo "FAIL: metrics do not end at step $step"; exit 1; }
+"$strata" run "$work/long/strategy.toml" --out "$work/long" --resume --set job.steps=$((step + 1)) > "$work/resume.log" 2>&1 \
+  || { cat "$work/resume.log"; exit 1; }
+grep -q "resumed from .*step_0*$step at step $step" "$work/resume.log" || { echo "FAIL: not resumed at $step"; cat "$work/resume.log"; exit 1; }
+echo "OK: start and closing lines; Ctrl-C at step $step saved it and the run continued from there"
