@@ -386,13 +386,15 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
 // largest memory figures (what the busiest rank needs). On a device with a queue the host's time
 // per step says when a step was queued, not when it ran, so each unread step is given the mean
 // wall time since the first of them started; on the CPU, where work runs as it is issued, its own.
-void Trainer::Impl::read_unread() {
+// `across_ranks`: every rank is here (the largest memory figures are agreed); otherwise this
+// rank's own.
+void Trainer::Impl::read_unread(bool across_ranks) {
   if (unread.empty()) return;
   std::vector<at::Tensor> values;
   std::vector<double> memory;
   for (const auto& u : unread) values.push_back(u.loss), values.push_back(u.grad_norm);
   for (const auto& u : unread) memory.insert(memory.end(), u.memory.begin(), u.memory.end());
-  if (topology->world().size() > 1) {
+  if (across_ranks && topology->world().size() > 1) {
     at::Tensor memory_max = at::tensor(memory, at::kDouble).to(device);
     topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
     values.push_back(memory_max);
@@ -434,9 +436,10 @@ RunSummary Trainer::run(const std::function<bool()>& stop_requested) {
   try {
     while (t.step < t.steps && !stop_requested()) t.advance(/*read_figures=*/false);
   } catch (...) {
-    // The steps done before the failure are recorded, as when every step was read.
+    // The steps done before the failure are recorded, as when every step was read, with this
+    // rank's own memory figures: the other ranks are not at this point, so no collective.
     try {
-      t.read_unread();
+      t.read_unread(/*across_ranks=*/false);
       t.record_unread();
     } catch (...) {
     }

@@ -107,7 +107,7 @@ struct Trainer::Impl {
   double save(int64_t step, bool to_disk);  // the seconds training was blocked
   double evaluate(int64_t step);
   const StepRecord& advance(bool read_figures);  // one step (trainer.cpp)
-  void read_unread();
+  void read_unread(bool across_ranks = true);
   void record_unread();
 };
 
