@@ -8,7 +8,7 @@
 
 #include <ATen/native/CPUBlas.h>
 
-#include "strata/core/cpu_features.h"
+#include "strata/cpu.h"
 
 extern "C" {
 // The reference BLAS interface (LP64) that libtorch_cpu exports (MKL on x86-64 wheels).

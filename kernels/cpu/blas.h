@@ -30,7 +30,7 @@ void tile_gemm(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, co
 // parallel region would open a nested OpenMP region for every tile (measured: under
 // OMP_WAIT_POLICY=passive that made the 2-thread attention kernel twice as slow as 1 thread).
 // MKL's thread-local setting where libtorch carries MKL, nothing otherwise.
-// Whether oneDNN's fp32 micro-kernel serves tile_gemm here (recorded, strata/core/cpu_features.h).
+// Whether oneDNN's fp32 micro-kernel serves tile_gemm here (recorded, strata/cpu.h).
 bool brgemm_chosen();
 
 class SequentialBlas {

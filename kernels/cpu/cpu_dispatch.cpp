@@ -9,17 +9,16 @@
 #include "attention_rows.h"
 #include "blas.h"
 #include "linear_onednn.h"
-#include "strata/core/cpu_features.h"
+#include "strata/cpu.h"
 
 namespace strata::kernels {
 namespace {
 
 CpuPathChoice decide_avx2_copies() {
   CpuPathChoice c{"avx2", "vectorised rows: attention softmax, GELU/SwiGLU, AdamW", "generic copy (SSE2)", "", false};
-  const CpuFeatures& cpu = cpu_features();
 #if defined(STRATA_HAVE_AVX2_COPIES)
   if (cpu_fallback_forced(c.path)) c.why = "forced by STRATA_CPU_FALLBACK";
-  else if (!(cpu.avx2 && cpu.fma && cpu.f16c)) c.why = "this CPU lacks AVX2, FMA or F16C";
+  else if (!(cpu_has(CpuFeature::avx2) && cpu_has(CpuFeature::fma) && cpu_has(CpuFeature::f16c))) c.why = "this CPU lacks AVX2, FMA or F16C";
   else c.chosen = "AVX2+FMA copy", c.fast = true, c.why = "this CPU has AVX2, FMA and F16C";
 #else
   c.why = "built without the AVX2 copies (not x86-64)";

@@ -1,4 +1,4 @@
-// Every CPU path the kernels choose between (strata/core/cpu_features.h), decided at once: the
+// Every CPU path the kernels choose between (strata/cpu.h), decided at once: the
 // kernels plugin calls this when it registers, so that a process decides before its first step
 // and `strata ops` lists the choices. Each decision also happens on its own at first use.
 //   avx2           the per-capability copies (cpu_dispatch.cpp): AVX2+FMA+F16C, else generic

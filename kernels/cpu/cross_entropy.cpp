@@ -29,7 +29,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "attention_rows.h"
-#include "strata/core/operator_table.h"
+#include "strata/ops.h"
 #include "strata/ops.h"
 
 namespace strata::kernels {
@@ -138,7 +138,7 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
 
 at::Tensor cross_entropy_reference_call(const at::Tensor& logits, const at::Tensor& targets) {
   const auto& reference =
-      static_cast<const ops::OperatorImpl<ops::CrossEntropy>&>(*OperatorTable::global().implementations("cross_entropy").back());
+      static_cast<const ops::OperatorImpl<ops::CrossEntropy>&>(*ops::implementations("cross_entropy").back());
   return reference.fn()(logits, targets);
 }
 

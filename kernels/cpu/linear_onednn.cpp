@@ -23,7 +23,7 @@
 // BW/VL/DQ or AVX-NE-CONVERT (ATen's own callers check first; the check is ideep's and honours
 // ONEDNN_MAX_CPU_ISA), so on an AVX2-only CPU the weight gradient is at::mm's (MKL). oneDNN's
 // fp32 linear runs on any x86-64. Each is decided once, by the CPU's features and a trial call,
-// and recorded with its reason (strata/core/cpu_features.h): `strata ops` shows it.
+// and recorded with its reason (strata/cpu.h): `strata ops` shows it.
 #include "linear_onednn.h"
 
 #include <ATen/ATen.h>
@@ -32,7 +32,7 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "strata/core/cpu_features.h"
+#include "strata/cpu.h"
 
 namespace at::native {
 // result = alpha * mat1 mat2 + beta * result (ATen/native/mkldnn/Matmul.h in the torch sources).
@@ -115,10 +115,10 @@ CpuPathChoice decide_onednn_linear() {
 
 CpuPathChoice decide_onednn_matmul() {
   CpuPathChoice c{"onednn_matmul", "Linear weight gradient (fp32)", "MKL (at::mm)", "", false};
-  const CpuFeatures& cpu = cpu_features();
+  const bool avx512 = cpu_has(CpuFeature::avx512), avx_ne_convert = cpu_has(CpuFeature::avx_ne_convert);
   if (cpu_fallback_forced(c.path)) return c.why = "forced by STRATA_CPU_FALLBACK", c;
   if (!at::hasMKLDNN() || &at::native::mkldnn_matmul == nullptr) return c.why = "this libtorch does not export oneDNN's matmul", c;
-  if (!cpu.avx512 && !cpu.avx_ne_convert)
+  if (!avx512 && !avx_ne_convert)
     return c.why = "this CPU has no AVX-512 (BW, VL, DQ) and no AVX-NE-CONVERT, which oneDNN's matmul requires", c;
   try {
     const at::Tensor a = at::ones({3, 2}), b = at::ones({3, 4}), out = at::empty({2, 4});
@@ -128,7 +128,7 @@ CpuPathChoice decide_onednn_matmul() {
     return c.why = "oneDNN's matmul refused a trial call: " + first_line(e), c;
   }
   c.chosen = "oneDNN matmul on transposed views", c.fast = true;
-  c.why = cpu.avx512 ? "this CPU has AVX-512 (BW, VL, DQ)" : "this CPU has AVX-NE-CONVERT";
+  c.why = avx512 ? "this CPU has AVX-512 (BW, VL, DQ)" : "this CPU has AVX-NE-CONVERT";
   return c;
 }
 

@@ -16,7 +16,7 @@ namespace strata::kernels {
 // Whether oneDNN's linear (mkldnn::_linear_pointwise) serves the forward and input gradient here:
 // this libtorch carries it, a trial call runs, and STRATA_CPU_FALLBACK does not name
 // "onednn_linear". The implementation is registered only where it does. Decided once, recorded
-// (strata/core/cpu_features.h).
+// (strata/cpu.h).
 bool onednn_linear_chosen();
 
 // Whether oneDNN's matmul (at::native::mkldnn_matmul) serves the weight gradient here: libtorch

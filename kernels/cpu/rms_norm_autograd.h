@@ -13,7 +13,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "strata/core/operator_table.h"
+#include "strata/ops.h"
 
 namespace strata::kernels {
 
@@ -28,7 +28,7 @@ inline bool rms_norm_fused_takes(const at::Tensor& x, const at::Tensor& weight, 
 
 // A call the kernels do not take (a bf16 weight on fp32 x, a broadcast weight): the reference.
 inline at::Tensor rms_norm_reference_call(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const auto& reference = static_cast<const ops::OperatorImpl<ops::RmsNorm>&>(*OperatorTable::global().implementations("rms_norm").back());
+  const auto& reference = static_cast<const ops::OperatorImpl<ops::RmsNorm>&>(*ops::implementations("rms_norm").back());
   return reference.fn()(x, weight, eps);
 }
 

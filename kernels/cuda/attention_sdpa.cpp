@@ -38,7 +38,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "strata/core/operator_table.h"
+#include "strata/ops.h"
 
 namespace strata::kernels {
 namespace {
@@ -123,7 +123,7 @@ struct EfficientAttention : public torch::autograd::Function<EfficientAttention>
 
 ops::AttentionResult reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& mask,
                                bool with_lse) {
-  const auto* ref = OperatorTable::global().implementations(ops::Attention::name).back();  // always the reference
+  const auto* ref = ops::implementations(ops::Attention::name).back();  // always the reference
   return static_cast<const ops::OperatorImpl<ops::Attention>&>(*ref).fn()(q, k, v, mask, with_lse);
 }
 

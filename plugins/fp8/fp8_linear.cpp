@@ -2,7 +2,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "strata/core/cpu_features.h"
+#include "strata/cpu.h"
 
 namespace strata::fp8 {
 
@@ -36,7 +36,7 @@ namespace {
 CpuPathChoice decide_cpu_scaled_mm() {
   CpuPathChoice c{"fp8_scaled_mm", "fp8 GEMMs on the CPU", "fp32 product of the fp8 values", "", false};
   if (cpu_fallback_forced(c.path)) return c.why = "forced by STRATA_CPU_FALLBACK", c;
-  if (cpu_features().amx_int8)
+  if (cpu_has(CpuFeature::amx_int8))
     return c.why = "ATen's _scaled_mm would take oneDNN's fp8 matmul here (AMX-INT8), measured about 1000x slower", c;
   try {
     const at::Tensor a = at::ones({16, 16}).to(at::kFloat8_e4m3fn), one = at::ones({});

@@ -50,7 +50,7 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const std::optio
 at::Tensor scaled_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& a_scale, const at::Tensor& b_scale);
 
 // Whether ATen's _scaled_mm serves fp8 GEMMs on this CPU (decided once, recorded with its reason:
-// strata/core/cpu_features.h; STRATA_CPU_FALLBACK=fp8_scaled_mm forces the fallback).
+// strata/cpu.h; STRATA_CPU_FALLBACK=fp8_scaled_mm forces the fallback).
 bool cpu_scaled_mm_chosen();
 
 }  // namespace strata::fp8

@@ -6,9 +6,11 @@
 # libtorch and C++ ABI versions this build sees, which the loader checks before anything else.
 # Undefined symbols fail the link instead of the load.
 #
-# Inside the Strata tree it links strata_core, reuses the libtorch precompiled header, and
-# installs bundled plugins (those without OUTPUT_DIRECTORY) next to the core library; elsewhere
-# it links Strata::core from find_package(Strata) and installs nothing.
+# It links the plugin ABI (strata_plugin inside the Strata tree, Strata::plugin from
+# find_package(Strata) elsewhere): plugin_api's headers and libstrata_core's symbols, never core's
+# own headers, so a plugin can only reach what the versioned contract holds. Inside the tree it
+# also reuses the libtorch precompiled header and installs bundled plugins (those without
+# OUTPUT_DIRECTORY) next to the core library.
 function(strata_add_plugin name)
   cmake_parse_arguments(ARG "" "OUTPUT_DIRECTORY" "SOURCES" ${ARGN})
   if(NOT ARG_SOURCES)
@@ -17,7 +19,7 @@ function(strata_add_plugin name)
   set(target strata_plugin_${name})
   add_library(${target} MODULE ${ARG_SOURCES})
   if(TARGET strata_core)
-    target_link_libraries(${target} PRIVATE strata_core)
+    target_link_libraries(${target} PRIVATE strata_plugin)
     strata_use_torch_pch(${target})
     if(NOT ARG_OUTPUT_DIRECTORY)
       install(TARGETS ${target} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/strata/plugins)
@@ -26,7 +28,7 @@ function(strata_add_plugin name)
       set_property(GLOBAL APPEND PROPERTY STRATA_BUNDLED_PLUGINS ${target})
     endif()
   else()
-    target_link_libraries(${target} PRIVATE Strata::core)
+    target_link_libraries(${target} PRIVATE Strata::plugin)
   endif()
   if(NOT ARG_OUTPUT_DIRECTORY)
     if(DEFINED STRATA_PLUGIN_OUTPUT_DIR)

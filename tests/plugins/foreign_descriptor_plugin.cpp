@@ -1,7 +1,7 @@
 // A plugin whose descriptor disagrees with the host: built "for" another ABI major, a newer ABI
-// minor, another libtorch or C++ ABI; or one from before the descriptor carried a minor (its
-// struct ends before abi_minor), which a host of the same major loads as minor 0. The build picks
-// the case with FOREIGN_FIELD.
+// minor, another libtorch or C++ ABI; or one from before 1.0, whose integer version may read as
+// major 1 but whose descriptor ends before abi_minor (refused by its size). The build picks the
+// case with FOREIGN_FIELD.
 #include <cstddef>
 
 #include "strata/plugin.h"
@@ -25,8 +25,8 @@ extern "C" STRATA_EXPORT const StrataPluginDescriptor* strata_plugin_descriptor(
       STRATA_ABI_VERSION_MAJOR, sizeof(StrataPluginDescriptor), "foreign", "0.0.1", STRATA_TORCH_VERSION_STRING,
       STRATA_CXX_ABI_TAG, &register_components, STRATA_ABI_VERSION_MINOR + 1
 #else
-      STRATA_ABI_VERSION_MAJOR, offsetof(StrataPluginDescriptor, abi_minor), "older", "0.0.1", STRATA_TORCH_VERSION_STRING,
-      STRATA_CXX_ABI_TAG, &register_components, 999  // beyond its struct_size: never read
+      1, offsetof(StrataPluginDescriptor, abi_minor), "before_1_0", "0.0.1", STRATA_TORCH_VERSION_STRING,
+      STRATA_CXX_ABI_TAG, &register_components, 0  // beyond its struct_size: never read
 #endif
   };
   return &descriptor;

@@ -10,7 +10,7 @@
 #include <iterator>
 
 #include "strata/errors.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 
 namespace strata {
 namespace {

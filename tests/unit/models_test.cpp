@@ -13,7 +13,7 @@
 #include "bundled_plugins.h"
 #include "strata/errors.h"
 #include "strata/interchange.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 #include "strata/model.h"
 #include "strata/optimizer.h"
 #include "strata/ops.h"

@@ -17,7 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "strata/errors.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 
 namespace strata {
 namespace {

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "strata/core/safetensors_view.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 #include "strata/errors.h"
 
 namespace strata {

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/sha256.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 #include "strata/core/safetensors_view.h"
 #include "strata/errors.h"
 

@@ -16,7 +16,7 @@
 #include "strata/comm.h"
 #include "strata/optimizer.h"
 #include "strata/core/safetensors_view.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 
 namespace strata::engine {
 

@@ -11,7 +11,7 @@
 #include "strata/errors.h"
 #include "strata/interchange.h"
 #include "strata/model.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 
 namespace strata {
 

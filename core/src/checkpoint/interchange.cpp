@@ -9,7 +9,7 @@
 
 #include "strata/errors.h"
 #include "strata/model.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 #include "strata/core/safetensors_view.h"
 
 namespace strata {

@@ -1,4 +1,4 @@
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

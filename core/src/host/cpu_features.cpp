@@ -81,7 +81,29 @@ std::string cpu_features_line() {
   return out;
 }
 
-void record_cpu_path(const CpuPathChoice& choice) {
+bool cpu_has(CpuFeature feature) {
+  const CpuFeatures& f = cpu_features();
+  switch (feature) {
+    case CpuFeature::avx2: return f.avx2;
+    case CpuFeature::fma: return f.fma;
+    case CpuFeature::f16c: return f.f16c;
+    case CpuFeature::avx512: return f.avx512;
+    case CpuFeature::avx512_bf16: return f.avx512_bf16;
+    case CpuFeature::avx512_fp16: return f.avx512_fp16;
+    case CpuFeature::avx512_vnni: return f.avx512_vnni;
+    case CpuFeature::avx_vnni: return f.avx_vnni;
+    case CpuFeature::avx_ne_convert: return f.avx_ne_convert;
+    case CpuFeature::amx_tile: return f.amx_tile;
+    case CpuFeature::amx_bf16: return f.amx_bf16;
+    case CpuFeature::amx_int8: return f.amx_int8;
+    case CpuFeature::amx_fp16: return f.amx_fp16;
+  }
+  return false;  // a feature a newer plugin names: not known here, so not used
+}
+
+void record_cpu_path(const std::string& path, const std::string& serves, const std::string& chosen,
+                     const std::string& why, bool fast) {
+  const CpuPathChoice choice{path, serves, chosen, why, fast};
   PathRecord& record = path_record();
   {
     const std::lock_guard<std::mutex> lock(record.mutex);
@@ -91,12 +113,6 @@ void record_cpu_path(const CpuPathChoice& choice) {
     else record.choices.push_back(choice);
   }
   log::record("cpu path " + choice.path + " (" + choice.serves + "): " + choice.chosen + " - " + choice.why);
-}
-
-bool decide_cpu_path(CpuPathChoice (*decide)()) {
-  const CpuPathChoice choice = decide();
-  record_cpu_path(choice);
-  return choice.fast;
 }
 
 std::vector<CpuPathChoice> cpu_paths() {

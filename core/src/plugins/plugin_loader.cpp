@@ -35,14 +35,13 @@ bool is_plugin_file_name(const std::string& name) {
 
 std::string safe_string(const char* s) { return s ? std::string(s) : std::string(); }
 
-// The fields every descriptor of this major has; abi_minor was appended after them.
-constexpr size_t kFrozenDescriptorBytes = offsetof(StrataPluginDescriptor, abi_minor);
+// The fields every descriptor of this major has, abi_minor the last of them. A plugin from before
+// 1.0 (an integer version, also 1 in the first days) has a shorter descriptor without it.
+constexpr size_t kFrozenDescriptorBytes = offsetof(StrataPluginDescriptor, abi_minor) + sizeof(uint32_t);
 
 const std::string kHostAbi = std::to_string(STRATA_ABI_VERSION_MAJOR) + "." + std::to_string(STRATA_ABI_VERSION_MINOR);
 
-uint32_t abi_minor_of(const StrataPluginDescriptor* d) {
-  return d->struct_size >= offsetof(StrataPluginDescriptor, abi_minor) + sizeof(uint32_t) ? d->abi_minor : 0;
-}
+uint32_t abi_minor_of(const StrataPluginDescriptor* d) { return d->struct_size >= kFrozenDescriptorBytes ? d->abi_minor : 0; }
 
 void check_descriptor(const StrataPluginDescriptor* d, const std::string& path) {
   if (!d) throw UserError("plugin " + path + ": its entry point returned no descriptor");
@@ -51,7 +50,9 @@ void check_descriptor(const StrataPluginDescriptor* d, const std::string& path) 
     throw UserError("plugin " + path + " was built for Strata plugin ABI " + std::to_string(d->abi_version) +
                     ".x but this strata uses ABI " + kHostAbi + "; rebuild the plugin against this Strata's SDK");
   if (d->struct_size < kFrozenDescriptorBytes)
-    throw UserError("plugin " + path + " has a truncated descriptor (" + std::to_string(d->struct_size) + " bytes)");
+    throw UserError("plugin " + path + " has a descriptor of " + std::to_string(d->struct_size) +
+                    " bytes, from before Strata plugin ABI 1.0 (this strata uses ABI " + kHostAbi +
+                    "); rebuild the plugin against this Strata's SDK");
   // A plugin built for a newer minor may call what this host lacks.
   if (abi_minor_of(d) > STRATA_ABI_VERSION_MINOR)
     throw UserError("plugin " + path + " was built for Strata plugin ABI " + std::to_string(d->abi_version) + "." +

@@ -13,8 +13,8 @@
 
 #include "strata/export.h"
 
-#define STRATA_ABI_VERSION_MAJOR 23
-#define STRATA_ABI_VERSION_MINOR 1
+#define STRATA_ABI_VERSION_MAJOR 1
+#define STRATA_ABI_VERSION_MINOR 0
 // The descriptor's first field, which every host (also those before MINOR existed) compares with
 // its own: the major.
 #define STRATA_ABI_VERSION STRATA_ABI_VERSION_MAJOR
@@ -44,7 +44,8 @@ class Registry;
 extern "C" {
 // Field order is frozen: the host reads abi_version (the major) before anything else, so it must
 // stay first in every ABI version, and struct_size second; fields are only ever appended, and a
-// host reads an appended one only where struct_size covers it (abi_minor: 0 when it does not).
+// host reads an appended one only where struct_size covers it. Every 1.x descriptor has
+// abi_minor (the integer versions before 1.0 had no such field, and are refused by their size).
 struct StrataPluginDescriptor {
   uint32_t abi_version;
   uint32_t struct_size;
@@ -53,7 +54,7 @@ struct StrataPluginDescriptor {
   const char* torch_version;
   const char* cxx_abi;
   void (*register_components)(strata::Registry& registry);
-  uint32_t abi_minor;  // since 23.0
+  uint32_t abi_minor;
 };
 }
 

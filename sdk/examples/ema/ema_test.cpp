@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 #include "strata/testing.h"
 
 namespace {

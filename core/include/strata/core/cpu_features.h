@@ -1,4 +1,5 @@
-// What this CPU can run, and which of Strata's CPU fast paths serve on it.
+// What this CPU can run, and which of Strata's CPU fast paths serve on it: core's view (the
+// model name, every feature at once, the decisions recorded). Plugins use strata/cpu.h.
 //
 // Strata's CPU kernels call libraries whose fast paths need particular instruction sets: oneDNN's
 // matmul (the Linear weight gradient) refuses to run without AVX-512 BW/VL/DQ or AVX-NE-CONVERT,
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/cpu.h"
 #include "strata/export.h"
 
 namespace strata {
@@ -38,26 +40,8 @@ STRATA_API const CpuFeatures& cpu_features();
 // The features as one line: "AVX2 FMA F16C AVX-512 AVX512-BF16 AMX-BF16 ...; ATen kernels AVX512".
 STRATA_API std::string cpu_features_line();
 
-// One decision: `path` is the fast path's key (what STRATA_CPU_FALLBACK names), `serves` says
-// what it is for, `chosen` what serves on this machine, `why` the reason in a user's words.
-struct CpuPathChoice {
-  std::string path;
-  std::string serves;
-  std::string chosen;
-  std::string why;
-  bool fast = false;  // the fast path was chosen
-};
-
-// Records a decision (replacing an earlier one for the same path) and writes it to the log
-// files (the rank log). Thread-safe.
-STRATA_API void record_cpu_path(const CpuPathChoice& choice);
-// Runs `decide`, records its choice and returns whether the fast path was chosen. Each path's
-// owner keeps the result in a function-local static, so that the path is decided once.
-STRATA_API bool decide_cpu_path(CpuPathChoice (*decide)());
 // Every decision recorded in this process so far, in the order first recorded.
 STRATA_API std::vector<CpuPathChoice> cpu_paths();
 
-// Whether STRATA_CPU_FALLBACK (comma separated path keys, or "all") forces `path`'s fallback.
-STRATA_API bool cpu_fallback_forced(const std::string& path);
 
 }  // namespace strata

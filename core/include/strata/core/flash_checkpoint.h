@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "strata/optimizer.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 
 namespace strata {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "strata/export.h"
-#include "strata/safetensors.h"
+#include "strata/core/safetensors.h"
 
 namespace strata {
 
