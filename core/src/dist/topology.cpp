@@ -20,23 +20,38 @@ Work::~Work() = default;
 Communicator::~Communicator() = default;
 CommunicatorBackend::~CommunicatorBackend() = default;
 
+struct detail::TopologyState {
+  std::map<Dim, int> sizes;
+  std::vector<Dim> order;
+  std::map<Dim, int> stride;
+  int world_size = 1, rank = 0;
+  std::shared_ptr<Communicator> world;
+  std::map<unsigned, std::shared_ptr<Communicator>> groups;  // by effective mask
+  std::shared_ptr<Communicator> expert_group, expert_data_group;  // with expert size > 1
+};
+
+Topology::~Topology() = default;
+int Topology::world_size() const { return state_->world_size; }
+int Topology::rank() const { return state_->rank; }
+int Topology::size(Dim dim) const { return state_->sizes.at(dim); }
+
 Topology::Topology(std::map<Dim, int> sizes, std::vector<Dim> order, int rank)
-    : sizes_(std::move(sizes)), order_(std::move(order)), world_size_(1), rank_(rank) {
-  for (Dim d : order_) {
+    : state_(std::make_unique<detail::TopologyState>(detail::TopologyState{std::move(sizes), std::move(order), {}, 1, rank, {}, {}, {}, {}})) {
+  for (Dim d : state_->order) {
     if (d == Dim::Expert) throw std::invalid_argument("the expert dimension is a factor of data, not of the world");
-    stride_[d] = world_size_;
-    world_size_ *= sizes_.at(d);
+    state_->stride[d] = state_->world_size;
+    state_->world_size *= state_->sizes.at(d);
   }
-  sizes_.emplace(Dim::Expert, 1);
-  if (sizes_.at(Dim::Expert) < 1 || sizes_.at(Dim::Data) % sizes_.at(Dim::Expert) != 0)
-    throw std::invalid_argument("expert size " + std::to_string(sizes_.at(Dim::Expert)) + " does not divide data size " +
-                                std::to_string(sizes_.at(Dim::Data)));
-  if (rank < 0 || rank >= world_size_) throw std::invalid_argument("rank outside the topology");
+  state_->sizes.emplace(Dim::Expert, 1);
+  if (state_->sizes.at(Dim::Expert) < 1 || state_->sizes.at(Dim::Data) % state_->sizes.at(Dim::Expert) != 0)
+    throw std::invalid_argument("expert size " + std::to_string(state_->sizes.at(Dim::Expert)) + " does not divide data size " +
+                                std::to_string(state_->sizes.at(Dim::Data)));
+  if (rank < 0 || rank >= state_->world_size) throw std::invalid_argument("rank outside the topology");
 }
 
 int Topology::size(const std::vector<Dim>& dims) const {
   int n = 1;
-  for (Dim d : dims) n *= sizes_.at(d);
+  for (Dim d : dims) n *= state_->sizes.at(d);
   return n;
 }
 
@@ -47,12 +62,12 @@ std::vector<int> Topology::group_ranks(const std::vector<Dim>& dims, int rank) c
   }
   // Walk every combination of coordinates along `dims`, keeping the others of `rank`.
   int base = rank;
-  for (Dim d : dims) base -= (rank / stride_.at(d) % sizes_.at(d)) * stride_.at(d);
+  for (Dim d : dims) base -= (rank / state_->stride.at(d) % state_->sizes.at(d)) * state_->stride.at(d);
   std::vector<int> out{base};
   for (Dim d : dims) {
     std::vector<int> grown;
     for (int r : out)
-      for (int k = 0; k < sizes_.at(d); ++k) grown.push_back(r + k * stride_.at(d));
+      for (int k = 0; k < state_->sizes.at(d); ++k) grown.push_back(r + k * state_->stride.at(d));
     out = std::move(grown);
   }
   std::sort(out.begin(), out.end());
@@ -63,7 +78,7 @@ std::vector<int> Topology::group_ranks(const std::vector<Dim>& dims, int rank) c
 // Data coordinate c = replica x E + expert coordinate: the expert group of a rank is its data
 // group's ranks with its replica index, the expert-data group those with its expert coordinate.
 std::vector<int> Topology::expert_ranks(int rank, bool same_experts) const {
-  const int experts = sizes_.at(Dim::Expert);
+  const int experts = state_->sizes.at(Dim::Expert);
   const std::vector<int> data = group_ranks(Dim::Data, rank);
   const int c = static_cast<int>(std::find(data.begin(), data.end(), rank) - data.begin());
   std::vector<int> out;
@@ -73,13 +88,13 @@ std::vector<int> Topology::expert_ranks(int rank, bool same_experts) const {
 }
 
 int Topology::rank_in(Dim dim) const {
-  if (dim == Dim::Expert) return rank_in(Dim::Data) % sizes_.at(Dim::Expert);
-  return rank_ / stride_.at(dim) % sizes_.at(dim);
+  if (dim == Dim::Expert) return rank_in(Dim::Data) % state_->sizes.at(Dim::Expert);
+  return state_->rank / state_->stride.at(dim) % state_->sizes.at(dim);
 }
 
 int Topology::rank_in(const std::vector<Dim>& dims) const {
-  const std::vector<int> ranks = group_ranks(dims, rank_);
-  return static_cast<int>(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+  const std::vector<int> ranks = group_ranks(dims, state_->rank);
+  return static_cast<int>(std::find(ranks.begin(), ranks.end(), state_->rank) - ranks.begin());
 }
 
 int Topology::neighbour(Dim dim, int offset) const {
@@ -91,15 +106,15 @@ int Topology::neighbour(Dim dim, int offset) const {
 unsigned Topology::effective_mask(const std::vector<Dim>& dims) const {
   unsigned mask = 0;
   for (Dim d : dims)
-    if (sizes_.at(d) > 1) mask |= 1u << static_cast<unsigned>(d);
+    if (state_->sizes.at(d) > 1) mask |= 1u << static_cast<unsigned>(d);
   return mask;
 }
 
 void Topology::attach(std::shared_ptr<Communicator> world) {
-  if (world->size() != world_size_)
+  if (world->size() != state_->world_size)
     throw std::invalid_argument("the communicator has " + std::to_string(world->size()) + " ranks, the topology " +
-                                std::to_string(world_size_));
-  world_ = std::move(world);
+                                std::to_string(state_->world_size));
+  state_->world = std::move(world);
   // One communicator per distinct set of dimensions larger than one; every rank creates them in
   // the same (ascending mask) order, as split() is collective.
   const std::vector<Dim> all{Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context};
@@ -109,31 +124,31 @@ void Topology::attach(std::shared_ptr<Communicator> world) {
     std::vector<Dim> dims;
     for (Dim d : all)
       if (mask & (1u << static_cast<unsigned>(d))) dims.push_back(d);
-    groups_[mask] = mask == full ? world_ : world_->split(group_ranks(dims, rank_));
+    state_->groups[mask] = mask == full ? state_->world : state_->world->split(group_ranks(dims, state_->rank));
   }
-  if (sizes_.at(Dim::Expert) > 1) {
-    expert_group_ = world_->split(expert_ranks(rank_, false));
-    expert_data_group_ = world_->split(expert_ranks(rank_, true));
+  if (state_->sizes.at(Dim::Expert) > 1) {
+    state_->expert_group = state_->world->split(expert_ranks(state_->rank, false));
+    state_->expert_data_group = state_->world->split(expert_ranks(state_->rank, true));
   }
 }
 
 Communicator& Topology::world() const {
-  if (!world_) throw std::logic_error("no communicator attached to the topology");
-  return *world_;
+  if (!state_->world) throw std::logic_error("no communicator attached to the topology");
+  return *state_->world;
 }
 
 Communicator& Topology::group(const std::vector<Dim>& dims) const {
-  if (!world_) throw std::logic_error("no communicator attached to the topology");
+  if (!state_->world) throw std::logic_error("no communicator attached to the topology");
   if (std::find(dims.begin(), dims.end(), Dim::Expert) != dims.end()) {
     if (dims.size() != 1) throw std::invalid_argument("the expert dimension makes groups on its own");
-    return expert_group_ ? *expert_group_ : *groups_.at(0);
+    return state_->expert_group ? *state_->expert_group : *state_->groups.at(0);
   }
-  return *groups_.at(effective_mask(dims));
+  return *state_->groups.at(effective_mask(dims));
 }
 
 Communicator& Topology::expert_data_group() const {
-  if (!world_) throw std::logic_error("no communicator attached to the topology");
-  return expert_data_group_ ? *expert_data_group_ : group(Dim::Data);
+  if (!state_->world) throw std::logic_error("no communicator attached to the topology");
+  return state_->expert_data_group ? *state_->expert_data_group : group(Dim::Data);
 }
 
 std::vector<int> Topology::expert_data_ranks(int rank) const { return expert_ranks(rank, /*same_experts=*/true); }

@@ -23,30 +23,39 @@ Optimizer::~Optimizer() = default;
 OptimizerFactory::~OptimizerFactory() = default;
 ModelFactory::~ModelFactory() = default;
 
-Job::Job(Config job, Config model, Config data, Config optimizer, c10::Device device)
-    : job_(std::move(job)),
-      model_config_(std::move(model)),
-      data_config_(std::move(data)),
-      optimizer_config_(std::move(optimizer)),
-      device_(device) {}
-Job::~Job() = default;
+struct detail::JobState {
+  Config job, model, data, optimizer;
+  c10::Device device;
+  std::map<HookPoint, std::vector<StepHook>> hooks;
+  std::map<std::string, std::shared_ptr<Stateful>> states;
+};
 
-void Job::add_hook(HookPoint point, StepHook hook) { hooks_[point].push_back(std::move(hook)); }
+Job::Job(Config job, Config model, Config data, Config optimizer, c10::Device device)
+    : state_(std::make_unique<detail::JobState>(detail::JobState{std::move(job), std::move(model), std::move(data), std::move(optimizer), device, {}, {}})) {}
+Job::~Job() = default;
+const Config& Job::job_config() const { return state_->job; }
+const Config& Job::model_config() const { return state_->model; }
+const Config& Job::data_config() const { return state_->data; }
+const Config& Job::optimizer_config() const { return state_->optimizer; }
+c10::Device Job::device() const { return state_->device; }
+const std::map<std::string, std::shared_ptr<Stateful>>& Job::states() const { return state_->states; }
+
+void Job::add_hook(HookPoint point, StepHook hook) { state_->hooks[point].push_back(std::move(hook)); }
 
 void Job::run_hooks(HookPoint point, StepContext& context) const {
-  auto it = hooks_.find(point);
-  if (it == hooks_.end()) return;
+  auto it = state_->hooks.find(point);
+  if (it == state_->hooks.end()) return;
   for (const auto& hook : it->second) hook(context);
 }
 
 void Job::register_state(const std::string& key, std::shared_ptr<Stateful> state) {
-  if (!states_.emplace(key, std::move(state)).second)
+  if (!state_->states.emplace(key, std::move(state)).second)
     throw std::logic_error("state key '" + key + "' is registered twice");
 }
 
 void Job::replace_state(const std::string& key, std::shared_ptr<Stateful> state) {
-  auto it = states_.find(key);
-  if (it == states_.end()) throw std::logic_error("state key '" + key + "' is replaced before it is registered");
+  auto it = state_->states.find(key);
+  if (it == state_->states.end()) throw std::logic_error("state key '" + key + "' is replaced before it is registered");
   it->second = std::move(state);
 }
 

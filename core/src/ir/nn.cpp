@@ -462,11 +462,42 @@ bool block_reads_tied_weight(const Model& model, size_t index) {
   return holds_tied_linear(model.block(index));
 }
 
-Model::Model(int64_t vocab_size, int64_t seq_len) : vocab_size_(vocab_size), seq_len_(seq_len) {}
+}  // namespace strata::nn
+
+namespace strata {
+struct detail::ModelState {
+  struct Entry {
+    std::string name;
+    std::shared_ptr<nn::Block> block;
+    nn::BlockExecutor executor;
+    std::vector<nn::BlockHook> pre, post;
+  };
+  std::vector<Entry> blocks;
+  std::vector<std::string> shared;
+  int64_t vocab_size, seq_len;
+  int64_t layers = 0, heads = 0, head_dim = 0;
+  double inactive_parameters = 0;
+};
+}  // namespace strata
+
+namespace strata::nn {
+
+using Entry = detail::ModelState::Entry;
+
+Model::Model(int64_t vocab_size, int64_t seq_len)
+    : state_(std::make_unique<detail::ModelState>(detail::ModelState{{}, {}, vocab_size, seq_len})) {}
+size_t Model::num_blocks() const { return state_->blocks.size(); }
+Block& Model::block(size_t i) const { return *state_->blocks.at(i).block; }
+const std::string& Model::block_name(size_t i) const { return state_->blocks.at(i).name; }
+void Model::mark_shared(const std::string& parameter_name) { state_->shared.push_back(parameter_name); }
+const std::vector<std::string>& Model::shared_parameters() const { return state_->shared; }
+int64_t Model::vocab_size() const { return state_->vocab_size; }
+int64_t Model::seq_len() const { return state_->seq_len; }
+void Model::set_inactive_parameters(double count) { state_->inactive_parameters = count; }
 Model::~Model() = default;
 
 void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
-  if (current_block_filter && !(*current_block_filter)(blocks_.size())) {
+  if (current_block_filter && !(*current_block_filter)(state_->blocks.size())) {
     std::vector<ParameterShape> parameters;
     for (const auto& p : block->named_parameters()) parameters.push_back({p.key(), p.value().sizes().vec(), p.value().requires_grad()});
     Placements placements = module_placements(*block);
@@ -477,41 +508,41 @@ void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
     }
     block = std::move(absent);
   } else {
-    for (auto keeper = keepers.rbegin(); keeper != keepers.rend(); ++keeper) (*keeper)->built(blocks_.size(), name, *block);
+    for (auto keeper = keepers.rbegin(); keeper != keepers.rend(); ++keeper) (*keeper)->built(state_->blocks.size(), name, *block);
     // What the keepers let go, and the whole tensors layers drew to keep a piece of (tensor and
     // expert parallel), before the next block is drawn: glibc kept them otherwise (an expert 4
     // rank's build peaked at the whole model's size).
     release_free_memory();
   }
   register_module(name, block);
-  blocks_.push_back(Entry{name, std::move(block), nullptr, {}, {}});
+  state_->blocks.push_back(Entry{name, std::move(block), nullptr, {}, {}});
 }
 
 void Model::keep_blocks(const std::vector<size_t>& indices) {
   std::vector<Entry> kept;
-  for (size_t i = 0; i < blocks_.size(); ++i) {
+  for (size_t i = 0; i < state_->blocks.size(); ++i) {
     if (std::find(indices.begin(), indices.end(), i) != indices.end())
-      kept.push_back(std::move(blocks_[i]));
+      kept.push_back(std::move(state_->blocks[i]));
     else
-      unregister_module(blocks_[i].name);
+      unregister_module(state_->blocks[i].name);
   }
-  blocks_ = std::move(kept);
+  state_->blocks = std::move(kept);
 }
 
 std::vector<size_t> Model::find_blocks(const std::vector<std::string>& selectors) const {
   std::vector<size_t> out;
-  for (size_t i = 0; i < blocks_.size(); ++i)
+  for (size_t i = 0; i < state_->blocks.size(); ++i)
     for (const auto& s : selectors)
-      if (s == blocks_[i].name || s == blocks_[i].block->type()) {
+      if (s == state_->blocks[i].name || s == state_->blocks[i].block->type()) {
         out.push_back(i);
         break;
       }
   return out;
 }
 
-void Model::set_executor(size_t i, BlockExecutor executor) { blocks_.at(i).executor = std::move(executor); }
-void Model::add_pre_forward_hook(size_t i, BlockHook hook) { blocks_.at(i).pre.push_back(std::move(hook)); }
-void Model::add_post_forward_hook(size_t i, BlockHook hook) { blocks_.at(i).post.push_back(std::move(hook)); }
+void Model::set_executor(size_t i, BlockExecutor executor) { state_->blocks.at(i).executor = std::move(executor); }
+void Model::add_pre_forward_hook(size_t i, BlockHook hook) { state_->blocks.at(i).pre.push_back(std::move(hook)); }
+void Model::add_post_forward_hook(size_t i, BlockHook hook) { state_->blocks.at(i).post.push_back(std::move(hook)); }
 
 namespace {
 
@@ -556,13 +587,13 @@ uint64_t MicroBatchRandomness::block_seed(const std::string& name) const {
   return mix(key_ ^ h);
 }
 
-at::Tensor Model::forward(const at::Tensor& tokens) { return forward_blocks(0, blocks_.size(), tokens); }
+at::Tensor Model::forward(const at::Tensor& tokens) { return forward_blocks(0, state_->blocks.size(), tokens); }
 
 at::Tensor Model::forward_blocks(size_t first, size_t last, const at::Tensor& input) {
   at::Tensor x = input;
   const MicroBatchRandomness* randomness = is_training() ? MicroBatchRandomness::current() : nullptr;
   for (size_t i = first; i < last; ++i) {
-    Entry& entry = blocks_.at(i);
+    Entry& entry = state_->blocks.at(i);
     // Operators called in the block (its hooks included) see which block runs: pins per block.
     const ops::BlockScope scope(entry.name, entry.block->type());
     std::optional<BlockRandomness> draws;
@@ -658,15 +689,15 @@ std::vector<std::string> Model::decayed_parameter_names() const {
 }
 
 void Model::set_attention_shape(int64_t layers, int64_t heads, int64_t head_dim) {
-  layers_ = layers;
-  heads_ = heads;
-  head_dim_ = head_dim;
+  state_->layers = layers;
+  state_->heads = heads;
+  state_->head_dim = head_dim;
 }
 
 double Model::training_flops_per_token() const {
-  double n = -inactive_parameters_;
+  double n = -state_->inactive_parameters;
   for (const auto& p : parameters()) n += static_cast<double>(p.numel());
-  return 6.0 * n + 12.0 * static_cast<double>(layers_ * heads_ * head_dim_ * seq_len_);
+  return 6.0 * n + 12.0 * static_cast<double>(state_->layers * state_->heads * state_->head_dim * state_->seq_len);
 }
 
 ReportsMetrics::~ReportsMetrics() = default;

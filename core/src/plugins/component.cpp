@@ -34,8 +34,14 @@ const char* phase_name(Phase phase) {
   return "?";
 }
 
-Component::Component(ComponentInfo info) : info_(std::move(info)) {}
+struct detail::ComponentState {
+  ComponentInfo info;
+};
+Component::Component(ComponentInfo info) : state_(std::make_unique<detail::ComponentState>(detail::ComponentState{std::move(info)})) {}
 Component::~Component() = default;
+const ComponentInfo& Component::info() const { return state_->info; }
+const std::string& Component::name() const { return state_->info.name; }
+ComponentKind Component::kind() const { return state_->info.kind; }
 void Component::validate(const Config&, const SourcePos&, Diagnostics&) const {}
 
 namespace {
@@ -45,9 +51,15 @@ ComponentInfo as_pass(ComponentInfo info) {
 }
 }  // namespace
 
+struct detail::PassState {
+  PassOrdering ordering;
+  Claims claims;
+};
 Pass::Pass(ComponentInfo info, PassOrdering ordering, Claims claims)
-    : Component(as_pass(std::move(info))), ordering_(std::move(ordering)), claims_(std::move(claims)) {}
+    : Component(as_pass(std::move(info))), state_(std::make_unique<detail::PassState>(detail::PassState{std::move(ordering), std::move(claims)})) {}
 Pass::~Pass() = default;
+const PassOrdering& Pass::ordering() const { return state_->ordering; }
+const Claims& Pass::claims() const { return state_->claims; }
 std::string Pass::describe_plan(const Config&, const PlanFacts&) const { return {}; }
 
 std::string Pass::size_problem(const Config&, const Config&, const MeshSizes&) const { return {}; }
@@ -64,7 +76,7 @@ KeepsBuiltBlocks::~KeepsBuiltBlocks() = default;
 void Pass::estimate(const Config&, const PlanFacts&, CostEstimate&) const {}
 
 bool Pass::claims_stage(Stage stage, StageUse use) const {
-  for (const auto& c : claims_.stages)
+  for (const auto& c : state_->claims.stages)
     if (c.stage == stage && c.use == use) return true;
   return false;
 }

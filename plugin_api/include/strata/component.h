@@ -2,6 +2,7 @@
 // communicator backends, models, datasets), each with the config keys it accepts.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "strata/config.h"
@@ -19,6 +20,10 @@ struct ComponentInfo {
   Schema schema;        // the keys its strategy section accepts
 };
 
+namespace detail {
+struct ComponentState;  // the class's state, defined in core
+}  // namespace detail
+
 class STRATA_API Component {
  public:
   explicit Component(ComponentInfo info);
@@ -26,16 +31,18 @@ class STRATA_API Component {
   Component(const Component&) = delete;
   Component& operator=(const Component&) = delete;
 
-  const ComponentInfo& info() const { return info_; }
-  const std::string& name() const { return info_.name; }
-  ComponentKind kind() const { return info_.kind; }
+  const ComponentInfo& info() const;
+  const std::string& name() const;
+  ComponentKind kind() const;
 
   // Checks that involve several keys at once; single keys are checked against the schema first
   // and this runs only when they all passed.
   virtual void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const;
 
  private:
-  ComponentInfo info_;
+  // In core (one pointer here): a component's size, which every plugin's component class embeds,
+  // never changes.
+  std::unique_ptr<detail::ComponentState> state_;
 };
 
 }  // namespace strata

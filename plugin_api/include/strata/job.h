@@ -51,6 +51,10 @@ struct MicroBatch {
   nn::SequenceLayout sequence;
 };
 
+namespace detail {
+struct JobState;  // the class's state, defined in core
+}  // namespace detail
+
 class STRATA_API Job {
  public:
   Job(Config job, Config model, Config data, Config optimizer, c10::Device device);
@@ -58,11 +62,11 @@ class STRATA_API Job {
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
-  const Config& job_config() const { return job_; }
-  const Config& model_config() const { return model_config_; }
-  const Config& data_config() const { return data_config_; }
-  const Config& optimizer_config() const { return optimizer_config_; }
-  c10::Device device() const { return device_; }
+  const Config& job_config() const;
+  const Config& model_config() const;
+  const Config& data_config() const;
+  const Config& optimizer_config() const;
+  c10::Device device() const;
 
   // Ranks, groups and communicators of this job (a one-rank topology in a single process).
   std::shared_ptr<Topology> topology;
@@ -116,13 +120,12 @@ class STRATA_API Job {
   void register_state(const std::string& key, std::shared_ptr<Stateful> state);
   // Replaces a registered state: a sharding pass saves "model" as its shards.
   void replace_state(const std::string& key, std::shared_ptr<Stateful> state);
-  const std::map<std::string, std::shared_ptr<Stateful>>& states() const { return states_; }
+  const std::map<std::string, std::shared_ptr<Stateful>>& states() const;
 
  private:
-  Config job_, model_config_, data_config_, optimizer_config_;
-  c10::Device device_;
-  std::map<HookPoint, std::vector<StepHook>> hooks_;
-  std::map<std::string, std::shared_ptr<Stateful>> states_;
+  // Configs, hooks and states live in core (one pointer here). The public members above are
+  // frozen for 1.x; what the job gains comes as functions.
+  std::unique_ptr<detail::JobState> state_;
 };
 
 // torch.nn.utils.clip_grad_norm_'s rule, the one clipping of Strata: the 2-norm of the whole

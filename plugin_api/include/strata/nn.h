@@ -448,15 +448,23 @@ using BlockExecutor = std::function<at::Tensor(Block& block, const at::Tensor& x
 // Pre-forward hooks receive the block's input, post-forward hooks its output.
 using BlockHook = std::function<void(Block& block, const at::Tensor& x)>;
 
+}  // namespace strata::nn
+
+namespace strata::detail {
+struct ModelState;  // nn::Model's state, defined in core
+}  // namespace strata::detail
+
+namespace strata::nn {
+
 class STRATA_API Model : public torch::nn::Module {
  public:
   Model(int64_t vocab_size, int64_t seq_len);
   ~Model() override;
 
   void add_block(const std::string& name, std::shared_ptr<Block> block);
-  size_t num_blocks() const { return blocks_.size(); }
-  Block& block(size_t i) const { return *blocks_.at(i).block; }
-  const std::string& block_name(size_t i) const { return blocks_.at(i).name; }
+  size_t num_blocks() const;
+  Block& block(size_t i) const;
+  const std::string& block_name(size_t i) const;
   // Blocks whose type or name is in `selectors`, in model order.
   std::vector<size_t> find_blocks(const std::vector<std::string>& selectors) const;
 
@@ -466,8 +474,8 @@ class STRATA_API Model : public torch::nn::Module {
 
   // Declares a parameter that blocks other than its owner also read (tied weights), so passes
   // that free a block's parameters between uses (fsdp) keep it.
-  void mark_shared(const std::string& parameter_name) { shared_.push_back(parameter_name); }
-  const std::vector<std::string>& shared_parameters() const { return shared_; }
+  void mark_shared(const std::string& parameter_name);
+  const std::vector<std::string>& shared_parameters() const;
 
   // tokens [B, T] int64 -> logits [B, T, vocab]
   at::Tensor forward(const at::Tensor& tokens);
@@ -479,8 +487,8 @@ class STRATA_API Model : public torch::nn::Module {
   // pipeline stage's model. Parameter names do not change. Call before any pass hooks blocks.
   void keep_blocks(const std::vector<size_t>& indices);
 
-  int64_t vocab_size() const { return vocab_size_; }
-  int64_t seq_len() const { return seq_len_; }
+  int64_t vocab_size() const;
+  int64_t seq_len() const;
   // Parameters that weight decay applies to by default: Linear and GroupedLinear weights only (not norms, biases
   // or embeddings). A tied parameter counts as what it was first registered as.
   std::vector<std::string> decayed_parameter_names() const;
@@ -488,7 +496,7 @@ class STRATA_API Model : public torch::nn::Module {
   // Training FLOPs per token, nanoGPT/PaLM style: 6 N + 12 L H Q T, N the parameter count less
   // the parameters a token does not use (a mixture of experts' unchosen experts).
   void set_attention_shape(int64_t layers, int64_t heads, int64_t head_dim);
-  void set_inactive_parameters(double count) { inactive_parameters_ = count; }
+  void set_inactive_parameters(double count);
   double training_flops_per_token() const;
 
   // The step's figures of every module that reports some (ReportsMetrics), in module order,
@@ -500,17 +508,8 @@ class STRATA_API Model : public torch::nn::Module {
   void after_optimizer_step(Communicator& token_ranks);
 
  private:
-  struct Entry {
-    std::string name;
-    std::shared_ptr<Block> block;
-    BlockExecutor executor;
-    std::vector<BlockHook> pre, post;
-  };
-  std::vector<Entry> blocks_;
-  std::vector<std::string> shared_;
-  int64_t vocab_size_, seq_len_;
-  int64_t layers_ = 0, heads_ = 0, head_dim_ = 0;
-  double inactive_parameters_ = 0;
+  // Blocks, hooks and sizes live in core (one pointer here): the size never changes.
+  std::unique_ptr<detail::ModelState> state_;
 };
 
 // Placements of the parameters split over the tensor-parallel ranks, by name as

@@ -66,6 +66,10 @@ struct PlanFacts {
   std::vector<std::string> enabled_passes;  // by name, in the order they apply
 };
 
+namespace detail {
+struct PassState;  // the class's state, defined in core
+}  // namespace detail
+
 class STRATA_API Pass : public Component {
  public:
   // info.kind is forced to ComponentKind::Pass. `claims`: the mesh dimensions and step stages
@@ -73,8 +77,8 @@ class STRATA_API Pass : public Component {
   Pass(ComponentInfo info, PassOrdering ordering, Claims claims = {});
   ~Pass() override;
 
-  const PassOrdering& ordering() const { return ordering_; }
-  const Claims& claims() const { return claims_; }
+  const PassOrdering& ordering() const;
+  const Claims& claims() const;
   bool claims_stage(Stage stage, StageUse use) const;
 
   virtual void apply(Job& job, const Config& config) const = 0;
@@ -120,8 +124,8 @@ class STRATA_API Pass : public Component {
   virtual void estimate(const Config& config, const PlanFacts& facts, CostEstimate& cost) const;
 
  private:
-  PassOrdering ordering_;
-  Claims claims_;
+  // In core (one pointer here): the size every plugin's pass class embeds never changes.
+  std::unique_ptr<detail::PassState> state_;
 };
 
 // Since ABI 23.1. A pass that shards parameters as the model is built (fsdp) and can do so when

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,8 +68,18 @@ using StageFn = std::function<void(StepContext&)>;
 // A wrapper receives the context and the stage as it was before the wrapper was added.
 using StageWrapper = std::function<void(StepContext&, const StageFn& inner)>;
 
+namespace detail {
+struct StepProgramState;  // the class's state, defined in core
+}  // namespace detail
+
+// Its state lives in core (one pointer here): the class's size never changes.
 class STRATA_API StepProgram {
  public:
+  StepProgram();
+  ~StepProgram();
+  StepProgram(StepProgram&&) noexcept;
+  StepProgram& operator=(StepProgram&&) noexcept;
+
   // Core's implementation of a stage, with a line saying what it does.
   void provide(Stage stage, std::string description, StageFn fn);
   // Replaces core's implementation. Only the pass being applied may call it, for a stage it
@@ -87,18 +98,7 @@ class STRATA_API StepProgram {
   void end_pass();
 
  private:
-  struct Slot {
-    std::string provider;
-    StageFn fn;
-    std::vector<std::string> wrappers;
-    std::vector<StageWrapper> wrapper_fns;
-  };
-  Slot& slot(Stage stage);
-  void run_layer(const Slot& s, size_t layers, StepContext& context) const;
-  void require_claim(Stage stage, StageUse use) const;
-  std::map<Stage, Slot> slots_;
-  std::string applying_;
-  Claims applying_claims_;
+  std::unique_ptr<detail::StepProgramState> state_;
 };
 
 }  // namespace strata

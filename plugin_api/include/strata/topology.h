@@ -12,14 +12,22 @@
 
 namespace strata {
 
+namespace detail {
+struct TopologyState;  // the class's state, defined in core
+}  // namespace detail
+
 class STRATA_API Topology {
  public:
   // sizes: the size of each dimension; order: dimension names innermost (adjacent ranks) first.
   Topology(std::map<Dim, int> sizes, std::vector<Dim> order, int rank);
 
-  int world_size() const { return world_size_; }
-  int rank() const { return rank_; }
-  int size(Dim dim) const { return sizes_.at(dim); }
+  ~Topology();
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+
+  int world_size() const;
+  int rank() const;
+  int size(Dim dim) const;
   // The product of the sizes of `dims`.
   int size(const std::vector<Dim>& dims) const;
   // Ranks (global, ascending) of the group spanning `dims` that contains `rank`: the ranks whose
@@ -27,7 +35,7 @@ class STRATA_API Topology {
   // (data x context reduces gradients).
   std::vector<int> group_ranks(const std::vector<Dim>& dims, int rank) const;
   std::vector<int> group_ranks(Dim dim, int rank) const { return group_ranks(std::vector<Dim>{dim}, rank); }
-  std::vector<int> group_ranks(Dim dim) const { return group_ranks(dim, rank_); }
+  std::vector<int> group_ranks(Dim dim) const { return group_ranks(dim, rank()); }
   int rank_in(Dim dim) const;  // this rank's coordinate along `dim` (its position in that group)
   int rank_in(const std::vector<Dim>& dims) const;  // its position in the flattened group
   // The global rank `offset` steps along `dim` from this one, wrapping within the group
@@ -57,13 +65,8 @@ class STRATA_API Topology {
   // The expert group of `rank` (same_experts false) or its expert-data group (true).
   std::vector<int> expert_ranks(int rank, bool same_experts) const;
 
-  std::map<Dim, int> sizes_;
-  std::vector<Dim> order_;
-  std::map<Dim, int> stride_;
-  int world_size_, rank_;
-  std::shared_ptr<Communicator> world_;
-  std::map<unsigned, std::shared_ptr<Communicator>> groups_;  // by effective mask
-  std::shared_ptr<Communicator> expert_group_, expert_data_group_;  // with expert size > 1
+  // Sizes, strides and communicators live in core (one pointer here): the size never changes.
+  std::unique_ptr<detail::TopologyState> state_;
 };
 
 }  // namespace strata
