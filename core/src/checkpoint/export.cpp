@@ -6,6 +6,7 @@
 #include <c10/util/accumulate.h>
 
 #include "checkpoint.h"
+#include "tokenizer_export.h"
 #include "strata/core/log.h"
 #include "strata/core/trainer.h"
 #include "strata/errors.h"
@@ -64,6 +65,13 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   fs::create_directories(out);
   write_safetensors(out / "model.safetensors", factory->to_hf(*model, config), {{"format", "pt"}});
   std::ofstream(out / "config.json") << factory->hf_config_json(config);
+  // The tokenizer where the run's data says which one it was: bytes for the text dataset.
+  // Otherwise no tokenizer (token files carry none yet) and no special ids the run never had.
+  std::optional<int64_t> eos;
+  if (plan.data.has("document_end") && plan.data.get_int("document_end") >= 0) eos = plan.data.get_int("document_end");
+  if (plan.dataset_component && plan.dataset_component->name() == "text")
+    write_byte_level_tokenizer(out, config.get_int("seq_len"), eos);
+  set_special_token_ids(out / "config.json", eos);
   return checkpoint.path();
 }
 

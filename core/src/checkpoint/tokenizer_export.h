@@ -1,0 +1,27 @@
+// The tokenizer an export carries, in Hugging Face's formats (tokenizer.json for the `tokenizers`
+// library, tokenizer_config.json for transformers' AutoTokenizer), and the special-token ids
+// config.json states.
+//
+// A run on the `text` dataset trains on bytes: token id = byte value, vocabulary 256. Its
+// tokenizer is byte-level BPE without merges, GPT-2's byte-to-unicode alphabet as the vocabulary
+// (the printable Latin-1 bytes stand for themselves, the other 68 bytes for the code points from
+// U+0100 on, in byte order), no pre-tokenizer splitting, and the byte-level decoder: any UTF-8
+// text encodes to exactly its bytes and decodes back. A byte vocabulary has no special tokens, so
+// bos and eos are null (generation stops at max_new_tokens) unless [data] document_end names the
+// byte that ends a document, which is then eos.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+
+namespace strata {
+
+// Writes tokenizer.json and tokenizer_config.json into `out` for a byte-level run.
+void write_byte_level_tokenizer(const std::filesystem::path& out, int64_t model_max_length, std::optional<int64_t> eos);
+
+// Sets bos_token_id and eos_token_id in `out`/config.json: to `eos` (both, as GPT-2's do), or to
+// null where the run has no such token; an id the vocabulary lacks is never written.
+void set_special_token_ids(const std::filesystem::path& config_json, std::optional<int64_t> eos);
+
+}  // namespace strata

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# byte_tokenizer_export.sh STRATA PYTHON WORKDIR: a run on the byte-level `text` dataset exports
+# its tokenizer (issue 62 item 3): transformers' AutoTokenizer reads it, round-trips UTF-8 text
+# through exactly the bytes the run trained on, and AutoModelForCausalLM generates from the export.
+# Without [data] document_end config.json's bos/eos are null; with it (a newline ends each
+# document) both are that byte.
+set -uo pipefail
+strata=$1 python=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+fail=0
+check() { echo "byte_tokenizer_export: $1" >&2; fail=1; }
+tiny=(--set job.steps=2 --set job.eval_every=0 --set job.checkpoint_every=2 --set job.threads=1 --set model.n_layer=2 --set model.seq_len=32)
+for case in plain newline; do
+  extra=()
+  [ $case = newline ] && extra=(--set data.document_end=10)
+  "$strata" run examples/strategies/llama_text.toml --out "$work/$case" "${tiny[@]}" "${extra[@]}" > "$work/$case.txt" 2>&1 || check "$case: run failed: $(tail -3 "$work/$case.txt")"
+  "$strata" ckpt export "$work/$case" "$work/$case-hf" > /dev/null || check "$case: export failed"
+  "$python" "$(dirname "$0")/byte_tokenizer_check.py" "$work/$case-hf" || check "$case: transformers check failed"
+done
+grep -q '"eos_token_id": null' "$work/plain-hf/config.json" || check "without document_end eos is not null"
+grep -q '"eos_token_id": 10' "$work/newline-hf/config.json" || check "document_end = 10 is not the eos id"
+rm -rf "$work"
+exit $fail
