@@ -29,6 +29,23 @@ double parse_gib(const std::string& option, const std::string& text) {
   return value;
 }
 
+// A whole number from 0 on (sample's --tokens, --top-k, --seed).
+int64_t parse_natural(const std::string& option, const std::string& text) {
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 0)
+    throw UserError(option + " expects a whole number from 0, got '" + text + "'");
+  return value;
+}
+
+double parse_temperature(const std::string& option, const std::string& text) {
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || !(value >= 0) || value > 1e6)
+    throw UserError(option + " expects a temperature from 0 (greedy), e.g. 0.8, got '" + text + "'");
+  return value;
+}
+
 // "90s", "10m", "1h" or plain seconds.
 double parse_duration(const std::string& option, const std::string& text) {
   double value = 0;
@@ -84,6 +101,11 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--top") args.given.push_back(arg), args.top = parse_count(arg, value(), "a candidate count");
     else if (arg == "--rounds") args.given.push_back(arg), args.rounds = parse_count(arg, value(), "a trial count");
     else if (arg == "-o" || arg == "--output") args.given.push_back(arg), args.output = value();
+    else if (arg == "--prompt") args.given.push_back(arg), args.prompt = value();
+    else if (arg == "--tokens") args.given.push_back(arg), args.sample_tokens = parse_natural(arg, value());
+    else if (arg == "--temperature") args.given.push_back(arg), args.temperature = parse_temperature(arg, value());
+    else if (arg == "--top-k") args.given.push_back(arg), args.top_k = parse_natural(arg, value());
+    else if (arg == "--seed") args.given.push_back(arg), args.seed = parse_natural(arg, value());
     else if (arg.size() > 1 && arg[0] == '-') throw UserError("unknown option '" + arg + "'; see strata --help");
     else if (args.command.empty()) args.command = arg;
     else args.positional.push_back(arg);

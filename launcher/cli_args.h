@@ -28,6 +28,11 @@ struct Args {
   int64_t top = 0;                      // tune: candidates shown (dry run) or measured; 0 = the command's default
   int64_t rounds = 0;                   // tune: trials of each near tie; 0 = the default
   double budget_s = 0;                  // tune: wall time for measured trials; 0 = no limit
+  std::string prompt;                   // sample: the text to continue
+  int64_t sample_tokens = 100;          // sample: tokens to generate
+  double temperature = 0.8;             // sample: 0 = greedy
+  int64_t top_k = 0;                    // sample: 0 = every token
+  int64_t seed = 0;                     // sample: the sampling generator's seed
   int argc = 0;  // the raw command line, for commands that re-execute themselves
   char** argv = nullptr;
   std::vector<std::string> given;  // option names as typed, to refuse those a command does not take

@@ -105,6 +105,18 @@ const std::vector<Command>& commands() {
        "               safetensors file; per-rank state comes from rank 0\n"
        "  info         step, ranks, size, and each tensor's dtype, whole shape and how it is stored\n",
        run_ckpt},
+      {"sample", "Continue a prompt with a run's newest checkpoint (byte-level runs)",
+       "usage: strata sample RUN_DIR|CHECKPOINT_DIR --prompt TEXT [--tokens N] [--temperature T]\n"
+       "                     [--top-k K] [--seed S]\n\n"
+       "Loads the checkpoint's model whole (any layout and rank count that saved it), prints the prompt\n"
+       "and its continuation. Runs on the text dataset (token id = byte) only; export other runs and\n"
+       "sample them with transformers.\n\n"
+       "  --prompt TEXT        the text to continue\n"
+       "  --tokens N           tokens to generate (default 100)\n"
+       "  --temperature T      0 picks the likeliest token; above 0 samples (default 0.8)\n"
+       "  --top-k K            sample among the K likeliest tokens only (default 0: all)\n"
+       "  --seed S             the sampling generator's seed: one seed, one text (default 0)\n",
+       run_sample},
       {"docs", "Print the strategy file reference generated from the declared keys",
        "usage: strata docs [-o FILE]\n\n"
        "Writes Markdown describing every section and key that core and the loaded plugins accept.\n\n"

@@ -1,7 +1,8 @@
-"""byte_tokenizer_check.py EXPORT_DIR: a byte-level (`text` dataset) export loads in transformers
+"""byte_tokenizer_check.py EXPORT_DIR [GREEDY_OUT]: a byte-level (`text` dataset) export loads in transformers
 with its tokenizer: the vocabulary is the 256 bytes, any UTF-8 text encodes to exactly its bytes
 (the ids the run trained on) and decodes back, config.json's special ids are null or inside the
-vocabulary, and AutoModelForCausalLM generates text that decodes."""
+vocabulary, and AutoModelForCausalLM generates text that decodes. GREEDY_OUT receives the bytes of
+"In the" and 20 greedy tokens, to compare with `strata sample --temperature 0`."""
 import json
 import sys
 
@@ -33,6 +34,8 @@ continuation = tokenizer.decode(out[0])
 if not continuation.startswith("In the") or out.shape[1] != prompt["input_ids"].shape[1] + 20:
     failures.append(f"generation gave {continuation!r} ({out.shape[1]} tokens)")
 print(f"generated: {continuation!r}")
+if len(sys.argv) > 2:
+    open(sys.argv[2], "wb").write(bytes(out[0].tolist()))
 if failures:
     print("byte_tokenizer_check: " + "; ".join(failures))
     sys.exit(1)

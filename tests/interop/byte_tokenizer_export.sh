@@ -3,7 +3,9 @@
 # its tokenizer (issue 62 item 3): transformers' AutoTokenizer reads it, round-trips UTF-8 text
 # through exactly the bytes the run trained on, and AutoModelForCausalLM generates from the export.
 # Without [data] document_end config.json's bos/eos are null; with it (a newline ends each
-# document) both are that byte.
+# document) both are that byte. `strata sample --temperature 0` continues a prompt with exactly the
+# tokens transformers' greedy generate gives on the export; sampling is repeatable by seed; a run
+# on another dataset is refused with exit status 2.
 set -uo pipefail
 strata=$1 python=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -15,8 +17,16 @@ for case in plain newline; do
   [ $case = newline ] && extra=(--set data.document_end=10)
   "$strata" run examples/strategies/llama_text.toml --out "$work/$case" "${tiny[@]}" "${extra[@]}" > "$work/$case.txt" 2>&1 || check "$case: run failed: $(tail -3 "$work/$case.txt")"
   "$strata" ckpt export "$work/$case" "$work/$case-hf" > /dev/null || check "$case: export failed"
-  "$python" "$(dirname "$0")/byte_tokenizer_check.py" "$work/$case-hf" || check "$case: transformers check failed"
+  "$python" "$(dirname "$0")/byte_tokenizer_check.py" "$work/$case-hf" "$work/$case-greedy.bin" || check "$case: transformers check failed"
+  "$strata" sample "$work/$case" --prompt "In the" --tokens 20 --temperature 0 | head -c -1 > "$work/$case-sample.bin" || check "$case: sample failed"
+  cmp -s "$work/$case-greedy.bin" "$work/$case-sample.bin" || check "$case: strata sample's greedy text differs from transformers' generate"
 done
+a=$("$strata" sample "$work/plain" --prompt "In the" --tokens 30 --seed 7 --top-k 8 | od -An -tx1)
+b=$("$strata" sample "$work/plain" --prompt "In the" --tokens 30 --seed 7 --top-k 8 | od -An -tx1)
+[ -n "$a" ] && [ "$a" = "$b" ] || check "one seed gave two samples"
+"$strata" run examples/strategies/fused_loss.toml --out "$work/synthetic" --set model.n_layer=1 --set model.d_model=32 --set model.seq_len=16 --set job.global_batch=2 --set job.steps=1 --set job.threads=1 --set job.eval_every=0 --set job.checkpoint_every=1 > /dev/null 2>&1 || check "synthetic run failed"
+msg=$("$strata" sample "$work/synthetic" --prompt "In the" 2>&1); status=$?
+[ $status -eq 2 ] && [[ $msg == *"strata sample reads byte-level runs"* ]] || check "a run on token data was not refused with exit 2: $status $msg"
 grep -q '"eos_token_id": null' "$work/plain-hf/config.json" || check "without document_end eos is not null"
 grep -q '"eos_token_id": 10' "$work/newline-hf/config.json" || check "document_end = 10 is not the eos id"
 rm -rf "$work"

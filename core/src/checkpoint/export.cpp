@@ -39,13 +39,13 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 }  // namespace
 
-fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry) {
+CheckpointModel load_checkpoint_model(const fs::path& source, const ComponentRegistry& registry) {
   const fs::path run_dir = is_checkpoint_dir(source) ? source.parent_path().parent_path() : source;
   const engine::Checkpoint checkpoint = open_source(source);
   Diagnostics diagnostics;
   RawStrategy raw = load_strategy_file(run_dir / "strategy.toml", diagnostics);
   // Resolved for the world size that saved the checkpoint, so fixed [parallel] sizes (data = 2,
-  // tensor = 2) resolve as they did in training; only [model] is used here.
+  // tensor = 2) resolve as they did in training; only [model] and [data] are used here.
   ResolvedStrategy plan = resolve_strategy(raw, registry, checkpoint.meta().world_size, diagnostics);
   if (!diagnostics.ok()) throw UserError("cannot read the run's strategy: " + diagnostics.items().front().pos.str() + ": " +
                                          diagnostics.items().front().message);
@@ -61,18 +61,25 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   NamedTensors weights;
   for (auto& q : requests) weights.emplace_back(q.name.substr(6), q.target);
   load_parameters(*model, weights, "checkpoint " + checkpoint.path().string());
+  return {std::move(model), std::move(plan), std::move(config), checkpoint.path()};
+}
 
+fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry) {
+  const CheckpointModel loaded = load_checkpoint_model(source, registry);
+  const auto* factory = static_cast<const ModelFactory*>(loaded.plan.model_component);
+  const Config& config = loaded.model_config;
   fs::create_directories(out);
-  write_safetensors(out / "model.safetensors", factory->to_hf(*model, config), {{"format", "pt"}});
+  write_safetensors(out / "model.safetensors", factory->to_hf(*loaded.model, config), {{"format", "pt"}});
   std::ofstream(out / "config.json") << factory->hf_config_json(config);
   // The tokenizer where the run's data says which one it was: bytes for the text dataset.
   // Otherwise no tokenizer (token files carry none yet) and no special ids the run never had.
+  const Config& data = loaded.plan.data;
   std::optional<int64_t> eos;
-  if (plan.data.has("document_end") && plan.data.get_int("document_end") >= 0) eos = plan.data.get_int("document_end");
-  if (plan.dataset_component && plan.dataset_component->name() == "text")
+  if (data.has("document_end") && data.get_int("document_end") >= 0) eos = data.get_int("document_end");
+  if (loaded.plan.dataset_component && loaded.plan.dataset_component->name() == "text")
     write_byte_level_tokenizer(out, config.get_int("seq_len"), eos);
   set_special_token_ids(out / "config.json", eos);
-  return checkpoint.path();
+  return loaded.checkpoint;
 }
 
 fs::path consolidate_checkpoint(const fs::path& source, const fs::path& out) {

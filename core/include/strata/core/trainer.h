@@ -97,13 +97,38 @@ namespace strata {
 // Checkpoint tools. SOURCE is a run directory (its newest valid checkpoint is used) or one
 // checkpoint directory inside it; each returns the checkpoint directory it used.
 
-// Writes OUT/model.safetensors and OUT/config.json in Hugging Face layout.
+// The checkpoint's model whole in this process, whatever layout and ranks saved it, with the run's
+// strategy resolved for the world that saved it (export and sample read models this way).
+struct CheckpointModel {
+  std::shared_ptr<nn::Model> model;
+  ResolvedStrategy plan;
+  Config model_config;  // [model], init_from cleared: the weights come from the checkpoint
+  std::filesystem::path checkpoint;
+};
+STRATA_API CheckpointModel load_checkpoint_model(const std::filesystem::path& source, const ComponentRegistry& registry);
+
+// Writes OUT/model.safetensors and OUT/config.json in Hugging Face layout (and the tokenizer
+// where the run's data names one: bytes for the text dataset).
 STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
                                            const ComponentRegistry& registry);
 
 // Writes every tensor of the checkpoint, reassembled whole, to the safetensors file OUT. Per-rank
 // state (the RNG) comes from rank 0.
 STRATA_API std::filesystem::path consolidate_checkpoint(const std::filesystem::path& source, const std::filesystem::path& out);
+
+// Continues `prompt` by `tokens` tokens with the checkpoint's model: greedy at temperature 0, else
+// sampled from the softmax of logits / temperature over the top_k likeliest (0: all), with a
+// generator seeded by `seed`. Returns the prompt and its continuation as text. Byte-level runs
+// (the text dataset) only: a run on token files names no tokenizer (UserError).
+struct SampleOptions {
+  std::string prompt;
+  int64_t tokens = 100;
+  double temperature = 0.8;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+};
+STRATA_API std::string sample_text(const std::filesystem::path& source, const SampleOptions& options,
+                                   const ComponentRegistry& registry);
 
 // A human-readable account of what the checkpoint holds, one line per tensor.
 STRATA_API std::string describe_checkpoint(const std::filesystem::path& source);
