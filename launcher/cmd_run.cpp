@@ -132,6 +132,22 @@ int free_local_port() {
 namespace {
 volatile std::sig_atomic_t interrupted = 0;
 void note_interrupt(int) { interrupted = 1; }
+
+// Ctrl-C's handler runs on a stack of its own: delivered on the thread's stack, the signal frame
+// overwrote memory below the stack pointer of the oneDNN GEMM it interrupted (a heap corrupted in
+// sgemm_nocopy_driver, about 1 interrupt in 6).
+void catch_interrupt_on_own_stack() {
+  static std::vector<char> stack(1 << 16);
+  stack_t ss{};
+  ss.ss_sp = stack.data();
+  ss.ss_size = stack.size();
+  ::sigaltstack(&ss, nullptr);
+  struct sigaction action {};
+  action.sa_handler = note_interrupt;
+  action.sa_flags = SA_ONSTACK | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, nullptr);
+}
 }  // namespace
 
 // Runs `mpirun -np N strata run ...` (the same arguments but -n; with `resume`, --resume instead
@@ -301,7 +317,7 @@ int run_train(const Args& args) {
   // Ctrl-C in a single process stops before the next step and saves it; ranks under a launcher
   // stop together only by its hand (a rank alone cannot take a collective checkpoint).
   const bool single = env.world_size == 1;
-  if (single) interrupted = 0, ::signal(SIGINT, note_interrupt);
+  if (single) interrupted = 0, catch_interrupt_on_own_stack();
   const RunSummary summary = trainer.run([&] { return single && interrupted != 0; });
   if (single) ::signal(SIGINT, SIG_DFL);
   const std::string ranks = env.world_size > 1 ? "-n " + std::to_string(env.world_size) + " " : "";
