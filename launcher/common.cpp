@@ -54,13 +54,6 @@ void insert_value(toml::table& table, const std::string& key, const Value& value
 
 void print_json(const toml::table& table) { std::cout << toml::json_formatter{table} << "\n"; }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return NAN;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

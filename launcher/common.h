@@ -10,6 +10,7 @@
 
 #include "strata/config.h"
 #include "strata/core/component_registry.h"
+#include "strata/core/statistics.h"  // median, for the commands that measure
 
 namespace strata::cli {
 
@@ -24,8 +25,6 @@ std::string describe_type(const KeySpec& spec);
 void insert_value(toml::table& table, const std::string& key, const Value& value);
 void print_json(const toml::table& table);
 
-// The middle value (the mean of the two middle ones for an even count); NaN for none.
-double median(std::vector<double> values);
 
 double seconds_since(std::chrono::steady_clock::time_point start);
 

@@ -82,6 +82,39 @@ struct Axis {
 
 }  // namespace
 
+// ATorch's finetune_strategy: the layout and passes stay; the values the strategy gives searched
+// keys (KeySpec::tune_values) are removed, so the search tries every declared value of them.
+bool open_to_finetune(RawStrategy& raw, const ComponentRegistry& registry, int64_t ranks, Diagnostics& diagnostics) {
+  CheckedPlan checked;
+  OperatorTable::global().install(registry);
+  if (!check_plan(raw, registry, ranks, checked, diagnostics)) return false;
+  const ParallelLayout& l = checked.plan.layout;
+  const std::pair<const char*, int64_t> sizes[] = {{"data", l.data}, {"tensor", l.tensor}, {"pipeline", l.pipeline}, {"context", l.context}};
+  for (const auto& [dim, size] : sizes) raw.parallel.set(dim, RawEntry{Value{size}, SourcePos{"strata tune --finetune", 0, 0}, Origin::CommandLine});
+  auto open = [](RawSection& section, const Schema& schema) {
+    std::erase_if(section.entries, [&](const auto& entry) {
+      const KeySpec* spec = schema.find(entry.first);
+      return spec && !spec->tune_values.empty();
+    });
+  };
+  open(raw.job, job_schema());
+  for (auto& section : raw.passes) {
+    const RawEntry* name = section.find("name");
+    if (const Pass* pass = name && std::holds_alternative<std::string>(name->value) ? registry.find_pass(std::get<std::string>(name->value)) : nullptr)
+      open(section, pass->info().schema);
+  }
+  return true;
+}
+
+std::string other_choices(const TuneCandidate& c) {
+  std::string out;
+  for (const auto& choice : c.choices) {
+    const bool names_layout_pass = choice.rfind("pass ", 0) == 0 && c.layout.find("(" + choice.substr(5) + ")") != std::string::npos;
+    if (choice.rfind("parallel.", 0) != 0 && !names_layout_pass) out += (out.empty() ? "" : "; ") + choice;
+  }
+  return out;
+}
+
 TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& registry, int64_t world_size,
                               const HardwareRates& rates, size_t limit) {
   OperatorTable::global().install(registry);

@@ -14,6 +14,7 @@
 // with the first reason, so `strata tune` can say why it was dropped.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,7 @@ STRATA_API CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::v
 // at equal FLOPs), the cost per parameter and micro-batch of streaming weights and gradients
 // through the GEMMs (what makes splitting tokens cheaper in FLOPs than in time), and the memory a
 // rank's process holds before its model (libtorch, plugins). `strata tune` measures them
-// (launcher/tune_rates.cpp); the defaults are for ranking without measuring.
+// (measure_rates); the defaults are for ranking without measuring.
 struct HardwareRates {
   double flops_per_s = 1e10;       // one rank alone on a core
   double oversubscription = 1;     // ranks per core when there are more ranks than cores (CPU runs)
@@ -43,6 +44,9 @@ struct HardwareRates {
   double parameter_pass_s = 0;     // per parameter a rank computes with, per micro-batch
   double process_bytes = 0;
 };
+// This machine's rates as `ranks` ranks see them: matmul, parameter pass and layer overhead on one
+// thread here, the collectives by `strata_executable doctor -n ranks` (tune/hardware_rates.cpp).
+STRATA_API HardwareRates measure_rates(int64_t ranks, const std::filesystem::path& strata_executable);
 // Seconds per optimizer step: compute stretched by the pipeline bubble, or, when ranks share
 // cores, by the sharing (a rank idle in a bubble leaves its core to the others, so the larger of
 // the two counts); plus communication, bytes over bandwidth and messages times latency (not
@@ -63,6 +67,18 @@ struct TuneCandidate {
   double predicted_s = 0;
   double predicted_bytes = 0;  // per rank, at the peak
 };
+
+// --finetune (ATorch's finetune_strategy): `raw` must plan as it is on `ranks`; its mesh sizes are
+// fixed as planned, its layout and passes stay, and the values it gives searched keys
+// (KeySpec::tune_values) are removed so the search tries every declared value of them (passes that
+// declare TuneUse::Try are tried on and off as always). The strategy itself is one of the
+// candidates when its values are among the declared ones. False, with the problems, when it does
+// not plan.
+STRATA_API bool open_to_finetune(RawStrategy& raw, const ComponentRegistry& registry, int64_t ranks, Diagnostics& diagnostics);
+
+// The choices of a candidate other than its layout (which `layout` says), "; " between them, or
+// empty: "pass.tensor_parallel.sequence_parallel = false; job.micro_batch = 2".
+STRATA_API std::string other_choices(const TuneCandidate& candidate);
 
 struct TuneSpace {
   std::vector<TuneCandidate> candidates;  // planned first, by predicted time (then memory); then the rejected

@@ -18,7 +18,6 @@
 // Why these terms: bench/results/tune_cpu.md (issue 35) found the model without the parameter pass
 // and with a 1e-4 s layer overhead underestimating every layout that splits tokens (context
 // parallel) or heads (tensor parallel) rather than parameters or micro-batches.
-#include "tune_rates.h"
 
 #include <algorithm>
 #include <chrono>
@@ -33,14 +32,19 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "common.h"
+#include "strata/core/statistics.h"
+#include "strata/core/tune.h"
 #include "strata/core/process_memory.h"
 #include "strata/errors.h"
 
-namespace strata::cli {
+namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 // Median seconds of `fn` over runs of `rounds` calls each, for about `budget_s` (at least 3 runs).
 template <class Fn>
@@ -105,7 +109,7 @@ double layer_overhead_seconds() {
 
 }  // namespace
 
-HardwareRates measure_rates(int64_t ranks) {
+HardwareRates measure_rates(int64_t ranks, const std::filesystem::path& strata_executable) {
   HardwareRates rates;
   at::set_num_threads(1);
   rates.flops_per_s = matmul_flops_per_s();
@@ -116,8 +120,7 @@ HardwareRates measure_rates(int64_t ranks) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   rates.oversubscription = std::max(1.0, static_cast<double>(ranks) / cores);
   if (ranks < 2) return rates;
-  const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const std::string command = "'" + self + "' doctor -n " + std::to_string(ranks) + " 2>&1";
+  const std::string command = "'" + strata_executable.string() + "' doctor -n " + std::to_string(ranks) + " 2>&1";
   std::string output;
   if (FILE* pipe = popen(command.c_str(), "r")) {
     char buf[512];
@@ -141,4 +144,4 @@ HardwareRates measure_rates(int64_t ranks) {
   return rates;
 }
 
-}  // namespace strata::cli
+}  // namespace strata
