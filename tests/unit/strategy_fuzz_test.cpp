@@ -90,7 +90,9 @@ TEST(StrategyFuzz, MutatedStrategiesPlanOrFailCleanly) {
         ResolvedStrategy plan = resolve_strategy(raw, test::bundled(), world, diagnostics);
         order_passes(plan.passes, diagnostics);
         check_claims(plan, test::bundled(), diagnostics);
+        const bool resolved = diagnostics.ok();
         check_sizes(plan, diagnostics);
+        if (resolved) check_data(plan, diagnostics);
       }
       (diagnostics.ok() ? planned : refused) += 1;
       if (!diagnostics.ok()) EXPECT_EQ(diagnostics.str().find("internal error"), std::string::npos) << described;

@@ -168,7 +168,7 @@ void Trainer::Impl::build_job() {
   // Split layers hold only this rank's tensor-parallel piece, a pipeline rank only its stages.
   engine::build_rank_model(plan, order, *job);
   dataset = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{fs::current_path()});
-  // check_sizes said so at plan time when it could open the data; a job started without a plan did not.
+  // check_data said so at plan time when it could open the data; a job started without a plan did not.
   if (const std::string problem = engine::vocabulary_problem(*dataset, job->model->vocab_size()); !problem.empty()) throw UserError(problem);
   const auto* optimizer_factory = static_cast<const OptimizerFactory*>(plan.optimizer_component);
   job->make_optimizer = [this, optimizer_factory](std::vector<ParamGroup> groups) {
@@ -179,7 +179,7 @@ void Trainer::Impl::build_job() {
 // The step: the sampler, core's step program, then every pass applied in order, and the states a
 // checkpoint saves.
 void Trainer::Impl::compose_step() {
-  // resolve_strategy checked that the batch splits (check_sizes in strategy_resolve.cpp).
+  // check_plan checked that the batch splits (check_sizes in strategy_resolve.cpp).
   global_batch = plan.job.get_int("global_batch");
   const int64_t micro_batch = micro_batch_size(plan);
   micro_count = global_batch / topology->size(Dim::Data) / micro_batch;

@@ -10,7 +10,6 @@
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 
-#include "engine/sampler.h"
 #include "strata/data.h"
 #include "strata/model.h"
 #include "strata/errors.h"
@@ -282,13 +281,12 @@ PlanFacts plan_facts(const ResolvedStrategy& plan) {
   return facts;
 }
 
-std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
-  if (!diagnostics.ok()) return {};  // sizes of a strategy with errors mean nothing
-  const SourcePos data_pos = plan.data_pos;
+void check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
+  if (!diagnostics.ok()) return;  // sizes of a strategy with errors mean nothing
   const int64_t global_batch = plan.job.get_int("global_batch"), micro_batch = plan.job.get_int("micro_batch");
   const int64_t dp = plan.layout.data;
   const SourcePos& batch_pos = plan.job.entry("global_batch").pos;
-  if (dp < 1) return {};  // the layout was refused already
+  if (dp < 1) return;  // the layout was refused already
   if (plan.job.get_int("rank_memory_limit_mb") > 0 && plan.job.get_string("host_memory") == "keep")
     diagnostics.error(plan.job.entry("rank_memory_limit_mb").pos,
                       "[job] rank_memory_limit_mb needs host_memory = \"return\": \"keep\" holds what a step frees in the heap, "
@@ -296,13 +294,13 @@ std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) 
   if (global_batch % dp != 0) {
     diagnostics.error(batch_pos, "[job] global_batch " + std::to_string(global_batch) + " does not split over " + std::to_string(dp) +
                                      " data-parallel ranks");
-    return {};
+    return;
   }
   if (micro_batch > 0 && (global_batch / dp) % micro_batch != 0)
     diagnostics.error(plan.job.entry("micro_batch").pos, "[job] global_batch " + std::to_string(global_batch) + " / " +
                                                               std::to_string(dp) + " data-parallel ranks is not a multiple of micro_batch " +
                                                               std::to_string(micro_batch));
-  if (!plan.dataset_component || !plan.model_component) return {};
+  if (!plan.dataset_component || !plan.model_component) return;
   if (plan.layout.tensor > 1)
     if (const std::string problem = static_cast<const ModelFactory*>(plan.model_component)->split_problem(plan.model, plan.layout.tensor);
         !problem.empty())
@@ -319,20 +317,6 @@ std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) 
     if (entry.enabled)
       if (const std::string problem = entry.pass->plan_problem(entry.config, facts); !problem.empty())
         diagnostics.error(entry.pos, problem);
-  std::unique_ptr<TokenDataset> data;
-  try {
-    data = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{std::filesystem::current_path()});
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  if (plan.model.has("vocab_size"))
-    if (const std::string problem = engine::vocabulary_problem(*data, plan.model.get_int("vocab_size")); !problem.empty())
-      diagnostics.error(plan.model.entry("vocab_size").pos, problem);
-  if (plan.model.has("seq_len"))
-    if (const std::string problem = engine::too_short_for_windows(*data, plan.model.get_int("seq_len")); !problem.empty())
-      diagnostics.error(data_pos, problem);
-  return {};
 }
-
 
 }  // namespace strata

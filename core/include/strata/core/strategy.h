@@ -82,13 +82,16 @@ struct ResolvedStrategy {
 STRATA_API ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistry& registry,
                                              int64_t world_size, Diagnostics& diagnostics);
 
-// Every size a rank checks before training, so that a plan that passes trains: the global
-// batch over the data-parallel ranks and micro-batches, and the data against the model (its
-// vocabulary, one window of seq_len + 1 tokens in each split; this opens the dataset, relative
-// to the working directory as training does). Data that cannot be opened here (planning away
-// from it) is not an error of the plan: the reason is returned, and `strata plan` says the data
-// was not checked. `strata plan` and `strata run` call it; exporting a checkpoint does not.
-STRATA_API std::string check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics);
+// Every size a rank checks before training, so that a plan that passes trains: the global batch
+// over the data-parallel ranks and micro-batches, the model's split over tensor ranks, each
+// enabled pass's size_problem and plan_problem. Arithmetic on the plan only: nothing is opened.
+STRATA_API void check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics);
+// The data against the model: its vocabulary, one window of seq_len + 1 tokens in each split
+// (engine/data_check.cpp). This opens the dataset, relative to the working directory as training
+// does. Data that cannot be opened here (planning away from it) is not an error of the plan: the
+// reason is returned, and `strata plan` says the data was not checked. Exporting a checkpoint
+// does not call it.
+STRATA_API std::string check_data(const ResolvedStrategy& plan, Diagnostics& diagnostics);
 // The mesh sizes of the plan and its micro-batches per step on each data-parallel rank.
 STRATA_API MeshSizes mesh_sizes(const ResolvedStrategy& plan);
 // What passes may read of the plan (describe_plan, plan_problem): sections, model factory, mesh,

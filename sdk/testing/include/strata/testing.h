@@ -70,7 +70,9 @@ inline PlannedStrategy plan_strategy(const std::string& strategy_toml, const std
   out.registry = load_plugins(plugin_dirs);
   out.plan = resolve_strategy(raw, *out.registry, 1, diagnostics);
   out.order = diagnostics.ok() ? order_passes(out.plan.passes, diagnostics) : std::vector<size_t>{};
-  if (const std::string unread = check_sizes(out.plan, diagnostics); !unread.empty()) throw UserError(unread);
+  const bool resolved = diagnostics.ok();
+  check_sizes(out.plan, diagnostics);
+  if (const std::string unread = resolved ? check_data(out.plan, diagnostics) : std::string(); !unread.empty()) throw UserError(unread);
   if (!diagnostics.ok()) throw UserError(diagnostics.str());
   return out;
 }
