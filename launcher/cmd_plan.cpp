@@ -80,8 +80,8 @@ void print_json_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
   print_json(toml::table{
       {"strategy", plan.file},
       {"world_size", l.world_size},
-      {"layout", toml::table{{"data", l.data}, {"tensor", l.tensor}, {"pipeline", l.pipeline}, {"context", l.context},
-                             {"expert", l.expert}, {"order", std::move(layout_order)}}},
+      {"layout", toml::table{{"data", l.mesh.data}, {"tensor", l.mesh.tensor}, {"pipeline", l.mesh.pipeline}, {"context", l.mesh.context},
+                             {"expert", l.mesh.expert}, {"order", std::move(layout_order)}}},
       {"job", config_json(plan.job)},
       {"model", config_json(plan.model)},
       {"data", config_json(plan.data)},
@@ -95,8 +95,8 @@ void print_json_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
 void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& order, const ComponentRegistry& registry) {
   const ParallelLayout& l = plan.layout;
   std::cout << "Strategy " << plan.file << ", world size " << l.world_size << "\n";
-  std::cout << "Layout: data " << l.data << " x tensor " << l.tensor << " x pipeline " << l.pipeline << " x context "
-            << l.context << "; rank order (innermost first) " << value_to_toml(Value{l.order}) << "\n";
+  std::cout << "Layout: data " << l.mesh.data << " x tensor " << l.mesh.tensor << " x pipeline " << l.mesh.pipeline << " x context "
+            << l.mesh.context << "; rank order (innermost first) " << value_to_toml(Value{l.order}) << "\n";
   auto section = [&](const std::string& title, const Config& config, const Schema& schema, const Component* c) {
     std::cout << "\n[" << title << "]" << component_note(registry, c) << "\n";
     print_config(config, schema, "  ");
@@ -124,18 +124,18 @@ void print_text_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
     for (size_t i : order)
       for (Dim d : plan.passes[i].pass->claims().dims)
         if (d == dim) claimant = plan.passes[i].pass->name();
-    const int64_t size = dim == Dim::Data       ? l.data
-                         : dim == Dim::Tensor   ? l.tensor
-                         : dim == Dim::Pipeline ? l.pipeline
-                         : dim == Dim::Context  ? l.context
-                                                : l.expert;
+    const int64_t size = dim == Dim::Data       ? l.mesh.data
+                         : dim == Dim::Tensor   ? l.mesh.tensor
+                         : dim == Dim::Pipeline ? l.mesh.pipeline
+                         : dim == Dim::Context  ? l.mesh.context
+                                                : l.mesh.expert;
     std::cout << "  " << dim_name(dim) << std::string(10 - std::string(dim_name(dim)).size(), ' ') << size << "  "
               << (claimant.empty() ? (size > 1 ? "UNCLAIMED" : "-") : "pass " + claimant) << "\n";
   }
-  if (l.tensor > 1)
-    if (const std::string split = static_cast<const ModelFactory*>(plan.model_component)->describe_split(plan.model, l.tensor);
+  if (l.mesh.tensor > 1)
+    if (const std::string split = static_cast<const ModelFactory*>(plan.model_component)->describe_split(plan.model, l.mesh.tensor);
         !split.empty()) {
-      std::cout << "\nWhat each of the " << l.tensor << " tensor ranks holds of the model:\n";
+      std::cout << "\nWhat each of the " << l.mesh.tensor << " tensor ranks holds of the model:\n";
       std::istringstream lines(split);
       for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
     }

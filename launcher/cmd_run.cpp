@@ -310,8 +310,8 @@ int run_train(const Args& args) {
   const bool leader = env.rank == 0;
   const ParallelLayout& l = loaded.plan.layout;
   if (leader) std::cout << "strata: " << (options.resume ? "continuing" : "training") << " in " << out_dir.string() << ": "
-                        << "world " << l.world_size << " (data " << l.data << " x tensor " << l.tensor << " x pipeline " << l.pipeline
-                        << " x context " << l.context << "), strategy " << loaded.plan.file << ", " << loaded.plan.job.get_int("steps")
+                        << "world " << l.world_size << " (data " << l.mesh.data << " x tensor " << l.mesh.tensor << " x pipeline " << l.mesh.pipeline
+                        << " x context " << l.mesh.context << "), strategy " << loaded.plan.file << ", " << loaded.plan.job.get_int("steps")
                         << " steps\n" << std::flush;
   Trainer trainer(loaded.plan, loaded.order, registry, options);
   // Ctrl-C in a single process stops before the next step and saves it; ranks under a launcher

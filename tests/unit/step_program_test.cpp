@@ -31,7 +31,7 @@ struct ClaimsFixture {
 
 TEST(Claims, UnclaimedDimensionLargerThanOneIsRefused) {
   ClaimsFixture f;
-  f.plan.layout = ParallelLayout{4, 2, 2, 1, 1, {}};
+  f.plan.layout = ParallelLayout{4, {2, 2, 1, 1}, {}};
   f.add("dp", {{Dim::Data}, {}});
   const std::string errors = f.check();
   EXPECT_NE(errors.find("[parallel] tensor = 2 but no enabled pass claims the tensor dimension"), std::string::npos) << errors;
@@ -40,27 +40,27 @@ TEST(Claims, UnclaimedDimensionLargerThanOneIsRefused) {
 
 TEST(Claims, SizeOneNeedsNoClaim) {
   ClaimsFixture f;
-  f.plan.layout = ParallelLayout{1, 1, 1, 1, 1, {}};
+  f.plan.layout = ParallelLayout{1, {1, 1, 1, 1}, {}};
   EXPECT_EQ(f.check(), "");
 }
 
 TEST(Claims, TwoPassesClaimingOneDimensionConflict) {
   ClaimsFixture f;
-  f.plan.layout = ParallelLayout{2, 2, 1, 1, 1, {}};
+  f.plan.layout = ParallelLayout{2, {2, 1, 1, 1}, {}};
   f.add("a", {{Dim::Data}, {}}).add("b", {{Dim::Data}, {}});
   EXPECT_NE(f.check().find("pass 'b' and pass 'a' (at s.toml:1:1) both claim the data dimension"), std::string::npos) << f.check();
 }
 
 TEST(Claims, DeclaredConflictIsNotReportedTwice) {
   ClaimsFixture f;
-  f.plan.layout = ParallelLayout{2, 2, 1, 1, 1, {}};
+  f.plan.layout = ParallelLayout{2, {2, 1, 1, 1}, {}};
   f.add("a", {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}, {"b"}).add("b", {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}});
   EXPECT_EQ(f.check(), "");  // order_passes reports the declared conflict
 }
 
 TEST(Claims, TwoOwnersOfAStageConflict) {
   ClaimsFixture f;
-  f.plan.layout = ParallelLayout{1, 1, 1, 1, 1, {}};
+  f.plan.layout = ParallelLayout{1, {1, 1, 1, 1}, {}};
   f.add("pipe", {{}, {{Stage::ForwardBackward, StageUse::Own}}}).add("other", {{}, {{Stage::ForwardBackward, StageUse::Own}}});
   EXPECT_NE(f.check().find("both own the step stage 'forward_backward'"), std::string::npos) << f.check();
 }

@@ -67,7 +67,7 @@ TEST(Strategy, GoodStrategyResolvesWithDefaultsAndOrigins) {
   EXPECT_EQ(r.plan.passes[0].config.get_string("dtype"), "fp16");
   EXPECT_TRUE(r.plan.passes[0].enabled);
   EXPECT_FALSE(r.plan.passes[1].enabled);
-  EXPECT_EQ(r.plan.layout.data, 1);
+  EXPECT_EQ(r.plan.layout.mesh.data, 1);
 }
 
 TEST(Strategy, TomlSyntaxErrorHasPosition) {
@@ -179,8 +179,8 @@ TEST(Strategy, DisableSwitchesPassOff) {
 TEST(Strategy, ParallelAutoFillsWorldSize) {
   Result r = resolve_text(std::string(kGood) + "\n[parallel]\ntensor = 2\n", {}, {}, 8);
   ASSERT_TRUE(r.diagnostics.ok()) << errors(r);
-  EXPECT_EQ(r.plan.layout.data, 4);
-  EXPECT_EQ(r.plan.layout.tensor, 2);
+  EXPECT_EQ(r.plan.layout.mesh.data, 4);
+  EXPECT_EQ(r.plan.layout.mesh.tensor, 2);
   Result bad = resolve_text(std::string(kGood) + "\n[parallel]\ntensor = 3\n", {}, {}, 8);
   EXPECT_NE(errors(bad).find("s.toml:25:1: error: [parallel] tensor 3 x pipeline 1 x context 1 = 3 does not divide the world size 8"),
             std::string::npos)

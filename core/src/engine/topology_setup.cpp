@@ -31,9 +31,9 @@ std::shared_ptr<Topology> make_topology(const ResolvedStrategy& plan, const Comp
   for (const auto& name : l.order)
     order.push_back(name == "tensor" ? Dim::Tensor : name == "context" ? Dim::Context : name == "pipeline" ? Dim::Pipeline : Dim::Data);
   auto topology = std::make_shared<Topology>(
-      std::map<Dim, int>{{Dim::Data, static_cast<int>(l.data)}, {Dim::Tensor, static_cast<int>(l.tensor)},
-                         {Dim::Pipeline, static_cast<int>(l.pipeline)}, {Dim::Context, static_cast<int>(l.context)},
-                         {Dim::Expert, static_cast<int>(l.expert)}},
+      std::map<Dim, int>{{Dim::Data, static_cast<int>(l.mesh.data)}, {Dim::Tensor, static_cast<int>(l.mesh.tensor)},
+                         {Dim::Pipeline, static_cast<int>(l.mesh.pipeline)}, {Dim::Context, static_cast<int>(l.mesh.context)},
+                         {Dim::Expert, static_cast<int>(l.mesh.expert)}},
       order, env.rank);
   const std::string& name = plan.parallel.get_string("backend");
   auto backend_named = [&](const std::string& n) {

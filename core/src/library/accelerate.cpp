@@ -224,8 +224,8 @@ Accelerated accelerate(std::unique_ptr<ModelFactory> model, OptimizerSpec optimi
     if (!check_plan(raw, *out.registry, env.world_size, checked, diagnostics)) throw UserError(diagnostics.str());
     if (const auto* plain = dynamic_cast<const PlainModuleFactory*>(checked.plan.model_component)) {
       const ParallelLayout& l = checked.plan.layout;
-      for (const auto& [dim, size] : {std::pair<const char*, int64_t>{"tensor", l.tensor}, {"pipeline", l.pipeline}, {"context", l.context},
-                                      {"expert", l.expert}})
+      for (const auto& [dim, size] : {std::pair<const char*, int64_t>{"tensor", l.mesh.tensor}, {"pipeline", l.mesh.pipeline}, {"context", l.mesh.context},
+                                      {"expert", l.mesh.expert}})
         if (size > 1) throw UserError(plain->model_parallel_refusal(std::string(dim) + " = " + std::to_string(size)));
     }
     out.strategy = resolved_strategy_toml(checked.plan);

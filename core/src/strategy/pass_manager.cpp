@@ -128,11 +128,11 @@ bool declares_conflict(const Pass& a, const Pass& b) {
 
 int64_t layout_size(const ParallelLayout& layout, Dim dim) {
   switch (dim) {
-    case Dim::Data: return layout.data;
-    case Dim::Tensor: return layout.tensor;
-    case Dim::Pipeline: return layout.pipeline;
-    case Dim::Context: return layout.context;
-    case Dim::Expert: return layout.expert;
+    case Dim::Data: return layout.mesh.data;
+    case Dim::Tensor: return layout.mesh.tensor;
+    case Dim::Pipeline: return layout.mesh.pipeline;
+    case Dim::Context: return layout.mesh.context;
+    case Dim::Expert: return layout.mesh.expert;
   }
   return 1;
 }

@@ -165,9 +165,9 @@ ParallelLayout resolve_layout(const Config& parallel, const SourcePos& pos, int6
   if (!parallel.has("tensor") || !parallel.has("pipeline") || !parallel.has("context") || !parallel.has("data") ||
       !parallel.has("order"))
     return layout;  // a bad key was reported already
-  layout.tensor = parallel.get_int("tensor");
-  layout.pipeline = parallel.get_int("pipeline");
-  layout.context = parallel.get_int("context");
+  layout.mesh.tensor = parallel.get_int("tensor");
+  layout.mesh.pipeline = parallel.get_int("pipeline");
+  layout.mesh.context = parallel.get_int("context");
   layout.order = parallel.get_strings("order");
   StringList sorted = layout.order;
   std::sort(sorted.begin(), sorted.end());
@@ -175,30 +175,30 @@ ParallelLayout resolve_layout(const Config& parallel, const SourcePos& pos, int6
     diagnostics.error(parallel.entry("order").pos.line ? parallel.entry("order").pos : pos,
                       "[parallel] order must name tensor, context, pipeline and data once each, got " +
                           value_to_toml(Value{layout.order}));
-  const int64_t model_parallel = layout.tensor * layout.pipeline * layout.context;
-  const std::string sizes = "tensor " + std::to_string(layout.tensor) + " x pipeline " + std::to_string(layout.pipeline) +
-                            " x context " + std::to_string(layout.context);
+  const int64_t model_parallel = layout.mesh.tensor * layout.mesh.pipeline * layout.mesh.context;
+  const std::string sizes = "tensor " + std::to_string(layout.mesh.tensor) + " x pipeline " + std::to_string(layout.mesh.pipeline) +
+                            " x context " + std::to_string(layout.mesh.context);
   if (parallel.is_auto("data")) {
     if (world_size % model_parallel != 0) {
       diagnostics.error(pos, "[parallel] " + sizes + " = " + std::to_string(model_parallel) +
                                  " does not divide the world size " + std::to_string(world_size));
       return layout;
     }
-    layout.data = world_size / model_parallel;
+    layout.mesh.data = world_size / model_parallel;
   } else {
-    layout.data = parallel.get_int("data");
-    if (layout.data * model_parallel != world_size)
+    layout.mesh.data = parallel.get_int("data");
+    if (layout.mesh.data * model_parallel != world_size)
       diagnostics.error(parallel.entry("data").pos.line ? parallel.entry("data").pos : pos,
-                        "[parallel] data " + std::to_string(layout.data) + " x " + sizes + " = " +
-                            std::to_string(layout.data * model_parallel) + " ranks, but the world size is " +
+                        "[parallel] data " + std::to_string(layout.mesh.data) + " x " + sizes + " = " +
+                            std::to_string(layout.mesh.data * model_parallel) + " ranks, but the world size is " +
                             std::to_string(world_size) + "; set data = \"auto\" or change the sizes");
   }
   if (parallel.has("expert")) {
-    layout.expert = parallel.get_int("expert");
-    if (layout.data % layout.expert != 0)
+    layout.mesh.expert = parallel.get_int("expert");
+    if (layout.mesh.data % layout.mesh.expert != 0)
       diagnostics.error(parallel.entry("expert").pos.line ? parallel.entry("expert").pos : pos,
-                        "[parallel] expert " + std::to_string(layout.expert) + " does not divide the data size " +
-                            std::to_string(layout.data) + " (experts split over groups of data ranks)");
+                        "[parallel] expert " + std::to_string(layout.mesh.expert) + " does not divide the data size " +
+                            std::to_string(layout.mesh.data) + " (experts split over groups of data ranks)");
   }
   return layout;
 }
@@ -249,22 +249,21 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
     if (diagnostics.items().size() == before) pass->validate(entry.config, section.pos, diagnostics);
     out.passes.push_back(std::move(entry));
   }
+  // The micro-batches a data-parallel rank runs per step, computed here once for every reader.
+  if (out.job.has("global_batch") && out.job.has("micro_batch")) {
+    const int64_t local_batch = out.job.get_int("global_batch") / std::max<int64_t>(1, out.layout.mesh.data), micro_batch = micro_batch_size(out);
+    out.layout.mesh.micro_batches = micro_batch > 0 ? std::max<int64_t>(1, local_batch / micro_batch) : 1;
+  }
   return out;
 }
 
 int64_t micro_batch_size(const ResolvedStrategy& plan) {
-  const int64_t local_batch = plan.job.get_int("global_batch") / std::max<int64_t>(1, plan.layout.data);
+  const int64_t local_batch = plan.job.get_int("global_batch") / std::max<int64_t>(1, plan.layout.mesh.data);
   return plan.job.get_int("micro_batch") > 0 ? plan.job.get_int("micro_batch") : local_batch;
 }
 
-MeshSizes mesh_sizes(const ResolvedStrategy& plan) {
-  const ParallelLayout& l = plan.layout;
-  const int64_t local_batch = plan.job.get_int("global_batch") / std::max<int64_t>(1, l.data), micro_batch = micro_batch_size(plan);
-  return {l.data, l.tensor, l.pipeline, l.context, micro_batch > 0 ? std::max<int64_t>(1, local_batch / micro_batch) : 1, l.expert};
-}
-
 PlanFacts plan_facts(const ResolvedStrategy& plan) {
-  PlanFacts facts{plan.job, plan.model, *static_cast<const ModelFactory*>(plan.model_component), mesh_sizes(plan)};
+  PlanFacts facts{plan.job, plan.model, *static_cast<const ModelFactory*>(plan.model_component), plan.layout.mesh};
   try {
     facts.device = c10::Device(plan.job.get_string("device")).type();
   } catch (const c10::Error&) {
@@ -284,7 +283,7 @@ PlanFacts plan_facts(const ResolvedStrategy& plan) {
 void check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
   if (!diagnostics.ok()) return;  // sizes of a strategy with errors mean nothing
   const int64_t global_batch = plan.job.get_int("global_batch"), micro_batch = plan.job.get_int("micro_batch");
-  const int64_t dp = plan.layout.data;
+  const int64_t dp = plan.layout.mesh.data;
   const SourcePos& batch_pos = plan.job.entry("global_batch").pos;
   if (dp < 1) return;  // the layout was refused already
   if (plan.job.get_int("rank_memory_limit_mb") > 0 && plan.job.get_string("host_memory") == "keep")
@@ -301,13 +300,13 @@ void check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
                                                               std::to_string(dp) + " data-parallel ranks is not a multiple of micro_batch " +
                                                               std::to_string(micro_batch));
   if (!plan.dataset_component || !plan.model_component) return;
-  if (plan.layout.tensor > 1)
-    if (const std::string problem = static_cast<const ModelFactory*>(plan.model_component)->split_problem(plan.model, plan.layout.tensor);
+  if (plan.layout.mesh.tensor > 1)
+    if (const std::string problem = static_cast<const ModelFactory*>(plan.model_component)->split_problem(plan.model, plan.layout.mesh.tensor);
         !problem.empty())
       diagnostics.error(plan.parallel.has("tensor") && !plan.parallel.entry("tensor").pos.file.empty() ? plan.parallel.entry("tensor").pos
                                                                                                         : SourcePos{plan.file, 0, 0},
                         problem);
-  const MeshSizes mesh = mesh_sizes(plan);
+  const MeshSizes mesh = plan.layout.mesh;
   for (const auto& entry : plan.passes)
     if (entry.enabled)
       if (const std::string problem = entry.pass->size_problem(entry.config, plan.model, mesh); !problem.empty())

@@ -32,7 +32,7 @@ bool section_enabled(const RawSection& section) {
 // one choice).
 std::string effective_strategy(const ResolvedStrategy& plan) {
   ResolvedStrategy copy = plan;
-  const MeshSizes mesh = mesh_sizes(plan);
+  const MeshSizes& mesh = plan.layout.mesh;
   copy.job.set("micro_batch", Config::Entry{plan.job.get_int("global_batch") / std::max<int64_t>(1, mesh.data) / mesh.micro_batches});
   copy.file = "strategy.toml";  // the same for every candidate
   return resolved_strategy_toml(copy);
@@ -43,7 +43,7 @@ std::string effective_strategy(const ResolvedStrategy& plan) {
 void name_layout(TuneCandidate& c, const std::vector<int64_t>& tried) {
   const ParallelLayout& l = c.checked.plan.layout;
   for (size_t i = 0; i < 4; ++i) {
-    const int64_t size = c.rejected.empty() ? (i == 0 ? l.data : i == 1 ? l.tensor : i == 2 ? l.pipeline : l.context) : tried[i];
+    const int64_t size = c.rejected.empty() ? (i == 0 ? l.mesh.data : i == 1 ? l.mesh.tensor : i == 2 ? l.mesh.pipeline : l.mesh.context) : tried[i];
     if (size <= 1) continue;
     std::string server;
     for (const auto& entry : c.checked.plan.passes)
@@ -89,7 +89,7 @@ bool open_to_finetune(RawStrategy& raw, const ComponentRegistry& registry, int64
   OperatorTable::global().install(registry);
   if (!check_plan(raw, registry, ranks, checked, diagnostics)) return false;
   const ParallelLayout& l = checked.plan.layout;
-  const std::pair<const char*, int64_t> sizes[] = {{"data", l.data}, {"tensor", l.tensor}, {"pipeline", l.pipeline}, {"context", l.context}};
+  const std::pair<const char*, int64_t> sizes[] = {{"data", l.mesh.data}, {"tensor", l.mesh.tensor}, {"pipeline", l.mesh.pipeline}, {"context", l.mesh.context}};
   for (const auto& [dim, size] : sizes) raw.parallel.set(dim, RawEntry{Value{size}, SourcePos{"strata tune --finetune", 0, 0}, Origin::CommandLine});
   auto open = [](RawSection& section, const Schema& schema) {
     std::erase_if(section.entries, [&](const auto& entry) {

@@ -60,10 +60,12 @@ struct PassEntry {
   SourcePos pos;
 };
 
+// The mesh a strategy resolved to. Its sizes are the plugin ABI's MeshSizes, the one type for them
+// in core and plugins (expert divides data); `mesh.micro_batches` is the micro-batches each
+// data-parallel rank runs per optimizer step, set by resolve_strategy from [job].
 struct ParallelLayout {
   int64_t world_size = 1;
-  int64_t data = 1, tensor = 1, pipeline = 1, context = 1;
-  int64_t expert = 1;  // divides data
+  MeshSizes mesh;
   StringList order;  // innermost first
 };
 
@@ -92,8 +94,6 @@ STRATA_API void check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnosti
 // reason is returned, and `strata plan` says the data was not checked. Exporting a checkpoint
 // does not call it.
 STRATA_API std::string check_data(const ResolvedStrategy& plan, Diagnostics& diagnostics);
-// The mesh sizes of the plan and its micro-batches per step on each data-parallel rank.
-STRATA_API MeshSizes mesh_sizes(const ResolvedStrategy& plan);
 // What passes may read of the plan (describe_plan, plan_problem): sections, model factory, mesh,
 // device and the dtype the blocks compute in. Needs the plan's model component.
 STRATA_API PlanFacts plan_facts(const ResolvedStrategy& plan);
