@@ -148,17 +148,11 @@ void catch_interrupt_on_own_stack() {
   sigemptyset(&action.sa_mask);
   ::sigaction(SIGINT, &action, nullptr);
 }
-}  // namespace
 
-// Runs `mpirun -np N strata run ...` (the same arguments but -n; with `resume`, --resume instead
-// of --overwrite) and waits for it. Local
-// launches oversubscribe (more ranks than cores is fine for tests) and do not bind ranks to
-// cores; as root, mpirun needs to be told that is intended. Ranks write their errors to a
-// directory instead of standard error, so an error every rank hits is reported once.
-AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& options) {
-  const int64_t ranks = options.ranks;
-  const bool resume = options.resume;
-  std::vector<std::string> words{"mpirun", "-np", std::to_string(ranks), "--oversubscribe", "--bind-to", "none"};
+// `mpirun -np N ... strata ARGS`: this command's own arguments without -n (each rank is one
+// process), with --resume in place of --overwrite when the attempt resumes.
+std::vector<std::string> mpirun_words(int argc, char** argv, const AttemptOptions& options) {
+  std::vector<std::string> words{"mpirun", "-np", std::to_string(options.ranks), "--oversubscribe", "--bind-to", "none"};
   if (::geteuid() == 0) words.push_back("--allow-run-as-root");
   words.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
   for (int i = 1; i < argc; ++i) {
@@ -168,10 +162,23 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
       continue;
     }
     if (arg.rfind("--ranks=", 0) == 0) continue;
-    if (resume && (arg == "--overwrite" || arg == "--resume")) continue;
+    if (options.resume && (arg == "--overwrite" || arg == "--resume")) continue;
     words.push_back(arg);
   }
-  if (resume) words.push_back("--resume");
+  if (options.resume) words.push_back("--resume");
+  return words;
+}
+
+}  // namespace
+
+// Runs `mpirun -np N strata run ...` (the same arguments but -n; with `resume`, --resume instead
+// of --overwrite) and waits for it. Local
+// launches oversubscribe (more ranks than cores is fine for tests) and do not bind ranks to
+// cores; as root, mpirun needs to be told that is intended. Ranks write their errors to a
+// directory instead of standard error, so an error every rank hits is reported once.
+AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& options) {
+  const int64_t ranks = options.ranks;
+  std::vector<std::string> words = mpirun_words(argc, argv, options);
   std::vector<char*> exec_args;
   for (auto& w : words) exec_args.push_back(w.data());
   exec_args.push_back(nullptr);

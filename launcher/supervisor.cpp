@@ -197,55 +197,61 @@ void HangWatch::watch() {
     const double deadline = starting ? start_timeout_s_ : timeout_s_ > 0 ? timeout_s_ : std::max(60.0, 10.0 * slowest_step);
     const double idle = seconds_since(newest_change);
     if (idle < deadline) continue;
-    // A hang: the ranks furthest behind are the culprits, unless every rank is at the same point.
-    auto position = [](const ProgressRecord& p) { return std::make_pair(p.step, p.phase); };
-    auto behind = position(last[0]), ahead = position(last[0]);
-    for (const auto& p : last) behind = std::min(behind, position(p)), ahead = std::max(ahead, position(p));
-    std::string culprits, detail = "[";
-    for (int r = 0; r < ranks_; ++r) {
-      const auto& p = last[static_cast<size_t>(r)];
-      if (position(p) == behind && behind != ahead) culprits += (culprits.empty() ? "" : ", ") + std::to_string(r);
-      std::ostringstream one;
-      one.precision(3);
-      one << (r ? "," : "") << "{\"rank\":" << r << ",\"pid\":" << p.pid << ",\"step\":" << p.step << ",\"phase\":"
-          << json_string(step_phase_name(static_cast<StepPhase>(p.phase)));
-      if (p.micro >= 0) one << ",\"micro_batch\":" << p.micro << ",\"in\":\"" << (p.micro_backward ? "backward" : "forward") << "\"";
-      one << ",\"idle_s\":" << seconds_since(changed[static_cast<size_t>(r)]) << "}";
-      detail += one.str();
-    }
-    detail += "]";
-    // The flight records name the collective, when there is one to name.
-    std::vector<ProgressFile> files(static_cast<size_t>(ranks_));
-    std::vector<bool> present(static_cast<size_t>(ranks_));
-    for (int r = 0; r < ranks_; ++r) present[static_cast<size_t>(r)] = read_progress_file(dir_, r, files[static_cast<size_t>(r)]);
-    const CollectiveDiagnosis collective = diagnose_collectives(files, present);
-    flight_record_ = flight_record_json(files, present);
-    std::ostringstream cause;
-    cause.precision(3);
-    cause << "hang: no rank made progress for " << idle << " s (deadline " << deadline << " s); ";
-    if (!collective.culprits.empty()) {
-      cause << collective.cause;
-      for (int r : collective.culprits) {
-        const ProgressRecord& p = last[static_cast<size_t>(r)];
-        cause << "; rank " << r << " is at step " << p.step << ", " << step_phase_name(static_cast<StepPhase>(p.phase));
-        if (p.micro >= 0) cause << " (micro-batch " << p.micro << ", " << (p.micro_backward ? "backward" : "forward") << ")";
-      }
-    } else {
-      if (culprits.empty())
-        cause << "every rank stopped at step " << behind.first << ", " << step_phase_name(static_cast<StepPhase>(behind.second));
-      else
-        cause << "rank" << (culprits.find(',') == std::string::npos ? " " : "s ") << culprits << " behind at step " << behind.first << ", "
-              << step_phase_name(static_cast<StepPhase>(behind.second)) << "; the others wait at step " << ahead.first << ", "
-              << step_phase_name(static_cast<StepPhase>(ahead.second));
-      if (!collective.cause.empty()) cause << "; " << collective.cause;
-    }
-    cause_ = cause.str();
-    detail_ = detail;
-    hang_s_ = idle;
+    describe_hang(last, changed, idle, deadline);
     for (const auto& p : last)
       if (p.pid > 0) ::kill(p.pid, SIGKILL);
     return;
   }
+}
+
+// The cause of a hang the watch declared: the collective the flight records name when there is
+// one; else the ranks furthest behind, unless every rank is at the same point.
+void HangWatch::describe_hang(const std::vector<ProgressRecord>& last, const std::vector<std::chrono::steady_clock::time_point>& changed,
+                              double idle, double deadline) {
+  auto position = [](const ProgressRecord& p) { return std::make_pair(p.step, p.phase); };
+  auto behind = position(last[0]), ahead = position(last[0]);
+  for (const auto& p : last) behind = std::min(behind, position(p)), ahead = std::max(ahead, position(p));
+  std::string culprits, detail = "[";
+  for (int r = 0; r < ranks_; ++r) {
+    const auto& p = last[static_cast<size_t>(r)];
+    if (position(p) == behind && behind != ahead) culprits += (culprits.empty() ? "" : ", ") + std::to_string(r);
+    std::ostringstream one;
+    one.precision(3);
+    one << (r ? "," : "") << "{\"rank\":" << r << ",\"pid\":" << p.pid << ",\"step\":" << p.step << ",\"phase\":"
+        << json_string(step_phase_name(static_cast<StepPhase>(p.phase)));
+    if (p.micro >= 0) one << ",\"micro_batch\":" << p.micro << ",\"in\":\"" << (p.micro_backward ? "backward" : "forward") << "\"";
+    one << ",\"idle_s\":" << seconds_since(changed[static_cast<size_t>(r)]) << "}";
+    detail += one.str();
+  }
+  detail += "]";
+  // The flight records name the collective, when there is one to name.
+  std::vector<ProgressFile> files(static_cast<size_t>(ranks_));
+  std::vector<bool> present(static_cast<size_t>(ranks_));
+  for (int r = 0; r < ranks_; ++r) present[static_cast<size_t>(r)] = read_progress_file(dir_, r, files[static_cast<size_t>(r)]);
+  const CollectiveDiagnosis collective = diagnose_collectives(files, present);
+  flight_record_ = flight_record_json(files, present);
+  std::ostringstream cause;
+  cause.precision(3);
+  cause << "hang: no rank made progress for " << idle << " s (deadline " << deadline << " s); ";
+  if (!collective.culprits.empty()) {
+    cause << collective.cause;
+    for (int r : collective.culprits) {
+      const ProgressRecord& p = last[static_cast<size_t>(r)];
+      cause << "; rank " << r << " is at step " << p.step << ", " << step_phase_name(static_cast<StepPhase>(p.phase));
+      if (p.micro >= 0) cause << " (micro-batch " << p.micro << ", " << (p.micro_backward ? "backward" : "forward") << ")";
+    }
+  } else {
+    if (culprits.empty())
+      cause << "every rank stopped at step " << behind.first << ", " << step_phase_name(static_cast<StepPhase>(behind.second));
+    else
+      cause << "rank" << (culprits.find(',') == std::string::npos ? " " : "s ") << culprits << " behind at step " << behind.first << ", "
+            << step_phase_name(static_cast<StepPhase>(behind.second)) << "; the others wait at step " << ahead.first << ", "
+            << step_phase_name(static_cast<StepPhase>(ahead.second));
+    if (!collective.cause.empty()) cause << "; " << collective.cause;
+  }
+  cause_ = cause.str();
+  detail_ = detail;
+  hang_s_ = idle;
 }
 
 namespace {
@@ -324,6 +330,66 @@ bool check_before_start(const SupervisorOptions& options, int attempt, EventLog&
   return true;
 }
 
+// Flash checkpoints: a fresh run starts without snapshots; a resumed one first writes to disk
+// what a supervisor killed before it could left in memory.
+void start_flash_persister(std::optional<FlashPersister>& flash, const SupervisorOptions& options, EventLog& events) {
+  std::error_code ignored;
+  if (!options.first_attempt_resumes) fs::remove_all(options.flash_dir, ignored);
+  release_flash_slots(options.flash_dir);
+  flash.emplace(options.flash_dir, options.run_dir / "checkpoints", options.checkpoint_every, options.keep_checkpoints,
+                [&events](const std::string& event, const std::string& fields) { events.write(event, -1, fields); }, options.persist_pause);
+  if (options.first_attempt_resumes) flash->persist_newest("start");
+}
+
+// A failed attempt in events.jsonl: its cause and the steps it lost; after a hang, every rank's
+// last progress and collectives (flight_record_attempt_N.json), for a reader who wants more than
+// the cause's one line.
+void record_failure(EventLog& events, int n, const AttemptResult& result, const std::string& cause, int64_t step_reached,
+                    int64_t checkpoint, const fs::path& run_dir) {
+  std::ostringstream fields;
+  fields << ",\"cause\":" << json_string(cause) << ",\"status\":" << result.status << ",\"step_reached\":" << step_reached
+         << ",\"checkpoint_step\":" << checkpoint << ",\"steps_lost\":" << std::max<int64_t>(0, step_reached - checkpoint);
+  if (!result.hang_ranks.empty()) {
+    std::string flight;
+    if (!result.flight_record.empty()) {
+      const std::string name = "flight_record_attempt_" + std::to_string(n) + ".json";
+      std::ofstream(run_dir / name) << result.flight_record << "\n";
+      flight = ",\"flight_record\":" + json_string(name);
+    }
+    events.write("hang", n, ",\"ranks\":" + result.hang_ranks + flight);
+  }
+  events.write("failure", n, fields.str());
+}
+
+// The elastic path: a rank blamed for two failures in a row is left out (its device slot
+// dropped) while at least [job] min_ranks remain.
+void shrink_if_blamed_twice(int blamed, int& previously_blamed, const SupervisorOptions& options, std::vector<int>& slots, EventLog& events,
+                            int n) {
+  const int64_t ranks = static_cast<int64_t>(slots.size());
+  if (blamed < 0 || blamed != previously_blamed || options.min_ranks <= 0 || ranks - 1 < options.min_ranks) {
+    previously_blamed = blamed;
+    return;
+  }
+  std::cerr << "strata: rank " << blamed << " failed in two attempts in a row; continuing on " << ranks - 1 << " ranks\n";
+  events.write("shrink", n,
+               ",\"from\":" + std::to_string(ranks) + ",\"to\":" + std::to_string(ranks - 1) + ",\"excluded_rank\":" + std::to_string(blamed) +
+                   ",\"slot\":" + std::to_string(slots[static_cast<size_t>(blamed)]));
+  slots.erase(slots.begin() + blamed);
+  previously_blamed = -1;
+}
+
+// The last line of a run that stops without finishing: given up after [job] max_restarts, or
+// interrupted, with the command that continues it.
+void say_why_stopped(const SupervisorOptions& options, int n, const AttemptResult& result, const std::string& cause, int64_t step_reached,
+                     int64_t checkpoint, size_t ranks) {
+  if (options.max_restarts > 0 && n >= options.max_restarts && result.status != 2 && !result.interrupted)
+    std::cerr << "strata: error: giving up after " << n << " restart" << (n == 1 ? "" : "s") << " ([job] max_restarts = "
+              << options.max_restarts << "); last failure: " << cause << "; resume with --resume\n";
+  if (result.interrupted)
+    std::cerr << "strata: interrupted at step " << step_reached << " (newest checkpoint: step " << checkpoint << "); continue with `strata run -n "
+              << ranks << " " << (options.run_dir / "strategy.toml").string() << " --out " << options.run_dir.string() << " --resume`\n";
+}
+
 }  // namespace
 
 int supervise(const SupervisorOptions& options,
@@ -339,15 +405,7 @@ int supervise(const SupervisorOptions& options,
   // Flash checkpoints: a fresh run starts without snapshots; a resumed one first writes to disk
   // what a supervisor killed before it could left in memory.
   std::optional<FlashPersister> flash;
-  if (!options.flash_dir.empty()) {
-    std::error_code ignored;
-    if (!options.first_attempt_resumes) fs::remove_all(options.flash_dir, ignored);
-    release_flash_slots(options.flash_dir);
-    flash.emplace(options.flash_dir, options.run_dir / "checkpoints", options.checkpoint_every, options.keep_checkpoints,
-                  [&events](const std::string& event, const std::string& fields) { events.write(event, -1, fields); },
-                  options.persist_pause);
-    if (options.first_attempt_resumes) flash->persist_newest("start");
-  }
+  if (!options.flash_dir.empty()) start_flash_persister(flash, options, events);
   for (int n = 0;; ++n) {
     if (options.health_check != "off") {
       const auto checking = Clock::now();
@@ -387,9 +445,8 @@ int supervise(const SupervisorOptions& options,
       if (restarts > 0) {
         std::ostringstream line;
         line.precision(3);
-        line << "strata: finished after " << restarts << " restart" << (restarts > 1 ? "s" : "") << "; goodput " << goodput
-             << " (kept steps " << kept.kept_ms / 1000.0 << " s of " << wall << " s wall; " << recomputed_steps
-             << " steps recomputed, " << recovery_seconds << " s restarting)";
+        line << "strata: finished after " << restarts << " restart" << (restarts > 1 ? "s" : "") << "; goodput " << goodput << " (kept steps "
+             << kept.kept_ms / 1000.0 << " s of " << wall << " s wall; " << recomputed_steps << " steps recomputed, " << recovery_seconds << " s restarting)";
         std::cerr << line.str() << "\n";
       }
       return 0;
@@ -399,44 +456,15 @@ int supervise(const SupervisorOptions& options,
     const std::string cause = result.interrupted ? "interrupted (Ctrl-C)"
                               : !result.cause.empty() ? result.cause
                                                       : "ranks exited with status " + std::to_string(result.status);
-    std::ostringstream fields;
-    fields << ",\"cause\":" << json_string(cause) << ",\"status\":" << result.status << ",\"step_reached\":" << reached.last_step
-           << ",\"checkpoint_step\":" << checkpoint << ",\"steps_lost\":" << std::max<int64_t>(0, reached.last_step - checkpoint);
-    if (!result.hang_ranks.empty()) {
-      // Every rank's last collectives, for a reader who wants more than the cause's one line.
-      std::string flight;
-      if (!result.flight_record.empty()) {
-        const std::string name = "flight_record_attempt_" + std::to_string(n) + ".json";
-        std::ofstream(options.run_dir / name) << result.flight_record << "\n";
-        flight = ",\"flight_record\":" + json_string(name);
-      }
-      events.write("hang", n, ",\"ranks\":" + result.hang_ranks + flight);
-    }
-    events.write("failure", n, fields.str());
+    record_failure(events, n, result, cause, reached.last_step, checkpoint, options.run_dir);
     // Bad input fails the same way again; Ctrl-C means stop. Both leave a resumable run.
     if (result.status == 2 || result.interrupted || n >= options.max_restarts) {
-      if (options.max_restarts > 0 && n >= options.max_restarts && result.status != 2 && !result.interrupted)
-        std::cerr << "strata: error: giving up after " << n << " restart" << (n == 1 ? "" : "s") << " ([job] max_restarts = "
-                  << options.max_restarts << "); last failure: " << cause << "; resume with --resume\n";
-      if (result.interrupted)
-        std::cerr << "strata: interrupted at step " << reached.last_step << " (newest checkpoint: step " << checkpoint
-                  << "); continue with `strata run -n " << slots.size() << " " << (options.run_dir / "strategy.toml").string() << " --out "
-                  << options.run_dir.string() << " --resume`\n";
+      say_why_stopped(options, n, result, cause, reached.last_step, checkpoint, slots.size());
       if (flash && persisted) flash->remove();  // everything is on disk
       // 2 (bad input) stays 2; any other failure (mpirun's 128 + signal included) is 1.
       return result.status == 2 ? 2 : 1;
     }
-    const int blamed = blamed_rank(cause);
-    if (blamed >= 0 && blamed == previously_blamed && options.min_ranks > 0 && ranks - 1 >= options.min_ranks) {
-      std::cerr << "strata: rank " << blamed << " failed in two attempts in a row; continuing on " << ranks - 1 << " ranks\n";
-      events.write("shrink", n,
-                   ",\"from\":" + std::to_string(ranks) + ",\"to\":" + std::to_string(ranks - 1) + ",\"excluded_rank\":" + std::to_string(blamed) +
-                       ",\"slot\":" + std::to_string(slots[static_cast<size_t>(blamed)]));
-      slots.erase(slots.begin() + blamed);
-      previously_blamed = -1;
-    } else {
-      previously_blamed = blamed;
-    }
+    shrink_if_blamed_twice(blamed_rank(cause), previously_blamed, options, slots, events, n);
     const double backoff = std::min(60.0, options.backoff_seconds * std::pow(2.0, static_cast<double>(n)));
     std::cerr << "strata: " << cause << " at step " << reached.last_step << "; restarting all ranks from "
               << (checkpoint > 0 ? "the checkpoint of step " + std::to_string(checkpoint) : std::string("step 0")) << " in "

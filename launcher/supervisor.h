@@ -7,12 +7,17 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
+
+namespace strata {
+struct ProgressRecord;
+}
 
 namespace strata::cli {
 
@@ -69,6 +74,8 @@ class HangWatch {
 
  private:
   void watch();
+  void describe_hang(const std::vector<ProgressRecord>& last, const std::vector<std::chrono::steady_clock::time_point>& changed, double idle,
+                     double deadline);
   std::filesystem::path dir_;
   int ranks_;
   double timeout_s_, start_timeout_s_;

@@ -146,6 +146,55 @@ NamedTensors parse_safetensors(const std::string& bytes, const std::string& labe
 
 namespace {
 
+struct TensorEntry {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+// One tensor's header entry, checked: its dtype known, its shape's size within 64 bits, its data
+// offsets spanning exactly the bytes its shape and dtype need.
+TensorEntry tensor_entry(const std::string& name, const nlohmann::json& info, const std::string& label) {
+  auto fail = [&](const std::string& why) -> UserError { return UserError("safetensors file " + label + ": " + why); };
+  if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets"))
+    throw fail("tensor '" + name + "' needs dtype, shape and data_offsets");
+  TensorEntry e{name, at::kFloat, {}, 0, 0};
+  if (!info["dtype"].is_string()) throw fail("tensor '" + name + "' has a non-string dtype");
+  auto dt = std::find_if(dtype_names().begin(), dtype_names().end(),
+                         [&](const auto& p) { return p.first == info["dtype"].get<std::string>(); });
+  if (dt == dtype_names().end()) throw fail("tensor '" + name + "' has unknown dtype " + info["dtype"].dump());
+  e.dtype = dt->second;
+  if (!info["shape"].is_array()) throw fail("tensor '" + name + "' shape is not a list");
+  // Checked arithmetic: [2^32, 2^32, 0] or [2^63, 2] must not wrap into a plausible size. A zero
+  // dimension empties the tensor but libtorch still computes strides from the others, so
+  // [0, 2^62, 4] cannot be allocated either: the product is taken with zeros counted as one.
+  int64_t extent = 1;
+  bool empty = false, overflow = false;
+  for (const auto& d : info["shape"]) {
+    if (!d.is_number_unsigned()) throw fail("tensor '" + name + "' has a negative or non-integer dimension");
+    const uint64_t size = d.get<uint64_t>();
+    if (size > static_cast<uint64_t>(INT64_MAX)) throw fail("tensor '" + name + "' has a dimension of " + std::to_string(size) + ", too large");
+    e.shape.push_back(static_cast<int64_t>(size));
+    if (size == 0) empty = true;
+    else overflow = overflow || __builtin_mul_overflow(extent, static_cast<int64_t>(size), &extent);
+  }
+  const uint64_t numel = empty ? 0 : static_cast<uint64_t>(extent);
+  uint64_t needed = 0;
+  if (overflow || __builtin_mul_overflow(numel, c10::elementSize(e.dtype), &needed))
+    throw fail("tensor '" + name + "' has a shape whose size overflows 64 bits");
+  const auto& offsets = info["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
+    throw fail("tensor '" + name + "' data_offsets must be two non-negative integers");
+  e.begin = offsets[0].get<uint64_t>();
+  e.end = offsets[1].get<uint64_t>();
+  if (e.end < e.begin) throw fail("tensor '" + name + "' ends before it begins");
+  if (e.end - e.begin != needed)
+    throw fail("tensor '" + name + "' spans " + std::to_string(e.end - e.begin) + " bytes but its shape and dtype need " +
+               std::to_string(needed));
+  return e;
+}
+
 // Checks everything the format promises and returns the tensors, each made by
 // `make(dtype, shape, data, bytes)` from its bytes in `bytes`, in file order.
 using MakeTensor = std::function<at::Tensor(at::ScalarType dtype, const std::vector<int64_t>& shape, const char* data, size_t bytes)>;
@@ -177,13 +226,7 @@ NamedTensors parse(std::string_view bytes, const std::string& label, Metadata* m
   }
   if (!header.is_object()) throw fail("header is not a JSON object");
 
-  struct Entry {
-    std::string name;
-    at::ScalarType dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
-  std::vector<Entry> entries;
+  std::vector<TensorEntry> entries;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
       if (!info.is_object()) throw fail("__metadata__ must be an object of strings");
@@ -193,49 +236,14 @@ NamedTensors parse(std::string_view bytes, const std::string& label, Metadata* m
       }
       continue;
     }
-    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets"))
-      throw fail("tensor '" + name + "' needs dtype, shape and data_offsets");
-    Entry e{name, at::kFloat, {}, 0, 0};
-    if (!info["dtype"].is_string()) throw fail("tensor '" + name + "' has a non-string dtype");
-    auto dt = std::find_if(dtype_names().begin(), dtype_names().end(),
-                           [&](const auto& p) { return p.first == info["dtype"].get<std::string>(); });
-    if (dt == dtype_names().end()) throw fail("tensor '" + name + "' has unknown dtype " + info["dtype"].dump());
-    e.dtype = dt->second;
-    if (!info["shape"].is_array()) throw fail("tensor '" + name + "' shape is not a list");
-    // Checked arithmetic: [2^32, 2^32, 0] or [2^63, 2] must not wrap into a plausible size. A zero
-    // dimension empties the tensor but libtorch still computes strides from the others, so
-    // [0, 2^62, 4] cannot be allocated either: the product is taken with zeros counted as one.
-    int64_t extent = 1;
-    bool empty = false, overflow = false;
-    for (const auto& d : info["shape"]) {
-      if (!d.is_number_unsigned()) throw fail("tensor '" + name + "' has a negative or non-integer dimension");
-      const uint64_t size = d.get<uint64_t>();
-      if (size > static_cast<uint64_t>(INT64_MAX)) throw fail("tensor '" + name + "' has a dimension of " + std::to_string(size) + ", too large");
-      e.shape.push_back(static_cast<int64_t>(size));
-      if (size == 0) empty = true;
-      else overflow = overflow || __builtin_mul_overflow(extent, static_cast<int64_t>(size), &extent);
-    }
-    const uint64_t numel = empty ? 0 : static_cast<uint64_t>(extent);
-    uint64_t needed = 0;
-    if (overflow || __builtin_mul_overflow(numel, c10::elementSize(e.dtype), &needed))
-      throw fail("tensor '" + name + "' has a shape whose size overflows 64 bits");
-    const auto& offsets = info["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
-      throw fail("tensor '" + name + "' data_offsets must be two non-negative integers");
-    e.begin = offsets[0].get<uint64_t>();
-    e.end = offsets[1].get<uint64_t>();
-    if (e.end < e.begin) throw fail("tensor '" + name + "' ends before it begins");
-    if (e.end - e.begin != needed)
-      throw fail("tensor '" + name + "' spans " + std::to_string(e.end - e.begin) + " bytes but its shape and dtype need " +
-                 std::to_string(needed));
-    entries.push_back(std::move(e));
+    entries.push_back(tensor_entry(name, info, label));
   }
   // Sorted by offset the tensors must tile the data buffer exactly: no overlap, no hole.
-  std::vector<const Entry*> by_offset;
+  std::vector<const TensorEntry*> by_offset;
   for (const auto& e : entries) by_offset.push_back(&e);
   std::stable_sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return std::pair(a->begin, a->end) < std::pair(b->begin, b->end); });
   uint64_t expected = 0;
-  for (const Entry* e : by_offset) {
+  for (const TensorEntry* e : by_offset) {
     if (e->begin < expected) throw fail("tensor '" + e->name + "' overlaps the tensor before it");
     if (e->begin > expected) throw fail("there is a hole in the data before tensor '" + e->name + "'");
     expected = e->end;
@@ -246,7 +254,7 @@ NamedTensors parse(std::string_view bytes, const std::string& label, Metadata* m
 
   NamedTensors out;
   const char* data = bytes.data() + 8 + header_len;
-  for (const Entry* entry : by_offset)  // in file order
+  for (const TensorEntry* entry : by_offset)  // in file order
     out.emplace_back(entry->name, make(entry->dtype, entry->shape, data + entry->begin, entry->end - entry->begin));
   return out;
 }

@@ -144,6 +144,25 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 std::string op_text(const CollectiveRecord& e) { return collective_op_name(static_cast<CollectiveOp>(e.op)); }
 
+// The newest collective number a rank issued on a group (0: none recorded; -1: not a member).
+int64_t newest_collective(const RankFlight& f, std::pair<uint64_t, int> group_key) {
+  auto it = f.group_index.find(group_key);
+  if (it == f.group_index.end()) return -1;
+  int64_t last = 0;
+  for (const auto& e : f.entries)
+    if (e.collective && e.group == it->second) last = std::max(last, e.seq);
+  return last;
+}
+
+// A rank's entry for collective `seq` of a group, or nullptr.
+const CollectiveRecord* collective_entry(const RankFlight& f, std::pair<uint64_t, int> group_key, int64_t seq) {
+  auto it = f.group_index.find(group_key);
+  if (it == f.group_index.end()) return nullptr;
+  for (const auto& e : f.entries)
+    if (e.collective && e.group == it->second && e.seq == seq) return &e;
+  return nullptr;
+}
+
 }  // namespace
 
 std::shared_ptr<Communicator> record_collectives(std::shared_ptr<Communicator> world, ProgressBeacon& beacon) {
@@ -176,24 +195,8 @@ CollectiveDiagnosis diagnose_collectives(const std::vector<ProgressFile>& files,
     const FlightGroup& g = files[static_cast<size_t>(r)].groups[e.group];
     return std::make_pair(g.members_hash, static_cast<int>(g.ordinal));
   };
-  // The newest collective number rank m issued on a group (0: none recorded), and its entry for `seq`.
-  auto last_collective = [&](int m, std::pair<uint64_t, int> key) {
-    int64_t last = 0;
-    const auto& f = flights[static_cast<size_t>(m)];
-    auto it = f.group_index.find(key);
-    if (it == f.group_index.end()) return int64_t{-1};  // not a member
-    for (const auto& e : f.entries)
-      if (e.collective && e.group == it->second) last = std::max(last, e.seq);
-    return last;
-  };
-  auto entry_for = [&](int m, std::pair<uint64_t, int> key, int64_t seq) -> const CollectiveRecord* {
-    const auto& f = flights[static_cast<size_t>(m)];
-    auto it = f.group_index.find(key);
-    if (it == f.group_index.end()) return nullptr;
-    for (const auto& e : f.entries)
-      if (e.collective && e.group == it->second && e.seq == seq) return &e;
-    return nullptr;
-  };
+  auto last_collective = [&](int m, std::pair<uint64_t, int> key) { return newest_collective(flights[static_cast<size_t>(m)], key); };
+  auto entry_for = [&](int m, std::pair<uint64_t, int> key, int64_t seq) { return collective_entry(flights[static_cast<size_t>(m)], key, seq); };
   auto step_of = [&](int m) { return files[static_cast<size_t>(m)].progress.step; };
 
   // 1. Ranks waiting in a collective that a member of its group never issued; the blamed ranks

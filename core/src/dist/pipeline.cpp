@@ -68,26 +68,19 @@ Programs add_communication(const Programs& compute, const ScheduleShape& shape) 
   return out;
 }
 
-Simulation simulate(const Programs& programs, const ScheduleShape& shape, const ActionCosts& costs) {
-  Simulation sim;
-  const int p = shape.ranks, v = shape.chunks, m = shape.micro_batches, last = shape.virtual_stages() - 1;
-  if (static_cast<int>(programs.size()) != p) {
-    sim.problem = "the schedule has programs for " + std::to_string(programs.size()) + " ranks, not " + std::to_string(p);
-    return sim;
-  }
-  // Every compute action exactly once: a forward and a backward (whole, or input + weight) of
-  // every micro-batch on every chunk.
+namespace {
+
+// Every compute action exactly once: a forward and a backward (whole, or input + weight) of every
+// micro-batch on every chunk; empty when so.
+std::string coverage_problem(const Programs& programs, const ScheduleShape& shape) {
+  const int p = shape.ranks, v = shape.chunks, m = shape.micro_batches;
   std::map<std::tuple<int, int, int, int>, int> seen;  // (rank, kind, micro, chunk) -> count
   for (int r = 0; r < p; ++r)
     for (const Action& a : programs[static_cast<size_t>(r)]) {
       if (a.micro < 0 || a.micro >= m || a.chunk < 0 || a.chunk >= v) {
-        sim.problem = describe(a, r) + " is outside the step's " + std::to_string(m) + " micro-batches and " + std::to_string(v) + " chunks";
-        return sim;
+        return describe(a, r) + " is outside the step's " + std::to_string(m) + " micro-batches and " + std::to_string(v) + " chunks";
       }
-      if (is_compute(a.kind) && ++seen[{r, static_cast<int>(a.kind), a.micro, a.chunk}] > 1) {
-        sim.problem = describe(a, r) + " runs twice";
-        return sim;
-      }
+      if (is_compute(a.kind) && ++seen[{r, static_cast<int>(a.kind), a.micro, a.chunk}] > 1) return describe(a, r) + " runs twice";
     }
   for (int r = 0; r < p; ++r)
     for (int c = 0; c < v; ++c)
@@ -97,11 +90,39 @@ Simulation simulate(const Programs& programs, const ScheduleShape& shape, const 
         const char* missing = !has(ActionKind::Forward) ? "forward" : (whole == split) ? (whole ? nullptr : "backward") : nullptr;
         if (whole && (has(ActionKind::BackwardInput) || has(ActionKind::BackwardWeight))) missing = "a single kind of backward";
         if (!whole && has(ActionKind::BackwardInput) != has(ActionKind::BackwardWeight)) missing = "both halves of the split backward";
-        if (missing) {
-          sim.problem = "rank " + std::to_string(r) + " has no " + missing + " of micro-batch " + std::to_string(mb) + " on chunk " + std::to_string(c);
-          return sim;
-        }
+        if (missing) return "rank " + std::to_string(r) + " has no " + missing + " of micro-batch " + std::to_string(mb) + " on chunk " + std::to_string(c);
       }
+  return {};
+}
+
+// After the run: a deadlock when a rank could not finish its program, else the makespan and the
+// fraction of it the ranks idled.
+void summarize(Simulation& sim, const Programs& programs, const std::vector<size_t>& pc, const std::vector<double>& clock,
+               const std::vector<double>& busy) {
+  const size_t p = programs.size();
+  std::string stuck;
+  for (size_t r = 0; r < p; ++r)
+    if (pc[r] < programs[r].size()) stuck += (stuck.empty() ? "" : "; ") + describe(programs[r][pc[r]], static_cast<int>(r)) + " waits forever";
+  if (!stuck.empty()) {
+    sim.problem = "deadlock: " + stuck;
+    return;
+  }
+  for (size_t r = 0; r < p; ++r) sim.makespan = std::max(sim.makespan, clock[r]);
+  double idle = 0;
+  for (size_t r = 0; r < p; ++r) idle += sim.makespan - busy[r];
+  sim.idle_fraction = sim.makespan > 0 ? idle / (sim.makespan * static_cast<double>(p)) : 0.0;
+}
+
+}  // namespace
+
+Simulation simulate(const Programs& programs, const ScheduleShape& shape, const ActionCosts& costs) {
+  Simulation sim;
+  const int p = shape.ranks, v = shape.chunks, m = shape.micro_batches, last = shape.virtual_stages() - 1;
+  if (static_cast<int>(programs.size()) != p) {
+    sim.problem = "the schedule has programs for " + std::to_string(programs.size()) + " ranks, not " + std::to_string(p);
+    return sim;
+  }
+  if (sim.problem = coverage_problem(programs, shape); !sim.problem.empty()) return sim;
 
   // Run: a compute action takes its cost; a send is posted at once; a receive waits for its send.
   // Local order: forward before its backward, input gradient before weight gradient, and a
@@ -176,18 +197,7 @@ Simulation simulate(const Programs& programs, const ScheduleShape& shape, const 
     blocked:;
     }
   }
-  std::string stuck;
-  for (int r = 0; r < p; ++r)
-    if (pc[static_cast<size_t>(r)] < programs[static_cast<size_t>(r)].size())
-      stuck += (stuck.empty() ? "" : "; ") + describe(programs[static_cast<size_t>(r)][pc[static_cast<size_t>(r)]], r) + " waits forever";
-  if (!stuck.empty()) {
-    sim.problem = "deadlock: " + stuck;
-    return sim;
-  }
-  for (int r = 0; r < p; ++r) sim.makespan = std::max(sim.makespan, clock[static_cast<size_t>(r)]);
-  double idle = 0;
-  for (int r = 0; r < p; ++r) idle += sim.makespan - busy[static_cast<size_t>(r)];
-  sim.idle_fraction = sim.makespan > 0 ? idle / (sim.makespan * p) : 0.0;
+  summarize(sim, programs, pc, clock, busy);
   return sim;
 }
 

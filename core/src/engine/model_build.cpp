@@ -34,28 +34,54 @@
 
 namespace strata::engine {
 
+namespace {
+
+// The model factory's build of this rank's shard; a model too large for this machine fails in the
+// allocator, which is said as such instead of an internal error.
+std::shared_ptr<nn::Model> create_or_explain(const ModelFactory& factory, const Config& model, const nn::TensorShard& shard) {
+  try {
+    return factory.create_shard(model, shard);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.find("allocate") == std::string::npos && what.find("memory") == std::string::npos) throw;
+    if (allocation_cap() > 0) {
+      const double whole = 4.0 * static_cast<double>(factory.shape(model).parameters) / (1 << 20);
+      throw UserError("[model] does not fit in this rank's memory: building it needed more than [job] rank_memory_limit_mb = " +
+                      std::to_string(static_cast<int64_t>(allocation_cap() / (1 << 20))) + " (its fp32 weights alone are " +
+                      std::to_string(static_cast<int64_t>(whole)) + " MiB; fsdp shards them as the model is built)");
+    }
+    throw UserError("[model] does not fit in this rank's memory (" + what.substr(0, what.find('\n')) + ")");
+  }
+}
+
+// What the build held: parameters (a keeper's placeholders hold nothing), the blocks kept and by
+// whom, and the memory before and after.
+void log_build(const nn::Model& model, const std::optional<std::vector<size_t>>& keep, const std::string& chosen_by,
+               const nn::BuildKeeper* keeper, double resident_before) {
+  int64_t parameters = 0;
+  for (const auto& p : model.parameters())
+    if (!nn::is_placeholder(p)) parameters += p.numel();
+  log::record("model built: " + std::to_string(parameters) + " parameters held" +
+              (keep ? " (" + std::to_string(keep->size()) + " of " + std::to_string(model.num_blocks()) + " blocks, chosen by " +
+                          chosen_by + ")"
+                    : std::string(" (every block)")) +
+              (keeper ? "; " + keeper->summary() : std::string()) + "; resident " +
+              std::to_string(static_cast<int64_t>(resident_bytes() / (1 << 20))) + " MiB, peak " +
+              std::to_string(static_cast<int64_t>(peak_resident_bytes() / (1 << 20))) + " MiB (" +
+              std::to_string(static_cast<int64_t>(resident_before / (1 << 20))) + " MiB before the build); allocated " +
+              std::to_string(static_cast<int64_t>(allocated_bytes() / (1 << 20))) + " MiB");
+}
+
+}  // namespace
+
 void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& order, Job& job) {
   const double resident_before = resident_bytes();
   const auto& factory = *static_cast<const ModelFactory*>(plan.model_component);
   const nn::TensorShard shard{job.topology->size(Dim::Tensor), job.topology->rank_in(Dim::Tensor)};
   // Expert-parallel ranks keep their experts as they are drawn, in the outline and in the build.
   const nn::ExpertSplitAtBuild experts({job.topology->size(Dim::Expert), job.topology->rank_in(Dim::Expert)});
-  const auto build = [&] {
-    try {
-      return factory.create_shard(plan.model, shard);
-    } catch (const c10::Error& e) {
-      // A model too large for this machine fails in the allocator; say so instead of an internal error.
-      const std::string what = e.what_without_backtrace();
-      if (what.find("allocate") == std::string::npos && what.find("memory") == std::string::npos) throw;
-      if (allocation_cap() > 0) {
-        const double whole = 4.0 * static_cast<double>(factory.shape(plan.model).parameters) / (1 << 20);
-        throw UserError("[model] does not fit in this rank's memory: building it needed more than [job] rank_memory_limit_mb = " +
-                        std::to_string(static_cast<int64_t>(allocation_cap() / (1 << 20))) + " (its fp32 weights alone are " +
-                        std::to_string(static_cast<int64_t>(whole)) + " MiB; fsdp shards them as the model is built)");
-      }
-      throw UserError("[model] does not fit in this rank's memory (" + what.substr(0, what.find('\n')) + ")");
-    }
-  };
+  const auto build = [&] { return create_or_explain(factory, plan.model, shard); };
+
 
   // The model with every block absent, drawing nothing: the generators are put back afterwards.
   const auto build_outline = [&]() {
@@ -113,18 +139,7 @@ void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& o
   const std::shared_ptr<nn::Model> model = build();
   keeping.reset();
   filter.reset();
-  int64_t parameters = 0;
-  for (const auto& p : model->parameters())
-    if (!nn::is_placeholder(p)) parameters += p.numel();  // a keeper's placeholders hold nothing
-  log::record("model built: " + std::to_string(parameters) + " parameters held" +
-              (keep ? " (" + std::to_string(keep->size()) + " of " + std::to_string(model->num_blocks()) + " blocks, chosen by " +
-                          chosen_by + ")"
-                    : std::string(" (every block)")) +
-              (keeper ? "; " + keeper->summary() : std::string()) + "; resident " +
-              std::to_string(static_cast<int64_t>(resident_bytes() / (1 << 20))) + " MiB, peak " +
-              std::to_string(static_cast<int64_t>(peak_resident_bytes() / (1 << 20))) + " MiB (" +
-              std::to_string(static_cast<int64_t>(resident_before / (1 << 20))) + " MiB before the build); allocated " +
-              std::to_string(static_cast<int64_t>(allocated_bytes() / (1 << 20))) + " MiB");
+  log_build(*model, keep, chosen_by, keeper.get(), resident_before);
   // A placeholder moves as one element (the keeper's pass gives it storage on the job's device).
   if (keeper) {
     at::NoGradGuard no_grad;

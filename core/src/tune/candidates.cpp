@@ -80,6 +80,78 @@ struct Axis {
   std::vector<Value> values;
 };
 
+// The meshes to try: every factorisation of `world_size` over the dimensions some pass claims; a
+// dimension the strategy sizes stays that size and one no pass can serve stays 1 (`free` says
+// which dimensions tune sizes). With none, the strategy's own sizes: its plan says why they fail.
+std::vector<std::vector<int64_t>> candidate_meshes(const RawStrategy& base, const std::map<Dim, std::vector<const Pass*>>& claimants,
+                                                   int64_t world_size, std::vector<bool>& free) {
+  std::vector<int64_t> sizes(4, 1);
+  free.assign(4, true);
+  for (size_t i = 0; i < 4; ++i) {
+    const RawEntry* e = base.parallel.find(dim_name(kDims[i]));
+    if (e && std::holds_alternative<int64_t>(e->value)) sizes[i] = std::get<int64_t>(e->value), free[i] = false;
+    if (!claimants.count(kDims[i])) free[i] = false;
+  }
+  std::vector<std::vector<int64_t>> meshes;
+  int64_t fixed_product = 1;
+  for (size_t i = 0; i < 4; ++i)
+    if (!free[i]) fixed_product *= sizes[i];
+  if (fixed_product > 0 && world_size % fixed_product == 0) {
+    std::vector<int64_t> start = sizes;
+    factorisations(world_size, 0, start, free, meshes);
+  }
+  if (meshes.empty()) meshes.push_back(sizes);
+  return meshes;
+}
+
+// Keys to search: [job]'s and every enabled pass's (named by the strategy or `added` by tune)
+// that declare tune values, where the strategy leaves them unset.
+std::vector<Axis> searched_axes(const RawStrategy& base, const std::map<std::string, const RawSection*>& named,
+                                const ComponentRegistry& registry, const std::vector<const Pass*>& added) {
+  std::vector<Axis> axes;
+  for (const auto& spec : job_schema().keys())
+    if (!spec.tune_values.empty() && !base.job.find(spec.key)) axes.push_back({"", spec.key, spec.tune_values});
+  auto add_pass_axes = [&](const Pass* p, const RawSection* section) {
+    for (const auto& spec : p->info().schema.keys())
+      if (!spec.tune_values.empty() && !(section && section->find(spec.key))) axes.push_back({p->name(), spec.key, spec.tune_values});
+  };
+  for (const auto& [name, section] : named)
+    if (const Pass* p = registry.find_pass(name); p && section_enabled(*section)) add_pass_axes(p, section);
+  for (const Pass* p : added) add_pass_axes(p, nullptr);
+  return axes;
+}
+
+// The strategy with one combination written in: the mesh's free sizes, the passes tune adds, the
+// `value`-th value of each axis; `choices` says what was chosen.
+TuneCandidate make_candidate(const RawStrategy& base, const std::vector<int64_t>& mesh, const std::vector<bool>& free,
+                             const std::vector<const Pass*>& added, const std::vector<Axis>& axes, const std::vector<size_t>& value) {
+  TuneCandidate c;
+  c.raw = base;
+  for (size_t i = 0; i < 4; ++i)
+    if (free[i]) {
+      c.raw.parallel.set(dim_name(kDims[i]), tune_entry(mesh[i]));
+      if (mesh[i] > 1) c.choices.push_back(std::string("parallel.") + dim_name(kDims[i]) + " = " + std::to_string(mesh[i]));
+    }
+  for (const Pass* p : added) {
+    RawSection section;
+    section.label = "[[pass]] '" + p->name() + "' (strata tune)";
+    section.pos = SourcePos{"strata tune", 0, 0};
+    section.set("name", tune_entry(p->name()));
+    c.raw.passes.push_back(std::move(section));
+    c.choices.push_back("pass " + p->name());
+  }
+  for (size_t a = 0; a < axes.size(); ++a) {
+    const Value& v = axes[a].values[value[a]];
+    RawSection* target = &c.raw.job;
+    if (!axes[a].pass.empty())
+      for (auto& section : c.raw.passes)
+        if (section_pass_name(section) == axes[a].pass) target = &section;
+    target->set(axes[a].key, tune_entry(v));
+    c.choices.push_back((axes[a].pass.empty() ? "job." : "pass." + axes[a].pass + ".") + axes[a].key + " = " + value_to_toml(v));
+  }
+  return c;
+}
+
 }  // namespace
 
 // ATorch's finetune_strategy: the layout and passes stay; the values the strategy gives searched
@@ -129,25 +201,9 @@ TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& 
     for (Dim d : pass->claims().dims) claimants[d].push_back(pass);
     if (pass->claims().dims.empty() && pass->tune_use() == TuneUse::Try && !named.count(pass->name())) optional.push_back(pass);
   }
-  // A dimension the strategy sizes stays that size; one no pass can serve stays 1.
-  std::vector<int64_t> sizes(4, 1);
-  std::vector<bool> free(4, true);
-  for (size_t i = 0; i < 4; ++i) {
-    const RawEntry* e = base.parallel.find(dim_name(kDims[i]));
-    if (e && std::holds_alternative<int64_t>(e->value)) sizes[i] = std::get<int64_t>(e->value), free[i] = false;
-    if (!claimants.count(kDims[i])) free[i] = false;
-  }
-  std::vector<std::vector<int64_t>> meshes;
-  int64_t fixed_product = 1;
-  for (size_t i = 0; i < 4; ++i)
-    if (!free[i]) fixed_product *= sizes[i];
-  if (fixed_product > 0 && world_size % fixed_product == 0) {
-    std::vector<int64_t> start = sizes;
-    factorisations(world_size, 0, start, free, meshes);
-  }
-  if (meshes.empty()) meshes.push_back(sizes);  // the strategy's own sizes; its plan says why they fail
+  std::vector<bool> free;  // the dimensions tune sizes
+  const std::vector<std::vector<int64_t>> meshes = candidate_meshes(base, claimants, world_size, free);
 
-  const Schema& job = job_schema();
   TuneSpace space;
   std::set<std::string> seen;  // effective strategies of the candidates that planned
   for (const auto& mesh : meshes) {
@@ -167,48 +223,14 @@ TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& 
         for (size_t k = 0; k < dim_choices.size(); ++k) added.push_back(dim_choices[k][pick[k]]);
         for (size_t k = 0; k < optional.size(); ++k)
           if (mask >> k & 1) added.push_back(optional[k]);
-        // Keys to search: [job]'s and every enabled pass's, where the strategy leaves them unset.
-        std::vector<Axis> axes;
-        for (const auto& spec : job.keys())
-          if (!spec.tune_values.empty() && !base.job.find(spec.key)) axes.push_back({"", spec.key, spec.tune_values});
-        auto add_pass_axes = [&](const Pass* p, const RawSection* section) {
-          for (const auto& spec : p->info().schema.keys())
-            if (!spec.tune_values.empty() && !(section && section->find(spec.key))) axes.push_back({p->name(), spec.key, spec.tune_values});
-        };
-        for (const auto& [name, section] : named)
-          if (const Pass* p = registry.find_pass(name); p && section_enabled(*section)) add_pass_axes(p, section);
-        for (const Pass* p : added) add_pass_axes(p, nullptr);
-
+        const std::vector<Axis> axes = searched_axes(base, named, registry, added);
         std::vector<size_t> value(axes.size(), 0);
         for (bool more_values = true; more_values;) {
           if (++space.generated > limit) {
             space.truncated = true;
             break;
           }
-          TuneCandidate c;
-          c.raw = base;
-          for (size_t i = 0; i < 4; ++i)
-            if (free[i]) {
-              c.raw.parallel.set(dim_name(kDims[i]), tune_entry(mesh[i]));
-              if (mesh[i] > 1) c.choices.push_back(std::string("parallel.") + dim_name(kDims[i]) + " = " + std::to_string(mesh[i]));
-            }
-          for (const Pass* p : added) {
-            RawSection section;
-            section.label = "[[pass]] '" + p->name() + "' (strata tune)";
-            section.pos = SourcePos{"strata tune", 0, 0};
-            section.set("name", tune_entry(p->name()));
-            c.raw.passes.push_back(std::move(section));
-            c.choices.push_back("pass " + p->name());
-          }
-          for (size_t a = 0; a < axes.size(); ++a) {
-            const Value& v = axes[a].values[value[a]];
-            RawSection* target = &c.raw.job;
-            if (!axes[a].pass.empty())
-              for (auto& section : c.raw.passes)
-                if (section_pass_name(section) == axes[a].pass) target = &section;
-            target->set(axes[a].key, tune_entry(v));
-            c.choices.push_back((axes[a].pass.empty() ? "job." : "pass." + axes[a].pass + ".") + axes[a].key + " = " + value_to_toml(v));
-          }
+          TuneCandidate c = make_candidate(base, mesh, free, added, axes, value);
           Diagnostics diagnostics;
           const bool planned = check_plan(c.raw, registry, world_size, c.checked, diagnostics);
           if (planned && !seen.insert(effective_strategy(c.checked.plan)).second) {
