@@ -46,6 +46,14 @@ double parse_temperature(const std::string& option, const std::string& text) {
   return value;
 }
 
+double parse_fraction(const std::string& option, const std::string& text) {
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || !(value >= 0) || value > 0.5)
+    throw UserError(option + " expects a fraction from 0 to 0.5, e.g. 0.05, got '" + text + "'");
+  return value;
+}
+
 // "90s", "10m", "1h" or plain seconds.
 double parse_duration(const std::string& option, const std::string& text) {
   double value = 0;
@@ -106,6 +114,11 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--temperature") args.given.push_back(arg), args.temperature = parse_temperature(arg, value());
     else if (arg == "--top-k") args.given.push_back(arg), args.top_k = parse_natural(arg, value());
     else if (arg == "--seed") args.given.push_back(arg), args.seed = parse_natural(arg, value());
+    else if (arg == "--tokenizer") args.given.push_back(arg), args.tokenizer = value();
+    else if (arg == "--train-tokenizer") args.given.push_back(arg), args.train_tokenizer = parse_count(arg, value(), "a vocabulary size");
+    else if (arg == "--text-field") args.given.push_back(arg), args.text_field = value();
+    else if (arg == "--val-fraction") args.given.push_back(arg), args.val_fraction = parse_fraction(arg, value());
+    else if (arg == "--eos") args.given.push_back(arg), args.eos = value();
     else if (arg.size() > 1 && arg[0] == '-') throw UserError("unknown option '" + arg + "'; see strata --help");
     else if (args.command.empty()) args.command = arg;
     else args.positional.push_back(arg);

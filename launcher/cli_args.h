@@ -33,6 +33,11 @@ struct Args {
   double temperature = 0.8;             // sample: 0 = greedy
   int64_t top_k = 0;                    // sample: 0 = every token
   int64_t seed = 0;                     // sample: the sampling generator's seed
+  std::string tokenizer;                // data prepare: a Hugging Face tokenizer.json
+  int64_t train_tokenizer = 0;          // data prepare: vocabulary of a BPE trained on the corpus; 0 = none
+  std::string text_field = "text";      // data prepare: the JSON Lines / Parquet field holding the text
+  double val_fraction = 0.05;           // data prepare: documents held out for validation
+  std::string eos;                      // data prepare: the end-of-text token; empty = the tokenizer's usual one
   int argc = 0;  // the raw command line, for commands that re-execute themselves
   char** argv = nullptr;
   std::vector<std::string> given;  // option names as typed, to refuse those a command does not take

@@ -17,7 +17,7 @@ namespace {
 std::string origin_note(const Config::Entry& entry) {
   switch (entry.origin) {
     case Origin::Default: return "default";
-    case Origin::File: return "line " + std::to_string(entry.pos.line);
+    case Origin::File: return entry.pos.line ? "line " + std::to_string(entry.pos.line) : entry.pos.file;  // 0: a file it was read from
     case Origin::CommandLine: return entry.pos.file;
   }
   return "";

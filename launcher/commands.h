@@ -22,6 +22,7 @@ int run_plan(const Args& args);
 int run_train(const Args& args);
 int run_ckpt(const Args& args);
 int run_sample(const Args& args);
+int run_data(const Args& args);
 int run_ops(const Args& args);
 int run_docs(const Args& args);
 int run_doctor(const Args& args);

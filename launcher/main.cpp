@@ -105,6 +105,25 @@ const std::vector<Command>& commands() {
        "               safetensors file; per-rank state comes from rank 0\n"
        "  info         step, ranks, size, and each tensor's dtype, whole shape and how it is stored\n",
        run_ckpt},
+      {"data", "Tokenize your own text into the token files the tokens dataset trains on",
+       "usage: strata data prepare INPUT... -o DIR (--tokenizer tokenizer.json | --train-tokenizer VOCAB_SIZE)\n"
+       "                           [--text-field NAME] [--val-fraction F] [--eos TOKEN]\n\n"
+       "Reads plain text files (each file one document), JSON Lines (one document per line, its text\n"
+       "in --text-field) and Parquet (with pyarrow installed); tokenizes them with a Hugging Face\n"
+       "tokenizer.json (GPT-2's, Llama 3's, ...) or a byte-level BPE trained on the corpus, using the\n"
+       "tokenizers library (parallel over the cores); writes DIR/train.bin and DIR/val.bin (uint16, or\n"
+       "uint32 above 65536 tokens; every document ended by the end-of-text id), DIR/tokenizer.json and\n"
+       "DIR/meta.json. A strategy with [job] dataset = \"tokens\" and [data] path = DIR trains on it;\n"
+       "[model] vocab_size and [data] document_end come from meta.json when left out, and the export\n"
+       "carries the tokenizer.\n\n"
+       "  -o, --output DIR         the directory to write\n"
+       "  --tokenizer FILE         tokenize with this tokenizer.json\n"
+       "  --train-tokenizer V      train a byte-level BPE of vocabulary V on the inputs\n"
+       "  --text-field NAME        the JSON Lines / Parquet field holding the text (default text)\n"
+       "  --val-fraction F         documents held out for validation, the last ones (default 0.05)\n"
+       "  --eos TOKEN              the end-of-text token (default: the first the tokenizer has of\n"
+       "                           <|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eot_id|>)\n",
+       run_data},
       {"sample", "Continue a prompt with a run's newest checkpoint (byte-level runs)",
        "usage: strata sample RUN_DIR|CHECKPOINT_DIR --prompt TEXT [--tokens N] [--temperature T]\n"
        "                     [--top-k K] [--seed S]\n\n"

@@ -71,13 +71,15 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   fs::create_directories(out);
   write_safetensors(out / "model.safetensors", factory->to_hf(*loaded.model, config), {{"format", "pt"}});
   std::ofstream(out / "config.json") << factory->hf_config_json(config);
-  // The tokenizer where the run's data says which one it was: bytes for the text dataset.
-  // Otherwise no tokenizer (token files carry none yet) and no special ids the run never had.
+  // The tokenizer where the run's data says which one it was: bytes for the text dataset, the
+  // prepared directory's for token files `strata data prepare` wrote. Otherwise no tokenizer and
+  // no special ids the run never had.
   const Config& data = loaded.plan.data;
   std::optional<int64_t> eos;
   if (data.has("document_end") && data.get_int("document_end") >= 0) eos = data.get_int("document_end");
-  if (loaded.plan.dataset_component && loaded.plan.dataset_component->name() == "text")
-    write_byte_level_tokenizer(out, config.get_int("seq_len"), eos);
+  const std::string dataset = loaded.plan.dataset_component ? loaded.plan.dataset_component->name() : "";
+  if (dataset == "text") write_byte_level_tokenizer(out, config.get_int("seq_len"), eos);
+  if (dataset == "tokens" && data.has("path")) copy_prepared_tokenizer(out, data.get_string("path"), config.get_int("seq_len"));
   set_special_token_ids(out / "config.json", eos);
   return loaded.checkpoint;
 }

@@ -67,6 +67,23 @@ void write_byte_level_tokenizer(const std::filesystem::path& out, int64_t model_
   write_json(out / "tokenizer_config.json", config);
 }
 
+bool copy_prepared_tokenizer(const std::filesystem::path& out, const std::filesystem::path& data_dir, int64_t model_max_length) {
+  const std::filesystem::path meta_file = data_dir / "meta.json", tokenizer = data_dir / "tokenizer.json";
+  std::error_code unreadable;
+  if (!std::filesystem::is_regular_file(meta_file, unreadable) || !std::filesystem::is_regular_file(tokenizer, unreadable)) return false;
+  std::ifstream in(meta_file);
+  const json meta = json::parse(in, nullptr, false);
+  if (meta.is_discarded() || !meta.contains("eos_token") || !meta["eos_token"].is_string()) return false;
+  std::filesystem::copy_file(tokenizer, out / "tokenizer.json", std::filesystem::copy_options::overwrite_existing);
+  const std::string eos = meta["eos_token"].get<std::string>();
+  write_json(out / "tokenizer_config.json", {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                                             {"model_max_length", model_max_length},
+                                             {"clean_up_tokenization_spaces", false},
+                                             {"bos_token", eos},
+                                             {"eos_token", eos}});
+  return true;
+}
+
 void set_special_token_ids(const std::filesystem::path& config_json, std::optional<int64_t> eos) {
   json config;
   {

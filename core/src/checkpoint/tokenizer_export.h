@@ -20,6 +20,11 @@ namespace strata {
 // Writes tokenizer.json and tokenizer_config.json into `out` for a byte-level run.
 void write_byte_level_tokenizer(const std::filesystem::path& out, int64_t model_max_length, std::optional<int64_t> eos);
 
+// A run on token files `strata data prepare` wrote: their directory's tokenizer.json, copied, and a
+// tokenizer_config.json naming meta.json's end-of-text token as bos and eos (GPT-2's convention).
+// False, writing nothing, when `data_dir` holds no prepared tokenizer.
+bool copy_prepared_tokenizer(const std::filesystem::path& out, const std::filesystem::path& data_dir, int64_t model_max_length);
+
 // Sets bos_token_id and eos_token_id in `out`/config.json: to `eos` (both, as GPT-2's do), or to
 // null where the run has no such token; an id the vocabulary lacks is never written.
 void set_special_token_ids(const std::filesystem::path& config_json, std::optional<int64_t> eos);

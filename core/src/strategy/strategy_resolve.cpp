@@ -215,9 +215,11 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
   out.layout = resolve_layout(out.parallel, raw.parallel.pos.line ? raw.parallel.pos : SourcePos{raw.file, 0, 0},
                               world_size, diagnostics);
 
-  out.model_component = resolve_component_section(ComponentKind::Model, out.job, "[job]", "model", raw.model, nullptr,
+  RawSection model = raw.model, data = raw.data;
+  apply_prepared_data(out.job, registry, model, data, diagnostics);
+  out.model_component = resolve_component_section(ComponentKind::Model, out.job, "[job]", "model", model, nullptr,
                                                   registry, out.model, diagnostics);
-  out.dataset_component = resolve_component_section(ComponentKind::Dataset, out.job, "[job]", "dataset", raw.data,
+  out.dataset_component = resolve_component_section(ComponentKind::Dataset, out.job, "[job]", "dataset", data,
                                                     nullptr, registry, out.data, diagnostics);
   // [optimizer] chooses its own component with its `name` key.
   static const Schema optimizer_name = Schema().string("name", "adamw", "");

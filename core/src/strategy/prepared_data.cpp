@@ -1,0 +1,44 @@
+// Defaults from a prepared data directory (strata/core/strategy.h: apply_prepared_data).
+//
+// `strata data prepare` writes DIR/meta.json ("format": "strata-tokens 1") beside the token files:
+// the vocabulary, the end-of-text id and the token width. A strategy whose [data] path is such a
+// directory need not repeat them: [model] vocab_size, [data] document_end, dtype and vocab_size
+// are taken from it when the strategy leaves them out (their position names meta.json, so `strata
+// plan` shows where they came from); a value the strategy states is kept, and a vocabulary below
+// the data's is refused by the data check as for any dataset.
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/core/strategy.h"
+
+namespace strata {
+
+void apply_prepared_data(const Config& job, const ComponentRegistry& registry, RawSection& model, RawSection& data, Diagnostics& diagnostics) {
+  const RawEntry* path = data.find("path");
+  if (!path || !std::holds_alternative<std::string>(path->value)) return;
+  const std::filesystem::path meta_file = std::filesystem::path(std::get<std::string>(path->value)) / "meta.json";
+  std::error_code unreadable;  // a path the system refuses (too long, no permission) is not prepared data
+  if (!std::filesystem::is_regular_file(meta_file, unreadable)) return;
+  std::ifstream in(meta_file);
+  const nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
+  if (meta.is_discarded() || meta.value("format", "").rfind("strata-tokens ", 0) != 0) return;
+  const SourcePos from{meta_file.string(), 0, 0};
+  if (!meta.contains("vocab_size") || !meta["vocab_size"].is_number_integer() || !meta.contains("eos_id") ||
+      !meta["eos_id"].is_number_integer() || !meta.contains("dtype") || !meta["dtype"].is_string()) {
+    diagnostics.error(from, "prepared data: meta.json needs integer vocab_size and eos_id and a dtype (rewrite it with strata data prepare)");
+    return;
+  }
+  // Only a component that declares a key takes it (another's schema would refuse the key).
+  auto fill = [&](ComponentKind kind, const char* chooser, RawSection& section, const std::string& key, Value value) {
+    const Component* component = job.has(chooser) ? registry.find(kind, job.get_string(chooser)) : nullptr;
+    if (component && component->info().schema.find(key) && !section.find(key)) section.set(key, RawEntry{std::move(value), from, Origin::File});
+  };
+  fill(ComponentKind::Dataset, "dataset", data, "document_end", Value{meta["eos_id"].get<int64_t>()});
+  fill(ComponentKind::Dataset, "dataset", data, "dtype", Value{meta["dtype"].get<std::string>()});
+  fill(ComponentKind::Dataset, "dataset", data, "vocab_size", Value{meta["vocab_size"].get<int64_t>()});
+  fill(ComponentKind::Model, "model", model, "vocab_size", Value{meta["vocab_size"].get<int64_t>()});
+}
+
+}  // namespace strata

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# data_prepare_test.sh STRATA PYTHON WORKDIR: a user's own text to a trained, exported model
+# (issue 62 items 1-3). `strata data prepare` tokenizes a JSON Lines corpus and a plain text file
+# (built from the bundled text) with a byte-level BPE it trains, and again with that tokenizer.json
+# given: every document ends with the end-of-text id, the token files decode back to the inputs,
+# meta.json's counts match the files, the same tokenizer gives the same ids. A strategy naming only
+# the directory takes vocab_size, document_end and dtype from meta.json, trains on one rank and on
+# two (fsdp), and the export carries the tokenizer: transformers' AutoTokenizer round-trips text
+# and AutoModelForCausalLM generates. A stated vocabulary below the data's is refused, naming both;
+# bad input to prepare is one line and exit status 2.
+set -uo pipefail
+strata=$1 python=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+fail=0
+check() { echo "data_prepare_test: $1" >&2; fail=1; }
+export STRATA_PYTHON=$python
+
+# A corpus: 120 documents of 25 verses as JSON Lines, and a plain text file (one document).
+"$python" - "$work" <<'PY'
+import json, sys
+lines = open("data/kjv.txt", encoding="utf-8").read().splitlines()
+with open(f"{sys.argv[1]}/corpus.jsonl", "w") as f:
+    for i in range(120):
+        f.write(json.dumps({"id": i, "body": "\n".join(lines[25 * i:25 * i + 25])}) + "\n")
+with open(f"{sys.argv[1]}/extra.txt", "w") as f:
+    f.write("\n".join(lines[3000:3100]))
+PY
+"$strata" data prepare "$work/corpus.jsonl" "$work/extra.txt" -o "$work/prepared" --train-tokenizer 1000 --text-field body \
+  > "$work/prepare.txt" 2>&1 || check "prepare failed: $(cat "$work/prepare.txt")"
+grep -q "^strata data prepare: 121 documents" "$work/prepare.txt" || check "prepare did not count 121 documents: $(cat "$work/prepare.txt")"
+"$python" - "$work" <<'PY' || check "the prepared files are not what the inputs say"
+import json, sys
+import numpy as np
+from tokenizers import Tokenizer
+work = sys.argv[1]
+d = f"{work}/prepared"
+meta = json.load(open(f"{d}/meta.json"))
+tok = Tokenizer.from_file(f"{d}/tokenizer.json")
+assert meta["vocab_size"] == tok.get_vocab_size() == 1000, meta
+assert meta["eos_id"] == tok.token_to_id("<|endoftext|>") and meta["dtype"] == "uint16", meta
+train, val = np.fromfile(f"{d}/train.bin", "<u2"), np.fromfile(f"{d}/val.bin", "<u2")
+assert meta["tokens"] == {"train": train.size, "val": val.size}, meta
+assert meta["documents"] == {"train": 115, "val": 6}, meta
+stream = np.concatenate([train, val])
+ends = np.flatnonzero(stream == meta["eos_id"])
+assert ends.size == 121 and ends[-1] == stream.size - 1, ends.size
+docs = [json.loads(l)["body"] for l in open(f"{work}/corpus.jsonl")] + [open(f"{work}/extra.txt").read()]
+begin = 0
+for doc, end in zip(docs, ends):
+    assert tok.decode(stream[begin:end].tolist()) == doc, (doc[:60], tok.decode(stream[begin:end].tolist())[:60])
+    begin = end + 1
+PY
+# The tokenizer it wrote, given back: the same ids.
+"$strata" data prepare "$work/corpus.jsonl" -o "$work/again" --tokenizer "$work/prepared/tokenizer.json" --text-field body \
+  > "$work/again.txt" 2>&1 || check "prepare with --tokenizer failed: $(cat "$work/again.txt")"
+"$python" -c "
+import numpy as np, sys
+a = np.concatenate([np.fromfile('$work/again/train.bin', '<u2'), np.fromfile('$work/again/val.bin', '<u2')])
+b = np.concatenate([np.fromfile('$work/prepared/train.bin', '<u2'), np.fromfile('$work/prepared/val.bin', '<u2')])
+sys.exit(0 if np.array_equal(a, b[:a.size]) else 1)" || check "the same tokenizer gave other ids"
+
+# Train on it naming only the directory; one rank, then two with fsdp; export; transformers.
+cat > "$work/strategy.toml" <<TOML
+[job]
+model = "gpt"
+dataset = "tokens"
+steps = 4
+global_batch = 4
+threads = 1
+eval_every = 0
+checkpoint_every = 4
+
+[model]
+n_layer = 1
+n_head = 2
+d_model = 32
+seq_len = 32
+
+[data]
+path = "$work/prepared"
+
+[optimizer]
+name = "adamw"
+lr = 0.003
+TOML
+"$strata" plan "$work/strategy.toml" > "$work/plan.txt" 2>&1 || check "plan failed: $(cat "$work/plan.txt")"
+grep -q "vocab_size *= 1000 *# .*meta.json" "$work/plan.txt" || check "plan does not take vocab_size from meta.json: $(cat "$work/plan.txt")"
+grep -q "document_end *= 0 *# .*meta.json" "$work/plan.txt" || check "plan does not take document_end from meta.json"
+"$strata" run "$work/strategy.toml" --out "$work/run" > "$work/run.txt" 2>&1 || check "run failed: $(tail -3 "$work/run.txt")"
+{ cat "$work/strategy.toml"; printf '\n[[pass]]\nname = "fsdp"\n'; } > "$work/fsdp.toml"
+"$strata" run "$work/fsdp.toml" -n 2 --out "$work/run_fsdp" > "$work/run_fsdp.txt" 2>&1 || check "2-rank fsdp run failed: $(tail -3 "$work/run_fsdp.txt")"
+grep -q "data 2" "$work/run_fsdp.txt" || check "the fsdp run was not data 2: $(head -2 "$work/run_fsdp.txt")"
+for run in run run_fsdp; do
+  "$strata" ckpt export "$work/$run" "$work/$run-hf" > /dev/null 2>&1 || check "$run: export failed"
+  [ -f "$work/$run-hf/tokenizer.json" ] || check "$run: the export has no tokenizer.json"
+  "$python" - "$work/$run-hf" <<'PY' 2>/dev/null || check "$run: transformers cannot tokenize and generate from the export"
+import sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+text = "And God said, Let there be light"
+ids = tok(text, return_tensors="pt")
+assert tok.decode(ids.input_ids[0]) == text and tok.vocab_size == 1000 and tok.eos_token_id == 0
+assert model.config.eos_token_id == 0
+out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+assert out.shape[1] == ids.input_ids.shape[1] + 8
+PY
+done
+msg=$("$strata" plan "$work/strategy.toml" --set model.vocab_size=500 2>&1); status=$?
+[ $status -eq 2 ] && [[ $msg == *"vocabulary of 1000 tokens but [model] vocab_size is 500"* ]] || check "a vocabulary below the data's was not refused: $status $msg"
+
+# Bad input: one line, exit status 2.
+expect_refused() {
+  local what=$1 pattern=$2; shift 2
+  msg=$("$strata" "$@" 2>&1); status=$?
+  [ $status -eq 2 ] && [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] && [[ $msg == *$pattern* ]] || check "$what: status $status: $msg"
+}
+expect_refused "no tokenizer option" "needs one of --tokenizer" data prepare "$work/extra.txt" -o "$work/x"
+expect_refused "a missing input" "is not a file" data prepare "$work/nothing.txt" -o "$work/x" --train-tokenizer 300
+expect_refused "a small vocabulary" "needs a vocabulary above 256" data prepare "$work/extra.txt" -o "$work/x" --train-tokenizer 100
+printf '{"text": "fine"}\nnot json\n' > "$work/bad.jsonl"
+expect_refused "a bad JSON line" "bad.jsonl:2: not a JSON line" data prepare "$work/bad.jsonl" -o "$work/x" --train-tokenizer 300
+expect_refused "a missing text field" "no string field 'body'" data prepare "$work/bad.jsonl" -o "$work/x" --train-tokenizer 300 --text-field body
+expect_refused "not a tokenizer" "not a Hugging Face tokenizer.json" data prepare "$work/extra.txt" -o "$work/x" --tokenizer "$work/bad.jsonl"
+expect_refused "no subcommand" "takes a subcommand: prepare" data
+exit $fail
