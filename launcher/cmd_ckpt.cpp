@@ -1,4 +1,5 @@
 // strata ckpt: work with checkpoints.
+#include <filesystem>
 #include <iostream>
 
 #include "commands.h"
@@ -13,7 +14,9 @@ int run_ckpt(const Args& args) {
     ComponentRegistry registry;
     load_plugins(registry);
     auto used = export_hf(args.positional[1], args.positional[2], registry);
-    std::cout << "exported " << used.string() << " to " << args.positional[2] << " (model.safetensors, config.json)\n";
+    const bool tokenizer = std::filesystem::exists(std::filesystem::path(args.positional[2]) / "tokenizer.json");
+    std::cout << "exported " << used.string() << " to " << args.positional[2] << " (model.safetensors, config.json"
+              << (tokenizer ? ", tokenizer.json, tokenizer_config.json" : "") << ")\n";
     return 0;
   }
   if (args.positional.size() == 3 && args.positional[0] == "consolidate") {
