@@ -28,7 +28,7 @@ for block in block_*.sh; do
 done
 # What the page promises came out.
 [ $fail -ne 0 ] || {
-  [ -s my_data/meta.json ] && [ -s my_run.html ] && [ -s my_model/tokenizer.json ] || { echo "quickstart_test: a promised file is missing" >&2; fail=1; }
+  [ -s my_data/meta.json ] && [ -s my_run.html ] && [ -s my_model/tokenizer.json ] && ls runs/my_run/tensorboard/events.out.tfevents.* > /dev/null || { echo "quickstart_test: a promised file is missing" >&2; fail=1; }
   grep -q '"step":90' runs/my_run/metrics.jsonl || { echo "quickstart_test: the resumed run did not reach step 90" >&2; fail=1; }
   grep -q "^And God said" block_*.out || { echo "quickstart_test: transformers did not continue the prompt" >&2; fail=1; }
 }

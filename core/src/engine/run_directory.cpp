@@ -23,7 +23,7 @@ constexpr const char* kLockFile = ".strata.lock";
 // What a run writes into its directory; nothing else is ever removed. The supervisor adds a
 // flight_record_attempt_N.json for each hang.
 bool is_run_file(const std::string& name) {
-  static const std::set<std::string> names{"strategy.toml", "metrics.jsonl", "events.jsonl", "checkpoints", "logs"};
+  static const std::set<std::string> names{"strategy.toml", "metrics.jsonl", "events.jsonl", "checkpoints", "logs", "tensorboard"};
   auto numbered = [&](const std::string& prefix, const std::string& suffix) {
     return name.rfind(prefix, 0) == 0 && name.size() > prefix.size() + suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;

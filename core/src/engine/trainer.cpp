@@ -233,6 +233,8 @@ void Trainer::Impl::continue_from(int64_t resumed_step) {
   // Snapshots of steps after the one resumed from belong to the attempt being redone.
   if (flash) flash->discard_after(step);
   if (leader) metrics.reset(), metrics.emplace(out_dir / "metrics.jsonl", step);
+  if (leader && plan.job.get_bool("tensorboard"))
+    tensorboard.reset(), tensorboard.emplace(out_dir / "tensorboard", job->model->training_flops_per_token(), plan.job.get_float("peak_tflops"));
   profile_first = step + 3;
   profile_last = step + 2 + plan.job.get_int("profile_steps");
   job->model->train();
@@ -420,6 +422,7 @@ void Trainer::Impl::read_unread(bool across_ranks) {
 void Trainer::Impl::record_unread() {
   for (auto& u : unread) {
     if (metrics) metrics->write(u.record);
+    if (tensorboard) tensorboard->write(u.record);
     console->step(u.record);
   }
   if (!unread.empty()) last = std::move(unread.back().record);

@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "metrics.h"
+#include "tensorboard.h"
 #include "op_profile.h"
 #include "sampler.h"
 #include "schedule.h"
@@ -57,6 +58,7 @@ struct Trainer::Impl {
   std::optional<engine::LrSchedule> schedule;
   std::optional<engine::Console> console;
   std::optional<engine::MetricsFile> metrics;  // rank 0's
+  std::optional<engine::TensorBoardWriter> tensorboard;  // rank 0's, with [job] tensorboard
   // Flash checkpoints: under a supervisor that persists them (STRATA_FLASH_DIR), the ranks
   // snapshot into shared memory and never write to disk themselves.
   std::optional<FlashWriter> flash;
