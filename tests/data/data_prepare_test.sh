@@ -109,6 +109,12 @@ done
 msg=$("$strata" plan "$work/strategy.toml" --set model.vocab_size=500 2>&1); status=$?
 [ $status -eq 2 ] && [[ $msg == *"vocabulary of 1000 tokens but [model] vocab_size is 500"* ]] || check "a vocabulary below the data's was not refused: $status $msg"
 
+msg=$("$strata" plan "$work/strategy.toml" --set data.document_end=5 2>&1); status=$?
+[ $status -eq 2 ] && [[ $msg == *"document_end = 5 but"*"meta.json says documents end with 0 (<|endoftext|>)"* ]] || check "a document_end other than the data's was not refused: $status $msg"
+msg=$("$strata" plan "$work/strategy.toml" --set data.dtype=uint32 2>&1); status=$?
+[ $status -eq 2 ] && [[ $msg == *'dtype = "uint32" but'*"meta.json says the tokens are uint16"* ]] || check "a dtype other than the data's was not refused: $status $msg"
+"$strata" plan "$work/strategy.toml" --set data.document_end=-1 > /dev/null 2>&1 || check "document_end = -1 (one document) was refused"
+
 # Bad input: one line, exit status 2.
 expect_refused() {
   local what=$1 pattern=$2; shift 2
