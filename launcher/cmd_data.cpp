@@ -2,8 +2,8 @@
 //
 // Tokenizing is the field's library, Hugging Face `tokenizers` (Rust, its batch encoder parallel
 // over the cores), which lives in Python: this command checks the arguments and the inputs, finds
-// a Python that has the library (STRATA_PYTHON, else the venv scripts/setup makes, else python3)
-// and runs launcher/data/prepare_tokens.py (installed as share/strata/prepare_tokens.py), which
+// a Python that has the library (python_tokenizers.h) and runs launcher/data/prepare_tokens.py
+// (installed as share/strata/prepare_tokens.py), which
 // writes train.bin, val.bin, tokenizer.json and meta.json. A problem is one line and exit status 2.
 #include <cstdlib>
 #include <filesystem>
@@ -15,40 +15,13 @@
 
 #include "commands.h"
 #include "common.h"
+#include "python_tokenizers.h"
 #include "strata/errors.h"
 
 namespace strata::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The helper beside the executable, as installed (bin/../share/strata) and as the build tree
-// mirrors it.
-fs::path helper_script() {
-  const fs::path exe = fs::read_symlink("/proc/self/exe");
-  const fs::path installed = exe.parent_path().parent_path() / "share" / "strata" / "prepare_tokens.py";
-  if (fs::exists(installed)) return installed;
-  throw UserError("strata data prepare: " + installed.string() + " is missing (a broken install?)");
-}
-
-bool has_tokenizers(const std::string& python) {
-  const std::string command = "'" + python + "' -c 'import tokenizers, numpy' > /dev/null 2>&1";
-  return std::system(command.c_str()) == 0;
-}
-
-std::string python_with_tokenizers() {
-  if (const char* chosen = std::getenv("STRATA_PYTHON"); chosen && *chosen) {
-    if (!has_tokenizers(chosen)) throw UserError(std::string("STRATA_PYTHON=") + chosen + " cannot import tokenizers and numpy (pip install tokenizers numpy)");
-    return chosen;
-  }
-  const char* venv = std::getenv("STRATA_VENV");
-  const char* home = std::getenv("HOME");
-  const fs::path made = venv && *venv ? fs::path(venv) : fs::path(home ? home : "/") / ".local/share/strata/venv";
-  if (fs::exists(made / "bin/python") && has_tokenizers((made / "bin/python").string())) return (made / "bin/python").string();
-  if (has_tokenizers("python3")) return "python3";
-  throw UserError("strata data prepare needs Python with Hugging Face tokenizers: scripts/setup installs it into " + made.string() +
-                  ", or set STRATA_PYTHON to a python that has it");
-}
 
 int run_prepare(const Args& args) {
   allow_only(args, {"-o", "--output", "--tokenizer", "--train-tokenizer", "--text-field", "--val-fraction", "--eos"});
@@ -66,7 +39,7 @@ int run_prepare(const Args& args) {
   if (fs::exists(args.output, unreadable) && !fs::is_directory(args.output, unreadable))
     throw UserError("-o " + args.output + " exists and is not a directory");
 
-  std::vector<std::string> argv{python_with_tokenizers(), helper_script().string()};
+  std::vector<std::string> argv{tokenizers_python("strata data prepare"), helper_script("prepare_tokens.py").string()};
   argv.insert(argv.end(), inputs.begin(), inputs.end());
   argv.insert(argv.end(), {"--out", args.output, "--text-field", args.text_field, "--val-fraction", std::to_string(args.val_fraction)});
   if (!args.tokenizer.empty()) argv.insert(argv.end(), {"--tokenizer", args.tokenizer});

@@ -1,15 +1,59 @@
-// strata sample: a run's newest checkpoint continues a prompt (sample_text in core).
+// strata sample: a run's newest checkpoint continues a prompt. Byte-level runs (the text
+// dataset) are sampled by core (sample_text: the prompt's bytes are its ids); runs on token files
+// `strata data prepare` wrote go through their tokenizer.json, with Hugging Face tokenizers in
+// Python (python_tokenizers.h) encoding the prompt and decoding the continuation around core's
+// token loop (continue_tokens).
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "common.h"
+#include "python_tokenizers.h"
 #include "strata/core/trainer.h"
 
 namespace strata::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The run's tokenizer.json when it trained on a directory `strata data prepare` wrote, else empty.
+fs::path prepared_tokenizer(const CheckpointModel& loaded) {
+  const Config& data = loaded.plan.data;
+  if (!loaded.plan.dataset_component || loaded.plan.dataset_component->name() != "tokens" || !data.has("path")) return {};
+  std::error_code unreadable;
+  const fs::path dir = data.get_string("path");
+  if (!fs::is_regular_file(dir / "meta.json", unreadable) || !fs::is_regular_file(dir / "tokenizer.json", unreadable)) return {};
+  return dir / "tokenizer.json";
+}
+
+std::string sample_through_tokenizer(CheckpointModel& loaded, const fs::path& tokenizer, const SampleOptions& options) {
+  if (options.prompt.empty()) throw UserError("--prompt is empty: give the text to continue");
+  const std::string python = tokenizers_python("strata sample");
+  char pattern[] = "/tmp/strata-sample-XXXXXX";
+  if (!mkdtemp(pattern)) throw UserError("cannot create a temporary directory");
+  const fs::path tmp(pattern);
+  std::ofstream(tmp / "prompt.txt") << options.prompt;
+  const auto ids = nlohmann::json::parse(run_helper(python, "tokenize_text.py", {"encode", tokenizer.string(), (tmp / "prompt.txt").string()}));
+  const std::vector<int64_t> continued = continue_tokens(*loaded.model, ids.get<std::vector<int64_t>>(), options);
+  std::ofstream(tmp / "ids.json") << nlohmann::json(continued).dump();
+  const std::string text = run_helper(python, "tokenize_text.py", {"decode", tokenizer.string(), (tmp / "ids.json").string()});
+  std::error_code ignored;
+  fs::remove_all(tmp, ignored);
+  return text;
+}
+
+}  // namespace
 
 int run_sample(const Args& args) {
   allow_only(args, {"--prompt", "--tokens", "--temperature", "--top-k", "--seed"});
   if (args.positional.size() != 1) throw UserError("usage: strata sample RUN_DIR|CHECKPOINT_DIR --prompt TEXT; see strata sample --help");
+  if (args.prompt.empty()) throw UserError("--prompt is empty: give the text to continue");
   ComponentRegistry registry;
   load_plugins(registry);
   SampleOptions options;
@@ -18,7 +62,9 @@ int run_sample(const Args& args) {
   options.temperature = args.temperature;
   options.top_k = args.top_k;
   options.seed = static_cast<uint64_t>(args.seed);
-  std::cout << sample_text(args.positional[0], options, registry) << std::endl;
+  CheckpointModel loaded = load_checkpoint_model(args.positional[0], registry);
+  const fs::path tokenizer = prepared_tokenizer(loaded);
+  std::cout << (tokenizer.empty() ? sample_text(loaded, options) : sample_through_tokenizer(loaded, tokenizer, options)) << std::endl;
   return 0;
 }
 

@@ -124,12 +124,12 @@ const std::vector<Command>& commands() {
        "  --eos TOKEN              the end-of-text token (default: the first the tokenizer has of\n"
        "                           <|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eot_id|>)\n",
        run_data},
-      {"sample", "Continue a prompt with a run's newest checkpoint (byte-level runs)",
+      {"sample", "Continue a prompt with a run's newest checkpoint (byte-level or prepared-data runs)",
        "usage: strata sample RUN_DIR|CHECKPOINT_DIR --prompt TEXT [--tokens N] [--temperature T]\n"
        "                     [--top-k K] [--seed S]\n\n"
        "Loads the checkpoint's model whole (any layout and rank count that saved it), prints the prompt\n"
-       "and its continuation. Runs on the text dataset (token id = byte) only; export other runs and\n"
-       "sample them with transformers.\n\n"
+       "and its continuation. Runs on the text dataset (token id = byte) and on token files strata data\n"
+       "prepare wrote (through their tokenizer.json); export other runs and sample them with transformers.\n\n"
        "  --prompt TEXT        the text to continue\n"
        "  --tokens N           tokens to generate (default 100)\n"
        "  --temperature T      0 picks the likeliest token; above 0 samples (default 0.8)\n"

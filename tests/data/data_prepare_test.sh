@@ -6,7 +6,8 @@
 # meta.json's counts match the files, the same tokenizer gives the same ids. A strategy naming only
 # the directory takes vocab_size, document_end and dtype from meta.json, trains on one rank and on
 # two (fsdp), and the export carries the tokenizer: transformers' AutoTokenizer round-trips text
-# and AutoModelForCausalLM generates. A stated vocabulary below the data's is refused, naming both;
+# and AutoModelForCausalLM generates, and `strata sample` (through the prepared tokenizer) gives
+# transformers' greedy text. A stated vocabulary below the data's is refused, naming both;
 # bad input to prepare is one line and exit status 2.
 set -uo pipefail
 strata=$1 python=$2 work=$3
@@ -102,9 +103,14 @@ text = "And God said, Let there be light"
 ids = tok(text, return_tensors="pt")
 assert tok.decode(ids.input_ids[0]) == text and tok.vocab_size == 1000 and tok.eos_token_id == 0
 assert model.config.eos_token_id == 0
-out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+out = model.generate(**ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
 assert out.shape[1] == ids.input_ids.shape[1] + 8
+open(sys.argv[1] + "/greedy.txt", "w").write(tok.decode(out[0], skip_special_tokens=False))
 PY
+  # strata sample through the prepared tokenizer: greedy, the same text as transformers' generate.
+  "$strata" sample "$work/$run" --prompt "And God said, Let there be light" --tokens 8 --temperature 0 | head -c -1 > "$work/$run-sample.txt" ||
+    check "$run: strata sample failed"
+  cmp -s "$work/$run-sample.txt" "$work/$run-hf/greedy.txt" || check "$run: strata sample's greedy text differs from transformers': $(cat "$work/$run-sample.txt") vs $(cat "$work/$run-hf/greedy.txt")"
 done
 msg=$("$strata" plan "$work/strategy.toml" --set model.vocab_size=500 2>&1); status=$?
 [ $status -eq 2 ] && [[ $msg == *"vocabulary of 1000 tokens but [model] vocab_size is 500"* ]] || check "a vocabulary below the data's was not refused: $status $msg"

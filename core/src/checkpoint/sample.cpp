@@ -17,24 +17,21 @@
 
 namespace strata {
 
-std::string sample_text(const std::filesystem::path& source, const SampleOptions& options, const ComponentRegistry& registry) {
+namespace {
+
+void check_options(const SampleOptions& options) {
   if (options.tokens < 0) throw UserError("--tokens must be 0 or more, got " + std::to_string(options.tokens));
   if (!(options.temperature >= 0)) throw UserError("--temperature must be 0 (greedy) or more");
   if (options.top_k < 0) throw UserError("--top-k must be 0 (all tokens) or more");
-  CheckpointModel loaded = load_checkpoint_model(source, registry);
-  const std::string dataset = loaded.plan.dataset_component ? loaded.plan.dataset_component->name() : "";
-  if (dataset != "text")
-    throw UserError("strata sample reads byte-level runs (the text dataset); this run trained on the '" + dataset +
-                    "' dataset, whose tokenizer Strata does not know: export it (strata ckpt export) and sample with "
-                    "transformers and its tokenizer");
-  if (options.prompt.empty()) throw UserError("--prompt is empty: give the text to continue");
+}
 
-  nn::Model& model = *loaded.model;
+}  // namespace
+
+std::vector<int64_t> continue_tokens(nn::Model& model, std::vector<int64_t> ids, const SampleOptions& options) {
+  check_options(options);
   model.eval();
   const torch::NoGradGuard no_grad;
   const int64_t window = model.seq_len();
-  std::vector<int64_t> ids(options.prompt.begin(), options.prompt.end());
-  for (int64_t& id : ids) id = static_cast<unsigned char>(id);
   at::Generator generator = at::detail::createCPUGenerator(options.seed);
   for (int64_t n = 0; n < options.tokens; ++n) {
     const int64_t first = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - window);
@@ -53,7 +50,28 @@ std::string sample_text(const std::filesystem::path& source, const SampleOptions
     }
     ids.push_back(next);
   }
+  return ids;
+}
+
+std::string sample_text(CheckpointModel& loaded, const SampleOptions& options) {
+  check_options(options);
+  if (options.prompt.empty()) throw UserError("--prompt is empty: give the text to continue");
+  const std::string dataset = loaded.plan.dataset_component ? loaded.plan.dataset_component->name() : "";
+  if (dataset != "text")
+    throw UserError("strata sample reads byte-level runs (the text dataset) and runs on token files strata data prepare wrote; this "
+                    "run trained on the '" + dataset + "' dataset, whose tokenizer Strata does not know: export it (strata ckpt "
+                    "export) and sample with transformers and its tokenizer");
+  std::vector<int64_t> ids(options.prompt.begin(), options.prompt.end());
+  for (int64_t& id : ids) id = static_cast<unsigned char>(id);
+  ids = continue_tokens(*loaded.model, std::move(ids), options);
   return std::string(ids.begin(), ids.end());
+}
+
+std::string sample_text(const std::filesystem::path& source, const SampleOptions& options, const ComponentRegistry& registry) {
+  check_options(options);
+  if (options.prompt.empty()) throw UserError("--prompt is empty: give the text to continue");
+  CheckpointModel loaded = load_checkpoint_model(source, registry);
+  return sample_text(loaded, options);
 }
 
 }  // namespace strata

@@ -119,7 +119,8 @@ STRATA_API std::filesystem::path consolidate_checkpoint(const std::filesystem::p
 // Continues `prompt` by `tokens` tokens with the checkpoint's model: greedy at temperature 0, else
 // sampled from the softmax of logits / temperature over the top_k likeliest (0: all), with a
 // generator seeded by `seed`. Returns the prompt and its continuation as text. Byte-level runs
-// (the text dataset) only: a run on token files names no tokenizer (UserError).
+// (the text dataset) only: token files name no tokenizer Strata can run (UserError); `strata
+// sample` tokenizes runs on prepared token files itself and calls continue_tokens.
 struct SampleOptions {
   std::string prompt;
   int64_t tokens = 100;
@@ -129,6 +130,10 @@ struct SampleOptions {
 };
 STRATA_API std::string sample_text(const std::filesystem::path& source, const SampleOptions& options,
                                    const ComponentRegistry& registry);
+STRATA_API std::string sample_text(CheckpointModel& loaded, const SampleOptions& options);
+// The token loop sample_text runs, for a caller that tokenizes itself (`strata sample` on a run
+// over token files, through the run's tokenizer): `ids` continued by options.tokens tokens.
+STRATA_API std::vector<int64_t> continue_tokens(nn::Model& model, std::vector<int64_t> ids, const SampleOptions& options);
 
 // A human-readable account of what the checkpoint holds, one line per tensor.
 STRATA_API std::string describe_checkpoint(const std::filesystem::path& source);
