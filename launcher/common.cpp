@@ -54,8 +54,4 @@ void insert_value(toml::table& table, const std::string& key, const Value& value
 
 void print_json(const toml::table& table) { std::cout << toml::json_formatter{table} << "\n"; }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 }  // namespace strata::cli

@@ -10,7 +10,7 @@
 
 #include "strata/config.h"
 #include "strata/core/component_registry.h"
-#include "strata/core/statistics.h"  // median, for the commands that measure
+#include "strata/core/statistics.h"  // median and seconds_since, for the commands that measure
 
 namespace strata::cli {
 
@@ -25,7 +25,5 @@ std::string describe_type(const KeySpec& spec);
 void insert_value(toml::table& table, const std::string& key, const Value& value);
 void print_json(const toml::table& table);
 
-
-double seconds_since(std::chrono::steady_clock::time_point start);
 
 }  // namespace strata::cli

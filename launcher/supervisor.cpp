@@ -18,6 +18,7 @@
 #include "strata/core/flash_checkpoint.h"
 #include "strata/core/flight_recorder.h"
 #include "strata/core/progress.h"
+#include "strata/core/statistics.h"
 
 namespace strata::cli {
 namespace {
@@ -25,7 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::string json_string(const std::string& text) {
   std::string out = "\"";

@@ -11,16 +11,9 @@
 #include "strata/core/log.h"
 #include "strata/core/process_memory.h"
 #include "strata/errors.h"
+#include "strata/core/statistics.h"
 
 namespace strata {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
 
 int64_t Trainer::Impl::restore_flash(std::string& problem) {
   Impl& t = *this;

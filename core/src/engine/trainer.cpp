@@ -26,6 +26,7 @@
 #include "strata/core/operator_table.h"
 #include "strata/core/step_plan.h"
 #include "strata/errors.h"
+#include "strata/core/statistics.h"
 
 namespace strata {
 
@@ -39,10 +40,6 @@ struct ProgramLoss {
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss;
   at::Tensor operator()(const at::Tensor& logits, const at::Tensor& targets) const { return loss(logits, targets); }
 };
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 }  // namespace
 

@@ -42,10 +42,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // Median seconds of `fn` over runs of `rounds` calls each, for about `budget_s` (at least 3 runs).
 template <class Fn>
 double median_seconds(Fn fn, int rounds, double budget_s) {

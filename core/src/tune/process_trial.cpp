@@ -22,10 +22,6 @@
 namespace strata {
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // The last line of the trial's log that says "error", or its last line.
 std::string last_error_line(const std::filesystem::path& log) {
   std::ifstream in(log);

@@ -17,10 +17,6 @@
 namespace strata {
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 bool measured_fresh(const TrialOutcome& o) { return o.verdict == "measured"; }
 
 std::optional<size_t> fastest(const TrialSearch& search) {
