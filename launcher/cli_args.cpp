@@ -101,6 +101,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--set") args.given.push_back(arg), args.sets.push_back(value());
     else if (arg == "--disable") args.given.push_back(arg), args.disables.push_back(value());
     else if (arg == "-n" || arg == "--ranks") args.given.push_back(arg), args.ranks = parse_count(arg, value());
+    else if (arg == "--simulate-nodes") args.given.push_back(arg), args.simulate_nodes = parse_count(arg, value(), "a node count");
     else if (arg == "--dry-run") flag(), args.dry_run = true;
     else if (arg == "--finetune") flag(), args.finetune = true;
     else if (arg == "--remeasure") flag(), args.remeasure = true;

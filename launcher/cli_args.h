@@ -13,6 +13,7 @@ struct Args {
   std::vector<std::string> sets;        // --set section.key=value
   std::vector<std::string> disables;    // --disable NAME
   int64_t ranks = 1;                    // -n N
+  int64_t simulate_nodes = 0;           // run: --simulate-nodes K; 0 = the machine is one node
   std::string output;                   // -o FILE
   std::string out_dir;                  // --out DIR
   bool resume = false;

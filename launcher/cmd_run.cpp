@@ -161,7 +161,11 @@ std::vector<std::string> mpirun_words(int argc, char** argv, const AttemptOption
       ++i;
       continue;
     }
-    if (arg.rfind("--ranks=", 0) == 0) continue;
+    if (arg == "--simulate-nodes") {  // the supervisor's option; the ranks learn their node from the environment
+      ++i;
+      continue;
+    }
+    if (arg.rfind("--ranks=", 0) == 0 || arg.rfind("--simulate-nodes=", 0) == 0) continue;
     if (options.resume && (arg == "--overwrite" || arg == "--resume")) continue;
     words.push_back(arg);
   }
@@ -258,9 +262,15 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
 
 
 int run_train(const Args& args) {
-  allow_only(args, {"--set", "--disable", "--out", "--resume", "--overwrite", "-n", "--ranks"});
+  allow_only(args, {"--set", "--disable", "--out", "--resume", "--overwrite", "-n", "--ranks", "--simulate-nodes"});
   if (args.resume && args.overwrite) throw UserError("--resume continues the run in the directory, --overwrite replaces it: give one");
   const LaunchEnv env = detect_launch_env();
+  if (args.simulate_nodes > 0 && (args.ranks < 2 || env.world_size > 1))
+    throw UserError("--simulate-nodes needs `strata run -n N` (its supervisor places the ranks)");
+  if (args.simulate_nodes > 0 && args.ranks % args.simulate_nodes != 0)
+    throw UserError("--simulate-nodes " + std::to_string(args.simulate_nodes) + " does not divide -n " + std::to_string(args.ranks) +
+                    " into equal nodes");
+  if (args.simulate_nodes > 0) ::setenv(kSimulatedNodesEnv, std::to_string(args.simulate_nodes).c_str(), 1);
   if (args.ranks > 1 && env.world_size == 1) {
     // Check the strategy and claim the run directory once here, so that bad input is reported
     // once and starts no ranks; the claim (its lock) lasts until the ranks are done.

@@ -70,7 +70,7 @@ const std::vector<Command>& commands() {
        "  --disable PASS       keep a pass out of the search\n",
        run_tune},
       {"run", "Train with a strategy",
-       "usage: strata run STRATEGY.toml [-n N] [--out DIR] [--set section.key=value]... [--disable PASS]... [--resume | --overwrite]\n\n"
+       "usage: strata run STRATEGY.toml [-n N [--simulate-nodes K]] [--out DIR] [--set section.key=value]... [--disable PASS]... [--resume | --overwrite]\n\n"
        "Trains in this process, or with -n N on N local ranks started through mpirun (a worker\n"
        "started by mpirun or srun directly reads its rank from their environment). DIR (default: [job] run_dir) receives strategy.toml (the resolved\n"
        "strategy, rerunnable as is), metrics.jsonl (one JSON object per optimizer step), logs/ and\n"
@@ -79,6 +79,9 @@ const std::vector<Command>& commands() {
        "killed, crashes or hangs restarts all of them from the newest checkpoint, up to [job]\n"
        "max_restarts times; events.jsonl in DIR records each failure and restart.\n\n"
        "  -n, --ranks N        number of local ranks\n"
+       "  --simulate-nodes K   split the N ranks into K nodes of contiguous ranks on this machine, each\n"
+       "                       with its own flash snapshot store (STRATA_FAULT=\"lose_node NODE STEP\"\n"
+       "                       loses one: its ranks and its store); for tests and demos\n"
        "  --out DIR            run directory\n"
        "  --set S.K=V          override a key, e.g. job.steps=50 job.seed=7 job.checkpoint_every=10\n"
        "  --disable PASS       switch a pass off\n"

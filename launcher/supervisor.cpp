@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <mutex>
 #include <optional>
@@ -135,7 +136,10 @@ void HangWatch::finish(AttemptResult& result) {
     result.checkpoint_s = std::max(result.checkpoint_s, static_cast<double>(p.checkpoint_ns) * 1e-9);
     result.restore_s = std::max(result.restore_s, static_cast<double>(p.restore_ns) * 1e-9);
     result.restored_from = std::max(result.restored_from, static_cast<int>(p.restored_from));
+    result.restored_by_rank.push_back(p.restored_from);
   }
+  result.first_step_s = first_step_s_;
+  result.resumed_step = std::max<int64_t>(0, first_step_ - 1);
   if (cause_.empty()) return;
   result.hang_s = hang_s_;
   result.cause = cause_;
@@ -189,6 +193,9 @@ void HangWatch::watch() {
       lowest_step = low;
       step_started = Clock::now();
     }
+    bool started = true;
+    for (const auto& p : last) started = started && p.phase != static_cast<int32_t>(StepPhase::StartingUp);
+    if (started && first_step_s_ < 0) first_step_ = low, first_step_s_ = seconds_since(watch_started);
     bool finished = true;
     for (const auto& p : last) finished = finished && p.phase == static_cast<int32_t>(StepPhase::Finished);
     if (finished) continue;
@@ -361,6 +368,34 @@ void record_failure(EventLog& events, int n, const AttemptResult& result, const 
   events.write("failure", n, fields.str());
 }
 
+// After a restart, where each rank's state came from ("memory": its node's snapshot store,
+// "disk": the checkpoints directory, "none": step 0), the step resumed, the seconds from the end of
+// the failed attempt until every rank began a new step, and the bytes of the disk checkpoint
+// loaded (0 from memory): the figures a node loss is measured by.
+void record_recovery(EventLog& events, int n, const AttemptResult& result, Clock::time_point failed_at, Clock::time_point started,
+                     const fs::path& run_dir) {
+  if (result.first_step_s < 0) return;  // no rank got as far as a step
+  std::ostringstream fields;
+  fields.precision(6);
+  fields << ",\"resumed_step\":" << result.resumed_step << ",\"sources\":[";
+  bool any_disk = false;
+  for (size_t r = 0; r < result.restored_by_rank.size(); ++r) {
+    const auto source = static_cast<RestoreSource>(result.restored_by_rank[r]);
+    any_disk = any_disk || source == RestoreSource::Disk;
+    fields << (r ? "," : "") << (source == RestoreSource::Memory ? "\"memory\"" : source == RestoreSource::Disk ? "\"disk\"" : "\"none\"");
+  }
+  uint64_t disk_bytes = 0;
+  std::error_code ec;
+  char step_dir[32];  // checkpoints/step_NNNNNNNN, as core names them
+  std::snprintf(step_dir, sizeof step_dir, "step_%08ld", static_cast<long>(result.resumed_step));
+  if (any_disk)
+    for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints" / step_dir, ec))
+      if (entry.is_regular_file(ec)) disk_bytes += entry.file_size(ec);
+  fields << "],\"disk_checkpoint_bytes\":" << disk_bytes << ",\"failure_to_first_step_s\":"
+         << std::chrono::duration<double>(started - failed_at).count() + result.first_step_s;
+  events.write("recovered", n, fields.str());
+}
+
 // The elastic path: a rank blamed for two failures in a row is left out (its device slot
 // dropped) while at least [job] min_ranks remain.
 void shrink_if_blamed_twice(int blamed, int& previously_blamed, const SupervisorOptions& options, std::vector<int>& slots, EventLog& events,
@@ -401,6 +436,7 @@ int supervise(const SupervisorOptions& options,
   for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int>(i);
   int previously_blamed = -1;
   double recovery_seconds = 0;
+  Clock::time_point failed_at = started;  // when the last failed attempt ended
   TimeAccount account;
   // Flash checkpoints: a fresh run starts without snapshots; a resumed one first writes to disk
   // what a supervisor killed before it could left in memory.
@@ -416,9 +452,11 @@ int supervise(const SupervisorOptions& options,
     const int64_t ranks = static_cast<int64_t>(slots.size());
     events.write("start", n, (n == 0 ? std::string() : std::string(",\"resume\":true")) + ",\"ranks\":" + std::to_string(ranks));
     if (flash) flash->start();
+    const auto attempt_started = Clock::now();
     const AttemptResult result = attempt(n > 0, n, slots);
     // Persist at breakpoint: the newest snapshot goes to disk before anything else, failure or not.
     const auto attempt_ended = Clock::now();
+    if (n > 0) record_recovery(events, n, result, failed_at, attempt_started, options.run_dir);
     bool persisted = true;
     if (flash) {
       flash->stop();
@@ -475,6 +513,7 @@ int supervise(const SupervisorOptions& options,
     account.recomputed_s += reached.ms_after(checkpoint) / 1000.0;
     account.restart_s += seconds_since(attempt_ended);
     recovery_seconds += seconds_since(attempt_ended);
+    failed_at = attempt_ended;
   }
 }
 

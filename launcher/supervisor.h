@@ -33,6 +33,11 @@ struct AttemptResult {
   // moved before a hang was declared.
   double checkpoint_s = 0, restore_s = 0, hang_s = 0;
   int restored_from = 0;  // RestoreSource
+  // Where each rank's state came from (RestoreSource, by rank), the step the ranks resumed from,
+  // and the seconds from the attempt's start until every rank began its first step (-1: never).
+  std::vector<int> restored_by_rank;
+  int64_t resumed_step = 0;
+  double first_step_s = -1;
 };
 
 // How one attempt runs (run_under_mpirun).
@@ -81,6 +86,8 @@ class HangWatch {
   double timeout_s_, start_timeout_s_;
   int launcher_pid_;
   double hang_s_ = 0;
+  std::atomic<double> first_step_s_{-1};
+  std::atomic<int64_t> first_step_{0};
   std::atomic<bool> stop_{false};
   std::string cause_, detail_, flight_record_;
   std::thread thread_;

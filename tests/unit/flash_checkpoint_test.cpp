@@ -34,6 +34,27 @@ void write(FlashWriter& writer, int64_t step, int64_t world, float value) {
   writer.wait();
 }
 
+// Simulated nodes: each node's store holds its own ranks' images; a store lists only what it
+// holds, and the supervisor's view (complete_flash_sets over the run's directory) sees a set only
+// while every node still holds its part.
+TEST(FlashCheckpoint, NodeStoresHoldTheirOwnRanks) {
+  const fs::path dir = scratch("nodes");
+  {
+    FlashWriter rank0(flash_node_store(dir, 0), 0), rank1(flash_node_store(dir, 0), 1), rank2(flash_node_store(dir, 1), 2);
+    for (FlashWriter* w : {&rank0, &rank1, &rank2}) write(*w, 5, 3, 1.0f);
+  }
+  EXPECT_EQ(flash_node_store(dir, 1), dir / "node_1");
+  const auto node1 = flash_images(flash_node_store(dir, 1));
+  ASSERT_EQ(node1.size(), 1u);
+  EXPECT_EQ(node1[0].rank, 2);
+  EXPECT_EQ(node1[0].info.step, 5);
+  EXPECT_EQ(flash_images(flash_node_store(dir, 0)).size(), 2u);
+  ASSERT_EQ(complete_flash_sets(dir).size(), 1u);
+  EXPECT_EQ(complete_flash_sets(dir)[0].slots[2].parent_path(), flash_node_store(dir, 1));
+  fs::remove_all(flash_node_store(dir, 1));  // node 1 lost, memory and all
+  EXPECT_TRUE(complete_flash_sets(dir).empty());
+}
+
 TEST(FlashCheckpoint, ChecksumSeesEveryByte) {
   std::vector<unsigned char> bytes(1000 + 5);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 31);

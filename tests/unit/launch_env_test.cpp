@@ -13,12 +13,13 @@ class TorchrunEnvironment : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                             "SLURM_NODEID", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", kSlotsEnv})
+                             "SLURM_NODEID", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", kSlotsEnv,
+                             "GROUP_RANK", kSimulatedNodesEnv})
       ::unsetenv(name);
     ::setenv("RANK", "1", 1), ::setenv("WORLD_SIZE", "2", 1), ::setenv("LOCAL_RANK", "1", 1), ::setenv("LOCAL_WORLD_SIZE", "2", 1);
   }
   void TearDown() override {
-    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", kSlotsEnv}) ::unsetenv(name);
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", kSlotsEnv}) ::unsetenv(name);
   }
 };
 
@@ -69,6 +70,27 @@ TEST_F(TorchrunEnvironment, SlurmLocalSizeIsThisNodesTaskCount) {
   ::setenv("SLURM_STEP_TASKS_PER_NODE", "garbled", 1);  // not Slurm's form: the whole world, as before
   EXPECT_EQ(detect_launch_env().local_size, 7);
   for (const char* name : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"}) ::unsetenv(name);
+}
+
+// The node a rank's flash snapshots live on: Slurm's node id, torchrun's GROUP_RANK, or with
+// `strata run --simulate-nodes K` contiguous blocks of N / K ranks (a shrunk world keeps K nodes).
+TEST_F(TorchrunEnvironment, NodeComesFromTheLauncherOrTheSimulation) {
+  ::setenv("RANK", "5", 1), ::setenv("WORLD_SIZE", "8", 1), ::setenv("LOCAL_WORLD_SIZE", "4", 1), ::setenv("GROUP_RANK", "1", 1);
+  EXPECT_EQ(detect_launch_env().node, 1);
+  ::unsetenv("GROUP_RANK");
+  EXPECT_EQ(detect_launch_env().node, 1);  // 5 / 4
+  ::setenv(kSimulatedNodesEnv, "4", 1);
+  EXPECT_EQ(detect_launch_env().node, 2);  // ranks 4 and 5 are node 2 of 4
+  ::setenv("WORLD_SIZE", "7", 1);  // 8 ranks on 4 nodes shrunk to 7: nodes of 2, the last of 1
+  EXPECT_EQ(detect_launch_env().node, 2);
+  ::setenv("RANK", "6", 1);
+  EXPECT_EQ(detect_launch_env().node, 3);
+  ::unsetenv(kSimulatedNodesEnv);
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}) ::unsetenv(name);
+  ::setenv("SLURM_PROCID", "6", 1), ::setenv("SLURM_NTASKS", "7", 1), ::setenv("SLURM_NODEID", "3", 1);
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3),1", 1);
+  EXPECT_EQ(detect_launch_env().node, 3);
+  for (const char* name : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"}) ::unsetenv(name);
 }
 
 }  // namespace

@@ -148,6 +148,21 @@ fs::path flash_directory(const fs::path& run_dir) {
   return fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") / name : fs::temp_directory_path() / name;
 }
 
+fs::path flash_node_store(const fs::path& flash_dir, int node) { return flash_dir / ("node_" + std::to_string(node)); }
+
+namespace {
+
+// `dir` and the node stores inside it.
+std::vector<fs::path> stores_in(const fs::path& dir) {
+  std::vector<fs::path> out{dir};
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_directory() && entry.path().filename().string().rfind("node_", 0) == 0) out.push_back(entry.path());
+  return out;
+}
+
+}  // namespace
+
 // ---- the rank's side ----
 
 struct FlashWriter::Slot {
@@ -277,16 +292,24 @@ void FlashWriter::damage_newest() {
 
 // ---- reading, for restarts and the supervisor ----
 
-std::vector<FlashSet> complete_flash_sets(const fs::path& dir) {
-  // (step, world, hash) -> rank -> slot file
-  std::map<std::tuple<int64_t, int64_t, std::string>, std::map<int, fs::path>> found;
+std::vector<FlashImageRef> flash_images(const fs::path& dir) {
+  std::vector<FlashImageRef> out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     SlotHeader h{};
     if (!entry.is_regular_file() || !read_header(entry.path(), h) || !holds_snapshot(h.state)) continue;
     h.state_hash[sizeof h.state_hash - 1] = '\0';
-    found[{h.step, h.world_size, h.state_hash}][h.rank] = entry.path();
+    out.push_back({{h.step, h.world_size, h.state_hash}, h.rank, entry.path()});
   }
+  return out;
+}
+
+std::vector<FlashSet> complete_flash_sets(const fs::path& dir) {
+  // (step, world, hash) -> rank -> slot file
+  std::map<std::tuple<int64_t, int64_t, std::string>, std::map<int, fs::path>> found;
+  for (const fs::path& store : stores_in(dir))
+    for (const FlashImageRef& image : flash_images(store))
+      found[{image.info.step, image.info.world_size, image.info.state_hash}][image.rank] = image.slot;
   std::vector<FlashSet> out;
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     const auto& [key, ranks] = *it;
@@ -318,20 +341,24 @@ std::optional<std::string> flash_slot_problem(const fs::path& slot) {
 }
 
 void release_flash_slots(const fs::path& dir) {
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    SlotHeader h{};
-    if (!entry.is_regular_file() || !read_header(entry.path(), h)) continue;
-    if (h.state != static_cast<int32_t>(FlashSlotState::Persisting)) continue;
-    const Mapping map(entry.path(), /*writable=*/true);
-    store_state(map.header(), FlashSlotState::Valid);
+  for (const fs::path& store : stores_in(dir)) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(store, ec)) {
+      SlotHeader h{};
+      if (!entry.is_regular_file() || !read_header(entry.path(), h)) continue;
+      if (h.state != static_cast<int32_t>(FlashSlotState::Persisting)) continue;
+      const Mapping map(entry.path(), /*writable=*/true);
+      store_state(map.header(), FlashSlotState::Valid);
+    }
   }
 }
 
-MappedFlashSet map_flash_set(const FlashSet& set) {
+MappedFlashSet map_flash_set(const FlashSet& set) { return map_flash_slots(set.slots); }
+
+MappedFlashSet map_flash_slots(const std::vector<fs::path>& slots) {
   auto maps = std::make_shared<std::vector<std::unique_ptr<Mapping>>>();
   MappedFlashSet out;
-  for (const auto& slot : set.slots) {
+  for (const auto& slot : slots) {
     maps->push_back(std::make_unique<Mapping>(slot, /*writable=*/false));
     out.images.push_back(maps->back()->image());
   }

@@ -82,6 +82,12 @@ LaunchEnv detect_launch_env() {
                       std::to_string(env.world_size) + " ranks");
     env.slot = list[static_cast<size_t>(env.rank)];
   }
+  // The node: Slurm and torchrun say it (SLURM_NODEID, GROUP_RANK), elsewhere ranks fill nodes in order.
+  env.node = env.rank / std::max(1, env.local_size);
+  if (env.launcher == "slurm") read_int("SLURM_NODEID", env.node);
+  if (env.launcher == "torchrun") read_int("GROUP_RANK", env.node);
+  if (const char* nodes = std::getenv(kSimulatedNodesEnv); nodes && std::atoi(nodes) > 0)
+    env.node = env.rank / ((env.world_size + std::atoi(nodes) - 1) / std::atoi(nodes));  // a shrunk world keeps K nodes, the last smaller
   return env;
 }
 
@@ -90,6 +96,7 @@ void export_torchrun_env(const LaunchEnv& env) {
   ::setenv("WORLD_SIZE", std::to_string(env.world_size).c_str(), 1);
   ::setenv("LOCAL_RANK", std::to_string(env.local_rank).c_str(), 1);
   ::setenv("LOCAL_WORLD_SIZE", std::to_string(env.local_size).c_str(), 1);
+  ::setenv("GROUP_RANK", std::to_string(env.node).c_str(), 1);
 }
 
 bool stdout_is_terminal() {

@@ -2,9 +2,13 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include <c10/util/Exception.h>
+
+#include "strata/core/flash_checkpoint.h"
+#include "strata/core/launch_env.h"
 
 namespace strata::engine {
 
@@ -20,7 +24,19 @@ bool inject_fault(int rank, int64_t step, const std::string& point, const std::f
     std::string kind;
     int fault_rank = -1;
     int64_t fault_step = -1;
-    if (!(in >> kind >> fault_rank >> fault_step) || fault_rank != rank || fault_step != step) continue;
+    if (!(in >> kind >> fault_rank >> fault_step) || fault_step != step) continue;
+    if (point == "step" && kind == "lose_node") {
+      const LaunchEnv env = detect_launch_env();
+      if (env.node != fault_rank) continue;
+      // The node's memory goes with its ranks: its snapshot store first, then this rank (the
+      // supervisor's mpirun takes the node's other ranks, and every other rank, down with it).
+      if (const char* flash = std::getenv("STRATA_FLASH_DIR")) {
+        std::error_code ignored;
+        std::filesystem::remove_all(flash_node_store(flash, env.node), ignored);
+      }
+      std::raise(SIGKILL);
+    }
+    if (fault_rank != rank) continue;
     if (point == "step" && kind == "kill") {
       if (before_kill) before_kill();
       std::raise(SIGKILL);

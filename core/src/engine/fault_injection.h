@@ -13,6 +13,8 @@ namespace strata::engine {
 // 0) so that the restarted ranks run clean, or in
 // every attempt with STRATA_FAULT_EVERY_ATTEMPT set (to test giving up). At `point`:
 //   "step"     (as step STEP starts; STEP 0: at start-up) kill: SIGKILL, stop: SIGSTOP;
+//              lose_node (its RANK field is a node, LaunchEnv::node): every rank of that node
+//              deletes the node's flash snapshot store and kills itself, as a host that dies;
 //   "backward" (as the backward of step STEP's first micro-batch starts) stop_in_backward: SIGSTOP;
 //   "snapshot" (halfway through the flash copy of step STEP) kill_in_snapshot: SIGKILL;
 //   "snapshot_done" (after the flash snapshot of step STEP) corrupt_snapshot: returns true, and

@@ -2,6 +2,7 @@
 // snapshot in shared memory comes first when it is at least as new as the newest disk checkpoint
 // and every image of it passes its checksum; then disk checkpoints, newest first, an older one
 // standing in for a damaged newer one.
+#include <algorithm>
 #include <chrono>
 
 #include <ATen/ATen.h>
@@ -15,46 +16,150 @@
 
 namespace strata {
 
+namespace {
+
+// A flash snapshot as the ranks agreed on it: its step and world, and for each of that world's
+// ranks the current rank that holds its image in its node's store (the lowest such).
+struct AgreedSnapshot {
+  int64_t step = -1, world = 0;
+  std::vector<int64_t> holder;
+  std::vector<int64_t> missing_somewhere;  // 1: some rank's node lacks that image
+};
+
+// The newest snapshot, not older than `disk_step` and saved under `hash`, whose every image some
+// rank's node holds. Rank 0's node holds saved rank 0's image of any usable snapshot (nodes are
+// contiguous ranks), and a rank keeps two snapshots, so rank 0's two newest are the candidates.
+AgreedSnapshot agree_on_snapshot(const std::vector<FlashImageRef>& local, int64_t disk_step, const std::string& hash, Communicator& world,
+                                 c10::Device device) {
+  std::vector<int64_t> candidates{-1, 0, -1, 0};  // step, world; twice
+  if (world.rank() == 0) {
+    std::vector<FlashImageRef> first;
+    for (const auto& image : local)
+      if (image.rank == 0 && image.info.state_hash == hash && image.info.step >= disk_step) first.push_back(image);
+    std::sort(first.begin(), first.end(), [](const FlashImageRef& a, const FlashImageRef& b) { return a.info.step > b.info.step; });
+    for (size_t i = 0; i < first.size() && i < 2; ++i) candidates[2 * i] = first[i].info.step, candidates[2 * i + 1] = first[i].info.world_size;
+  }
+  at::Tensor agreed = at::tensor(candidates, at::kLong).to(device);
+  world.all_reduce(agreed, ReduceOp::Max)->wait();
+  agreed = agreed.cpu();
+  const int64_t none = world.size();
+  for (int c = 0; c < 2; ++c) {
+    AgreedSnapshot snapshot{agreed[2 * c].item<int64_t>(), agreed[2 * c + 1].item<int64_t>(), {}, {}};
+    if (snapshot.step < 0 || snapshot.world < 1) continue;
+    std::vector<int64_t> holder(static_cast<size_t>(snapshot.world), none), missing(static_cast<size_t>(snapshot.world), 1);
+    for (const auto& image : local)
+      if (image.info.step == snapshot.step && image.info.world_size == snapshot.world && image.info.state_hash == hash && image.rank >= 0 &&
+          image.rank < snapshot.world)
+        holder[static_cast<size_t>(image.rank)] = world.rank(), missing[static_cast<size_t>(image.rank)] = 0;
+    at::Tensor holders = at::tensor(holder, at::kLong).to(device), lacking = at::tensor(missing, at::kLong).to(device);
+    world.all_reduce(holders, ReduceOp::Min)->wait();
+    world.all_reduce(lacking, ReduceOp::Max)->wait();
+    holders = holders.cpu(), lacking = lacking.cpu();
+    snapshot.holder.assign(holders.data_ptr<int64_t>(), holders.data_ptr<int64_t>() + snapshot.world);
+    snapshot.missing_somewhere.assign(lacking.data_ptr<int64_t>(), lacking.data_ptr<int64_t>() + snapshot.world);
+    if (std::find(snapshot.holder.begin(), snapshot.holder.end(), none) == snapshot.holder.end()) return snapshot;
+  }
+  return {};
+}
+
+// Every image of the agreed snapshot: mapped from this node's store where it is there, else
+// broadcast over `world` by the rank that holds it (every rank takes part in each broadcast some
+// rank needs). restore_state reads a replicated tensor from the one data rank that wrote it, and
+// that rank may be on another node. Counts the bytes received in `received`.
+struct GatheredImages {
+  std::vector<std::string_view> images;
+  std::shared_ptr<const void> keep_alive;
+  uint64_t received = 0;
+};
+GatheredImages gather_flash_images(const std::vector<FlashImageRef>& local, const AgreedSnapshot& snapshot, const std::string& hash,
+                                   Communicator& world, c10::Device device) {
+  std::vector<std::filesystem::path> slots;
+  std::vector<int> saved_ranks;
+  for (const auto& image : local)
+    if (image.info.step == snapshot.step && image.info.world_size == snapshot.world && image.info.state_hash == hash && image.rank >= 0 &&
+        image.rank < snapshot.world)
+      slots.push_back(image.slot), saved_ranks.push_back(image.rank);
+  const MappedFlashSet mapped = map_flash_slots(slots);
+  std::vector<std::string_view> images(static_cast<size_t>(snapshot.world));
+  for (size_t i = 0; i < saved_ranks.size(); ++i) images[static_cast<size_t>(saved_ranks[i])] = mapped.images[i];
+  auto received = std::make_shared<std::vector<at::Tensor>>();
+  GatheredImages out;
+  for (int64_t q = 0; q < snapshot.world; ++q) {
+    if (snapshot.missing_somewhere[static_cast<size_t>(q)] == 0) continue;
+    const int root = static_cast<int>(snapshot.holder[static_cast<size_t>(q)]);
+    at::Tensor size = at::tensor(static_cast<int64_t>(world.rank() == root ? images[static_cast<size_t>(q)].size() : 0), at::kLong).to(device);
+    world.broadcast(size, root)->wait();
+    const int64_t bytes = size.cpu().item<int64_t>();
+    at::Tensor buffer = world.rank() == root
+                            ? at::from_blob(const_cast<char*>(images[static_cast<size_t>(q)].data()), {bytes}, at::kByte).to(device, false, true)
+                            : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+    world.broadcast(buffer, root)->wait();
+    if (!images[static_cast<size_t>(q)].empty()) continue;  // this node has it already
+    received->push_back(buffer.cpu());
+    images[static_cast<size_t>(q)] = {static_cast<const char*>(received->back().data_ptr()), static_cast<size_t>(bytes)};
+    out.received += static_cast<uint64_t>(bytes);
+  }
+  out.images = std::move(images);
+  out.keep_alive = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<std::vector<at::Tensor>>>>(mapped.mappings, received);
+  return out;
+}
+
+}  // namespace
+
+// A flash snapshot across nodes: each node's store holds the images of its own ranks. The ranks
+// agree on the newest snapshot whose every image some node holds, the holder of each image checks
+// its checksum, and images a node lacks come over the communicator (gather_flash_images).
 int64_t Trainer::Impl::restore_flash(std::string& problem) {
   Impl& t = *this;
-  const auto sets = complete_flash_sets(t.flash_dir);
+  Communicator& world = t.topology->world();
+  const std::vector<FlashImageRef> local = flash_images(t.flash_dir);
   const int64_t disk_step = t.newest ? t.newest->meta().step : 0;
   const std::string hash = engine::state_hash(t.plan);
-  const FlashSet* set = !sets.empty() && sets.front().info.step >= disk_step && sets.front().info.state_hash == hash ? &sets.front() : nullptr;
-  at::Tensor agreed = at::tensor(std::vector<int64_t>{set ? set->info.step : -1, set ? -set->info.step : 1}, at::kLong).to(t.device);
-  t.topology->world().all_reduce(agreed, ReduceOp::Max)->wait();
-  agreed = agreed.cpu();
-  if (!set || agreed[0].item<int64_t>() != -agreed[1].item<int64_t>()) return 0;
-  // Each rank checks every world_size-th image; the flags say which failed.
-  at::Tensor bad = at::zeros({static_cast<int64_t>(set->slots.size()) + 1}, at::kInt);  // last: cannot map
-  for (size_t r = static_cast<size_t>(t.env.rank); r < set->slots.size(); r += static_cast<size_t>(t.env.world_size))
-    if (flash_slot_problem(set->slots[r])) bad[static_cast<int64_t>(r)] = 1;
-  std::optional<MappedFlashSet> mapped;
-  try {
-    mapped = map_flash_set(*set);
-  } catch (const UserError& e) {
-    bad[static_cast<int64_t>(set->slots.size())] = 1;
-    problem = e.what();
+  const AgreedSnapshot snapshot = agree_on_snapshot(local, disk_step, hash, world, t.device);
+  if (snapshot.step < 0) {
+    bool newer = false;
+    for (const auto& image : local) newer = newer || (image.info.state_hash == hash && image.info.step > disk_step);
+    if (newer) t.console->message("no flash snapshot newer than disk has every image in some node's memory (a node was lost?); loading from disk");
+    return 0;
   }
+  const std::string label = "the flash snapshot of step " + std::to_string(snapshot.step);
+  // The holder of each image checks its checksum; the flags say which failed.
+  at::Tensor bad = at::zeros({snapshot.world}, at::kInt);
+  for (const auto& image : local)
+    if (image.info.step == snapshot.step && image.info.world_size == snapshot.world && image.info.state_hash == hash && image.rank >= 0 &&
+        image.rank < snapshot.world && snapshot.holder[static_cast<size_t>(image.rank)] == t.env.rank && flash_slot_problem(image.slot))
+      bad[image.rank] = 1;
   bad = bad.to(t.device);
-  t.topology->world().all_reduce(bad, ReduceOp::Max)->wait();
+  world.all_reduce(bad, ReduceOp::Max)->wait();
   const at::Tensor bad_ranks = bad.cpu().nonzero();
-  if (bad_ranks.numel() > 0 && bad_ranks[0][0].item<int64_t>() == static_cast<int64_t>(set->slots.size()))
-    problem = problem.empty() ? "another rank cannot map it" : problem;
-  else if (bad_ranks.numel() > 0)
-    problem = "the snapshot of rank " + std::to_string(bad_ranks[0][0].item<int64_t>()) + " at step " + std::to_string(set->info.step) +
-              " fails its checksum";
+  std::optional<GatheredImages> gathered;
   if (bad_ranks.numel() == 0) {
-    const engine::Checkpoint memory = engine::Checkpoint::from_images(
-        {set->info.step, set->info.state_hash, set->info.world_size}, "the flash snapshot of step " + std::to_string(set->info.step),
-        mapped->images, mapped->mappings);
+    int failed = 0;
+    try {
+      gathered = gather_flash_images(local, snapshot, hash, world, t.device);
+    } catch (const UserError& e) {
+      failed = 1;
+      problem = e.what();
+    }
+    at::Tensor any = at::tensor(failed, at::kInt).to(t.device);
+    world.all_reduce(any, ReduceOp::Max)->wait();
+    if (any.cpu().item<int>() != 0) gathered.reset(), problem = problem.empty() ? "another rank cannot map it" : problem;
+  } else {
+    problem = "the snapshot of rank " + std::to_string(bad_ranks[0][0].item<int64_t>()) + " at step " + std::to_string(snapshot.step) +
+              " fails its checksum";
+  }
+  if (gathered) {
+    const engine::Checkpoint memory = engine::Checkpoint::from_images({snapshot.step, hash, snapshot.world}, label, gathered->images,
+                                                                      gathered->keep_alive);
     if (engine::restore_state(*t.job, memory, t.env.rank, problem)) {
-      t.console->message("resumed from the flash snapshot of step " + std::to_string(set->info.step) + " in shared memory (" +
-                         std::to_string(set->info.world_size) + " ranks saved it)");
-      return set->info.step;
+      const std::string peers =
+          gathered->received > 0 ? "; " + std::to_string(gathered->received) + " bytes of other nodes' images received over the communicator" : "";
+      t.console->message("resumed from " + label + " in shared memory (" + std::to_string(snapshot.world) + " ranks saved it" + peers + ")");
+      log::record("flash restore: step " + std::to_string(snapshot.step) + peers);
+      return snapshot.step;
     }
   }
-  t.console->message("skipping the flash snapshot of step " + std::to_string(set->info.step) + ": " + problem + "; loading from disk");
+  t.console->message("skipping " + label + ": " + problem + "; loading from disk");
   return 0;
 }
 

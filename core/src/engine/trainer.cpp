@@ -218,7 +218,7 @@ void Trainer::Impl::prepare_loop() {
                   /*to_stdout=*/leader);
   const int64_t flash_every = plan.job.get_int("flash_every");
   const char* flash_env = std::getenv("STRATA_FLASH_DIR");
-  if (flash_every > 0 && flash_env) flash_dir = flash_env, flash.emplace(flash_dir, env.rank);
+  if (flash_every > 0 && flash_env) flash_dir = flash_node_store(flash_env, env.node), flash.emplace(flash_dir, env.rank);
   else if (flash_every > 0)
     console->message("note: [job] flash_every needs `strata run -n N` (its supervisor writes the snapshots to disk); "
                      "checkpointing to disk at checkpoint_every instead");

@@ -60,7 +60,8 @@ struct Trainer::Impl {
   std::optional<engine::MetricsFile> metrics;  // rank 0's
   std::optional<engine::TensorBoardWriter> tensorboard;  // rank 0's, with [job] tensorboard
   // Flash checkpoints: under a supervisor that persists them (STRATA_FLASH_DIR), the ranks
-  // snapshot into shared memory and never write to disk themselves.
+  // snapshot into shared memory and never write to disk themselves; `flash_dir` is this rank's
+  // node's store (flash_node_store).
   std::optional<FlashWriter> flash;
   std::string flash_dir;
   bool snapshot_skipped = false;  // by some rank, at the last save

@@ -33,6 +33,12 @@ namespace strata {
 // absolute path> (or under /tmp where /dev/shm is missing).
 STRATA_API std::filesystem::path flash_directory(const std::filesystem::path& run_dir);
 
+// One node's snapshot store inside it: <flash directory>/node_K. A rank writes into and reads
+// from its own node's store only (LaunchEnv::node); images of ranks on other nodes reach it over
+// the communicator. On one machine with `strata run --simulate-nodes K` the stores are K
+// directories side by side; on real nodes each host's /dev/shm holds its own.
+STRATA_API std::filesystem::path flash_node_store(const std::filesystem::path& flash_dir, int node);
+
 enum class FlashSlotState : int32_t { Empty = 0, Writing = 1, Checksumming = 2, Valid = 3, Persisting = 4 };
 
 // What a snapshot is of; recorded in each slot's header.
@@ -88,13 +94,25 @@ struct FlashSet {
   std::vector<std::filesystem::path> slots;  // slot r holds rank r's image
 };
 
-// Every complete set in `dir`, newest first (states only; checksums are not verified here).
+// Every complete set in `dir` and the node stores inside it, newest first (states only;
+// checksums are not verified here): the supervisor's view, which on one machine stands in for
+// every node's agent persisting its own ranks' images.
 STRATA_API std::vector<FlashSet> complete_flash_sets(const std::filesystem::path& dir);
+
+// One rank's snapshot in a store.
+struct FlashImageRef {
+  FlashImageInfo info;
+  int rank = 0;
+  std::filesystem::path slot;
+};
+// Every snapshot one store (`dir` alone, not the stores inside it) holds, whatever its rank.
+STRATA_API std::vector<FlashImageRef> flash_images(const std::filesystem::path& dir);
 
 // Recomputes the checksum of one slot's image; nullopt when it matches, else why not.
 STRATA_API std::optional<std::string> flash_slot_problem(const std::filesystem::path& slot);
 
-// Returns slots a killed supervisor left Persisting to Valid; for a supervisor starting.
+// Returns slots a killed supervisor left Persisting to Valid (in `dir` and the node stores inside
+// it); for a supervisor starting.
 STRATA_API void release_flash_slots(const std::filesystem::path& dir);
 
 // The images of a set, mapped read-only: images[r] is rank r's checkpoint file.
@@ -103,6 +121,8 @@ struct MappedFlashSet {
   std::shared_ptr<const void> mappings;  // keeps them mapped
 };
 STRATA_API MappedFlashSet map_flash_set(const FlashSet& set);
+// The same for any list of slot files: images[i] is slots[i]'s image.
+STRATA_API MappedFlashSet map_flash_slots(const std::vector<std::filesystem::path>& slots);
 
 // Writes a set to checkpoints_dir as an ordinary checkpoint (rank files, manifest with SHA-256,
 // `latest`, the newest `keep` kept), while every slot of it is held Persisting. `pause` (fault

@@ -15,13 +15,19 @@ struct LaunchEnv {
   // on slot 2). A CUDA job takes device slot % device count.
   int slot = 0;
   std::string launcher = "none";  // "openmpi", "pmi", "slurm", "torchrun", "none"
+  // The node (host) this rank runs on, whose memory holds its flash snapshots: SLURM_NODEID,
+  // torchrun's GROUP_RANK, else rank / local_size (launchers fill nodes with contiguous ranks); under
+  // `strata run -n N --simulate-nodes K` ($STRATA_SIMULATED_NODES = K) rank / (N / K): K nodes on
+  // one machine, for tests and demos.
+  int node = 0;
 };
 
 inline constexpr const char* kSlotsEnv = "STRATA_SLOTS";
+inline constexpr const char* kSimulatedNodesEnv = "STRATA_SIMULATED_NODES";
 
 STRATA_API LaunchEnv detect_launch_env();
 
-// Sets torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from `env`: the c10d
+// Sets torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK from `env`: the c10d
 // backend's rendezvous reads torchrun's variables, and ranks started by srun or mpirun that use
 // it (no MPI past start-up) are told their place in their own launcher's variables.
 STRATA_API void export_torchrun_env(const LaunchEnv& env);

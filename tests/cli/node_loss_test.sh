@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# node_loss_test.sh STRATA STRATEGY WORKDIR RANKS NODES [EXTRA ...]
+# Simulated nodes (strata run -n RANKS --simulate-nodes NODES): each node keeps its ranks' flash
+# snapshots in a store of its own. Against an uninterrupted run on the same nodes, bit for bit:
+#   kill       the last rank is killed at step 7: every rank restores the newest snapshot from
+#              memory, the images of other nodes' ranks arriving over the communicator;
+#   lose_node  every rank of the last node is killed at step 7 and the node's store deleted:
+#              no snapshot newer than disk is whole any more, so the restart loads the newest
+#              disk checkpoint (today's behaviour, without replicas).
+# Both record a "recovered" event naming where each rank's state came from, the bytes of disk
+# checkpoint loaded and the seconds from the failure to the first new step.
+set -euo pipefail
+strata=$1 strategy=$2 work=$3 ranks=$4 nodes=$5
+shift 5
+rm -rf "$work" && mkdir -p "$work"
+small=(--simulate-nodes "$nodes" --set job.steps=10 --set job.checkpoint_every=4 --set job.flash_every=1 --set job.log_every=5
+       --set job.global_batch=12 --set job.threads=1 --set job.max_restarts=2 --set job.restart_backoff=0.1 --set job.hang_timeout=10
+       --set model.n_layer=1 --set model.seq_len=32 --set model.dropout=0.1 "$@")
+"$strata" run -n "$ranks" "$strategy" --out "$work/full" "${small[@]}" > "$work/full.log" 2>&1 || { cat "$work/full.log"; exit 1; }
+metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_peak_bytes":[^,}]*,?//g' "$1"; }
+expect() {  # expect FILE REGEX CASE
+  grep -Eq "$2" "$1" || { echo "$3: $1 lacks /$2/:"; cat "$1"; exit 1; }
+}
+run_case() {  # run_case NAME FAULT
+  local out="$work/$1"
+  STRATA_FAULT="$2" "$strata" run -n "$ranks" "$strategy" --out "$out" "${small[@]}" > "$out.log" 2>&1 ||
+    { echo "$1 did not finish:"; cat "$out.log"; exit 1; }
+  diff <(metrics "$work/full/metrics.jsonl") <(metrics "$out/metrics.jsonl") > "$out.diff" ||
+    { echo "$1: metrics differ from the uninterrupted run:"; head "$out.diff"; exit 1; }
+}
+last_rank=$((ranks - 1)) last_node=$((nodes - 1))
+all_memory=$(printf '"memory",%.0s' $(seq 1 "$ranks")) && all_memory=${all_memory%,}
+
+run_case kill "kill $last_rank 7"
+expect "$work/kill.log" "resumed from the flash snapshot of step [56] in shared memory \($ranks ranks saved it; [0-9]+ bytes of other nodes' images received over the communicator\)" kill
+expect "$work/kill/events.jsonl" "\"event\":\"recovered\".*\"sources\":\[$all_memory\],\"disk_checkpoint_bytes\":0,\"failure_to_first_step_s\":[0-9.]+" kill
+echo "kill: rank $last_rank killed; every rank restored from its node's memory, other nodes' images over the communicator; bit-identical"
+
+run_case lose_node "lose_node $last_node 7"
+expect "$work/lose_node.log" "no flash snapshot newer than disk has every image in some node's memory" lose_node
+expect "$work/lose_node/events.jsonl" '"event":"recovered".*"sources":\[("disk",?)+\],"disk_checkpoint_bytes":[1-9][0-9]*' lose_node
+line=$(grep '"event":"recovered"' "$work/lose_node/events.jsonl")
+echo "lose_node: node $last_node lost at step 7 with its snapshots; state from disk: $(sed -E 's/.*("resumed_step":[0-9]+).*("disk_checkpoint_bytes":[0-9]+,"failure_to_first_step_s":[0-9.]+).*/\1 \2/' <<< "$line"); bit-identical"
+
+# Bad input, one line, exit 2, no ranks started.
+set +e
+message=$("$strata" run -n "$ranks" "$strategy" --simulate-nodes $((ranks + 1)) --out "$work/bad" 2>&1)
+status=$?
+set -e
+[[ $status == 2 && $(wc -l <<< "$message") == 1 && $message == *"--simulate-nodes $((ranks + 1)) does not divide -n $ranks into equal nodes"* ]] ||
+  { echo "--simulate-nodes $((ranks + 1)) with -n $ranks: status $status: $message"; exit 1; }
+echo "bad input: $message"
