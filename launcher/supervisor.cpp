@@ -137,6 +137,7 @@ void HangWatch::finish(AttemptResult& result) {
     result.restore_s = std::max(result.restore_s, static_cast<double>(p.restore_ns) * 1e-9);
     result.restored_from = std::max(result.restored_from, static_cast<int>(p.restored_from));
     result.restored_by_rank.push_back(p.restored_from);
+    result.restored_peer_node.push_back(p.restored_peer_node);
   }
   result.first_step_s = first_step_s_;
   result.resumed_step = std::max<int64_t>(0, first_step_ - 1);
@@ -368,8 +369,8 @@ void record_failure(EventLog& events, int n, const AttemptResult& result, const 
   events.write("failure", n, fields.str());
 }
 
-// After a restart, where each rank's state came from ("memory": its node's snapshot store,
-// "disk": the checkpoints directory, "none": step 0), the step resumed, the seconds from the end of
+// After a restart, where each rank's state came from ("memory": its node's snapshot store, "peer
+// node K": a replica in node K's, "disk": the checkpoints directory, "none": step 0), the step resumed, the seconds from the end of
 // the failed attempt until every rank began a new step, and the bytes of the disk checkpoint
 // loaded (0 from memory): the figures a node loss is measured by.
 void record_recovery(EventLog& events, int n, const AttemptResult& result, Clock::time_point failed_at, Clock::time_point started,
@@ -382,7 +383,11 @@ void record_recovery(EventLog& events, int n, const AttemptResult& result, Clock
   for (size_t r = 0; r < result.restored_by_rank.size(); ++r) {
     const auto source = static_cast<RestoreSource>(result.restored_by_rank[r]);
     any_disk = any_disk || source == RestoreSource::Disk;
-    fields << (r ? "," : "") << (source == RestoreSource::Memory ? "\"memory\"" : source == RestoreSource::Disk ? "\"disk\"" : "\"none\"");
+    fields << (r ? "," : "")
+           << (source == RestoreSource::Memory       ? "\"memory\""
+               : source == RestoreSource::PeerMemory ? "\"peer node " + std::to_string(result.restored_peer_node[r]) + "\""
+               : source == RestoreSource::Disk       ? "\"disk\""
+                                                     : "\"none\"");
   }
   uint64_t disk_bytes = 0;
   std::error_code ec;

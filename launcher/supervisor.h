@@ -35,7 +35,7 @@ struct AttemptResult {
   int restored_from = 0;  // RestoreSource
   // Where each rank's state came from (RestoreSource, by rank), the step the ranks resumed from,
   // and the seconds from the attempt's start until every rank began its first step (-1: never).
-  std::vector<int> restored_by_rank;
+  std::vector<int> restored_by_rank, restored_peer_node;
   int64_t resumed_step = 0;
   double first_step_s = -1;
 };

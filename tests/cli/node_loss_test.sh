@@ -6,7 +6,11 @@
 #              memory, the images of other nodes' ranks arriving over the communicator;
 #   lose_node  every rank of the last node is killed at step 7 and the node's store deleted:
 #              no snapshot newer than disk is whole any more, so the restart loads the newest
-#              disk checkpoint (today's behaviour, without replicas).
+#              disk checkpoint (without replicas);
+#   replicas   the same with [job] snapshot_replicas = NODES - 1: the lost node's ranks restore
+#              from a replica in another node's memory, 0 bytes from disk. Its newest replica
+#              counts once its checksum arrived with the next snapshot, so the run falls back to
+#              the newest complete one (step 5 or 6).
 # Both record a "recovered" event naming where each rank's state came from, the bytes of disk
 # checkpoint loaded and the seconds from the failure to the first new step.
 set -euo pipefail
@@ -21,9 +25,9 @@ metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_peak_bytes":[^,}]*,?//g' 
 expect() {  # expect FILE REGEX CASE
   grep -Eq "$2" "$1" || { echo "$3: $1 lacks /$2/:"; cat "$1"; exit 1; }
 }
-run_case() {  # run_case NAME FAULT
+run_case() {  # run_case NAME FAULT [EXTRA ...]
   local out="$work/$1"
-  STRATA_FAULT="$2" "$strata" run -n "$ranks" "$strategy" --out "$out" "${small[@]}" > "$out.log" 2>&1 ||
+  STRATA_FAULT="$2" "$strata" run -n "$ranks" "$strategy" --out "$out" "${small[@]}" "${@:3}" > "$out.log" 2>&1 ||
     { echo "$1 did not finish:"; cat "$out.log"; exit 1; }
   diff <(metrics "$work/full/metrics.jsonl") <(metrics "$out/metrics.jsonl") > "$out.diff" ||
     { echo "$1: metrics differ from the uninterrupted run:"; head "$out.diff"; exit 1; }
@@ -41,6 +45,12 @@ expect "$work/lose_node.log" "no flash snapshot newer than disk has every image 
 expect "$work/lose_node/events.jsonl" '"event":"recovered".*"sources":\[("disk",?)+\],"disk_checkpoint_bytes":[1-9][0-9]*' lose_node
 line=$(grep '"event":"recovered"' "$work/lose_node/events.jsonl")
 echo "lose_node: node $last_node lost at step 7 with its snapshots; state from disk: $(sed -E 's/.*("resumed_step":[0-9]+).*("disk_checkpoint_bytes":[0-9]+,"failure_to_first_step_s":[0-9.]+).*/\1 \2/' <<< "$line"); bit-identical"
+
+run_case replicas "lose_node $last_node 7" --set job.snapshot_replicas=$last_node
+expect "$work/replicas/events.jsonl" "\"event\":\"recovered\".*\"sources\":\[[^]]*\"peer node [0-9]+\"[^]]*\],\"disk_checkpoint_bytes\":0," replicas
+expect "$work/replicas.log" "resumed from the flash snapshot of step [56] in shared memory" replicas
+line=$(grep '"event":"recovered"' "$work/replicas/events.jsonl")
+echo "replicas: node $last_node lost at step 7; $(sed -E 's/.*("resumed_step":[0-9]+,"sources":[^]]*\],"disk_checkpoint_bytes":[0-9]+,"failure_to_first_step_s":[0-9.]+).*/\1/' <<< "$line"); bit-identical"
 
 # Bad input, one line, exit 2, no ranks started.
 set +e

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
@@ -53,6 +54,60 @@ TEST(FlashCheckpoint, NodeStoresHoldTheirOwnRanks) {
   EXPECT_EQ(complete_flash_sets(dir)[0].slots[2].parent_path(), flash_node_store(dir, 1));
   fs::remove_all(flash_node_store(dir, 1));  // node 1 lost, memory and all
   EXPECT_TRUE(complete_flash_sets(dir).empty());
+}
+
+// Replica placement: a ring of nodes, each rank's image to the rank of the same index on the
+// next R nodes; never to its own node; a smaller node (a shrunk world) takes indices modulo its
+// size; too few nodes is refused by name.
+TEST(FlashCheckpoint, ReplicasGoAroundARingOfNodes) {
+  using Ranks = std::vector<std::vector<int>>;
+  EXPECT_EQ(replica_receivers({0, 0, 1, 1}, 1), (Ranks{{2}, {3}, {0}, {1}}));
+  EXPECT_EQ(replica_receivers({0, 1, 2}, 1), (Ranks{{1}, {2}, {0}}));
+  EXPECT_EQ(replica_receivers({0, 1, 2}, 2), (Ranks{{1, 2}, {2, 0}, {0, 1}}));
+  EXPECT_EQ(replica_receivers({0, 0, 1, 1, 2}, 1), (Ranks{{2}, {3}, {4}, {4}, {0}}));
+  EXPECT_EQ(replica_receivers({3, 3, 7, 7}, 1), (Ranks{{2}, {3}, {0}, {1}}));  // node ids need not be 0..K-1
+  EXPECT_EQ(replica_receivers({0, 0}, 0), (Ranks{{}, {}}));
+  try {
+    replica_receivers({0, 0, 1, 1}, 2);
+    FAIL() << "two replicas on two nodes";
+  } catch (const UserError& e) {
+    EXPECT_STREQ(e.what(), "[job] snapshot_replicas = 2 needs 3 nodes or more; this job's ranks are on 2 nodes "
+                           "(on one machine: strata run -n N --simulate-nodes K)");
+  }
+}
+
+// A replica counts only when its bytes match the sender's checksum: received into a slot named
+// after the sender, it is an image of that rank in this store; a damaged one is never listed.
+TEST(FlashCheckpoint, AReplicaCountsOnlyWithTheSendersChecksum) {
+  const fs::path sender_store = scratch("replica_sender"), store = scratch("replica_receiver");
+  FlashWriter sender(sender_store, 2);
+  write(sender, 4, 3, 1.5f);
+  const auto sent = sender.newest(/*with_checksum=*/true);
+  ASSERT_TRUE(sent);
+  FlashWriter replica(store, 2);
+  std::string problem;
+  char* into = replica.begin_receive(sent->info, sent->image.size(), problem);
+  ASSERT_NE(into, nullptr) << problem;
+  std::memcpy(into, sent->image.data(), sent->image.size());
+  replica.finish_receive(sent->checksum);
+  replica.wait();
+  auto held = flash_images(store);
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].rank, 2);
+  EXPECT_EQ(held[0].info.step, 4);
+  EXPECT_FALSE(flash_slot_problem(held[0].slot));
+  // The next one arrives damaged: it does not count, and the previous replica stays.
+  FlashImageInfo next = sent->info;
+  next.step = 5;
+  into = replica.begin_receive(next, sent->image.size(), problem);
+  ASSERT_NE(into, nullptr) << problem;
+  std::memcpy(into, sent->image.data(), sent->image.size());
+  into[10] ^= 1;
+  replica.finish_receive(sent->checksum);
+  replica.wait();
+  held = flash_images(store);
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].info.step, 4);
 }
 
 TEST(FlashCheckpoint, ChecksumSeesEveryByte) {

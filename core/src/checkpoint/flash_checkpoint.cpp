@@ -226,6 +226,23 @@ bool FlashWriter::prepare(Slot& slot, uint64_t bytes, std::string& problem) {
   return true;
 }
 
+// Takes the older slot for an image of `bytes` (one holding no snapshot, or one of a step not
+// before this one, counts as oldest) and fills its header; -1 when the supervisor holds it, or
+// takes it between the look and the swap: the newest snapshot stays whole.
+int FlashWriter::take_older_slot(const FlashImageInfo& info, uint64_t bytes) {
+  auto age = [&](const SlotHeader* h) { return holds_snapshot(load_state(h)) && h->step < info.step ? h->step : -1; };
+  const int target = age(slots_[0]->header()) <= age(slots_[1]->header()) ? 0 : 1;
+  SlotHeader* h = slots_[target]->header();
+  const int32_t state = load_state(h);
+  if (state == static_cast<int32_t>(FlashSlotState::Persisting) || !swap_state(h, state, FlashSlotState::Writing)) return -1;
+  h->rank = rank_;
+  h->step = info.step;
+  h->world_size = info.world_size;
+  h->image_bytes = bytes;
+  std::snprintf(h->state_hash, sizeof h->state_hash, "%s", info.state_hash.c_str());
+  return target;
+}
+
 FlashWrite FlashWriter::write(const FlashImageInfo& info, const NamedTensors& tensors, const Metadata& metadata, std::string& problem,
                               const std::function<void()>& halfway) {
   wait();
@@ -234,21 +251,10 @@ FlashWrite FlashWriter::write(const FlashImageInfo& info, const NamedTensors& te
   for (const auto& [name, tensor] : tensors) bytes += static_cast<uint64_t>(tensor.nbytes());
   for (auto& slot : slots_)
     if (!prepare(*slot, bytes, problem)) return FlashWrite::Failed;
-  // The older slot (one holding no snapshot, or one of a step not before this one, counts as
-  // oldest). If the supervisor holds it, or takes it between the look and the swap, this
-  // snapshot is skipped: the newest one stays whole.
-  auto age = [&](const SlotHeader* h) { return holds_snapshot(load_state(h)) && h->step < info.step ? h->step : -1; };
-  const int target = age(slots_[0]->header()) <= age(slots_[1]->header()) ? 0 : 1;
-  SlotHeader* taken = slots_[target]->header();
-  const int32_t state = load_state(taken);
-  if (state == static_cast<int32_t>(FlashSlotState::Persisting) || !swap_state(taken, state, FlashSlotState::Writing))
-    return FlashWrite::Skipped;
+  const int target = take_older_slot(info, bytes);
+  if (target < 0) return FlashWrite::Skipped;
   Slot& slot = *slots_[target];
   SlotHeader* h = slot.header();
-  h->rank = rank_;
-  h->step = info.step;
-  h->world_size = info.world_size;
-  std::snprintf(h->state_hash, sizeof h->state_hash, "%s", info.state_hash.c_str());
   char* out = slot.data + kHeaderBytes;
   std::memcpy(out, prefix.data(), prefix.size());
   out += prefix.size();
@@ -263,7 +269,6 @@ FlashWrite FlashWriter::write(const FlashImageInfo& info, const NamedTensors& te
     out += n;
     if (halfway && i + 1 == tensors.size() / 2) halfway();
   }
-  h->image_bytes = bytes;
   store_state(h, FlashSlotState::Checksumming);
   newest_ = target;
   checksum_ = std::thread([h, image = slot.data + kHeaderBytes, bytes] {
@@ -271,6 +276,39 @@ FlashWrite FlashWriter::write(const FlashImageInfo& info, const NamedTensors& te
     store_state(h, FlashSlotState::Valid);
   });
   return FlashWrite::Written;
+}
+
+std::optional<FlashImageView> FlashWriter::newest(bool with_checksum) {
+  if (with_checksum) wait();
+  if (newest_ < 0) return std::nullopt;
+  const SlotHeader* h = slots_[newest_]->header();
+  const int32_t state = load_state(h);
+  if (!holds_snapshot(state) && state != static_cast<int32_t>(FlashSlotState::Checksumming)) return std::nullopt;
+  return FlashImageView{{h->step, h->world_size, h->state_hash}, with_checksum ? h->checksum : 0,
+                        {slots_[newest_]->data + kHeaderBytes, static_cast<size_t>(h->image_bytes)}};
+}
+
+char* FlashWriter::begin_receive(const FlashImageInfo& info, uint64_t bytes, std::string& problem) {
+  wait();
+  receiving_ = -1;
+  for (auto& slot : slots_)
+    if (!prepare(*slot, bytes, problem)) return nullptr;
+  receiving_ = take_older_slot(info, bytes);
+  return receiving_ < 0 ? nullptr : slots_[receiving_]->data + kHeaderBytes;
+}
+
+void FlashWriter::finish_receive(uint64_t checksum) {
+  if (receiving_ < 0) return;
+  wait();
+  SlotHeader* h = slots_[receiving_]->header();
+  store_state(h, FlashSlotState::Checksumming);
+  newest_ = receiving_;
+  receiving_ = -1;
+  checksum_ = std::thread([h, image = reinterpret_cast<char*>(h) + kHeaderBytes, checksum] {
+    // The sender's checksum: a replica that arrived damaged or incomplete never counts.
+    h->checksum = checksum;
+    store_state(h, flash_checksum(image, h->image_bytes) == checksum ? FlashSlotState::Valid : FlashSlotState::Empty);
+  });
 }
 
 void FlashWriter::discard_after(int64_t step) {

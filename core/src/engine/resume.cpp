@@ -19,7 +19,8 @@ namespace strata {
 namespace {
 
 // A flash snapshot as the ranks agreed on it: its step and world, and for each of that world's
-// ranks the current rank that holds its image in its node's store (the lowest such).
+// ranks the current rank that holds its image in its node's store: the rank of the same number
+// when it does (its own memory), else the lowest (a replica, [job] snapshot_replicas).
 struct AgreedSnapshot {
   int64_t step = -1, world = 0;
   std::vector<int64_t> holder;
@@ -50,12 +51,14 @@ AgreedSnapshot agree_on_snapshot(const std::vector<FlashImageRef>& local, int64_
     for (const auto& image : local)
       if (image.info.step == snapshot.step && image.info.world_size == snapshot.world && image.info.state_hash == hash && image.rank >= 0 &&
           image.rank < snapshot.world)
-        holder[static_cast<size_t>(image.rank)] = world.rank(), missing[static_cast<size_t>(image.rank)] = 0;
+        holder[static_cast<size_t>(image.rank)] = image.rank == world.rank() ? -1 : world.rank(), missing[static_cast<size_t>(image.rank)] = 0;
     at::Tensor holders = at::tensor(holder, at::kLong).to(device), lacking = at::tensor(missing, at::kLong).to(device);
     world.all_reduce(holders, ReduceOp::Min)->wait();
     world.all_reduce(lacking, ReduceOp::Max)->wait();
     holders = holders.cpu(), lacking = lacking.cpu();
     snapshot.holder.assign(holders.data_ptr<int64_t>(), holders.data_ptr<int64_t>() + snapshot.world);
+    for (int64_t q = 0; q < snapshot.world; ++q)
+      if (snapshot.holder[static_cast<size_t>(q)] == -1) snapshot.holder[static_cast<size_t>(q)] = q;  // its owner, in its own memory
     snapshot.missing_somewhere.assign(lacking.data_ptr<int64_t>(), lacking.data_ptr<int64_t>() + snapshot.world);
     if (std::find(snapshot.holder.begin(), snapshot.holder.end(), none) == snapshot.holder.end()) return snapshot;
   }
@@ -152,6 +155,14 @@ int64_t Trainer::Impl::restore_flash(std::string& problem) {
     const engine::Checkpoint memory = engine::Checkpoint::from_images({snapshot.step, hash, snapshot.world}, label, gathered->images,
                                                                       gathered->keep_alive);
     if (engine::restore_state(*t.job, memory, t.env.rank, problem)) {
+      // Where this rank's own image came from: its node's memory, or a replica on another node.
+      std::vector<int64_t> nodes(static_cast<size_t>(t.env.world_size), 0);
+      nodes[static_cast<size_t>(t.env.rank)] = t.env.node;
+      at::Tensor node_of = at::tensor(nodes, at::kLong).to(t.device);
+      world.all_reduce(node_of, ReduceOp::Sum)->wait();
+      node_of = node_of.cpu();
+      const int64_t holder = snapshot.world == t.env.world_size ? snapshot.holder[static_cast<size_t>(t.env.rank)] : t.env.rank;
+      flash_peer_node = node_of[holder].item<int64_t>() != t.env.node ? static_cast<int>(node_of[holder].item<int64_t>()) : -1;
       const std::string peers =
           gathered->received > 0 ? "; " + std::to_string(gathered->received) + " bytes of other nodes' images received over the communicator" : "";
       t.console->message("resumed from " + label + " in shared memory (" + std::to_string(snapshot.world) + " ranks saved it" + peers + ")");
@@ -203,7 +214,8 @@ bool Trainer::load() {
     restored = t.restore_flash(problem);
     if (restored > 0) {
       memory.record("a flash snapshot");
-      t.progress->set_restore(seconds_since(restore_started), RestoreSource::Memory);
+      t.progress->set_restore(seconds_since(restore_started), t.flash_peer_node >= 0 ? RestoreSource::PeerMemory : RestoreSource::Memory,
+                              t.flash_peer_node);
       t.continue_from(restored);
       return true;
     }

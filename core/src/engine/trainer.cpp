@@ -219,7 +219,9 @@ void Trainer::Impl::prepare_loop() {
   const int64_t flash_every = plan.job.get_int("flash_every");
   const char* flash_env = std::getenv("STRATA_FLASH_DIR");
   if (flash_every > 0 && flash_env) flash_dir = flash_node_store(flash_env, env.node), flash.emplace(flash_dir, env.rank);
-  else if (flash_every > 0)
+  if (flash && plan.job.get_int("snapshot_replicas") > 0)
+    replicas.emplace(topology->world(), env.node, plan.job.get_int("snapshot_replicas"), flash_dir, device);
+  else if (flash_every > 0 && !flash_env)
     console->message("note: [job] flash_every needs `strata run -n N` (its supervisor writes the snapshots to disk); "
                      "checkpointing to disk at checkpoint_every instead");
 }
@@ -229,6 +231,7 @@ void Trainer::Impl::continue_from(int64_t resumed_step) {
   first_step = resumed_step + 1;
   // Snapshots of steps after the one resumed from belong to the attempt being redone.
   if (flash) flash->discard_after(step);
+  if (replicas) replicas->discard_after(step);
   if (leader) metrics.reset(), metrics.emplace(out_dir / "metrics.jsonl", step);
   if (leader && plan.job.get_bool("tensorboard"))
     tensorboard.reset(), tensorboard.emplace(out_dir / "tensorboard", job->model->training_flops_per_token(), plan.job.get_float("peak_tflops"));
@@ -245,6 +248,7 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
   const engine::SavedState state = engine::gather_state(*job);
   if (flash) {
     std::string problem;
+    if (replicas) replicas->complete(*flash);  // the previous snapshot's replicas, before its slot can be reused
     // Skipped (the supervisor is persisting this rank's older slot) is not a failure: the
     // newest snapshot stays, and the next one goes ahead.
     const FlashWrite outcome = flash->write({at_step, plan.layout.world_size, engine::state_hash(plan)}, state.tensors,
@@ -257,8 +261,10 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
     if (counts[0] == 0) {
       if (outcome == FlashWrite::Written && inject_fault(env.rank, at_step, "snapshot_done")) flash->damage_newest();
       snapshot_skipped = counts[1] > 0;
+      if (replicas && !snapshot_skipped) replicas->post(*flash);  // every rank has this step's image: send it on
       return seconds_since(started);
     }
+    replicas.reset();
     console->message("flash checkpoints off: " + (problem.empty() ? std::string("another rank's shared memory is full") : problem) +
                      "; checkpointing to disk");
     flash.reset();
@@ -449,6 +455,7 @@ RunSummary Trainer::run(const std::function<bool()>& stop_requested) {
   t.record_unread();
   summary.last_loss = t.last.loss;
   summary.last_step = t.step;
+  if (t.replicas) t.replicas->complete(*t.flash);  // the last snapshot's replicas count too
   if (t.flash) t.flash->wait();  // the last snapshot is valid before the supervisor persists it
   if (t.step == t.steps) t.progress->beat(t.steps, StepPhase::Finished);
   t.console->finish();

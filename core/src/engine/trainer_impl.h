@@ -15,6 +15,7 @@
 #include "op_profile.h"
 #include "sampler.h"
 #include "schedule.h"
+#include "snapshot_replicas.h"
 #include "strata/core/flash_checkpoint.h"
 #include "strata/core/launch_env.h"
 #include "strata/core/progress.h"
@@ -64,6 +65,8 @@ struct Trainer::Impl {
   // node's store (flash_node_store).
   std::optional<FlashWriter> flash;
   std::string flash_dir;
+  std::optional<engine::SnapshotReplicas> replicas;  // [job] snapshot_replicas > 0
+  int flash_peer_node = -1;  // the node whose replica this rank's state came from at the last restore, or -1
   bool snapshot_skipped = false;  // by some rank, at the last save
 
   // Checkpoints found at set-up (the newest one that passes its checksums, older ones to fall

@@ -97,10 +97,11 @@ void ProgressBeacon::add_checkpoint_time(double seconds) {
   if (record_) record_->checkpoint_ns += static_cast<int64_t>(seconds * 1e9);
 }
 
-void ProgressBeacon::set_restore(double seconds, RestoreSource source) {
+void ProgressBeacon::set_restore(double seconds, RestoreSource source, int peer_node) {
   if (!record_) return;
   record_->restore_ns = static_cast<int64_t>(seconds * 1e9);
   record_->restored_from = static_cast<int32_t>(source);
+  record_->restored_peer_node = peer_node;
 }
 
 int ProgressBeacon::add_group(const std::string& name, uint64_t members_hash, int size) {

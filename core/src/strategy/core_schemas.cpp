@@ -37,6 +37,12 @@ const Schema& job_schema() {
                "and the newest at a failure or the end, to disk in the background; a restart loads from memory. "
                "0 = off (the ranks write checkpoints to disk themselves)",
                at_least(0))
+      .integer("snapshot_replicas", 0,
+               "Other nodes whose shared memory also holds each flash snapshot of a node (a ring: node k's go to nodes "
+               "k+1 .. k+R), sent over the communicator while the next steps run; a restart after losing a node takes its "
+               "ranks' state from a peer's replica instead of disk. Needs flash_every > 0 and R + 1 nodes "
+               "(`strata run --simulate-nodes K` on one machine); 0 = off",
+               between(0, 64))
       .integer("max_restarts", 0,
                "Times `strata run -n N` restarts all ranks from the newest checkpoint after a rank fails (killed, crashed, "
                "non-zero exit); bad input (exit 2) and Ctrl-C are never restarted",

@@ -50,6 +50,13 @@ struct FlashImageInfo {
 
 enum class FlashWrite { Written, Skipped, Failed };
 
+// A snapshot's image as its slot holds it, with its checksum.
+struct FlashImageView {
+  FlashImageInfo info;
+  uint64_t checksum = 0;
+  std::string_view image;
+};
+
 // Thrown by persist_flash_set when a rank took a slot of the set back before it could be held:
 // routine while ranks run (the next snapshot is persisted instead), not a failure.
 struct FlashSetChanged : std::runtime_error {
@@ -73,6 +80,16 @@ class STRATA_API FlashWriter {
   // Empties this rank's slots holding snapshots of steps after `step`: after a restart from
   // `step`, they belong to a run that is being redone.
   void discard_after(int64_t step);
+  // The newest snapshot written, or none; `with_checksum` waits for its checksum (else 0). Its
+  // bytes stay put until the snapshot after next (the next one goes into the other slot).
+  std::optional<FlashImageView> newest(bool with_checksum);
+  // A replica: another node's image of rank `rank` (the writer's) arriving over the network.
+  // begin_receive takes the older slot and returns where the `bytes` go (nullptr when the slot is
+  // held by the supervisor, or shared memory cannot hold it: `problem`); once they are there,
+  // finish_receive checks them against the sender's checksum in the background, and only a
+  // match makes the slot Valid.
+  char* begin_receive(const FlashImageInfo& info, uint64_t bytes, std::string& problem);
+  void finish_receive(uint64_t checksum);
   // Waits for the newest snapshot's checksum (it is Valid after this).
   void wait();
   // Fault injection: flips one byte of the newest snapshot's image after its checksum.
@@ -81,11 +98,13 @@ class STRATA_API FlashWriter {
  private:
   struct Slot;
   bool prepare(Slot& slot, uint64_t bytes, std::string& problem);
+  int take_older_slot(const FlashImageInfo& info, uint64_t bytes);
   std::filesystem::path dir_;
   int rank_;
   std::unique_ptr<Slot> slots_[2];
   std::thread checksum_;
   int newest_ = -1;
+  int receiving_ = -1;
 };
 
 // A snapshot every rank of one world holds at one step: a complete flash checkpoint.
@@ -130,6 +149,12 @@ STRATA_API MappedFlashSet map_flash_slots(const std::vector<std::filesystem::pat
 // changed before it could be held, fails its checksum, or the disk refuses.
 STRATA_API uint64_t persist_flash_set(const FlashSet& set, const std::filesystem::path& checkpoints_dir, int64_t keep,
                                       double pause_seconds = 0);
+
+// Where replicas go ([job] snapshot_replicas = R, core/src/engine/snapshot_replicas.h): given
+// every rank's node, receivers[r] are the ranks that hold rank r's images besides its own node:
+// the rank with r's index within its node (modulo their size) on each of the next R nodes of the
+// ring of nodes in ascending order. A UserError when there are fewer than R + 1 nodes.
+STRATA_API std::vector<std::vector<int>> replica_receivers(const std::vector<int64_t>& node_of, int64_t replicas);
 
 // The 64-bit checksum of the slots (exposed for its unit test).
 STRATA_API uint64_t flash_checksum(const void* data, size_t bytes);

@@ -29,7 +29,9 @@ enum class StepPhase : int32_t {
 };
 
 // Where the checkpoint an attempt resumed from was read.
-enum class RestoreSource : int32_t { None = 0, Disk = 1, Memory = 2 };
+// PeerMemory: the rank's own image came from a replica in another node's memory
+// ([job] snapshot_replicas; ProgressRecord::restored_peer_node names the node).
+enum class RestoreSource : int32_t { None = 0, Disk = 1, Memory = 2, PeerMemory = 3 };
 STRATA_API const char* step_phase_name(StepPhase phase);
 
 struct ProgressRecord {
@@ -45,6 +47,7 @@ struct ProgressRecord {
   int32_t groups = 0;         // entries of the group table in use
   int32_t micro = -1;         // the micro-batch whose forward (or backward) runs, -1 outside them
   int32_t micro_backward = 0; // 1: in its backward
+  int32_t restored_peer_node = -1;  // with RestoreSource::PeerMemory: the node whose memory held it
   int64_t collectives = 0;    // collectives issued so far; the newest is flight[(collectives - 1) % kFlightLength]
 };
 
@@ -95,7 +98,7 @@ class STRATA_API ProgressBeacon {
   // Within the gradient phase: the micro-batch whose forward or backward starts (a beat too).
   void beat_micro(int64_t micro, bool backward);
   void add_checkpoint_time(double seconds);
-  void set_restore(double seconds, RestoreSource source);
+  void set_restore(double seconds, RestoreSource source, int peer_node = -1);
 
   // The flight recorder (used by core/flight_recorder.h's recording communicator). add_group
   // returns the group's index, or -1 when the table is full or there is no supervisor.

@@ -1,0 +1,158 @@
+#include "snapshot_replicas.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/ATen.h>
+
+#include "strata/core/log.h"
+#include "strata/errors.h"
+
+namespace strata {
+
+std::vector<std::vector<int>> replica_receivers(const std::vector<int64_t>& node_of, int64_t replicas) {
+  std::vector<int64_t> nodes(node_of);
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  const auto count = static_cast<int64_t>(nodes.size());
+  if (replicas > count - 1)
+    throw UserError("[job] snapshot_replicas = " + std::to_string(replicas) + " needs " + std::to_string(replicas + 1) +
+                    " nodes or more; this job's ranks are on " + std::to_string(count) + " node" + (count == 1 ? "" : "s") +
+                    " (on one machine: strata run -n N --simulate-nodes K)");
+  std::vector<std::vector<int>> members(nodes.size());
+  for (size_t r = 0; r < node_of.size(); ++r)
+    members[static_cast<size_t>(std::lower_bound(nodes.begin(), nodes.end(), node_of[r]) - nodes.begin())].push_back(static_cast<int>(r));
+  std::vector<std::vector<int>> receivers(node_of.size());
+  for (int64_t k = 0; k < count; ++k)
+    for (size_t i = 0; i < members[static_cast<size_t>(k)].size(); ++i)
+      for (int64_t j = 1; j <= replicas; ++j) {
+        const auto& peer_node = members[static_cast<size_t>((k + j) % count)];
+        receivers[static_cast<size_t>(members[static_cast<size_t>(k)][i])].push_back(peer_node[i % peer_node.size()]);
+      }
+  return receivers;
+}
+
+namespace engine {
+
+namespace {
+
+constexpr int kHeaderTag = 1, kImageTag = 2, kChecksumTag = 3;
+constexpr int64_t kHashWords = 10;  // the state hash (64 hex digits) in 80 bytes
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+
+// One sender's replica on its way: where its bytes go (a slot, or a scratch buffer when the slot
+// is held by the supervisor and the bytes must still be taken off the wire).
+struct SnapshotReplicas::Incoming {
+  int sender = 0;
+  bool into_slot = false;
+  at::Tensor buffer;  // on the communicator's device
+  char* slot = nullptr;
+};
+
+SnapshotReplicas::SnapshotReplicas(Communicator& world, int node, int64_t replicas, const std::filesystem::path& store, c10::Device device)
+    : device_(device) {
+  std::vector<int64_t> nodes(static_cast<size_t>(world.size()), 0);
+  nodes[static_cast<size_t>(world.rank())] = node;
+  at::Tensor all = at::tensor(nodes, at::kLong).to(device);
+  world.all_reduce(all, ReduceOp::Sum)->wait();
+  all = all.cpu();
+  const std::vector<int64_t> node_of(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + world.size());
+  const auto receivers = replica_receivers(node_of, replicas);
+  receivers_ = receivers[static_cast<size_t>(world.rank())];
+  for (int s = 0; s < world.size(); ++s)
+    for (int r : receivers[static_cast<size_t>(s)])
+      if (r == world.rank()) senders_.push_back(s);
+  std::vector<int> everyone(static_cast<size_t>(world.size()));
+  for (int r = 0; r < world.size(); ++r) everyone[static_cast<size_t>(r)] = r;
+  channel_ = world.split(everyone);
+  for (int s : senders_) replica_slots_[s] = std::make_unique<FlashWriter>(store, s);
+  log::record("snapshot replicas: " + describe());
+}
+
+SnapshotReplicas::~SnapshotReplicas() = default;
+
+std::string SnapshotReplicas::describe() const {
+  return "rank " + std::to_string(channel_ ? channel_->rank() : -1) + " sends its images to rank(s) " + rank_list(receivers_) +
+         " and holds those of rank(s) " + rank_list(senders_);
+}
+
+void SnapshotReplicas::post(FlashWriter& own) {
+  const std::optional<FlashImageView> mine = own.newest(/*with_checksum=*/false);
+  if (!mine) throw std::logic_error("snapshot replicas: no snapshot to send");
+  // Identity first (small), then the image, both posted at once to every receiver.
+  std::vector<int64_t> header(3 + kHashWords, 0);
+  header[0] = mine->info.step, header[1] = mine->info.world_size, header[2] = static_cast<int64_t>(mine->image.size());
+  std::memcpy(header.data() + 3, mine->info.state_hash.data(), std::min<size_t>(mine->info.state_hash.size(), kHashWords * 8 - 1));
+  at::Tensor head = at::tensor(header, at::kLong).to(device_);
+  at::Tensor image = at::from_blob(const_cast<char*>(mine->image.data()), {static_cast<int64_t>(mine->image.size())}, at::kByte);
+  if (!device_.is_cpu()) image = image.to(device_);  // staged: device communicators send device memory
+  for (int r : receivers_) {
+    in_flight_.push_back(channel_->send(head, r, kHeaderTag));
+    in_flight_.push_back(channel_->send(image, r, kImageTag));
+  }
+  outgoing_ = {head, image};
+  sent_ = true;
+  last_received_ = 0;
+  for (int s : senders_) {
+    at::Tensor theirs = at::empty({3 + kHashWords}, at::TensorOptions().dtype(at::kLong).device(device_));
+    channel_->recv(theirs, s, kHeaderTag)->wait();
+    theirs = theirs.cpu();
+    const int64_t* h = theirs.data_ptr<int64_t>();
+    char hash[kHashWords * 8];
+    std::memcpy(hash, h + 3, sizeof hash);
+    hash[sizeof hash - 1] = '\0';
+    auto in = std::make_unique<Incoming>();
+    in->sender = s;
+    std::string problem;
+    in->slot = replica_slots_.at(s)->begin_receive({h[0], h[1], hash}, static_cast<uint64_t>(h[2]), problem);
+    if (!problem.empty()) log::record("snapshot replicas: cannot hold rank " + std::to_string(s) + "'s image: " + problem);
+    in->into_slot = in->slot != nullptr;
+    in->buffer = in->into_slot && device_.is_cpu() ? at::from_blob(in->slot, {h[2]}, at::kByte)
+                                                    : at::empty({h[2]}, at::TensorOptions().dtype(at::kByte).device(device_));
+    in_flight_.push_back(channel_->recv(in->buffer, s, kImageTag));
+    last_received_ += static_cast<uint64_t>(h[2]);
+    incoming_.push_back(std::move(in));
+  }
+}
+
+void SnapshotReplicas::complete(FlashWriter& own) {
+  if (!sent_) return;
+  for (auto& work : in_flight_) work->wait();
+  in_flight_.clear();
+  outgoing_.clear();
+  const std::optional<FlashImageView> mine = own.newest(/*with_checksum=*/true);
+  uint64_t checksum = mine ? mine->checksum : 0;
+  at::Tensor sum = at::tensor(std::vector<int64_t>{0}, at::kLong);
+  std::memcpy(sum.data_ptr<int64_t>(), &checksum, sizeof checksum);
+  sum = sum.to(device_);
+  std::vector<WorkPtr> sends;
+  for (int r : receivers_) sends.push_back(channel_->send(sum, r, kChecksumTag));
+  for (auto& in : incoming_) {
+    at::Tensor theirs = at::empty({1}, at::TensorOptions().dtype(at::kLong).device(device_));
+    channel_->recv(theirs, in->sender, kChecksumTag)->wait();
+    theirs = theirs.cpu();
+    uint64_t expected = 0;
+    std::memcpy(&expected, theirs.data_ptr<int64_t>(), sizeof expected);
+    if (!in->into_slot) continue;
+    if (!device_.is_cpu()) std::memcpy(in->slot, in->buffer.cpu().data_ptr(), static_cast<size_t>(in->buffer.numel()));
+    replica_slots_.at(in->sender)->finish_receive(expected);
+  }
+  for (auto& work : sends) work->wait();
+  incoming_.clear();
+  sent_ = false;
+}
+
+void SnapshotReplicas::discard_after(int64_t step) {
+  for (auto& [sender, slots] : replica_slots_) slots->discard_after(step);
+}
+
+}  // namespace engine
+}  // namespace strata
