@@ -10,7 +10,6 @@ interleaved; medians and ratios go to bench/results/data_prepare.md with the com
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -19,12 +18,7 @@ import time
 
 from tokenizers import Tokenizer
 
-
-def cpu_model():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+from machine import cpu_model
 
 
 def main():

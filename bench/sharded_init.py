@@ -14,7 +14,9 @@ against the formula of issue 58: this rank's fp32 weights (a 1/fsdp chunk of eve
 whole block while it is drawn (the largest: the embedding, (vocab + seq) x d_model), and for the
 whole build against the whole model's fp32 weights. Target: sharded <= 1.25 x formula.
 """
-import argparse, glob, os, platform, re, shutil, subprocess, tempfile
+import argparse, glob, os, re, shutil, subprocess, tempfile
+
+from machine import cpu_model
 
 SHAPES = {"124M": (12, 768, 12), "350M": (24, 1024, 16), "774M": (36, 1280, 20)}
 VOCAB, SEQ = 50257, 32
@@ -42,13 +44,6 @@ def run(strata, size, ranks, sharded):
         above.append(peak - before)
     shutil.rmtree(out)  # the final checkpoint: 12 B per parameter
     return max(above), min(above), " ".join(cmd[1:]).replace(out, "OUT")
-
-
-def cpu_model():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main():

@@ -76,9 +76,10 @@ TEST(FlashCheckpoint, ReplicasGoAroundARingOfNodes) {
   }
 }
 
-// A replica counts only when its bytes match the sender's checksum: received into a slot named
-// after the sender, it is an image of that rank in this store; a damaged one is never listed.
-TEST(FlashCheckpoint, AReplicaCountsOnlyWithTheSendersChecksum) {
+// A replica received into a slot named after the sender is an image of that rank in this store,
+// counted once complete; the receiver's own check empties it when it does not match the sender's
+// checksum.
+TEST(FlashCheckpoint, ADamagedReplicaStopsCounting) {
   const fs::path sender_store = scratch("replica_sender"), store = scratch("replica_receiver");
   FlashWriter sender(sender_store, 2);
   write(sender, 4, 3, 1.5f);
@@ -86,10 +87,11 @@ TEST(FlashCheckpoint, AReplicaCountsOnlyWithTheSendersChecksum) {
   ASSERT_TRUE(sent);
   FlashWriter replica(store, 2);
   std::string problem;
-  char* into = replica.begin_receive(sent->info, sent->image.size(), problem);
-  ASSERT_NE(into, nullptr) << problem;
-  std::memcpy(into, sent->image.data(), sent->image.size());
-  replica.finish_receive(sent->checksum);
+  FlashReceive into = replica.begin_receive(sent->info, sent->image.size(), problem);
+  ASSERT_NE(into.image, nullptr) << problem;
+  std::memcpy(into.image, sent->image.data(), sent->image.size());
+  replica.finish_receive(into, sent->checksum);
+  replica.check_newest_receive();
   replica.wait();
   auto held = flash_images(store);
   ASSERT_EQ(held.size(), 1u);
@@ -100,10 +102,12 @@ TEST(FlashCheckpoint, AReplicaCountsOnlyWithTheSendersChecksum) {
   FlashImageInfo next = sent->info;
   next.step = 5;
   into = replica.begin_receive(next, sent->image.size(), problem);
-  ASSERT_NE(into, nullptr) << problem;
-  std::memcpy(into, sent->image.data(), sent->image.size());
-  into[10] ^= 1;
-  replica.finish_receive(sent->checksum);
+  ASSERT_NE(into.image, nullptr) << problem;
+  std::memcpy(into.image, sent->image.data(), sent->image.size());
+  into.image[10] ^= 1;
+  replica.finish_receive(into, sent->checksum);
+  EXPECT_EQ(flash_images(store).size(), 2u);  // complete: it counts, and whoever uses it checks it
+  replica.check_newest_receive();
   replica.wait();
   held = flash_images(store);
   ASSERT_EQ(held.size(), 1u);

@@ -188,6 +188,7 @@ FlashWriter::~FlashWriter() { wait(); }
 
 void FlashWriter::wait() {
   if (checksum_.joinable()) checksum_.join();
+  checking_ = -1;
 }
 
 // Maps the slot with room for `bytes` of image: an existing file as it is when big enough (its
@@ -230,8 +231,14 @@ bool FlashWriter::prepare(Slot& slot, uint64_t bytes, std::string& problem) {
 // before this one, counts as oldest) and fills its header; -1 when the supervisor holds it, or
 // takes it between the look and the swap: the newest snapshot stays whole.
 int FlashWriter::take_older_slot(const FlashImageInfo& info, uint64_t bytes) {
-  auto age = [&](const SlotHeader* h) { return holds_snapshot(load_state(h)) && h->step < info.step ? h->step : -1; };
-  const int target = age(slots_[0]->header()) <= age(slots_[1]->header()) ? 0 : 1;
+  // A slot whose checksum is still being computed (a replica being checked) counts as holding one.
+  auto age = [&](const SlotHeader* h) {
+    const int32_t state = load_state(h);
+    const bool holds = holds_snapshot(state) || state == static_cast<int32_t>(FlashSlotState::Checksumming);
+    return holds && h->step < info.step ? h->step : -1;
+  };
+  int target = age(slots_[0]->header()) <= age(slots_[1]->header()) ? 0 : 1;
+  if (target == checking_) target = 1 - target;  // never the slot a replica check is reading
   SlotHeader* h = slots_[target]->header();
   const int32_t state = load_state(h);
   if (state == static_cast<int32_t>(FlashSlotState::Persisting) || !swap_state(h, state, FlashSlotState::Writing)) return -1;
@@ -288,26 +295,32 @@ std::optional<FlashImageView> FlashWriter::newest(bool with_checksum) {
                         {slots_[newest_]->data + kHeaderBytes, static_cast<size_t>(h->image_bytes)}};
 }
 
-char* FlashWriter::begin_receive(const FlashImageInfo& info, uint64_t bytes, std::string& problem) {
-  wait();
-  receiving_ = -1;
-  for (auto& slot : slots_)
-    if (!prepare(*slot, bytes, problem)) return nullptr;
-  receiving_ = take_older_slot(info, bytes);
-  return receiving_ < 0 ? nullptr : slots_[receiving_]->data + kHeaderBytes;
+FlashReceive FlashWriter::begin_receive(const FlashImageInfo& info, uint64_t bytes, std::string& problem) {
+  // No wait for the check of the previous replica: it runs on in its slot, and the other is taken.
+  for (int s = 0; s < 2; ++s)
+    if (s != checking_ && !prepare(*slots_[s], bytes, problem)) return {};
+  const int target = take_older_slot(info, bytes);
+  return target < 0 ? FlashReceive{} : FlashReceive{slots_[target]->data + kHeaderBytes, target};
 }
 
-void FlashWriter::finish_receive(uint64_t checksum) {
-  if (receiving_ < 0) return;
+void FlashWriter::finish_receive(const FlashReceive& receive, uint64_t checksum) {
+  if (!receive.image) return;
   wait();
-  SlotHeader* h = slots_[receiving_]->header();
-  store_state(h, FlashSlotState::Checksumming);
-  newest_ = receiving_;
-  receiving_ = -1;
-  checksum_ = std::thread([h, image = reinterpret_cast<char*>(h) + kHeaderBytes, checksum] {
-    // The sender's checksum: a replica that arrived damaged or incomplete never counts.
-    h->checksum = checksum;
-    store_state(h, flash_checksum(image, h->image_bytes) == checksum ? FlashSlotState::Valid : FlashSlotState::Empty);
+  SlotHeader* h = slots_[receive.slot]->header();
+  h->checksum = checksum;  // the sender's
+  store_state(h, FlashSlotState::Valid);
+  newest_ = receive.slot;
+}
+
+void FlashWriter::check_newest_receive() {
+  wait();
+  if (newest_ < 0) return;
+  checking_ = newest_;
+  SlotHeader* h = slots_[newest_]->header();
+  checksum_ = std::thread([h, image = reinterpret_cast<char*>(h) + kHeaderBytes] {
+    // Bytes that do not match the sender's checksum stop counting (unless the supervisor holds
+    // the slot: it checks every image itself before persisting).
+    if (flash_checksum(image, h->image_bytes) != h->checksum) swap_state(h, static_cast<int32_t>(FlashSlotState::Valid), FlashSlotState::Empty);
   });
 }
 

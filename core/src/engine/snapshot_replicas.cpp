@@ -52,9 +52,9 @@ std::string rank_list(const std::vector<int>& ranks) {
 // is held by the supervisor and the bytes must still be taken off the wire).
 struct SnapshotReplicas::Incoming {
   int sender = 0;
-  bool into_slot = false;
+  FlashReceive slot;
   at::Tensor buffer;  // on the communicator's device
-  char* slot = nullptr;
+  uint64_t checksum = 0;  // the sender's, once it has arrived
 };
 
 SnapshotReplicas::SnapshotReplicas(Communicator& world, int node, int64_t replicas, const std::filesystem::path& store, c10::Device device)
@@ -85,6 +85,7 @@ std::string SnapshotReplicas::describe() const {
 }
 
 void SnapshotReplicas::post(FlashWriter& own) {
+  check_received();  // first: a replica whose check has not started holds its slot in no state a new one respects
   const std::optional<FlashImageView> mine = own.newest(/*with_checksum=*/false);
   if (!mine) throw std::logic_error("snapshot replicas: no snapshot to send");
   // Identity first (small), then the image, both posted at once to every receiver.
@@ -114,13 +115,17 @@ void SnapshotReplicas::post(FlashWriter& own) {
     std::string problem;
     in->slot = replica_slots_.at(s)->begin_receive({h[0], h[1], hash}, static_cast<uint64_t>(h[2]), problem);
     if (!problem.empty()) log::record("snapshot replicas: cannot hold rank " + std::to_string(s) + "'s image: " + problem);
-    in->into_slot = in->slot != nullptr;
-    in->buffer = in->into_slot && device_.is_cpu() ? at::from_blob(in->slot, {h[2]}, at::kByte)
-                                                    : at::empty({h[2]}, at::TensorOptions().dtype(at::kByte).device(device_));
+    in->buffer = in->slot.image && device_.is_cpu() ? at::from_blob(in->slot.image, {h[2]}, at::kByte)
+                                                     : at::empty({h[2]}, at::TensorOptions().dtype(at::kByte).device(device_));
     in_flight_.push_back(channel_->recv(in->buffer, s, kImageTag));
     last_received_ += static_cast<uint64_t>(h[2]);
     incoming_.push_back(std::move(in));
   }
+}
+
+void SnapshotReplicas::check_received() {
+  for (auto& in : arrived_) replica_slots_.at(in->sender)->check_newest_receive();
+  arrived_.clear();
 }
 
 void SnapshotReplicas::complete(FlashWriter& own) {
@@ -139,11 +144,11 @@ void SnapshotReplicas::complete(FlashWriter& own) {
     at::Tensor theirs = at::empty({1}, at::TensorOptions().dtype(at::kLong).device(device_));
     channel_->recv(theirs, in->sender, kChecksumTag)->wait();
     theirs = theirs.cpu();
-    uint64_t expected = 0;
-    std::memcpy(&expected, theirs.data_ptr<int64_t>(), sizeof expected);
-    if (!in->into_slot) continue;
-    if (!device_.is_cpu()) std::memcpy(in->slot, in->buffer.cpu().data_ptr(), static_cast<size_t>(in->buffer.numel()));
-    replica_slots_.at(in->sender)->finish_receive(expected);
+    std::memcpy(&in->checksum, theirs.data_ptr<int64_t>(), sizeof in->checksum);
+    if (!in->slot.image) continue;
+    if (!device_.is_cpu()) std::memcpy(in->slot.image, in->buffer.cpu().data_ptr(), static_cast<size_t>(in->buffer.numel()));
+    replica_slots_.at(in->sender)->finish_receive(in->slot, in->checksum);  // complete: it counts from now
+    arrived_.push_back(std::move(in));
   }
   for (auto& work : sends) work->wait();
   incoming_.clear();

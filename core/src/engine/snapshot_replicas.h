@@ -11,11 +11,12 @@
 // the next one, so the transfer overlaps the steps between. Per snapshot a rank blocks only for
 // two small exchanges (the image's size and identity, later its checksum). The receiver writes
 // straight into a slot of its node's store named after the sender (rank_Q.0/.1, double-buffered
-// like the sender's own), and checks the bytes against the sender's checksum in the background;
-// until they match the replica does not count. A replica therefore counts from the next snapshot
-// on: after a node loss the survivors restore the newest snapshot whose replicas are complete,
-// which may be one before the newest. Memory per node: its own images plus the images of R other
-// nodes, each double-buffered.
+// like the sender's own). A replica counts once every byte has arrived and the sender's checksum
+// with it, which is just before the next snapshot: after a node loss the survivors restore the
+// newest snapshot whose replicas are complete, which may be one before the newest. Every use of
+// an image checks that checksum (a restore, the supervisor's persist), and the receiver also
+// checks it in the background after its next snapshot's copy, emptying the slot of a damaged
+// replica. Memory per node: its own images plus the images of R other nodes, double-buffered.
 #pragma once
 
 #include <filesystem>
@@ -42,18 +43,21 @@ class SnapshotReplicas {
   SnapshotReplicas& operator=(const SnapshotReplicas&) = delete;
 
   // Before the next snapshot is written: waits for the replicas in flight and exchanges their
-  // checksums (each receiver then checks its copy in the background).
+  // checksums; from then on they count.
   void complete(FlashWriter& own);
-  // After every rank wrote a snapshot: posts `own`'s newest to this rank's receivers, and
-  // receives its senders' into this node's store.
+  // After every rank wrote a snapshot: starts checking the replicas completed before against
+  // their senders' checksums (in the background, after the snapshot's own copy, so the two do not
+  // share the cores), then posts `own`'s newest to this rank's receivers and receives its senders'
+  // into this node's store.
   void post(FlashWriter& own);
+  // Starts checking completed replicas now (the end of the run, when no snapshot follows).
+  void check_received();
   // After a restart from `step`: replicas of later steps belong to the attempt being redone.
   void discard_after(int64_t step);
 
   // "rank 1 -> ranks 3; from ranks 3": this rank's part of the ring, for the log.
   std::string describe() const;
-  // This node's memory for flash snapshots: own images and replicas, both slots of each, once
-  // every slot has been written (for the console's line after the first replicated snapshot).
+  // The bytes of replicas this rank received for the last snapshot.
   uint64_t bytes_received_per_snapshot() const { return last_received_; }
 
  private:
@@ -63,7 +67,7 @@ class SnapshotReplicas {
   std::vector<int> receivers_, senders_;
   std::map<int, std::unique_ptr<FlashWriter>> replica_slots_;  // by sender
   std::vector<WorkPtr> in_flight_;
-  std::vector<std::unique_ptr<Incoming>> incoming_;
+  std::vector<std::unique_ptr<Incoming>> incoming_, arrived_;
   std::vector<at::Tensor> outgoing_;  // the sends' buffers, alive until they complete
   bool sent_ = false;
   uint64_t last_received_ = 0;

@@ -455,7 +455,7 @@ RunSummary Trainer::run(const std::function<bool()>& stop_requested) {
   t.record_unread();
   summary.last_loss = t.last.loss;
   summary.last_step = t.step;
-  if (t.replicas) t.replicas->complete(*t.flash);  // the last snapshot's replicas count too
+  if (t.replicas) t.replicas->complete(*t.flash), t.replicas->check_received();  // the last snapshot's replicas count too
   if (t.flash) t.flash->wait();  // the last snapshot is valid before the supervisor persists it
   if (t.step == t.steps) t.progress->beat(t.steps, StepPhase::Finished);
   t.console->finish();

@@ -50,6 +50,12 @@ struct FlashImageInfo {
 
 enum class FlashWrite { Written, Skipped, Failed };
 
+// Where a replica's bytes go (FlashWriter::begin_receive); image null: nowhere.
+struct FlashReceive {
+  char* image = nullptr;
+  int slot = -1;
+};
+
 // A snapshot's image as its slot holds it, with its checksum.
 struct FlashImageView {
   FlashImageInfo info;
@@ -84,12 +90,16 @@ class STRATA_API FlashWriter {
   // bytes stay put until the snapshot after next (the next one goes into the other slot).
   std::optional<FlashImageView> newest(bool with_checksum);
   // A replica: another node's image of rank `rank` (the writer's) arriving over the network.
-  // begin_receive takes the older slot and returns where the `bytes` go (nullptr when the slot is
-  // held by the supervisor, or shared memory cannot hold it: `problem`); once they are there,
-  // finish_receive checks them against the sender's checksum in the background, and only a
-  // match makes the slot Valid.
-  char* begin_receive(const FlashImageInfo& info, uint64_t bytes, std::string& problem);
-  void finish_receive(uint64_t checksum);
+  // begin_receive takes the older slot and says where the `bytes` go (nowhere when the slot is
+  // held by the supervisor, or shared memory cannot hold it: `problem`), without waiting for the
+  // check of the previous replica in the other slot. Once every byte is there, finish_receive
+  // records the sender's checksum and makes the slot Valid: like every image, it is checked
+  // against that checksum by whoever uses it (a restore, the supervisor's persist).
+  // check_newest_receive also checks it in the background at once and empties the slot when
+  // the bytes do not match, so a damaged replica stops counting.
+  FlashReceive begin_receive(const FlashImageInfo& info, uint64_t bytes, std::string& problem);
+  void finish_receive(const FlashReceive& receive, uint64_t checksum);
+  void check_newest_receive();
   // Waits for the newest snapshot's checksum (it is Valid after this).
   void wait();
   // Fault injection: flips one byte of the newest snapshot's image after its checksum.
@@ -104,7 +114,7 @@ class STRATA_API FlashWriter {
   std::unique_ptr<Slot> slots_[2];
   std::thread checksum_;
   int newest_ = -1;
-  int receiving_ = -1;
+  int checking_ = -1;  // the slot the background thread is checking, -1: none
 };
 
 // A snapshot every rank of one world holds at one step: a complete flash checkpoint.
