@@ -120,8 +120,9 @@ std::string summary_table(const std::vector<Run>& runs) {
 // Where each supervised run's wall time went (the finish event's breakdown), as stacked bars.
 std::string goodput_chart(const std::vector<Run>& runs) {
   static const std::vector<std::pair<const char*, const char*>> parts{
-      {"kept_step_s", "#2ca02c"}, {"checkpoint_blocking_s", "#1f77b4"}, {"reload_s", "#17becf"}, {"recomputed_s", "#ff7f0e"},
-      {"hang_s", "#d62728"},      {"restart_s", "#9467bd"},            {"health_check_s", "#8c564b"}, {"other_s", "#c7c7c7"}};
+      {"kept_step_s", "#2ca02c"}, {"checkpoint_blocking_s", "#1f77b4"}, {"replica_blocking_s", "#aec7e8"}, {"reload_s", "#17becf"},
+      {"peer_reload_s", "#9edae5"}, {"recomputed_s", "#ff7f0e"}, {"hang_s", "#d62728"}, {"restart_s", "#9467bd"},
+      {"health_check_s", "#8c564b"}, {"other_s", "#c7c7c7"}};
   std::vector<const Run*> supervised;
   for (const auto& run : runs)
     if (run.finish && num(*run.finish, "wall_s") > 0) supervised.push_back(&run);

@@ -133,7 +133,9 @@ void HangWatch::finish(AttemptResult& result) {
   for (int r = 0; r < ranks_; ++r) {
     ProgressRecord p;
     if (!read_progress(dir_, r, p)) continue;
-    result.checkpoint_s = std::max(result.checkpoint_s, static_cast<double>(p.checkpoint_ns) * 1e-9);
+    // The slowest rank's checkpoint time, and its replica part.
+    if (static_cast<double>(p.checkpoint_ns) * 1e-9 >= result.checkpoint_s)
+      result.checkpoint_s = static_cast<double>(p.checkpoint_ns) * 1e-9, result.replica_s = static_cast<double>(p.replica_ns) * 1e-9;
     result.restore_s = std::max(result.restore_s, static_cast<double>(p.restore_ns) * 1e-9);
     result.restored_from = std::max(result.restored_from, static_cast<int>(p.restored_from));
     result.restored_by_rank.push_back(p.restored_from);
@@ -266,8 +268,10 @@ namespace {
 
 // Where the wall time of a supervised run went, summed over its attempts (the goodput breakdown).
 struct TimeAccount {
-  double checkpoint_s = 0;   // ranks blocked in checkpoints (the slowest rank's figure)
-  double reload_s = 0;       // loading the checkpoint restarts resumed from
+  double checkpoint_s = 0;   // ranks blocked in checkpoints (the slowest rank's figure), replicas apart
+  double replica_s = 0;      // of the same rank, blocked sending and receiving snapshot replicas
+  double reload_s = 0;       // loading the checkpoint restarts resumed from (own memory or disk)
+  double peer_reload_s = 0;  // the same for restarts whose state came from replicas in other nodes' memory
   double recomputed_s = 0;   // steps run again after a failure (their first run's step time)
   double hang_s = 0;         // no progress before a hang was declared
   double restart_s = 0;      // from a failure to the next start: persisting at breakpoint, backoff
@@ -275,10 +279,11 @@ struct TimeAccount {
   std::string fields(double wall, double kept) const {
     std::ostringstream out;
     out.precision(6);
-    out << ",\"kept_step_s\":" << kept << ",\"checkpoint_blocking_s\":" << checkpoint_s << ",\"reload_s\":" << reload_s
+    out << ",\"kept_step_s\":" << kept << ",\"checkpoint_blocking_s\":" << checkpoint_s << ",\"replica_blocking_s\":" << replica_s
+        << ",\"reload_s\":" << reload_s << ",\"peer_reload_s\":" << peer_reload_s
         << ",\"recomputed_s\":" << recomputed_s << ",\"hang_s\":" << hang_s << ",\"restart_s\":" << restart_s
         << ",\"health_check_s\":" << health_check_s << ",\"other_s\":"
-        << std::max(0.0, wall - kept - checkpoint_s - reload_s - recomputed_s - hang_s - restart_s - health_check_s);
+        << std::max(0.0, wall - kept - checkpoint_s - replica_s - reload_s - peer_reload_s - recomputed_s - hang_s - restart_s - health_check_s);
     return out.str();
   }
 };
@@ -467,8 +472,10 @@ int supervise(const SupervisorOptions& options,
       flash->stop();
       persisted = flash->persist_newest(result.status == 0 ? "end" : "failure");
     }
-    account.checkpoint_s += result.checkpoint_s;
-    if (n > 0) account.reload_s += result.restore_s;
+    account.checkpoint_s += result.checkpoint_s - result.replica_s;
+    account.replica_s += result.replica_s;
+    const bool from_peers = result.restored_from == static_cast<int>(RestoreSource::PeerMemory);
+    if (n > 0) (from_peers ? account.peer_reload_s : account.reload_s) += result.restore_s;
     account.hang_s += result.hang_s;
     if (result.status == 0) {
       const MetricsSummary kept = read_metrics(options.run_dir);

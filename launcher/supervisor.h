@@ -31,7 +31,7 @@ struct AttemptResult {
   // For the goodput breakdown, from the ranks' progress records: the most any rank spent blocked
   // in checkpoints, and loading the checkpoint it resumed from (and where from); the time no rank
   // moved before a hang was declared.
-  double checkpoint_s = 0, restore_s = 0, hang_s = 0;
+  double checkpoint_s = 0, replica_s = 0, restore_s = 0, hang_s = 0;
   int restored_from = 0;  // RestoreSource
   // Where each rank's state came from (RestoreSource, by rank), the step the ranks resumed from,
   // and the seconds from the attempt's start until every rank began its first step (-1: never).

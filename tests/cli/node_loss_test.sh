@@ -49,6 +49,8 @@ echo "lose_node: node $last_node lost at step 7 with its snapshots; state from d
 run_case replicas "lose_node $last_node 7" --set job.snapshot_replicas=$last_node
 expect "$work/replicas/events.jsonl" "\"event\":\"recovered\".*\"sources\":\[[^]]*\"peer node [0-9]+\"[^]]*\],\"disk_checkpoint_bytes\":0," replicas
 expect "$work/replicas.log" "resumed from the flash snapshot of step [56] in shared memory" replicas
+expect "$work/replicas/events.jsonl" '"event":"finish".*"replica_blocking_s":[0-9.e-]+,"reload_s":[0-9.e-]+,"peer_reload_s":[0-9.]*[1-9]' replicas
+expect "$work/replicas/metrics.jsonl" '"replica_ms":' replicas
 line=$(grep '"event":"recovered"' "$work/replicas/events.jsonl")
 echo "replicas: node $last_node lost at step 7; $(sed -E 's/.*("resumed_step":[0-9]+,"sources":[^]]*\],"disk_checkpoint_bytes":[0-9]+,"failure_to_first_step_s":[0-9.]+).*/\1/' <<< "$line"); bit-identical"
 

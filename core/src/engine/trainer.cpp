@@ -248,7 +248,12 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
   const engine::SavedState state = engine::gather_state(*job);
   if (flash) {
     std::string problem;
-    if (replicas) replicas->complete(*flash);  // the previous snapshot's replicas, before its slot can be reused
+    replica_seconds = 0;
+    if (replicas) {  // the previous snapshot's replicas, before its slot can be reused
+      const auto replica_started = std::chrono::steady_clock::now();
+      replicas->complete(*flash);
+      replica_seconds += seconds_since(replica_started);
+    }
     // Skipped (the supervisor is persisting this rank's older slot) is not a failure: the
     // newest snapshot stays, and the next one goes ahead.
     const FlashWrite outcome = flash->write({at_step, plan.layout.world_size, engine::state_hash(plan)}, state.tensors,
@@ -261,7 +266,11 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
     if (counts[0] == 0) {
       if (outcome == FlashWrite::Written && inject_fault(env.rank, at_step, "snapshot_done")) flash->damage_newest();
       snapshot_skipped = counts[1] > 0;
-      if (replicas && !snapshot_skipped) replicas->post(*flash);  // every rank has this step's image: send it on
+      if (replicas && !snapshot_skipped) {  // every rank has this step's image: send it on
+        const auto replica_started = std::chrono::steady_clock::now();
+        replicas->post(*flash);
+        replica_seconds += seconds_since(replica_started);
+      }
       return seconds_since(started);
     }
     replicas.reset();
@@ -378,10 +387,11 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   if (save_due) {
     progress->beat(at_step, StepPhase::Checkpointing);
     const double blocked = save(at_step, disk_due);
-    progress->add_checkpoint_time(blocked);
+    progress->add_checkpoint_time(blocked, replica_seconds);
     // A snapshot some rank skipped (its older slot was being persisted) is told apart: it cost
     // the agreement only, and the newest complete snapshot is an older one.
     record.extra.emplace_back(snapshot_skipped ? "snapshot_skipped_ms" : "checkpoint_ms", blocked * 1000.0);
+    if (replicas) record.extra.emplace_back("replica_ms", replica_seconds * 1000.0);  // of checkpoint_ms
   }
   record_unread();
   return last;

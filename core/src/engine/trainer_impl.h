@@ -66,7 +66,8 @@ struct Trainer::Impl {
   std::optional<FlashWriter> flash;
   std::string flash_dir;
   std::optional<engine::SnapshotReplicas> replicas;  // [job] snapshot_replicas > 0
-  int flash_peer_node = -1;  // the node whose replica this rank's state came from at the last restore, or -1
+  int flash_peer_node = -1;
+  double replica_seconds = 0;  // of the last save, spent on replicas  // the node whose replica this rank's state came from at the last restore, or -1
   bool snapshot_skipped = false;  // by some rank, at the last save
 
   // Checkpoints found at set-up (the newest one that passes its checksums, older ones to fall

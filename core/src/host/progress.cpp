@@ -93,8 +93,10 @@ void ProgressBeacon::beat_micro(int64_t micro, bool backward) {
   __atomic_store_n(&record_->beats, record_->beats + 1, __ATOMIC_RELEASE);
 }
 
-void ProgressBeacon::add_checkpoint_time(double seconds) {
-  if (record_) record_->checkpoint_ns += static_cast<int64_t>(seconds * 1e9);
+void ProgressBeacon::add_checkpoint_time(double seconds, double replica_seconds) {
+  if (!record_) return;
+  record_->checkpoint_ns += static_cast<int64_t>(seconds * 1e9);
+  record_->replica_ns += static_cast<int64_t>(replica_seconds * 1e9);
 }
 
 void ProgressBeacon::set_restore(double seconds, RestoreSource source, int peer_node) {

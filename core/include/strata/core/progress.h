@@ -42,6 +42,7 @@ struct ProgressRecord {
   // For the goodput breakdown: what this attempt of the rank spent blocked in checkpoints, and
   // loading the checkpoint it resumed from.
   int64_t checkpoint_ns = 0;
+  int64_t replica_ns = 0;  // of which sending and receiving snapshot replicas ([job] snapshot_replicas)
   int64_t restore_ns = 0;
   int32_t restored_from = 0;  // RestoreSource
   int32_t groups = 0;         // entries of the group table in use
@@ -97,7 +98,8 @@ class STRATA_API ProgressBeacon {
   void beat(int64_t step, StepPhase phase);
   // Within the gradient phase: the micro-batch whose forward or backward starts (a beat too).
   void beat_micro(int64_t micro, bool backward);
-  void add_checkpoint_time(double seconds);
+  // `replica_seconds`: the part of it spent on snapshot replicas.
+  void add_checkpoint_time(double seconds, double replica_seconds = 0);
   void set_restore(double seconds, RestoreSource source, int peer_node = -1);
 
   // The flight recorder (used by core/flight_recorder.h's recording communicator). add_group
