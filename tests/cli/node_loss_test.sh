@@ -10,7 +10,9 @@
 #   replicas   the same with [job] snapshot_replicas = NODES - 1: the lost node's ranks restore
 #              from a replica in another node's memory, 0 bytes from disk. Its newest replica
 #              counts once its checksum arrived with the next snapshot, so the run falls back to
-#              the newest complete one (step 5 or 6).
+#              the newest complete one (step 5 or 6);
+#   in_flight  the node lost just after posting its snapshot of step 6 to the replicas: the run
+#              resumes from the complete replicas of step 5.
 # Both record a "recovered" event naming where each rank's state came from, the bytes of disk
 # checkpoint loaded and the seconds from the failure to the first new step.
 set -euo pipefail
@@ -53,6 +55,12 @@ expect "$work/replicas/events.jsonl" '"event":"finish".*"replica_blocking_s":[0-
 expect "$work/replicas/metrics.jsonl" '"replica_ms":' replicas
 line=$(grep '"event":"recovered"' "$work/replicas/events.jsonl")
 echo "replicas: node $last_node lost at step 7; $(sed -E 's/.*("resumed_step":[0-9]+,"sources":[^]]*\],"disk_checkpoint_bytes":[0-9]+,"failure_to_first_step_s":[0-9.]+).*/\1/' <<< "$line"); bit-identical"
+
+# The node lost while its snapshot of step 6 is on its way to the replicas: that replica is
+# incomplete and does not count; the one of step 5 does.
+run_case in_flight "lose_node_in_replica $last_node 6" --set job.snapshot_replicas=$last_node
+expect "$work/in_flight/events.jsonl" '"event":"recovered".*"resumed_step":5,.*"peer node [0-9]+".*"disk_checkpoint_bytes":0,' in_flight
+echo "in_flight: node $last_node lost mid-replication of step 6; resumed from the complete replicas of step 5; bit-identical"
 
 # Bad input, one line, exit 2, no ranks started.
 set +e

@@ -4,6 +4,7 @@
 // standing in for a damaged newer one.
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include <ATen/ATen.h>
 
@@ -28,25 +29,29 @@ struct AgreedSnapshot {
 };
 
 // The newest snapshot, not older than `disk_step` and saved under `hash`, whose every image some
-// rank's node holds. Rank 0's node holds saved rank 0's image of any usable snapshot (nodes are
-// contiguous ranks), and a rank keeps two snapshots, so rank 0's two newest are the candidates.
+// rank's node holds (its own, or a replica of another node's). Candidates come newest first from
+// every node's store: the one whose rank 0 was lost may still be whole in replicas.
 AgreedSnapshot agree_on_snapshot(const std::vector<FlashImageRef>& local, int64_t disk_step, const std::string& hash, Communicator& world,
                                  c10::Device device) {
-  std::vector<int64_t> candidates{-1, 0, -1, 0};  // step, world; twice
-  if (world.rank() == 0) {
-    std::vector<FlashImageRef> first;
-    for (const auto& image : local)
-      if (image.rank == 0 && image.info.state_hash == hash && image.info.step >= disk_step) first.push_back(image);
-    std::sort(first.begin(), first.end(), [](const FlashImageRef& a, const FlashImageRef& b) { return a.info.step > b.info.step; });
-    for (size_t i = 0; i < first.size() && i < 2; ++i) candidates[2 * i] = first[i].info.step, candidates[2 * i + 1] = first[i].info.world_size;
-  }
-  at::Tensor agreed = at::tensor(candidates, at::kLong).to(device);
-  world.all_reduce(agreed, ReduceOp::Max)->wait();
-  agreed = agreed.cpu();
   const int64_t none = world.size();
-  for (int c = 0; c < 2; ++c) {
-    AgreedSnapshot snapshot{agreed[2 * c].item<int64_t>(), agreed[2 * c + 1].item<int64_t>(), {}, {}};
-    if (snapshot.step < 0 || snapshot.world < 1) continue;
+  int64_t below = std::numeric_limits<int64_t>::max();
+  // A store keeps two snapshots of each rank it holds: a few candidates, newest first, suffice.
+  for (int tries = 0; tries < 4; ++tries) {
+    // The newest step below `below` some node holds an image of, and the world that saved it.
+    int64_t step = -1, saved_world = 0;
+    for (const auto& image : local)
+      if (image.info.state_hash == hash && image.info.step >= disk_step && image.info.step < below && image.info.step > step)
+        step = image.info.step;
+    at::Tensor newest = at::tensor(step, at::kLong).to(device);
+    world.all_reduce(newest, ReduceOp::Max)->wait();
+    step = newest.cpu().item<int64_t>();
+    if (step < 0) return {};
+    for (const auto& image : local)
+      if (image.info.state_hash == hash && image.info.step == step) saved_world = std::max(saved_world, image.info.world_size);
+    at::Tensor worlds = at::tensor(saved_world, at::kLong).to(device);
+    world.all_reduce(worlds, ReduceOp::Max)->wait();
+    AgreedSnapshot snapshot{step, worlds.cpu().item<int64_t>(), {}, {}};
+    below = step;
     std::vector<int64_t> holder(static_cast<size_t>(snapshot.world), none), missing(static_cast<size_t>(snapshot.world), 1);
     for (const auto& image : local)
       if (image.info.step == snapshot.step && image.info.world_size == snapshot.world && image.info.state_hash == hash && image.rank >= 0 &&

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include "fault_injection.h"
 #include "strata/core/log.h"
 #include "strata/errors.h"
 
@@ -101,6 +102,7 @@ void SnapshotReplicas::post(FlashWriter& own) {
   }
   outgoing_ = {head, image};
   sent_ = true;
+  inject_fault(channel_->rank(), mine->info.step, "replica");
   last_received_ = 0;
   for (int s : senders_) {
     at::Tensor theirs = at::empty({3 + kHashWords}, at::TensorOptions().dtype(at::kLong).device(device_));
