@@ -63,15 +63,19 @@ std::string human_duration(double seconds) {
 }  // namespace
 
 MetricsFile::MetricsFile(const std::filesystem::path& path, int64_t keep_through) : path_(path) {
-  // Keep the leading complete records of steps 1, 2, ... up to keep_through and cut the file
-  // after them, in place: what the run saved before stays even if this process dies here.
+  // Keep the leading complete records of steps in increasing order up to keep_through and cut
+  // the file after them, in place: what the run saved before stays even if this process dies
+  // here. A step may be missing (a rank died after its snapshot was taken and before its line
+  // was written): the lines after it, from the attempt that resumed there, stay.
   std::uintmax_t keep_bytes = 0;
   if (keep_through > 0) {
     std::ifstream in(path, std::ios::binary);
-    int64_t expected = 1;
-    for (std::string line; expected <= keep_through && std::getline(in, line) && !in.eof(); ++expected) {
-      if (step_of(line) != expected) break;
+    int64_t previous = 0;
+    for (std::string line; std::getline(in, line) && !in.eof();) {
+      const int64_t step = step_of(line);
+      if (step <= previous || step > keep_through) break;
       keep_bytes += line.size() + 1;
+      previous = step;
     }
   }
   std::error_code ec;

@@ -248,8 +248,11 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
   const engine::SavedState state = engine::gather_state(*job);
   if (flash) {
     std::string problem;
-    replica_seconds = 0;
-    if (replicas) {  // the previous snapshot's replicas, before its slot can be reused
+    // The previous snapshot's replicas, completed before its slot can be reused; their posting
+    // (after the previous step's record) counts here too.
+    const double posted_before = replica_post_seconds;
+    replica_seconds = replica_post_seconds, replica_post_seconds = 0;
+    if (replicas) {
       const auto replica_started = std::chrono::steady_clock::now();
       replicas->complete(*flash);
       replica_seconds += seconds_since(replica_started);
@@ -266,12 +269,8 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
     if (counts[0] == 0) {
       if (outcome == FlashWrite::Written && inject_fault(env.rank, at_step, "snapshot_done")) flash->damage_newest();
       snapshot_skipped = counts[1] > 0;
-      if (replicas && !snapshot_skipped) {  // every rank has this step's image: send it on
-        const auto replica_started = std::chrono::steady_clock::now();
-        replicas->post(*flash);
-        replica_seconds += seconds_since(replica_started);
-      }
-      return seconds_since(started);
+      replica_post_due = replicas && !snapshot_skipped;  // every rank has this step's image: posted after the step's record
+      return seconds_since(started) + posted_before;
     }
     replicas.reset();
     console->message("flash checkpoints off: " + (problem.empty() ? std::string("another rank's shared memory is full") : problem) +
@@ -394,6 +393,14 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
     if (replicas) record.extra.emplace_back("replica_ms", replica_seconds * 1000.0);  // of checkpoint_ms
   }
   record_unread();
+  // Replicas are posted once this step's record is written: a rank lost while they are on their
+  // way leaves a snapshot a restart resumes from, and its step's line must be in metrics.jsonl.
+  if (replica_post_due) {
+    replica_post_due = false;
+    const auto posting = std::chrono::steady_clock::now();
+    replicas->post(*flash);
+    replica_post_seconds = seconds_since(posting);
+  }
   return last;
 }
 

@@ -67,7 +67,9 @@ struct Trainer::Impl {
   std::string flash_dir;
   std::optional<engine::SnapshotReplicas> replicas;  // [job] snapshot_replicas > 0
   int flash_peer_node = -1;
-  double replica_seconds = 0;  // of the last save, spent on replicas  // the node whose replica this rank's state came from at the last restore, or -1
+  double replica_seconds = 0;  // of the last save, spent on replicas
+  bool replica_post_due = false;      // the last save's snapshot is to be posted to the replicas
+  double replica_post_seconds = 0;    // posting it took; counted with the next save  // the node whose replica this rank's state came from at the last restore, or -1
   bool snapshot_skipped = false;  // by some rank, at the last save
 
   // Checkpoints found at set-up (the newest one that passes its checksums, older ones to fall
