@@ -18,7 +18,7 @@ STRATA_FAULT="kill 3 5" STRATA_FAULT_EVERY_ATTEMPT=1 "$strata" run -n 4 "$strate
 grep -q '"event":"shrink".*"from":4,"to":3,"excluded_rank":3' "$work/shrunk/events.jsonl" || { cat "$work/shrunk/events.jsonl"; exit 1; }
 grep -q '"event":"finish".*"restarts":2' "$work/shrunk/events.jsonl" || { cat "$work/shrunk/events.jsonl"; exit 1; }
 if [[ " $* " == *" job.flash_every="* ]]; then  # the 3 ranks load the 4 ranks' snapshot from memory, resharded
-  sed -n '/continuing on 3 ranks/,$p' "$work/shrunk.log" | grep -q 'resumed from the flash snapshot of step 4 in shared memory (4 ranks saved it)' ||
+  sed -n '/continuing on 3 ranks/,$p' "$work/shrunk.log" | grep -q 'resumed from the flash snapshot of step 4 in shared memory (4 ranks saved it[;)]' ||
     { echo "the 3-rank attempt did not load the 4-rank snapshot from shared memory:"; cat "$work/shrunk.log"; exit 1; }
 fi
 losses() { sed -E 's/.*"step":([0-9]+),.*"loss":([^,]+),.*/\1 \2/' "$1"; }
