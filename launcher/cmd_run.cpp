@@ -278,6 +278,13 @@ int run_train(const Args& args) {
     LoadedPlan checked;
     if (!load_plan(args, args.ranks, registry, checked)) return 2;
     const fs::path out_dir = args.out_dir.empty() ? fs::path(checked.plan.job.get_string("run_dir")) : fs::path(args.out_dir);
+    if (checked.plan.job.get_int("flash_every") > 0 && checked.plan.job.get_int("snapshot_replicas") > 0) {
+      // Replicas need other nodes: refused here, before any rank starts, as the ranks would.
+      const int64_t nodes = std::max<int64_t>(1, args.simulate_nodes);
+      std::vector<int64_t> node_of(static_cast<size_t>(args.ranks));
+      for (int64_t r = 0; r < args.ranks; ++r) node_of[static_cast<size_t>(r)] = r / (args.ranks / nodes);
+      replica_receivers(node_of, checked.plan.job.get_int("snapshot_replicas"));
+    }
     const RunDirectoryClaim claim(out_dir, args.resume, args.overwrite);
     ::setenv(kRunDirectoryClaimedEnv, "1", 1);
     // The ranks' standard output is a pipe or pseudo-terminal of mpirun's; whether progress bars

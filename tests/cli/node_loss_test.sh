@@ -70,3 +70,10 @@ set -e
 [[ $status == 2 && $(wc -l <<< "$message") == 1 && $message == *"--simulate-nodes $((ranks + 1)) does not divide -n $ranks into equal nodes"* ]] ||
   { echo "--simulate-nodes $((ranks + 1)) with -n $ranks: status $status: $message"; exit 1; }
 echo "bad input: $message"
+set +e
+message=$("$strata" run -n "$ranks" "$strategy" "${small[@]}" --set job.snapshot_replicas=$nodes --out "$work/bad" 2>&1)
+status=$?
+set -e
+[[ $status == 2 && $(wc -l <<< "$message") == 1 && $message == *"[job] snapshot_replicas = $nodes needs $((nodes + 1)) nodes or more; this job's ranks are on $nodes nodes"* ]] ||
+  { echo "snapshot_replicas = $nodes on $nodes nodes: status $status: $message"; exit 1; }
+echo "bad input: $message"
