@@ -28,6 +28,12 @@ struct AgreedSnapshot {
   std::vector<int64_t> missing_somewhere;  // 1: some rank's node lacks that image
 };
 
+// Whether `image` is one of the images of `snapshot` (saved under `hash`).
+bool part_of(const FlashImageRef& image, const AgreedSnapshot& snapshot, const std::string& hash) {
+  return image.info.step == snapshot.step && image.info.world_size == snapshot.world && image.info.state_hash == hash && image.rank >= 0 &&
+         image.rank < snapshot.world;
+}
+
 // The newest snapshot, not older than `disk_step` and saved under `hash`, whose every image some
 // rank's node holds (its own, or a replica of another node's). Candidates come newest first from
 // every node's store: the one whose rank 0 was lost may still be whole in replicas.
@@ -54,8 +60,7 @@ AgreedSnapshot agree_on_snapshot(const std::vector<FlashImageRef>& local, int64_
     below = step;
     std::vector<int64_t> holder(static_cast<size_t>(snapshot.world), none), missing(static_cast<size_t>(snapshot.world), 1);
     for (const auto& image : local)
-      if (image.info.step == snapshot.step && image.info.world_size == snapshot.world && image.info.state_hash == hash && image.rank >= 0 &&
-          image.rank < snapshot.world)
+      if (part_of(image, snapshot, hash))
         holder[static_cast<size_t>(image.rank)] = image.rank == world.rank() ? -1 : world.rank(), missing[static_cast<size_t>(image.rank)] = 0;
     at::Tensor holders = at::tensor(holder, at::kLong).to(device), lacking = at::tensor(missing, at::kLong).to(device);
     world.all_reduce(holders, ReduceOp::Min)->wait();
@@ -84,8 +89,7 @@ GatheredImages gather_flash_images(const std::vector<FlashImageRef>& local, cons
   std::vector<std::filesystem::path> slots;
   std::vector<int> saved_ranks;
   for (const auto& image : local)
-    if (image.info.step == snapshot.step && image.info.world_size == snapshot.world && image.info.state_hash == hash && image.rank >= 0 &&
-        image.rank < snapshot.world)
+    if (part_of(image, snapshot, hash))
       slots.push_back(image.slot), saved_ranks.push_back(image.rank);
   const MappedFlashSet mapped = map_flash_slots(slots);
   std::vector<std::string_view> images(static_cast<size_t>(snapshot.world));
@@ -134,8 +138,7 @@ int64_t Trainer::Impl::restore_flash(std::string& problem) {
   // The holder of each image checks its checksum; the flags say which failed.
   at::Tensor bad = at::zeros({snapshot.world}, at::kInt);
   for (const auto& image : local)
-    if (image.info.step == snapshot.step && image.info.world_size == snapshot.world && image.info.state_hash == hash && image.rank >= 0 &&
-        image.rank < snapshot.world && snapshot.holder[static_cast<size_t>(image.rank)] == t.env.rank && flash_slot_problem(image.slot))
+    if (part_of(image, snapshot, hash) && snapshot.holder[static_cast<size_t>(image.rank)] == t.env.rank && flash_slot_problem(image.slot))
       bad[image.rank] = 1;
   bad = bad.to(t.device);
   world.all_reduce(bad, ReduceOp::Max)->wait();
@@ -161,13 +164,9 @@ int64_t Trainer::Impl::restore_flash(std::string& problem) {
                                                                       gathered->keep_alive);
     if (engine::restore_state(*t.job, memory, t.env.rank, problem)) {
       // Where this rank's own image came from: its node's memory, or a replica on another node.
-      std::vector<int64_t> nodes(static_cast<size_t>(t.env.world_size), 0);
-      nodes[static_cast<size_t>(t.env.rank)] = t.env.node;
-      at::Tensor node_of = at::tensor(nodes, at::kLong).to(t.device);
-      world.all_reduce(node_of, ReduceOp::Sum)->wait();
-      node_of = node_of.cpu();
+      const std::vector<int64_t> node_of = engine::nodes_of_ranks(world, t.env.node, t.device);
       const int64_t holder = snapshot.world == t.env.world_size ? snapshot.holder[static_cast<size_t>(t.env.rank)] : t.env.rank;
-      flash_peer_node = node_of[holder].item<int64_t>() != t.env.node ? static_cast<int>(node_of[holder].item<int64_t>()) : -1;
+      flash_peer_node = node_of[static_cast<size_t>(holder)] != t.env.node ? static_cast<int>(node_of[static_cast<size_t>(holder)]) : -1;
       const std::string peers =
           gathered->received > 0 ? "; " + std::to_string(gathered->received) + " bytes of other nodes' images received over the communicator" : "";
       t.console->message("resumed from " + label + " in shared memory (" + std::to_string(snapshot.world) + " ranks saved it" + peers + ")");

@@ -58,15 +58,18 @@ struct SnapshotReplicas::Incoming {
   uint64_t checksum = 0;  // the sender's, once it has arrived
 };
 
-SnapshotReplicas::SnapshotReplicas(Communicator& world, int node, int64_t replicas, const std::filesystem::path& store, c10::Device device)
-    : device_(device) {
+std::vector<int64_t> nodes_of_ranks(Communicator& world, int node, c10::Device device) {
   std::vector<int64_t> nodes(static_cast<size_t>(world.size()), 0);
   nodes[static_cast<size_t>(world.rank())] = node;
   at::Tensor all = at::tensor(nodes, at::kLong).to(device);
   world.all_reduce(all, ReduceOp::Sum)->wait();
   all = all.cpu();
-  const std::vector<int64_t> node_of(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + world.size());
-  const auto receivers = replica_receivers(node_of, replicas);
+  return {all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + world.size()};
+}
+
+SnapshotReplicas::SnapshotReplicas(Communicator& world, int node, int64_t replicas, const std::filesystem::path& store, c10::Device device)
+    : device_(device) {
+  const auto receivers = replica_receivers(nodes_of_ranks(world, node, device), replicas);
   receivers_ = receivers[static_cast<size_t>(world.rank())];
   for (int s = 0; s < world.size(); ++s)
     for (int r : receivers[static_cast<size_t>(s)])
@@ -103,7 +106,6 @@ void SnapshotReplicas::post(FlashWriter& own) {
   outgoing_ = {head, image};
   sent_ = true;
   inject_fault(channel_->rank(), mine->info.step, "replica");
-  last_received_ = 0;
   for (int s : senders_) {
     at::Tensor theirs = at::empty({3 + kHashWords}, at::TensorOptions().dtype(at::kLong).device(device_));
     channel_->recv(theirs, s, kHeaderTag)->wait();
@@ -120,7 +122,6 @@ void SnapshotReplicas::post(FlashWriter& own) {
     in->buffer = in->slot.image && device_.is_cpu() ? at::from_blob(in->slot.image, {h[2]}, at::kByte)
                                                      : at::empty({h[2]}, at::TensorOptions().dtype(at::kByte).device(device_));
     in_flight_.push_back(channel_->recv(in->buffer, s, kImageTag));
-    last_received_ += static_cast<uint64_t>(h[2]);
     incoming_.push_back(std::move(in));
   }
 }

@@ -33,6 +33,9 @@
 
 namespace strata::engine {
 
+// Collective over `world`: every rank's node (LaunchEnv::node), by rank.
+std::vector<int64_t> nodes_of_ranks(Communicator& world, int node, c10::Device device);
+
 class SnapshotReplicas {
  public:
   // Collective over `world`: learns every rank's node and splits off the replicas' communicator.
@@ -57,8 +60,6 @@ class SnapshotReplicas {
 
   // "rank 1 -> ranks 3; from ranks 3": this rank's part of the ring, for the log.
   std::string describe() const;
-  // The bytes of replicas this rank received for the last snapshot.
-  uint64_t bytes_received_per_snapshot() const { return last_received_; }
 
  private:
   struct Incoming;
@@ -70,7 +71,6 @@ class SnapshotReplicas {
   std::vector<std::unique_ptr<Incoming>> incoming_, arrived_;
   std::vector<at::Tensor> outgoing_;  // the sends' buffers, alive until they complete
   bool sent_ = false;
-  uint64_t last_received_ = 0;
 };
 
 }  // namespace strata::engine
