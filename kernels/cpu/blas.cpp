@@ -3,8 +3,15 @@
 // operands swapped and their transpose flags kept.
 #include "blas.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <exception>
+#include <limits>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <ATen/native/CPUBlas.h>
 
@@ -52,20 +59,67 @@ void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, con
 
 namespace {
 
+// The micro-kernel's worst error over attention's tile shapes, as a multiple of fp32's rounding
+// bound for each entry (eps times the sum of |a||b| over k, plus |c| when accumulating), against
+// the product in double. Shapes as the kernel calls it: scores (K = head dim, B = K^T with an odd
+// row stride), O += P V (K = a short last key block, C rows as wide as all heads), and a full
+// 64 x 128 x 64 tile. A correct fp32 kernel stays at a few units; one that rounds its operands
+// to a narrower type lands in the hundreds (CI once saw attention outputs 100x off on a CPU we
+// could not identify; this makes such a kernel lose the path instead of a test, or a run).
+// Above this many units of the bound the micro-kernel does not serve (a correct fp32 kernel stays
+// well under it: a k-term sum's worst case is about k units, and these errors are far from worst).
+constexpr double kBrgemmTrialLimit = 8.0;
+
+double brgemm_trial_error() {
+  struct Shape {
+    int64_t m, n, k, lda, ldb, ldc;
+    bool accumulate;
+  };
+  const Shape shapes[] = {{16, 8, 8, 8, 37, 8, false}, {16, 8, 5, 5, 8, 24, true}, {5, 8, 8, 8, 8, 24, true},
+                          {64, 128, 64, 64, 128, 128, false}, {64, 64, 128, 128, 64, 64, true}};
+  uint32_t state = 12345;
+  auto next = [&state] {  // deterministic values in [-1, 1)
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  };
+  double worst = 0.0;
+  for (const Shape& s : shapes) {
+    std::vector<float> a(s.m * s.lda), b(s.k * s.ldb), c(s.m * s.ldc);
+    for (float& x : a) x = next();
+    for (float& x : b) x = next();
+    for (float& x : c) x = next();
+    const std::vector<float> c0 = c;
+    at::native::cpublas::brgemm(s.m, s.n, s.k, s.lda, s.ldb, s.ldc, s.accumulate, a.data(), b.data(), c.data(), false);
+    for (int64_t i = 0; i < s.m; ++i)
+      for (int64_t j = 0; j < s.n; ++j) {
+        double exact = s.accumulate ? c0[i * s.ldc + j] : 0.0, magnitude = std::abs(exact);
+        for (int64_t p = 0; p < s.k; ++p) {
+          exact += static_cast<double>(a[i * s.lda + p]) * b[p * s.ldb + j];
+          magnitude += std::abs(static_cast<double>(a[i * s.lda + p]) * b[p * s.ldb + j]);
+        }
+        const double bound = std::numeric_limits<float>::epsilon() * std::max(magnitude, 1e-30);
+        worst = std::max(worst, std::abs(c[i * s.ldc + j] - exact) / bound);
+      }
+  }
+  return worst;
+}
+
 CpuPathChoice decide_brgemm() {
   CpuPathChoice c{"brgemm", "attention's fp32 tile products", "MKL sgemm", "", false};
 #ifdef CPUBLAS_BRGEMM_F32F32F32
   if (cpu_fallback_forced(c.path)) return c.why = "forced by STRATA_CPU_FALLBACK", c;
+  double error = 0.0;
   try {
-    const float a = 3.0f, b = 2.0f;
-    float out = 0.0f;
-    at::native::cpublas::brgemm(1, 1, 1, 1, 1, 1, false, &a, &b, &out, false);
-    if (out != 6.0f) return c.why = "oneDNN's micro-kernel gave a wrong result in a trial call", c;
+    error = brgemm_trial_error();
   } catch (const std::exception&) {
     return c.why = "oneDNN has no fp32 batch-reduce micro-kernel for this CPU", c;
   }
+  char figure[64];
+  std::snprintf(figure, sizeof figure, "%.1f", error);
+  if (error > kBrgemmTrialLimit)
+    return c.why = std::string("oneDNN's micro-kernel was inaccurate in a trial on attention's tile shapes (worst ") + figure + " units of fp32's rounding)", c;
   c.chosen = "oneDNN batch-reduce micro-kernel (cpublas::brgemm)", c.fast = true;
-  c.why = "a trial call ran";
+  c.why = std::string("a trial on attention's tile shapes stayed within fp32's rounding (worst ") + figure + " units)";
 #else
   c.why = "this libtorch has no fp32 cpublas::brgemm";
 #endif

@@ -18,21 +18,22 @@ void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, con
 // no alpha; one thread. For fp32 this is oneDNN's batch-reduce GEMM micro-kernel (ATen's
 // cpublas::brgemm), which on attention's 64 x 128 x 64 tiles ran 112-115 GFLOP/s on one Zen 4
 // core where MKL's sgemm ran 88-95 (its per-call packing dominates at that size). Where libtorch
-// has no such kernel for this CPU (decided once, by a trial call: brgemm_chosen), under
+// has no such kernel for this CPU or its result misses fp32's rounding bound on attention's tile
+// shapes (decided once, by a trial against the product in double: brgemm_chosen), under
 // STRATA_CPU_FALLBACK=brgemm, and for fp64 it is gemm.
 void tile_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate,
                float* c, int64_t ldc);
 void tile_gemm(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b, int64_t ldb, bool accumulate,
                double* c, int64_t ldc);
 
+// Whether oneDNN's fp32 micro-kernel serves tile_gemm here (recorded, strata/cpu.h).
+bool brgemm_chosen();
+
 // Inside at::parallel_for: makes this thread's BLAS calls single-threaded while it lives. ATen
 // sets MKL to as many threads as itself with dynamic adjustment off, so an MKL call inside a
 // parallel region would open a nested OpenMP region for every tile (measured: under
 // OMP_WAIT_POLICY=passive that made the 2-thread attention kernel twice as slow as 1 thread).
 // MKL's thread-local setting where libtorch carries MKL, nothing otherwise.
-// Whether oneDNN's fp32 micro-kernel serves tile_gemm here (recorded, strata/cpu.h).
-bool brgemm_chosen();
-
 class SequentialBlas {
  public:
   SequentialBlas();

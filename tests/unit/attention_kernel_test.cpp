@@ -15,6 +15,7 @@
 #include "cpu/attention.h"
 #include "cpu/blas.h"
 #include "strata/core/component_registry.h"
+#include "strata/core/cpu_features.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
 #include "strata/ops.h"
@@ -69,6 +70,14 @@ Tolerance tolerance(at::ScalarType dtype) {
   return {2e-2, 5e-2};  // bf16: inputs and outputs rounded to 8 bits of mantissa
 }
 
+// The CPU and the paths its kernels took, for a failure's message: a tolerance missed on one
+// machine only (CI's CPU is not always ours) must say which machine and which paths.
+std::string cpu_paths_text() {
+  std::string text = "CPU: " + cpu_features().model + ": " + cpu_features_line() + "\n";
+  for (const CpuPathChoice& p : cpu_paths()) text += "  " + p.serves + ": " + p.chosen + " - " + p.why + "\n";
+  return text;
+}
+
 void expect_close(const at::Tensor& ours, const at::Tensor& ref, double tol, const std::string& what) {
   ASSERT_EQ(ours.sizes(), ref.sizes()) << what;
   ASSERT_EQ(ours.scalar_type(), ref.scalar_type()) << what;
@@ -80,7 +89,7 @@ void expect_close(const at::Tensor& ours, const at::Tensor& ref, double tol, con
   const at::Tensor fa = at::where(a_inf, at::zeros_like(a), a), fb = at::where(b_inf, at::zeros_like(b), b);
   const double scale = std::max(1.0, fb.abs().max().item<double>());
   const double err = (fa - fb).abs().max().item<double>();
-  EXPECT_LE(err, tol * scale) << what << " differs by " << err << " (scale " << scale << ")";
+  EXPECT_LE(err, tol * scale) << what << " differs by " << err << " (scale " << scale << ")\n" << cpu_paths_text();
 }
 
 // Both implementations, the loss sum(out w1) + sum(finite lse w2), values and gradients.
