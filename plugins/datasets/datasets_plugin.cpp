@@ -170,15 +170,23 @@ class Text final : public DatasetFactory {
     } else {
       files.push_back(path);
     }
-    auto text = std::make_shared<std::string>();
-    for (const auto& file : files) {
-      std::ifstream in(file, std::ios::binary);
-      if (!in) throw UserError("[data] cannot read " + file.string());
-      text->append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    // One file is mapped, as token files are: opening it costs nothing, however large (strata
+    // tune opens the data once per candidate it plans). Several are read into one buffer.
+    FixedWidthTokens::Range all;
+    if (files.size() == 1 && fs::is_regular_file(files[0])) {
+      auto mapped = std::make_shared<const MappedFile>(files[0]);
+      all = FixedWidthTokens::Range{mapped, nullptr, 0, static_cast<int64_t>(mapped->size())};
+    } else {
+      auto text = std::make_shared<std::string>();
+      for (const auto& file : files) {
+        std::ifstream in(file, std::ios::binary);
+        if (!in) throw UserError("[data] cannot read " + file.string());
+        text->append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      all = FixedWidthTokens::Range{nullptr, text, 0, static_cast<int64_t>(text->size())};
     }
-    if (text->size() < 2) throw UserError("[data] " + path.string() + " holds no text");
-    auto [train, val] = split_tail(FixedWidthTokens::Range{nullptr, text, 0, static_cast<int64_t>(text->size())},
-                                   c.get_float("val_fraction"));
+    if (all.count < 2) throw UserError("[data] " + path.string() + " holds no text");
+    auto [train, val] = split_tail(all, c.get_float("val_fraction"));
     return std::make_unique<FixedWidthTokens>(1, 256, train, val);
   }
 };
