@@ -296,6 +296,7 @@ int run_train(const Args& args) {
       supervision.flash_dir = flash_directory(out_dir);
       supervision.checkpoint_every = job.get_int("checkpoint_every");
       supervision.keep_checkpoints = job.get_int("keep_checkpoints");
+      supervision.persist_at_end = job.get_bool("checkpoint_at_end");
       supervision.first_attempt_resumes = args.resume;
       supervision.persist_pause = persist_pause_for_fault_injection();
     }
@@ -357,9 +358,13 @@ int run_train(const Args& args) {
     line.precision(5);
     line << "strata: done: step " << summary.last_step << ", loss " << summary.last_loss;
     if (trainer.metrics().val_loss) line << ", val_loss " << *trainer.metrics().val_loss;
-    line << "; checkpoint in " << (out_dir / "checkpoints").string() << "; `strata report " << out_dir.string()
-         << "` charts it, `strata ckpt export " << out_dir.string() << " DIR` exports it for transformers, and `" << resume
-         << " --set job.steps=N` trains on";
+    if (loaded.plan.job.get_bool("checkpoint_at_end")) {
+      line << "; checkpoint in " << (out_dir / "checkpoints").string() << "; `strata report " << out_dir.string()
+           << "` charts it, `strata ckpt export " << out_dir.string() << " DIR` exports it for transformers, and `" << resume
+           << " --set job.steps=N` trains on";
+    } else {
+      line << "; no checkpoint at the end ([job] checkpoint_at_end = false); `strata report " << out_dir.string() << "` charts it";
+    }
     std::cout << line.str() << "\n";
   }
   return 0;

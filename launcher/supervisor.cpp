@@ -470,7 +470,7 @@ int supervise(const SupervisorOptions& options,
     bool persisted = true;
     if (flash) {
       flash->stop();
-      persisted = flash->persist_newest(result.status == 0 ? "end" : "failure");
+      if (result.status != 0 || options.persist_at_end) persisted = flash->persist_newest(result.status == 0 ? "end" : "failure");
     }
     account.checkpoint_s += result.checkpoint_s - result.replica_s;
     account.replica_s += result.replica_s;

@@ -107,6 +107,7 @@ struct SupervisorOptions {
   // keep_checkpoints), and the newest at every failure and at the end.
   std::filesystem::path flash_dir;
   int64_t checkpoint_every = 0, keep_checkpoints = 3;
+  bool persist_at_end = true;  // [job] checkpoint_at_end: the newest snapshot goes to disk when the run ends well
   bool first_attempt_resumes = false;  // --resume: snapshots a killed supervisor left are kept
   double persist_pause = 0;            // fault injection: STRATA_FAULT "slow_persist SECONDS"
   // [job] health_check: "off", "report", "exclude" (faulty slots), "exclude_stragglers"; run

@@ -359,7 +359,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   const int64_t eval_every = job_cfg.get_int("eval_every"), checkpoint_every = job_cfg.get_int("checkpoint_every");
   const bool eval_due = eval_every > 0 && (at_step % eval_every == 0 || at_step == steps);
   // A checkpoint is taken before the step is recorded, so its record says what it blocked.
-  const bool disk_due = (checkpoint_every > 0 && at_step % checkpoint_every == 0) || at_step == steps;
+  const bool disk_due = (checkpoint_every > 0 && at_step % checkpoint_every == 0) || (at_step == steps && job_cfg.get_bool("checkpoint_at_end"));
   const bool save_due = disk_due || (flash && at_step % job_cfg.get_int("flash_every") == 0);
   const bool profiled = at_step >= profile_first && at_step <= profile_last;
   if (!(read_figures || eval_due || save_due || profiled || at_step % job_cfg.get_int("log_every") == 0)) return done.record;

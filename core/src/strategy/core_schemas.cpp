@@ -31,6 +31,9 @@ const Schema& job_schema() {
                at_least(0))
       .integer("eval_every", 0, "Optimizer steps between evaluations; 0 = never", at_least(0))
       .integer("checkpoint_every", 0, "Optimizer steps between checkpoints; 0 = only at the end", at_least(0))
+      .boolean("checkpoint_at_end", true,
+               "Write a checkpoint after the last step (with flash_every, the supervisor persists the last snapshot); false "
+               "writes none at the end, for benchmarks and tuning trials (with checkpoint_every = 0 the run writes none at all)")
       .integer("flash_every", 0,
                "Optimizer steps between flash checkpoints under `strata run -n N`: each rank copies its state into shared "
                "memory (training blocks for the copy only) and the supervisor writes every checkpoint_every-th snapshot, "

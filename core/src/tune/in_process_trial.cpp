@@ -21,7 +21,7 @@ TrialResult InProcessTrialRunner::run(const TuneCandidate& candidate, size_t ran
   RawStrategy raw = candidate.raw;
   Diagnostics diagnostics;
   apply_overrides(raw,
-                  {"job.steps=" + std::to_string(steps), "job.eval_every=0", "job.checkpoint_every=0", "job.flash_every=0",
+                  {"job.steps=" + std::to_string(steps), "job.eval_every=0", "job.checkpoint_every=0", "job.checkpoint_at_end=false", "job.flash_every=0",
                    "job.max_restarts=0", "job.log_every=1000", "job.profile_steps=0"},
                   {}, diagnostics);
   CheckedPlan checked;
