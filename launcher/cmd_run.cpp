@@ -298,6 +298,7 @@ int run_train(const Args& args) {
       supervision.keep_checkpoints = job.get_int("keep_checkpoints");
       supervision.persist_at_end = job.get_bool("checkpoint_at_end");
       supervision.first_attempt_resumes = args.resume;
+      supervision.simulated_nodes = args.simulate_nodes;
       supervision.persist_pause = persist_pause_for_fault_injection();
     }
     supervision.health_check = job.get_string("health_check");
@@ -308,6 +309,15 @@ int run_train(const Args& args) {
         LoadedPlan smaller;
         if (!load_plan(args, ranks, smaller_registry, smaller))
           return AttemptResult{2, "the strategy does not plan at " + std::to_string(ranks) + " ranks", false, {}};
+        const int64_t replicas = job.get_int("flash_every") > 0 ? job.get_int("snapshot_replicas") : 0;
+        const char* nodes = std::getenv(kSimulatedNodesEnv);
+        if (replicas > 0 && (!nodes || std::atoi(nodes) <= replicas)) {
+          const std::string why = "[job] snapshot_replicas = " + std::to_string(replicas) + " needs " + std::to_string(replicas + 1) +
+                                  " nodes, and " + (nodes ? nodes : "1") + " remain after the shrink";
+          std::cerr << "strata: error: " << why << "; continue with `strata run -n " << ranks << " " << (out_dir / "strategy.toml").string()
+                    << " --out " << out_dir.string() << " --resume --set job.snapshot_replicas=0`\n";
+          return AttemptResult{2, why, false, {}};
+        }
       }
       return run_under_mpirun(args.argc, args.argv,
                               AttemptOptions{ranks, resume, attempt, job.get_float("hang_timeout"), job.get_float("start_timeout"),

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "flash_persister.h"
 #include "strata/core/flash_checkpoint.h"
 #include "strata/core/flight_recorder.h"
+#include "strata/core/launch_env.h"
 #include "strata/core/progress.h"
 #include "strata/core/statistics.h"
 
@@ -406,6 +408,52 @@ void record_recovery(EventLog& events, int n, const AttemptResult& result, Clock
   events.write("recovered", n, fields.str());
 }
 
+// Simulated nodes: ranks per node, as LaunchEnv places them (the last node smaller after a shrink
+// by one rank).
+int64_t ranks_per_node(size_t ranks, int64_t nodes) { return (static_cast<int64_t>(ranks) + nodes - 1) / nodes; }
+
+// Simulated nodes: the node a failure lost (the blamed rank's node, when its snapshot store is
+// gone: lose_node deletes it as a host's death takes its memory), or -1.
+int lost_node(int blamed, const SupervisorOptions& options, int64_t nodes, size_t ranks) {
+  if (blamed < 0 || nodes <= 0 || options.flash_dir.empty()) return -1;
+  const int node = static_cast<int>(blamed / ranks_per_node(ranks, nodes));
+  std::error_code ec;
+  return fs::exists(flash_node_store(options.flash_dir, node), ec) ? -1 : node;
+}
+
+// The elastic path for simulated nodes: a node lost in two attempts in a row is left out, all of
+// its ranks (their slots dropped), while at least [job] min_ranks remain; the ranks learn the
+// smaller node count from STRATA_SIMULATED_NODES and the stores after it move down one. Returns
+// whether it shrank.
+bool shrink_if_node_lost_twice(int lost, int& previously_lost, const SupervisorOptions& options, int64_t& nodes, std::vector<int>& slots,
+                               EventLog& events, int n) {
+  if (lost < 0) {
+    previously_lost = -1;
+    return false;
+  }
+  const int64_t ranks = static_cast<int64_t>(slots.size()), per_node = ranks_per_node(slots.size(), nodes);
+  const int64_t first = lost * per_node, end = std::min(ranks, first + per_node), remaining = ranks - (end - first);
+  if (lost != previously_lost || options.min_ranks <= 0 || remaining < std::max<int64_t>(1, options.min_ranks)) {
+    previously_lost = lost;
+    return false;
+  }
+  std::cerr << "strata: node " << lost << " was lost in two attempts in a row; continuing on " << remaining << " ranks ("
+            << nodes - 1 << " node" << (nodes - 1 == 1 ? "" : "s") << ")\n";
+  std::string excluded;
+  for (int64_t r = first; r < end; ++r) excluded += (excluded.empty() ? "" : ",") + std::to_string(r);
+  events.write("shrink", n,
+               ",\"from\":" + std::to_string(ranks) + ",\"to\":" + std::to_string(remaining) + ",\"excluded_node\":" +
+                   std::to_string(lost) + ",\"excluded_ranks\":[" + excluded + "]");
+  slots.erase(slots.begin() + first, slots.begin() + end);
+  std::error_code ec;
+  for (int64_t k = lost + 1; k < nodes; ++k)
+    fs::rename(flash_node_store(options.flash_dir, static_cast<int>(k)), flash_node_store(options.flash_dir, static_cast<int>(k - 1)), ec);
+  --nodes;
+  ::setenv(kSimulatedNodesEnv, std::to_string(nodes).c_str(), 1);
+  previously_lost = -1;
+  return true;
+}
+
 // The elastic path: a rank blamed for two failures in a row is left out (its device slot
 // dropped) while at least [job] min_ranks remain.
 void shrink_if_blamed_twice(int blamed, int& previously_blamed, const SupervisorOptions& options, std::vector<int>& slots, EventLog& events,
@@ -444,7 +492,8 @@ int supervise(const SupervisorOptions& options,
   int64_t restarts = 0, recomputed_steps = 0;
   std::vector<int> slots(static_cast<size_t>(options.ranks));  // the device slots in use, one per rank
   for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int>(i);
-  int previously_blamed = -1;
+  int previously_blamed = -1, previously_lost = -1;
+  int64_t nodes = options.simulated_nodes;
   double recovery_seconds = 0;
   Clock::time_point failed_at = started;  // when the last failed attempt ended
   TimeAccount account;
@@ -514,7 +563,11 @@ int supervise(const SupervisorOptions& options,
       // 2 (bad input) stays 2; any other failure (mpirun's 128 + signal included) is 1.
       return result.status == 2 ? 2 : 1;
     }
-    shrink_if_blamed_twice(blamed_rank(cause), previously_blamed, options, slots, events, n);
+    const int blamed = blamed_rank(cause);
+    if (shrink_if_node_lost_twice(lost_node(blamed, options, nodes, slots.size()), previously_lost, options, nodes, slots, events, n))
+      previously_blamed = -1;
+    else
+      shrink_if_blamed_twice(blamed, previously_blamed, options, slots, events, n);
     const double backoff = std::min(60.0, options.backoff_seconds * std::pow(2.0, static_cast<double>(n)));
     std::cerr << "strata: " << cause << " at step " << reached.last_step << "; restarting all ranks from "
               << (checkpoint > 0 ? "the checkpoint of step " + std::to_string(checkpoint) : std::string("step 0")) << " in "

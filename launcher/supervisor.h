@@ -102,6 +102,12 @@ struct SupervisorOptions {
   // still at least min_ranks (0: never), the next attempts run on one rank fewer, resuming the
   // checkpoint resharded (the global batch and the sample order do not depend on the world size).
   int64_t min_ranks = 0;
+  // Simulated nodes (strata run --simulate-nodes K; 0: none): K nodes of contiguous ranks, each
+  // with its own flash store. A node whose ranks failed and whose store is gone was lost; lost in
+  // two attempts in a row, it does not come back: the next attempts run without its ranks, on
+  // K - 1 nodes (ranks - ranks/K >= min_ranks), as a job whose host is gone. The remaining
+  // stores are renumbered so that node k's ranks keep finding theirs.
+  int64_t simulated_nodes = 0;
   // Flash checkpoints ([job] flash_every > 0): the shared-memory directory the ranks snapshot
   // into; empty when off. The supervisor persists every checkpoint_every-th snapshot (keeping
   // keep_checkpoints), and the newest at every failure and at the end.
