@@ -41,16 +41,39 @@ void FlashPersister::start() {
   stop_ = false;
   failed_.clear();  // a new attempt writes new snapshots, possibly of the same steps
   thread_ = std::thread([this] {
-    while (!stop_) {
+    for (int64_t tick = 1; !stop_; ++tick) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));  // two header reads per rank
       if (every_ > 0) persist_one("background", [this](int64_t step) { return step % every_ == 0; });
+      if (tick % 100 == 0) measure_stores();
     }
   });
 }
 
 void FlashPersister::stop() {
   stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+    measure_stores();
+  }
+}
+
+void FlashPersister::measure_stores() {
+  std::map<std::string, uint64_t> now;
+  std::error_code ec;
+  for (const auto& store : fs::directory_iterator(flash_dir_, ec)) {
+    const std::string name = store.path().filename().string();
+    if (name.rfind("node_", 0) != 0 || !store.is_directory(ec)) continue;
+    uint64_t& bytes = now[name];
+    for (const auto& file : fs::directory_iterator(store.path(), ec))
+      if (file.is_regular_file(ec)) bytes += file.file_size(ec);
+  }
+  const std::lock_guard<std::mutex> lock(measuring_);
+  for (const auto& [name, bytes] : now) peak_store_bytes_[name] = std::max(peak_store_bytes_[name], bytes);
+}
+
+std::map<std::string, uint64_t> FlashPersister::peak_store_bytes() const {
+  const std::lock_guard<std::mutex> lock(measuring_);
+  return peak_store_bytes_;
 }
 
 bool FlashPersister::persist_newest(const std::string& when) {

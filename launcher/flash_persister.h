@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -42,10 +43,15 @@ class FlashPersister {
   double seconds_spent() const { return seconds_; }
   // Deletes the run's shared memory.
   void remove();
+  // The most bytes each node's store held at once (its own images' two slots and the replicas it
+  // keeps for other nodes), by store name ("node_0", ...), as sampled about once a second while
+  // attempts ran and at their ends: the memory snapshots cost each node.
+  std::map<std::string, uint64_t> peak_store_bytes() const;
 
  private:
   // Persists the newest set newer than disk whose step `eligible` accepts; false if one failed.
   bool persist_one(const std::string& when, const std::function<bool(int64_t)>& eligible);
+  void measure_stores();
   std::filesystem::path flash_dir_, checkpoints_dir_;
   int64_t every_, keep_;
   std::function<void(const std::string&, const std::string&)> log_;
@@ -55,6 +61,8 @@ class FlashPersister {
   std::atomic<bool> stop_{false};
   std::mutex persisting_;  // one persist at a time
   std::set<int64_t> failed_;  // steps whose set could not be written (not retried)
+  mutable std::mutex measuring_;
+  std::map<std::string, uint64_t> peak_store_bytes_;
   std::thread thread_;
 };
 

@@ -534,6 +534,22 @@ int supervise(const SupervisorOptions& options,
       fields << ",\"step\":" << kept.last_step << ",\"restarts\":" << restarts << ",\"recomputed_steps\":" << recomputed_steps
              << ",\"wall_s\":" << wall << account.fields(wall, kept.kept_ms / 1000.0) << ",\"recovery_s\":" << recovery_seconds
              << ",\"goodput\":" << goodput;
+      if (flash) {
+        // What the snapshots cost each node's memory: its ranks' two slots each, plus the
+        // replicas it holds for other nodes.
+        std::ostringstream line;
+        line.precision(1);
+        line << std::fixed << "strata: flash snapshots held in shared memory, at most:";
+        fields << ",\"snapshot_store_peak_bytes\":{";
+        bool first = true;
+        for (const auto& [store, bytes] : flash->peak_store_bytes()) {
+          fields << (first ? "" : ",") << "\"" << store << "\":" << bytes;
+          line << (first ? " " : ", ") << store << " " << static_cast<double>(bytes) / (1 << 20) << " MiB";
+          first = false;
+        }
+        fields << "}";
+        if (!first) std::cerr << line.str() << "\n";
+      }
       events.write("finish", n, fields.str());
       if (!persisted) {
         std::cerr << "strata: error: the final flash snapshot could not be written to disk (see events.jsonl); it stays in "

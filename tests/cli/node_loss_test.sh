@@ -53,6 +53,8 @@ expect "$work/replicas/events.jsonl" "\"event\":\"recovered\".*\"sources\":\[[^]
 expect "$work/replicas.log" "resumed from the flash snapshot of step [56] in shared memory" replicas
 expect "$work/replicas/events.jsonl" '"event":"finish".*"replica_blocking_s":[0-9.e-]+,"reload_s":[0-9.e-]+,"peer_reload_s":[0-9.]*[1-9]' replicas
 expect "$work/replicas/metrics.jsonl" '"replica_ms":' replicas
+expect "$work/replicas/events.jsonl" '"event":"finish".*"snapshot_store_peak_bytes":\{"node_0":[1-9][0-9]*,' replicas
+expect "$work/replicas.log" '^strata: flash snapshots held in shared memory, at most: node_0 [0-9.]+ MiB, ' replicas
 line=$(grep '"event":"recovered"' "$work/replicas/events.jsonl")
 echo "replicas: node $last_node lost at step 7; $(sed -E 's/.*("resumed_step":[0-9]+,"sources":[^]]*\],"disk_checkpoint_bytes":[0-9]+,"failure_to_first_step_s":[0-9.]+).*/\1/' <<< "$line"); bit-identical"
 
