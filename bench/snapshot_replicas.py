@@ -43,6 +43,8 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="bench/results/snapshot_replicas_cpu.md")
+    ap.add_argument("--losses-only", type=int, choices=(0, 1), default=None,
+                    help="with --rounds 0: only the node loss at that snapshot_replicas, printed (the results file is kept)")
     a = ap.parse_args()
     work = "/tmp/strata_replicas_bench"
     median_after_first = lambda ms, key: statistics.median([m[key] for m in ms[1:] if key in m])
@@ -51,20 +53,26 @@ def main():
         for replicas in (0, 1):
             metrics, _ = run(a.strata, f"{work}/cost_{replicas}", a.steps, replicas)
             rows.append((r + 1, replicas, median_after_first(metrics, "checkpoint_ms"), median_after_first(metrics, "step_ms")))
-    image = os.path.getsize(sorted(p for p in (os.path.join(d, f) for d, _, fs in os.walk(f"{work}/cost_1/checkpoints") for f in fs)
-                                   if p.endswith(".safetensors"))[-1])
-    blocking = {k: statistics.median([row[2] for row in rows if row[1] == k]) for k in (0, 1)}
-    step = {k: statistics.median([row[3] for row in rows if row[1] == k]) for k in (0, 1)}
-    ratios = [rows[i + 1][2] / rows[i][2] for i in range(0, len(rows), 2)]
+    if a.rounds > 0:
+        image = os.path.getsize(sorted(p for p in (os.path.join(d, f) for d, _, fs in os.walk(f"{work}/cost_1/checkpoints") for f in fs)
+                                       if p.endswith(".safetensors"))[-1])
+        blocking = {k: statistics.median([row[2] for row in rows if row[1] == k]) for k in (0, 1)}
+        step = {k: statistics.median([row[3] for row in rows if row[1] == k]) for k in (0, 1)}
+        ratios = [rows[i + 1][2] / rows[i][2] for i in range(0, len(rows), 2)]
 
     losses = {}
-    for replicas in (0, 1):
+    for replicas in ((0, 1) if a.rounds > 0 else (a.losses_only,)):
         _, events = run(a.strata, f"{work}/lose_{replicas}", a.steps, replicas, "lose_node 1 7")
         failure = [e for e in events if e["event"] == "failure"][0]
         recovered = [e for e in events if e["event"] == "recovered"][0]
         persisted = sum(e["seconds"] for e in events if e["event"] == "persist" and e["when"] == "failure")
         losses[replicas] = (failure, recovered, persisted)
 
+    if a.rounds == 0:
+        for k, (f, rec, p) in losses.items():
+            print(f"| {k} | {f['step_reached']} | {rec['resumed_step']} | {f['step_reached'] - rec['resumed_step']} | "
+                  f"{', '.join(rec['sources'])} | {rec['disk_checkpoint_bytes']:,} | {rec['failure_to_first_step_s']:.2f} | {p:.2f} |")
+        return
     lines = ["# Snapshot replicas on CPU: blocking per snapshot, and a node lost", "",
              f"Command: `python bench/snapshot_replicas.py --steps {a.steps} --rounds {a.rounds}`", "",
              f"Machine: {cpu_model()}, {os.cpu_count()} cores. Job: GPT d_model 512, 8 blocks, vocabulary 8192, seq 64, AdamW; "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <vector>
 
@@ -32,9 +33,14 @@ FlashPersister::FlashPersister(fs::path flash_dir, fs::path checkpoints_dir, int
       log_(std::move(log)),
       pause_seconds_(pause_seconds) {
   persisted_ = newest_checkpoint_step(checkpoints_dir_.parent_path());
+  std::error_code ignored;
+  fs::remove(breakpoint_persist_marker(flash_dir_), ignored);  // a killed supervisor's
 }
 
-FlashPersister::~FlashPersister() { stop(); }
+FlashPersister::~FlashPersister() {
+  stop();
+  wait_for_breakpoint();
+}
 
 void FlashPersister::start() {
   stop();
@@ -80,6 +86,23 @@ bool FlashPersister::persist_newest(const std::string& when) {
   return persist_one(when, [](int64_t) { return true; });
 }
 
+void FlashPersister::persist_newest_in_background(const std::string& when) {
+  wait_for_breakpoint();
+  const std::vector<FlashSet> sets = complete_flash_sets(flash_dir_);
+  breakpoint_step_ = std::max<int64_t>(persisted_, sets.empty() ? 0 : sets.front().info.step);
+  const fs::path marker = breakpoint_persist_marker(flash_dir_);
+  std::ofstream(marker).put('\n');
+  breakpoint_ = std::thread([this, when, marker] {
+    persist_newest(when);
+    std::error_code ignored;
+    fs::remove(marker, ignored);
+  });
+}
+
+void FlashPersister::wait_for_breakpoint() {
+  if (breakpoint_.joinable()) breakpoint_.join();
+}
+
 bool FlashPersister::persist_one(const std::string& when, const std::function<bool(int64_t)>& eligible) {
   const std::lock_guard<std::mutex> one_at_a_time(persisting_);
   bool any_failed = false;
@@ -121,6 +144,7 @@ bool FlashPersister::persist_one(const std::string& when, const std::function<bo
 
 void FlashPersister::remove() {
   stop();
+  wait_for_breakpoint();
   std::error_code ignored;
   fs::remove_all(flash_dir_, ignored);
 }

@@ -39,6 +39,14 @@ class FlashPersister {
   // newest does not); `when` names the occasion in events.jsonl. False when a snapshot newer than
   // disk exists but none of them could be written.
   bool persist_newest(const std::string& when);
+  // The same on a thread of its own, the marker file (breakpoint_persist_marker) present while it
+  // runs: the next attempt starts meanwhile and its ranks wait for it only before restoring.
+  void persist_newest_in_background(const std::string& when);
+  void wait_for_breakpoint();  // joins that thread
+  // The step that thread is writing: the newest complete snapshot newer than disk (or disk's
+  // step), before its checksums are checked; a damaged image makes the persist fall back to an
+  // older set, and the restart names the step it actually resumed (events.jsonl `recovered`).
+  int64_t breakpoint_step() const { return breakpoint_step_; }
   int64_t persisted_step() const { return persisted_; }
   double seconds_spent() const { return seconds_; }
   // Deletes the run's shared memory.
@@ -57,13 +65,14 @@ class FlashPersister {
   std::function<void(const std::string&, const std::string&)> log_;
   double pause_seconds_;
   std::atomic<int64_t> persisted_{0};
+  int64_t breakpoint_step_ = 0;
   std::atomic<double> seconds_{0};
   std::atomic<bool> stop_{false};
   std::mutex persisting_;  // one persist at a time
   std::set<int64_t> failed_;  // steps whose set could not be written (not retried)
   mutable std::mutex measuring_;
   std::map<std::string, uint64_t> peak_store_bytes_;
-  std::thread thread_;
+  std::thread thread_, breakpoint_;
 };
 
 }  // namespace strata::cli

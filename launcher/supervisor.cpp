@@ -426,7 +426,7 @@ int lost_node(int blamed, const SupervisorOptions& options, int64_t nodes, size_
 // smaller node count from STRATA_SIMULATED_NODES and the stores after it move down one. Returns
 // whether it shrank.
 bool shrink_if_node_lost_twice(int lost, int& previously_lost, const SupervisorOptions& options, int64_t& nodes, std::vector<int>& slots,
-                               EventLog& events, int n) {
+                               EventLog& events, int n, FlashPersister* flash) {
   if (lost < 0) {
     previously_lost = -1;
     return false;
@@ -445,6 +445,7 @@ bool shrink_if_node_lost_twice(int lost, int& previously_lost, const SupervisorO
                ",\"from\":" + std::to_string(ranks) + ",\"to\":" + std::to_string(remaining) + ",\"excluded_node\":" +
                    std::to_string(lost) + ",\"excluded_ranks\":[" + excluded + "]");
   slots.erase(slots.begin() + first, slots.begin() + end);
+  if (flash) flash->wait_for_breakpoint();  // it reads the stores about to be renumbered
   std::error_code ec;
   for (int64_t k = lost + 1; k < nodes; ++k)
     fs::rename(flash_node_store(options.flash_dir, static_cast<int>(k)), flash_node_store(options.flash_dir, static_cast<int>(k - 1)), ec);
@@ -517,9 +518,15 @@ int supervise(const SupervisorOptions& options,
     const auto attempt_ended = Clock::now();
     if (n > 0) record_recovery(events, n, result, failed_at, attempt_started, options.run_dir);
     bool persisted = true;
+    // A failure the run restarts from (the conditions below) persists while the next attempt
+    // starts: its ranks wait for it only before restoring. A run that stops waits for it here.
+    const bool restarts_next = result.status != 0 && result.status != 2 && !result.interrupted && n < options.max_restarts;
     if (flash) {
       flash->stop();
-      if (result.status != 0 || options.persist_at_end) persisted = flash->persist_newest(result.status == 0 ? "end" : "failure");
+      if (restarts_next)
+        flash->persist_newest_in_background("failure");
+      else if (result.status != 0 || options.persist_at_end)
+        persisted = flash->persist_newest(result.status == 0 ? "end" : "failure");
     }
     account.checkpoint_s += result.checkpoint_s - result.replica_s;
     account.replica_s += result.replica_s;
@@ -567,7 +574,7 @@ int supervise(const SupervisorOptions& options,
       return 0;
     }
     const MetricsSummary reached = read_metrics(options.run_dir);
-    const int64_t checkpoint = newest_checkpoint_step(options.run_dir);
+    const int64_t checkpoint = flash && restarts_next ? flash->breakpoint_step() : newest_checkpoint_step(options.run_dir);
     const std::string cause = result.interrupted ? "interrupted (Ctrl-C)"
                               : !result.cause.empty() ? result.cause
                                                       : "ranks exited with status " + std::to_string(result.status);
@@ -580,7 +587,8 @@ int supervise(const SupervisorOptions& options,
       return result.status == 2 ? 2 : 1;
     }
     const int blamed = blamed_rank(cause);
-    if (shrink_if_node_lost_twice(lost_node(blamed, options, nodes, slots.size()), previously_lost, options, nodes, slots, events, n))
+    if (shrink_if_node_lost_twice(lost_node(blamed, options, nodes, slots.size()), previously_lost, options, nodes, slots, events, n,
+                                  flash ? &*flash : nullptr))
       previously_blamed = -1;
     else
       shrink_if_blamed_twice(blamed, previously_blamed, options, slots, events, n);

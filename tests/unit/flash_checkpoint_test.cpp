@@ -6,9 +6,11 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 #include "strata/errors.h"
 #include "strata/core/safetensors.h"
@@ -33,6 +35,26 @@ void write(FlashWriter& writer, int64_t step, int64_t world, float value) {
   std::string problem;
   ASSERT_EQ(writer.write({step, world, "hash"}, state(value), {{"step", std::to_string(step)}}, problem), FlashWrite::Written) << problem;
   writer.wait();
+}
+
+// Persist at breakpoint overlapped with the restart: a rank about to restore waits while the
+// supervisor's marker stands, and not at all without one (or past its timeout).
+TEST(FlashCheckpoint, RestoreWaitsForTheBreakpointPersist) {
+  const fs::path dir = scratch("breakpoint");
+  EXPECT_FALSE(wait_for_breakpoint_persist(dir, 5.0));
+  std::ofstream(breakpoint_persist_marker(dir)).put('\n');
+  const auto started = std::chrono::steady_clock::now();
+  std::thread supervisor([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    fs::remove(breakpoint_persist_marker(dir));
+  });
+  EXPECT_TRUE(wait_for_breakpoint_persist(dir, 30.0));
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(100));
+  EXPECT_FALSE(fs::exists(breakpoint_persist_marker(dir)));
+  supervisor.join();
+  std::ofstream(breakpoint_persist_marker(dir)).put('\n');  // a supervisor that never removes it
+  EXPECT_TRUE(wait_for_breakpoint_persist(dir, 0.05));
+  fs::remove_all(dir);
 }
 
 // Simulated nodes: each node's store holds its own ranks' images; a store lists only what it

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #if defined(__x86_64__)
@@ -149,6 +150,20 @@ fs::path flash_directory(const fs::path& run_dir) {
 }
 
 fs::path flash_node_store(const fs::path& flash_dir, int node) { return flash_dir / ("node_" + std::to_string(node)); }
+
+fs::path breakpoint_persist_marker(const fs::path& flash_dir) { return flash_dir / ".persisting"; }
+
+bool wait_for_breakpoint_persist(const fs::path& flash_dir, double timeout_s) {
+  const fs::path marker = breakpoint_persist_marker(flash_dir);
+  const auto started = std::chrono::steady_clock::now();
+  bool waited = false;
+  std::error_code ec;
+  while (fs::exists(marker, ec) && std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() < timeout_s) {
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return waited;
+}
 
 namespace {
 

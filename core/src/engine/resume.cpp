@@ -4,6 +4,7 @@
 // standing in for a damaged newer one.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -209,6 +210,14 @@ bool Trainer::load() {
   Impl& t = *impl_;
   const auto restore_started = std::chrono::steady_clock::now();
   const RestoreMemory memory;
+  // The supervisor may still be writing the failed attempt's newest snapshot to disk (persist at
+  // breakpoint, overlapped with this start-up): wait for it, then look at disk again.
+  if (const char* flash_root = std::getenv("STRATA_FLASH_DIR"); t.flash && flash_root) {
+    if (wait_for_breakpoint_persist(flash_root, t.plan.job.get_float("start_timeout"))) {
+      t.checkpoints_found = false;
+      log::record("waited " + std::to_string(seconds_since(restore_started)) + " s for the supervisor's persist at the breakpoint");
+    }
+  }
   // The set-up's search when it is fresh (the constructor's resume), else a new one.
   if (!t.checkpoints_found) t.find_checkpoints();
   t.checkpoints_found = false;

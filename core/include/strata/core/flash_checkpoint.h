@@ -140,6 +140,15 @@ STRATA_API std::vector<FlashImageRef> flash_images(const std::filesystem::path& 
 // Recomputes the checksum of one slot's image; nullopt when it matches, else why not.
 STRATA_API std::optional<std::string> flash_slot_problem(const std::filesystem::path& slot);
 
+// Persist at breakpoint, overlapped with the restart: while the supervisor writes the newest
+// snapshot of a failed attempt to disk, the next attempt's ranks already start (load libtorch,
+// build the model) and wait only before restoring, so that they see that checkpoint on disk and
+// no new snapshot of theirs can overwrite the slots being written. The marker file
+// `<flash directory>/.persisting` exists while that persist runs.
+STRATA_API std::filesystem::path breakpoint_persist_marker(const std::filesystem::path& flash_dir);
+// A rank about to restore: waits while the marker exists (at most `timeout_s`); true if it waited.
+STRATA_API bool wait_for_breakpoint_persist(const std::filesystem::path& flash_dir, double timeout_s);
+
 // Returns slots a killed supervisor left Persisting to Valid (in `dir` and the node stores inside
 // it); for a supervisor starting.
 STRATA_API void release_flash_slots(const std::filesystem::path& dir);
