@@ -173,6 +173,34 @@ std::vector<std::string> mpirun_words(int argc, char** argv, const AttemptOption
   return words;
 }
 
+// The temporary directories of one attempt (rank errors, progress files) name the supervisor
+// that made them; one killed (SIGKILL) before it could remove them leaves them behind, and the
+// next `strata run -n N` on this machine removes those whose supervisor is gone.
+constexpr const char* kSupervisorPidFile = "supervisor_pid";
+
+// This process's pid namespace: a pid means something only inside its own (containers may share
+// /dev/shm and /tmp without sharing pids).
+std::string pid_namespace() {
+  std::error_code ec;
+  return fs::read_symlink("/proc/self/ns/pid", ec).string();
+}
+
+void mark_as_ours(const fs::path& dir) { std::ofstream(dir / kSupervisorPidFile) << ::getpid() << " " << pid_namespace() << "\n"; }
+
+void remove_orphaned_attempt_dirs() {
+  std::error_code ec;
+  for (const char* parent : {"/dev/shm", "/tmp"})
+    for (const auto& entry : fs::directory_iterator(parent, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("strata-progress-", 0) != 0 && name.rfind("strata-errors-", 0) != 0) continue;
+      std::ifstream owner(entry.path() / kSupervisorPidFile);
+      long pid = 0;
+      std::string space;
+      if (!(owner >> pid >> space) || pid <= 0 || space != pid_namespace()) continue;  // not ours to judge
+      if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove_all(entry.path(), ec);
+    }
+}
+
 }  // namespace
 
 // Runs `mpirun -np N strata run ...` (the same arguments but -n; with `resume`, --resume instead
@@ -187,9 +215,11 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   for (auto& w : words) exec_args.push_back(w.data());
   exec_args.push_back(nullptr);
 
+  remove_orphaned_attempt_dirs();
   char pattern[] = "/tmp/strata-errors-XXXXXX";
   if (!::mkdtemp(pattern)) throw UserError("cannot create a temporary directory: " + std::string(std::strerror(errno)));
   const fs::path errors(pattern);
+  mark_as_ours(errors);
   // Progress files for hang detection, in shared memory where there is some.
   char progress_pattern[] = "/dev/shm/strata-progress-XXXXXX";
   char fallback_pattern[] = "/tmp/strata-progress-XXXXXX";
@@ -197,6 +227,7 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   if (!progress_dir) progress_dir = ::mkdtemp(fallback_pattern);
   if (!progress_dir) throw UserError("cannot create a directory for progress files: " + std::string(std::strerror(errno)));
   const fs::path progress(progress_dir);
+  mark_as_ours(progress);
   // The ranks all run on this host: with [parallel] backend = "c10d" they meet at a store here
   // unless the caller named one.
   const bool name_a_store = !std::getenv("MASTER_ADDR");
