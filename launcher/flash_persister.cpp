@@ -45,8 +45,11 @@ FlashPersister::~FlashPersister() {
 void FlashPersister::start() {
   stop();
   stop_ = false;
-  failed_.clear();  // a new attempt writes new snapshots, possibly of the same steps
   thread_ = std::thread([this] {
+    {  // a new attempt writes new snapshots, possibly of the same steps (once a breakpoint persist is done)
+      const std::lock_guard<std::mutex> after_the_breakpoint(persisting_);
+      failed_.clear();
+    }
     for (int64_t tick = 1; !stop_; ++tick) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));  // two header reads per rank
       if (every_ > 0) persist_one("background", [this](int64_t step) { return step % every_ == 0; });
