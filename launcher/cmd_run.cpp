@@ -242,6 +242,10 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
     ::setenv("STRATA_ERROR_DIR", errors.c_str(), 1);
     ::setenv("STRATA_RESTART_COUNT", std::to_string(options.attempt).c_str(), 1);
     ::setenv("STRATA_PROGRESS_DIR", progress.c_str(), 1);
+    // OpenMPI's shared-memory transport keeps its segments in the attempt's directory rather than
+    // /dev/shm itself: ranks killed by a signal cannot remove theirs, and the supervisor removes
+    // the directory after every attempt (and a later run after a killed supervisor).
+    ::setenv("OMPI_MCA_btl_vader_backing_directory", progress.c_str(), 0);
     if (!options.flash_dir.empty()) ::setenv("STRATA_FLASH_DIR", options.flash_dir.c_str(), 1);
     if (!options.slots.empty()) {
       std::string slots;

@@ -71,6 +71,7 @@ no_shared_memory_left slow_persist
 
 # Killing the supervisor itself: its own process group, killed whole once a persist is staged.
 out="$work/kill_supervisor"
+progress_before=$(ls -d /dev/shm/strata-progress-* /tmp/strata-progress-* 2> /dev/null || true)
 STRATA_FAULT="slow_persist 3" setsid "$strata" run -n 2 "$strategy" --out "$out" "${small[@]}" > "$out.log" 2>&1 &
 leader=$!
 for _ in $(seq 1 300); do
@@ -80,12 +81,22 @@ done
 compgen -G "$out/checkpoints/.tmp-step_*" > /dev/null || { echo "kill_supervisor: no persist was ever in flight"; cat "$out.log"; exit 1; }
 kill -9 -- "-$leader" 2> /dev/null || true
 wait "$leader" 2> /dev/null || true
+# OpenMPI's shared-memory segments, which killed ranks cannot remove, are in the attempt's own
+# directory (named after its supervisor), not loose in /dev/shm; the next run removes it.
+orphan=
+for named in /dev/shm/strata-progress-*/supervisor_pid /tmp/strata-progress-*/supervisor_pid; do
+  [[ -f $named ]] && ! grep -qxF "${named%/supervisor_pid}" <<< "$progress_before" && ! kill -0 "$(cut -d' ' -f1 "$named")" 2> /dev/null &&
+    orphan=${named%/supervisor_pid}
+done
+[[ -n $orphan ]] && compgen -G "$orphan/vader_segment.*" > /dev/null ||
+  { echo "kill_supervisor: no OpenMPI segments in the killed attempt's directory (${orphan:-none})"; ls /dev/shm; exit 1; }
 if [[ -f $out/checkpoints/latest ]]; then
   "$strata" ckpt info "$out" > "$out.info" 2>&1 || { echo "kill_supervisor: latest names a broken checkpoint:"; cat "$out.info"; exit 1; }
 fi
 "$strata" run -n 2 "$strategy" --out "$out" --resume "${small[@]}" > "$out.resume.log" 2>&1 ||
   { echo "kill_supervisor: --resume did not finish:"; cat "$out.resume.log"; exit 1; }
 expect "$out/events.jsonl" '"event":"persist".*"when":"start"' kill_supervisor
+[[ ! -e $orphan ]] || { echo "kill_supervisor: the killed attempt's directory $orphan was not removed by the next run"; exit 1; }
 same_as_full "$out" kill_supervisor
 echo "kill_supervisor: latest stayed consistent; --resume persisted what memory held and finished; bit-identical"
 no_shared_memory_left kill_supervisor
