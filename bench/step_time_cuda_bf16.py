@@ -116,7 +116,7 @@ def pytorch_run(forward, params, opt, data, vocab, device, steps, warmup):
     return tokens / elapsed, peak
 
 
-def strata_run(strata, kind, n_layer, n_head, n_kv, d, seq, batch, vocab, device, steps, warmup, extra_passes=()):
+def strata_run(strata, kind, n_layer, n_head, n_kv, d, seq, batch, vocab, device, steps, warmup, extra_passes=(), extra_sets=None):
     with tempfile.TemporaryDirectory() as work:
         out = str(pathlib.Path(work) / "run")
         strategy = pathlib.Path(work) / "bench.toml"
@@ -132,6 +132,7 @@ def strata_run(strata, kind, n_layer, n_head, n_kv, d, seq, batch, vocab, device
         }
         if kind == "llama":
             sets["model.n_kv_head"] = n_kv
+        sets.update(extra_sets or {})
         cmd = [strata, "run", str(strategy), "--out", out]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={v}"]
@@ -206,14 +207,16 @@ def main():
             sync(device)
             compile_s = time.perf_counter() - start
             loops["compile"] = compiled
-        measured = {"strata": [], "strata+fused_loss": [], **{k: [] for k in loops}}
+        variants = (("strata", (), {}), ("strata+fused_loss", ("fused_loss",), {}),
+                    ("strata+fused_loss+precast", ("fused_loss",), {"pass.amp.precast_weights": "true"}))
+        measured = {**{name: [] for name, _, _ in variants}, **{k: [] for k in loops}}
         for r in range(args.rounds):
             if device == "cuda":
                 torch.cuda.empty_cache()  # leave the card to the Strata process
-            for name, passes in (("strata", ()), ("strata+fused_loss", ("fused_loss",))):
+            for name, passes, sets in variants:
                 try:
                     tps, mem, reads = strata_run(args.strata, kind, n_layer, n_head, n_kv, d, seq, batch, vocab, device,
-                                                 args.steps, args.warmup, passes)
+                                                 args.steps, args.warmup, passes, sets)
                     measured[name].append((tps, mem))
                     print(f"{size} round {r + 1} {name}: {tps:.0f} tok/s, peak {mem / 2**30:.2f} GiB, "
                           f"{reads:.0f} host reads in {args.steps - args.warmup} timed steps", flush=True)

@@ -5,11 +5,13 @@
 // off, and after growth_interval clean steps it grows. bf16 needs no scaling; it can skip
 // non-finite steps on request. The gradient-sync pass reduces gradients in reduce_dtype, and
 // fsdp gathers full parameters in the compute dtype (gather_dtype) so that only the shards it
-// keeps for the optimizer are fp32. Evaluation runs under the same autocast.
+// keeps for the optimizer are fp32. Evaluation runs under the same autocast. precast_weights
+// casts each block's Linear parameters together (weight_precast.h).
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
 #include "strata/plugin.h"
+#include "weight_precast.h"
 
 namespace strata::amp {
 namespace {
@@ -88,7 +90,10 @@ class AmpPass final : public Pass {
                           {"fp32", "bf16", "fp16"})
                   .string("gather_dtype", "compute",
                           "fsdp: dtype full parameters are gathered and computed in (compute = dtype; fp32 = the master weights)",
-                          {"compute", "fp32"})},
+                          {"compute", "fp32"})
+                  .boolean("precast_weights", false,
+                           "Cast each block's Linear weights and biases to dtype in one multi-tensor copy (and their "
+                           "gradients back in one) instead of one kernel each: fewer launches, the same numbers")},
              {Phase::Precision, {}, {"half"}, {}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
@@ -132,6 +137,7 @@ class AmpPass final : public Pass {
     job.add_hook(HookPoint::AfterForward, autocast_off);
     job.add_hook(HookPoint::BeforeEvaluate, autocast_on);
     job.add_hook(HookPoint::AfterEvaluate, autocast_off);
+    if (config.get_bool("precast_weights")) install_weight_precast(job, settings.dtype);
 
     // Each computation of the gradients: backward on the scaled loss, then gradients unscaled
     // and checked before anything (clipping, WSAM) reads them.
