@@ -91,9 +91,10 @@ class AmpPass final : public Pass {
                   .string("gather_dtype", "compute",
                           "fsdp: dtype full parameters are gathered and computed in (compute = dtype; fp32 = the master weights)",
                           {"compute", "fp32"})
-                  .boolean("precast_weights", false,
+                  .boolean("precast_weights", true,
                            "Cast each block's Linear weights and biases to dtype in one multi-tensor copy (and their "
-                           "gradients back in one) instead of one kernel each: fewer launches, the same numbers")},
+                           "gradients back in one) instead of one kernel each: fewer launches, the same numbers (false: "
+                           "autocast's own casts)")},
              {Phase::Precision, {}, {"half"}, {}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {

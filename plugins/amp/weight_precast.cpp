@@ -119,12 +119,11 @@ void install_weight_precast(Job& job, c10::ScalarType compute_dtype) {
     int64_t served = 0;
   };
   auto state = std::make_shared<State>();
-  nn::Model* model = job.model.get();
   // At the first forward every pass has applied, so the layers other passes intercept are known.
   // Copies are dropped before each forward too: a checkpointed block's recompute in backward
   // makes some after the last forward, from weights the optimizer step then changes.
-  const auto begin = [state, model, compute_dtype](StepContext&) {
-    if (!state->installed) state->blocks = install(*model, compute_dtype), state->installed = true;
+  const auto begin = [state, &job, compute_dtype](StepContext&) {
+    if (!state->installed) state->blocks = install(*job.model, compute_dtype), state->installed = true;
     for (auto& block : state->blocks) block->clear(), block->take_served();
   };
   job.add_hook(HookPoint::BeforeForward, begin);
