@@ -3,7 +3,8 @@
 //   dL/dz_i = (softmax(z_i) - onehot(t_i)) / N =: G_i
 //   dL/dh_i = G_i W,   dL/dW = sum_i G_i^T h_i,   dL/db = sum_i G_i
 // Per chunk of rows: one GEMM for the logits, log_softmax in place of nothing larger than the
-// chunk, exp back to probabilities, the targets' -1, and two GEMMs accumulating the gradients.
+// chunk, exp back to probabilities, the targets' -1 (or all three in one kernel: ChunkLoss, the
+// CUDA cross-entropy kernel), and two GEMMs accumulating the gradients.
 // The incoming gradient of the (scalar) loss multiplies the accumulated gradients in backward.
 // GEMM operands are fp32 copies (on a CPU bf16 GEMMs are no faster, and the reference's loss is
 // fp32), or, where the caller asks (CUDA) and the inputs are bf16/fp16, the inputs themselves,
@@ -31,7 +32,7 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
   // where grad mode and requires_grad are visible); without it only the loss is computed.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor& targets, int64_t chunk_rows, bool with_grads, bool input_dtype_gemms,
-                            int64_t vocab_multiple) {
+                            int64_t vocab_multiple, ChunkLoss chunk_loss) {
     const int64_t rows = hidden.size(0), vocab = weight.size(0), dim = weight.size(1);
     // The GEMMs run over `padded` rows of the weight (zeros past `vocab`) so that the logits' rows
     // are aligned for the tensor cores; the padding logits are set to -inf, so they take no
@@ -59,15 +60,19 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
     }
     const double inv_rows = rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0;
     const int64_t chunk = std::max<int64_t>(1, std::min(chunk_rows, rows));
-    // Two chunk-sized buffers reused by every chunk: logits, and log-probabilities turned into
-    // the gradient of the logits.
-    at::Tensor logits_buffer = at::empty({chunk, padded}, options), probs_buffer = at::empty({chunk, padded}, options);
+    // Two chunk-sized buffers reused by every chunk: logits, and the gradient of the logits (in
+    // ATen's path log-probabilities turned into it, then cast to the GEMMs' dtype; a chunk_loss
+    // kernel writes it in that dtype).
+    const bool fused = chunk_loss != nullptr && compute == at::kFloat;
+    at::Tensor logits_buffer = at::empty({chunk, padded}, options);
+    at::Tensor probs_buffer = fused ? (with_grads ? at::empty({chunk, padded}, options.dtype(operand)) : at::Tensor())
+                                    : at::empty({chunk, padded}, options);
     at::Tensor loss_sum = at::zeros({}, options.dtype(at::kDouble));
     for (int64_t start = 0; start < rows; start += chunk) {
       const int64_t n = std::min(chunk, rows - start);
       const at::Tensor h = hidden.narrow(0, start, n).to(operand);
       const at::Tensor t = targets.narrow(0, start, n).unsqueeze(1);
-      at::Tensor logits = logits_buffer.narrow(0, 0, n), log_probs = probs_buffer.narrow(0, 0, n);
+      at::Tensor logits = logits_buffer.narrow(0, 0, n);
       if (gemm_in_input_dtype) {
         at::mm_out(logits, h, w.t(), compute);
         if (has_bias) logits.add_(b);
@@ -76,23 +81,32 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
       } else {
         at::mm_out(logits, h, w.t());
       }
-      if (padded != vocab) logits.narrow(1, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
-      at::_log_softmax_out(log_probs, logits, 1, false);
-      loss_sum.sub_(log_probs.gather(1, t).sum(), 1.0);
-      if (!with_grads) continue;
-      // G = (softmax - onehot) / N, in the log-probabilities' buffer.
-      at::Tensor g = log_probs.exp_();
-      g.scatter_add_(1, t, at::full({n, 1}, -1.0, options));
+      // G = softmax - onehot (scaled by 1/N in the GEMMs), in the GEMMs' dtype.
+      at::Tensor g;
+      if (fused) {
+        if (with_grads) g = probs_buffer.narrow(0, 0, n);
+        chunk_loss(logits, vocab, targets.narrow(0, start, n), loss_sum, g);
+        if (!with_grads) continue;
+        if (has_bias) grad_bias.add_(g.sum(0, false, compute), inv_rows);
+      } else {
+        at::Tensor log_probs = probs_buffer.narrow(0, 0, n);
+        if (padded != vocab) logits.narrow(1, vocab, padded - vocab).fill_(-std::numeric_limits<double>::infinity());
+        at::_log_softmax_out(log_probs, logits, 1, false);
+        loss_sum.sub_(log_probs.gather(1, t).sum(), 1.0);
+        if (!with_grads) continue;
+        g = log_probs.exp_();
+        g.scatter_add_(1, t, at::full({n, 1}, -1.0, options));
+        if (has_bias) grad_bias.add_(g.sum(0), inv_rows);
+        if (gemm_in_input_dtype) g = g.to(operand);
+      }
       at::Tensor gh = grad_hidden.narrow(0, start, n);
       if (gemm_in_input_dtype) {
-        const at::Tensor g_operand = g.to(operand);
-        at::mm_out(gh, g_operand, w, compute).mul_(inv_rows);
-        at::addmm_out(grad_weight, grad_weight, g_operand.t(), h, compute, /*beta=*/1.0, /*alpha=*/inv_rows);
+        at::mm_out(gh, g, w, compute).mul_(inv_rows);
+        at::addmm_out(grad_weight, grad_weight, g.t(), h, compute, /*beta=*/1.0, /*alpha=*/inv_rows);
       } else {
         at::addmm_out(gh, gh, g, w, /*beta=*/0.0, /*alpha=*/inv_rows);
         grad_weight.addmm_(g.t(), h, 1.0, inv_rows);
       }
-      if (has_bias) grad_bias.add_(g.sum(0), inv_rows);
     }
     if (with_grads) {
       if (padded != vocab) {
@@ -117,7 +131,7 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
       return grad.defined() ? (grad * scale).to(ctx->saved_data[dtype].toScalarType()) : at::Tensor();
     };
     return {scaled(saved[0], "hidden_dtype"), scaled(saved[1], "weight_dtype"), scaled(saved[2], "bias_dtype"), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -128,7 +142,8 @@ int64_t linear_cross_entropy_chunk_rows(int64_t vocab) {
 }
 
 at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                        const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms, int64_t vocab_multiple) {
+                                        const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms, int64_t vocab_multiple,
+                                        ChunkLoss chunk_loss) {
   if (vocab_multiple < 1) throw std::invalid_argument("linear_cross_entropy: vocab_multiple must be at least 1");
   if (hidden.dim() != 2 || weight.dim() != 2 || targets.dim() != 1 || hidden.size(1) != weight.size(1) ||
       targets.size(0) != hidden.size(0))
@@ -136,7 +151,8 @@ at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tens
   const at::Tensor b = bias ? *bias : at::empty({0}, weight.options().requires_grad(false));
   const bool with_grads =
       at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad() || (bias && bias->requires_grad()));
-  return ChunkedLinearCrossEntropy::apply(hidden, weight, b, targets, chunk_rows, with_grads, input_dtype_gemms, vocab_multiple);
+  return ChunkedLinearCrossEntropy::apply(hidden, weight, b, targets, chunk_rows, with_grads, input_dtype_gemms, vocab_multiple,
+                                          chunk_loss);
 }
 
 at::Tensor linear_cross_entropy_chunked_cpu(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

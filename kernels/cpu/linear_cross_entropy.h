@@ -33,8 +33,16 @@ at::Tensor linear_cross_entropy_chunked_cpu(const at::Tensor& hidden, const at::
 // otherwise every GEMM runs on fp32 copies. vocab_multiple: the GEMMs run over the vocabulary
 // rounded up to a multiple of it (zero rows of the weight, -inf logits), which keeps the logits'
 // rows aligned for tensor cores (GPT-2's 50257 is odd); the results are the same.
+// chunk_loss: a fused kernel for the loss of a chunk of logits and their gradient (below); null:
+// ATen's log_softmax, exp and scatter, then a cast to the GEMMs' dtype.
+using ChunkLoss = void (*)(const at::Tensor& logits, int64_t vocab, const at::Tensor& targets, const at::Tensor& loss_sum,
+                           const at::Tensor& grad);
 at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                         const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms = false,
-                                        int64_t vocab_multiple = 1);
+                                        int64_t vocab_multiple = 1, ChunkLoss chunk_loss = nullptr);
+// A ChunkLoss, for a chunk's fp32 logits [n, W] (contiguous; columns from `vocab` on are
+// padding) and targets [n]: adds sum_i (lse(z_i) - z_i[t_i]) to loss_sum (a double scalar) and,
+// when grad is defined ([n, W], contiguous, the GEMMs' dtype), writes G_i = softmax(z_i) -
+// onehot(t_i) there, rounded once, and 0 in the padding.
 
 }  // namespace strata::kernels

@@ -30,8 +30,8 @@ class FusedCrossEntropyCuda : public torch::autograd::Function<FusedCrossEntropy
     at::Tensor grad = with_grads ? at::empty(z.sizes(), z.options().dtype(at::kFloat)) : at::Tensor();
     const at::Tensor row_loss = at::empty({rows}, z.options().dtype(at::kFloat));
     const int error = cuda::cross_entropy_forward(storage_of(z.scalar_type()), z.const_data_ptr(), t.const_data_ptr<int64_t>(),
-                                                  with_grads ? grad.mutable_data_ptr<float>() : nullptr,
-                                                  row_loss.mutable_data_ptr<float>(), rows, vocab,
+                                                  cuda::Storage::Float, with_grads ? grad.mutable_data_ptr<float>() : nullptr,
+                                                  row_loss.mutable_data_ptr<float>(), rows, vocab, vocab,
                                                   c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(error == 0, "cross_entropy: CUDA kernel launch failed (cudaError ", error, ")");
     // C, the counted rows, as a device scalar: 0/0 gives the reference's NaN loss.
@@ -68,6 +68,22 @@ at::Tensor cross_entropy_fused_cuda(const at::Tensor& logits, const at::Tensor& 
   if (!ours) return cross_entropy_reference_call(logits, targets);
   const bool with_grads = at::GradMode::is_enabled() && logits.requires_grad();
   return FusedCrossEntropyCuda::apply(logits, targets, with_grads);
+}
+
+void cross_entropy_chunk_loss_cuda(const at::Tensor& logits, int64_t vocab, const at::Tensor& targets, const at::Tensor& loss_sum,
+                                   const at::Tensor& grad) {
+  TORCH_CHECK(logits.is_contiguous() && logits.scalar_type() == at::kFloat && (!grad.defined() || grad.is_contiguous()),
+              "cross_entropy (chunk, CUDA): contiguous float logits and a contiguous gradient expected");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const int64_t rows = logits.size(0);
+  const at::Tensor t = targets.contiguous();
+  const at::Tensor row_loss = at::empty({rows}, logits.options());
+  const int error = cuda::cross_entropy_forward(cuda::Storage::Float, logits.const_data_ptr(), t.const_data_ptr<int64_t>(),
+                                                grad.defined() ? storage_of(grad.scalar_type()) : cuda::Storage::Float,
+                                                grad.defined() ? grad.mutable_data_ptr() : nullptr, row_loss.mutable_data_ptr<float>(), rows,
+                                                vocab, logits.size(1), c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(error == 0, "cross_entropy (chunk): CUDA kernel launch failed (cudaError ", error, ")");
+  loss_sum.add_(row_loss.sum(0, false, at::kDouble));
 }
 
 }  // namespace strata::kernels

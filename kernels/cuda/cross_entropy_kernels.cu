@@ -3,8 +3,9 @@
 // backward nll_loss_backward (a zero-filled [N, V]) and log_softmax_backward (reads both). Here
 // one block of 256 threads takes a row: pass 1 reads the row once for its running max and sum of
 // exponentials (each thread keeps its own (max, sum), then a warp-shuffle and a shared-memory
-// combine); pass 2 reads it again, from L2 at these row sizes, and writes the float gradient.
-// The per-row loss goes to row_loss; the caller sums and divides on the device.
+// combine); pass 2 reads it again, from L2 at these row sizes, and writes the gradient (float, or
+// rounded once to bf16/half for the chunked linear + cross-entropy's GEMMs). The per-row loss
+// goes to row_loss; the caller sums and divides on the device.
 #include "cross_entropy_kernels.h"
 
 #include <cmath>
@@ -47,22 +48,24 @@ __device__ MaxSum block_max_sum(MaxSum v, MaxSum* shared) {
   return total;
 }
 
-template <class T>
-__global__ void forward_kernel(const T* logits, const int64_t* targets, float* grad, float* row_loss, int64_t rows, int64_t vocab) {
+// T: the logits' storage, G: the gradient's (float, or bf16/half for float logits).
+template <class T, class G>
+__global__ void forward_kernel(const T* logits, const int64_t* targets, G* grad, float* row_loss, int64_t rows, int64_t vocab,
+                               int64_t ld) {
   __shared__ MaxSum shared[kThreads / 32];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* z = logits + row * vocab;
-    float* g = grad ? grad + row * vocab : nullptr;
+    const T* z = logits + row * ld;
+    G* g = grad ? grad + row * ld : nullptr;
     const int64_t t = targets[row];
     if (t == kIgnoreIndex) {
       if (g)
-        for (int64_t j = threadIdx.x; j < vocab; j += kThreads) g[j] = 0.f;
+        for (int64_t j = threadIdx.x; j < ld; j += kThreads) g[j] = from_float<G>(0.f);
       if (threadIdx.x == 0) row_loss[row] = 0.f;
       continue;
     }
     if (t < 0 || t >= vocab) {
       if (g)
-        for (int64_t j = threadIdx.x; j < vocab; j += kThreads) g[j] = NAN;
+        for (int64_t j = threadIdx.x; j < ld; j += kThreads) g[j] = from_float<G>(NAN);
       if (threadIdx.x == 0) row_loss[row] = NAN;
       continue;
     }
@@ -81,27 +84,36 @@ __global__ void forward_kernel(const T* logits, const int64_t* targets, float* g
     const float lse = all.max + logf(all.sum);
     if (threadIdx.x == 0) row_loss[row] = lse - to_float(z[t]);
     if (!g) continue;
-    for (int64_t j = threadIdx.x; j < vocab; j += kThreads) g[j] = expf(to_float(z[j]) - lse) - (j == t ? 1.f : 0.f);
+    for (int64_t j = threadIdx.x; j < ld; j += kThreads)
+      g[j] = from_float<G>(j < vocab ? expf(to_float(z[j]) - lse) - (j == t ? 1.f : 0.f) : 0.f);
   }
 }
 
 unsigned blocks_for(int64_t rows) { return static_cast<unsigned>(rows < 65536 ? (rows < 1 ? 1 : rows) : 65536); }
 
-template <class T>
-void launch(const void* logits, const int64_t* targets, float* grad, float* row_loss, int64_t rows, int64_t vocab, void* stream) {
-  forward_kernel<T><<<blocks_for(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<const T*>(logits), targets,
-                                                                                         grad, row_loss, rows, vocab);
+template <class T, class G>
+void launch(const void* logits, const int64_t* targets, void* grad, float* row_loss, int64_t rows, int64_t vocab, int64_t ld,
+            void* stream) {
+  forward_kernel<T, G><<<blocks_for(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const T*>(logits), targets, static_cast<G*>(grad), row_loss, rows, vocab, ld);
 }
 
 }  // namespace
 
-int cross_entropy_forward(Storage logits_type, const void* logits, const int64_t* targets, float* grad, float* row_loss,
-                          int64_t rows, int64_t vocab, void* stream) {
+int cross_entropy_forward(Storage logits_type, const void* logits, const int64_t* targets, Storage grad_type, void* grad,
+                          float* row_loss, int64_t rows, int64_t vocab, int64_t ld, void* stream) {
   if (rows == 0 || vocab == 0) return 0;
-  switch (logits_type) {
-    case Storage::Float: launch<float>(logits, targets, grad, row_loss, rows, vocab, stream); break;
-    case Storage::BFloat16: launch<__nv_bfloat16>(logits, targets, grad, row_loss, rows, vocab, stream); break;
-    case Storage::Half: launch<__half>(logits, targets, grad, row_loss, rows, vocab, stream); break;
+  if (ld < vocab) return static_cast<int>(cudaErrorInvalidValue);
+  if (grad_type == Storage::Float) {
+    switch (logits_type) {
+      case Storage::Float: launch<float, float>(logits, targets, grad, row_loss, rows, vocab, ld, stream); break;
+      case Storage::BFloat16: launch<__nv_bfloat16, float>(logits, targets, grad, row_loss, rows, vocab, ld, stream); break;
+      case Storage::Half: launch<__half, float>(logits, targets, grad, row_loss, rows, vocab, ld, stream); break;
+    }
+  } else {
+    if (logits_type != Storage::Float) return static_cast<int>(cudaErrorInvalidValue);
+    if (grad_type == Storage::BFloat16) launch<float, __nv_bfloat16>(logits, targets, grad, row_loss, rows, vocab, ld, stream);
+    else launch<float, __half>(logits, targets, grad, row_loss, rows, vocab, ld, stream);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -19,8 +19,13 @@ inline constexpr int64_t kLinearCrossEntropyCudaMinRows = 1024;
 // tensor-core kernels want the logits' rows 16-byte aligned, which 50257 bf16 values are not.
 inline constexpr int64_t kLinearCrossEntropyCudaVocabMultiple = 64;
 
-// What "linear_cross_entropy.chunked_cuda" runs.
+// What "linear_cross_entropy.chunked_cuda" runs: per chunk one GEMM for the logits, the loss and
+// the gradient of the logits in one kernel (cuda/cross_entropy_kernels.h, written in the GEMMs'
+// dtype), two GEMMs for the gradients.
 at::Tensor linear_cross_entropy_chunked_cuda(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                              const at::Tensor& targets);
+// The same with `chunk_rows` rows per chunk (tests cross chunk edges with few rows).
+at::Tensor linear_cross_entropy_chunked_cuda_rows(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                                  const at::Tensor& targets, int64_t chunk_rows);
 
 }  // namespace strata::kernels

@@ -1,6 +1,7 @@
 // linear_cross_entropy.chunked_cuda (kernels/cuda/linear_cross_entropy_cuda.cpp) on a GPU against
 // core's linear_cross_entropy.reference on the same GPU: the loss and the gradients of hidden,
-// weight and bias, with chunks that do and do not divide the rows (the GPU's own chunk size too),
+// weight and bias, with chunks that do and do not divide the rows (the GPU's own chunk size too)
+// and vocabularies padded to 64 (101, 1000, 50257: the fused loss kernel's padding columns),
 // targets at the vocabulary's ends, fp32 and bf16 (bf16 GEMMs into fp32, as chunked_cuda runs them),
 // a scaled incoming gradient. Skips without a
 // CUDA device.
@@ -55,7 +56,7 @@ TEST(LinearCrossEntropyCuda, MatchesTheReference) {
         t[rows - 1] = vocab - 1;
         const Result expected = run(ref.fn(), h, w, b, t);
         const Result ours =
-            chunk ? run([&](auto&&... a) { return kernels::linear_cross_entropy_chunked(a..., chunk, /*input_dtype_gemms=*/true); }, h, w, b, t)
+            chunk ? run([&](auto&&... a) { return kernels::linear_cross_entropy_chunked_cuda_rows(a..., chunk); }, h, w, b, t)
                   : run(kernels::linear_cross_entropy_chunked_cuda, h, w, b, t);
         // fp32: summation order; bf16: gradients rounded to 8 bits of mantissa at the end.
         const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;

@@ -44,7 +44,7 @@ Grads run(Fn fn, const at::Tensor& h0, const at::Tensor& w0, const at::Tensor& b
 }
 
 void check(at::ScalarType dtype, int64_t rows, int64_t dim, int64_t vocab, bool bias, int64_t chunk, double tol,
-           int64_t vocab_multiple = 1) {
+           int64_t vocab_multiple = 1, kernels::ChunkLoss chunk_loss = nullptr) {
   at::manual_seed(rows * 131 + vocab);
   const auto opts = at::TensorOptions().dtype(dtype);
   const at::Tensor h = at::randn({rows, dim}, opts), w = at::randn({vocab, dim}, opts) * 0.3;
@@ -60,7 +60,7 @@ void check(at::ScalarType dtype, int64_t rows, int64_t dim, int64_t vocab, bool 
   const Grads ref = dtype == at::kDouble ? run(in_double, h, w, b, t, 3.0) : run(reference, h, w, b, t, 3.0);
   const Grads ours = run(
       [&](const at::Tensor& h_, const at::Tensor& w_, const std::optional<at::Tensor>& b_, const at::Tensor& t_) {
-        return kernels::linear_cross_entropy_chunked(h_, w_, b_, t_, chunk, /*input_dtype_gemms=*/false, vocab_multiple);
+        return kernels::linear_cross_entropy_chunked(h_, w_, b_, t_, chunk, /*input_dtype_gemms=*/false, vocab_multiple, chunk_loss);
       },
       h, w, b, t, 3.0);
   const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(rows) + " chunk " + std::to_string(chunk) +
@@ -92,6 +92,28 @@ TEST(LinearCrossEntropy, APaddedVocabularyChangesNothing) {
   for (int64_t multiple : {7, 64})
     for (bool bias : {false, true}) check(at::kDouble, 64, 24, 50, bias, 16, 1e-12, multiple);
   check(at::kFloat, 200, 32, 300, true, 32, 2e-6, 64);
+}
+
+// A ChunkLoss as the CUDA kernel's contract says (cuda/cross_entropy_kernels.h), in ATen: the
+// padding columns hold whatever the GEMM left (here poisoned with NaN first), must not be read,
+// and get 0 in the gradient.
+void chunk_loss_in_aten(const at::Tensor& logits, int64_t vocab, const at::Tensor& targets, const at::Tensor& loss_sum,
+                        const at::Tensor& grad) {
+  const at::Tensor z = logits.narrow(1, 0, vocab);
+  const at::Tensor lse = z.logsumexp(1);
+  loss_sum.add_((lse - z.gather(1, targets.unsqueeze(1)).squeeze(1)).sum().to(at::kDouble));
+  if (!grad.defined()) return;
+  if (logits.size(1) > vocab) logits.narrow(1, vocab, logits.size(1) - vocab).fill_(NAN);
+  grad.zero_();
+  grad.narrow(1, 0, vocab).copy_((z - lse.unsqueeze(1)).exp().scatter_add(1, targets.unsqueeze(1), at::full({z.size(0), 1}, -1.0, z.options())));
+}
+
+// The chunk loop with a fused chunk loss (what chunked_cuda passes: the CUDA kernel) gives the
+// formula's loss and gradients, padded vocabulary and bias included; fp64 inputs keep ATen's path.
+TEST(LinearCrossEntropy, AChunkLossKernelServesTheChunks) {
+  for (bool bias : {false, true}) check(at::kFloat, 200, 32, 300, bias, 32, 2e-6, 64, &chunk_loss_in_aten);
+  check(at::kFloat, 37, 16, 1000, true, 37, 2e-6, 1, &chunk_loss_in_aten);
+  check(at::kDouble, 64, 24, 50, true, 16, 1e-12, 64, &chunk_loss_in_aten);
 }
 
 // bf16 inputs: the kernel computes in fp32 from the bf16 values; the reference multiplies in bf16
