@@ -14,6 +14,7 @@
 #include "cuda/cross_entropy_cuda.h"
 #include "cuda/attention_sdpa.h"
 #include "cuda/linear_cross_entropy_cuda.h"
+#include "cuda/layer_norm_cuda.h"
 #include "cuda/rms_norm_cuda.h"
 #include "strata/plugin.h"
 
@@ -91,6 +92,11 @@ void register_components(Registry& registry) {
       "one CUDA kernel forward, a block per row: lse, the loss terms and the float logits' gradient; the backward scales it "
       "by g / C on the device (no log-probabilities, no zero-filled [N, V], no host read)",
       &cross_entropy_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::LayerNorm>>(
+      "layer_norm.fused_cuda",
+      "fp32: one CUDA kernel forward, a block per row (two-pass variance); one backward giving dx, dw and db in one pass over x "
+      "and dy (ATen runs two kernels)",
+      &layer_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::RmsNorm>>(
       "rms_norm.fused_cuda",
       "one CUDA kernel per direction, a block per row: fp32 sum of squares, the reference's roundings; saves one float per row",

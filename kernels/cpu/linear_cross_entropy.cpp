@@ -64,7 +64,11 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
     // ATen's path log-probabilities turned into it, then cast to the GEMMs' dtype; a chunk_loss
     // kernel writes it in that dtype).
     const bool fused = chunk_loss != nullptr && compute == at::kFloat;
-    at::Tensor logits_buffer = at::empty({chunk, padded}, options);
+    // With a chunk_loss kernel, 16-bit GEMMs write 16-bit logits (as the reference's autocast
+    // linear does), which the kernel reads in fp32: half the bytes through memory.
+    const bool low_precision_logits = fused && gemm_in_input_dtype;
+    const at::Tensor b_operand = low_precision_logits && has_bias ? b.to(operand) : at::Tensor();
+    at::Tensor logits_buffer = at::empty({chunk, padded}, options.dtype(low_precision_logits ? operand : compute));
     at::Tensor probs_buffer = fused ? (with_grads ? at::empty({chunk, padded}, options.dtype(operand)) : at::Tensor())
                                     : at::empty({chunk, padded}, options);
     at::Tensor loss_sum = at::zeros({}, options.dtype(at::kDouble));
@@ -73,7 +77,10 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
       const at::Tensor h = hidden.narrow(0, start, n).to(operand);
       const at::Tensor t = targets.narrow(0, start, n).unsqueeze(1);
       at::Tensor logits = logits_buffer.narrow(0, 0, n);
-      if (gemm_in_input_dtype) {
+      if (low_precision_logits) {
+        if (has_bias) at::addmm_out(logits, b_operand, h, w.t());
+        else at::mm_out(logits, h, w.t());
+      } else if (gemm_in_input_dtype) {
         at::mm_out(logits, h, w.t(), compute);
         if (has_bias) logits.add_(b);
       } else if (has_bias) {

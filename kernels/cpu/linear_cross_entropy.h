@@ -40,8 +40,8 @@ using ChunkLoss = void (*)(const at::Tensor& logits, int64_t vocab, const at::Te
 at::Tensor linear_cross_entropy_chunked(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                         const at::Tensor& targets, int64_t chunk_rows, bool input_dtype_gemms = false,
                                         int64_t vocab_multiple = 1, ChunkLoss chunk_loss = nullptr);
-// A ChunkLoss, for a chunk's fp32 logits [n, W] (contiguous; columns from `vocab` on are
-// padding) and targets [n]: adds sum_i (lse(z_i) - z_i[t_i]) to loss_sum (a double scalar) and,
+// A ChunkLoss, for a chunk's logits [n, W] (contiguous; fp32, or the GEMMs' 16-bit dtype when
+// they run in it; columns from `vocab` on are padding) and targets [n]: adds sum_i (lse(z_i) - z_i[t_i]) to loss_sum (a double scalar) and,
 // when grad is defined ([n, W], contiguous, the GEMMs' dtype), writes G_i = softmax(z_i) -
 // onehot(t_i) there, rounded once, and 0 in the padding.
 

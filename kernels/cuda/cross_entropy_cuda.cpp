@@ -72,13 +72,13 @@ at::Tensor cross_entropy_fused_cuda(const at::Tensor& logits, const at::Tensor& 
 
 void cross_entropy_chunk_loss_cuda(const at::Tensor& logits, int64_t vocab, const at::Tensor& targets, const at::Tensor& loss_sum,
                                    const at::Tensor& grad) {
-  TORCH_CHECK(logits.is_contiguous() && logits.scalar_type() == at::kFloat && (!grad.defined() || grad.is_contiguous()),
-              "cross_entropy (chunk, CUDA): contiguous float logits and a contiguous gradient expected");
+  TORCH_CHECK(logits.is_contiguous() && (!grad.defined() || grad.is_contiguous()),
+              "cross_entropy (chunk, CUDA): contiguous logits and a contiguous gradient expected");
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t rows = logits.size(0);
   const at::Tensor t = targets.contiguous();
-  const at::Tensor row_loss = at::empty({rows}, logits.options());
-  const int error = cuda::cross_entropy_forward(cuda::Storage::Float, logits.const_data_ptr(), t.const_data_ptr<int64_t>(),
+  const at::Tensor row_loss = at::empty({rows}, logits.options().dtype(at::kFloat));
+  const int error = cuda::cross_entropy_forward(storage_of(logits.scalar_type()), logits.const_data_ptr(), t.const_data_ptr<int64_t>(),
                                                 grad.defined() ? storage_of(grad.scalar_type()) : cuda::Storage::Float,
                                                 grad.defined() ? grad.mutable_data_ptr() : nullptr, row_loss.mutable_data_ptr<float>(), rows,
                                                 vocab, logits.size(1), c10::cuda::getCurrentCUDAStream().stream());

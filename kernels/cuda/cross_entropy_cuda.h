@@ -18,7 +18,7 @@ namespace strata::kernels {
 at::Tensor cross_entropy_fused_cuda(const at::Tensor& logits, const at::Tensor& targets);
 
 // The same kernel as the chunked linear + cross-entropy's ChunkLoss (cpu/linear_cross_entropy.h):
-// one chunk's fp32 logits (padded rows), its row losses summed into loss_sum, and G written in
+// one chunk's logits (padded rows), its row losses summed into loss_sum, and G written in
 // grad's dtype (bf16/half for the chunk's GEMMs, or float), 0 in the padding; on the current stream.
 void cross_entropy_chunk_loss_cuda(const at::Tensor& logits, int64_t vocab, const at::Tensor& targets, const at::Tensor& loss_sum,
                                    const at::Tensor& grad);

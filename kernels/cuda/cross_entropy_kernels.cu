@@ -48,7 +48,7 @@ __device__ MaxSum block_max_sum(MaxSum v, MaxSum* shared) {
   return total;
 }
 
-// T: the logits' storage, G: the gradient's (float, or bf16/half for float logits).
+// T: the logits' storage, G: the gradient's (float, or 16-bit for float or same-type logits).
 template <class T, class G>
 __global__ void forward_kernel(const T* logits, const int64_t* targets, G* grad, float* row_loss, int64_t rows, int64_t vocab,
                                int64_t ld) {
@@ -110,10 +110,14 @@ int cross_entropy_forward(Storage logits_type, const void* logits, const int64_t
       case Storage::BFloat16: launch<__nv_bfloat16, float>(logits, targets, grad, row_loss, rows, vocab, ld, stream); break;
       case Storage::Half: launch<__half, float>(logits, targets, grad, row_loss, rows, vocab, ld, stream); break;
     }
-  } else {
-    if (logits_type != Storage::Float) return static_cast<int>(cudaErrorInvalidValue);
+  } else if (logits_type == Storage::Float) {
     if (grad_type == Storage::BFloat16) launch<float, __nv_bfloat16>(logits, targets, grad, row_loss, rows, vocab, ld, stream);
     else launch<float, __half>(logits, targets, grad, row_loss, rows, vocab, ld, stream);
+  } else if (logits_type == grad_type) {
+    if (grad_type == Storage::BFloat16) launch<__nv_bfloat16, __nv_bfloat16>(logits, targets, grad, row_loss, rows, vocab, ld, stream);
+    else launch<__half, __half>(logits, targets, grad, row_loss, rows, vocab, ld, stream);
+  } else {
+    return static_cast<int>(cudaErrorInvalidValue);
   }
   return static_cast<int>(cudaGetLastError());
 }

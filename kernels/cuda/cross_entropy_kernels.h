@@ -9,8 +9,8 @@
 // loss stops the process with a device assert instead). grad may be null (evaluation). Rows are
 // `ld` apart in logits and grad (ld >= vocab): columns [vocab, ld) are padding, not read in the
 // logits and written 0 in grad (the chunked linear + cross-entropy pads its GEMMs' vocabulary).
-// grad's storage: float for any logits, or bf16/half for float logits (G rounded once, for GEMMs
-// in that dtype); other pairs return cudaErrorInvalidValue. Returns cudaGetLastError() as an int
+// grad's storage: float for any logits, or bf16/half for float logits or logits of the same
+// type (G rounded once, for GEMMs in that dtype); other pairs return cudaErrorInvalidValue. Returns cudaGetLastError() as an int
 // (0: launched). `stream` is a cudaStream_t.
 #pragma once
 

@@ -1,0 +1,27 @@
+// Launchers of the fused LayerNorm kernels (layer_norm_kernels.cu, nvcc, no libtorch headers), in
+// fp32, the arithmetic of ATen's layer_norm over the last dimension D:
+//   mean = sum(x) / D,  var = sum((x - mean)^2) / D,  rstd = rsqrt(var + eps)
+//   y = (x - mean) rstd w + b
+// Backward, with n = (x - mean) rstd and g = dy w:
+//   dx = rstd (g - sum(g) / D - n sum(g n) / D),  dw = sum over rows of dy n,  db = sum over rows of dy
+// dw and db come as fp32 partial sums per row group, summed by the caller. ATen's CUDA backward
+// runs two kernels (dx, then dw/db in GammaBetaBackward, which took 44 us a call for 8192 x 768 on
+// an H200); here one kernel reads each row of x and dy once for all three.
+// Each returns cudaGetLastError() as an int (0: launched). `stream` is a cudaStream_t.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::kernels::cuda {
+
+// x, y: rows x dim; weight, bias: dim (bias may be null); mean and rstd: rows floats, kept for the backward.
+int layer_norm_forward(const float* x, const float* weight, const float* bias, float* y, float* mean, float* rstd, int64_t rows,
+                       int64_t dim, double eps, void* stream);
+// The number of row groups the backward splits the rows into: dweight_partial and dbias_partial
+// hold that many rows of dim floats each, zeroed by the caller.
+int64_t layer_norm_backward_groups(int64_t rows);
+// dbias_partial may be null (no bias).
+int layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const float* dy, float* dx,
+                        float* dweight_partial, float* dbias_partial, int64_t rows, int64_t dim, void* stream);
+
+}  // namespace strata::kernels::cuda
