@@ -24,11 +24,8 @@ run() {  # PROGRAM NAME RANKS SETTINGS...
   (cd "$work" && "${launch[@]}" "$bin/train_$program" "$examples/$program/strategy.toml" job.run_dir="$work/$name" job.steps=12 "$@" \
     > "$work/$name.log" 2>&1) || { cat "$work/$name.log"; exit 1; }
 }
-losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$work/$1/metrics.jsonl"; }
 compare() {  # BASELINE RUN [TOLERANCE]
-  paste <(losses "$1") <(losses "$2") | awk -v name="$2" -v tol="${3:-2e-6}" '
-    { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel; n++ }
-    END { printf "%s: %d steps, worst relative loss difference %.2e\n", name, n, worst; if (n < 12 || worst > tol) exit 1 }'
+  "$(dirname "$0")/same_losses.sh" "$2" "${3:-2e-6}" 12 "$work/$1" "$work/$2"
 }
 
 one=(parallel.tensor=1 pass.tensor_parallel.enabled=false)

@@ -22,18 +22,12 @@ rm -rf "$work" && mkdir -p "$work"
 "$strata" run "${a[@]}" --out "$work/a" > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
 read -ra launcher <<< "${B_LAUNCHER:-}"
 "${launcher[@]}" "$strata" run "${b[@]}" --out "$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
-losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$1/metrics.jsonl"; }
-paste <(losses "$work/a") <(losses "$work/b") | awk -v mode="$mode" -v tol="$tolerance" '
-  { d = $1 - $2; if (d < 0) d = -d; rel = d / ($1 < 0 ? -$1 : $1); if (rel > worst) worst = rel; n++ }
-  END { printf "%d steps, worst relative loss difference %.3e (%s, tolerance %g)\n", n, worst, mode, tol;
-        if (n < 5) exit 1
-        if (mode == "same" && worst > tol) exit 1
-        if (mode == "differ" && worst <= tol) exit 1 }'
+same=$(dirname "$0")/same_losses.sh
+differ=()
+[[ $mode == differ ]] && differ=(--differ)
+"$same" "${differ[@]}" "A vs B ($mode)" "$tolerance" 5 "$work/a" "$work/b"
 if [[ -n ${GRAD_NORM_STEPS:-} ]]; then
-  norms() { sed -E 's/.*"grad_norm":([^,]+),.*/\1/' "$1/metrics.jsonl" | head -n "$GRAD_NORM_STEPS"; }
-  paste <(norms "$work/a") <(norms "$work/b") | awk -v tol="$tolerance" '
-    { d = $1 - $2; if (d < 0) d = -d; rel = d / ($1 < 0 ? -$1 : $1); if (rel > worst) worst = rel; n++ }
-    END { printf "%d steps, worst relative gradient norm difference %.3e (tolerance %g)\n", n, worst, tol; if (worst > tol) exit 1 }'
+  "$same" --field grad_norm --first "$GRAD_NORM_STEPS" "A vs B" "$tolerance" 1 "$work/a" "$work/b"
 fi
 if [[ -n ${B_METRICS_MATCH:-} ]]; then
   bad=$(grep -cvE -- "$B_METRICS_MATCH" "$work/b/metrics.jsonl" || true)

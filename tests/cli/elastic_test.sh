@@ -21,9 +21,4 @@ if [[ " $* " == *" job.flash_every="* ]]; then  # the 3 ranks load the 4 ranks' 
   sed -n '/continuing on 3 ranks/,$p' "$work/shrunk.log" | grep -q 'resumed from the flash snapshot of step 4 in shared memory (4 ranks saved it[;)]' ||
     { echo "the 3-rank attempt did not load the 4-rank snapshot from shared memory:"; cat "$work/shrunk.log"; exit 1; }
 fi
-losses() { sed -E 's/.*"step":([0-9]+),.*"loss":([^,]+),.*/\1 \2/' "$1"; }
-paste <(losses "$work/full/metrics.jsonl") <(losses "$work/shrunk/metrics.jsonl") | awk '
-  { if ($1 != $3) { print "step mismatch: " $1 " vs " $3; exit 1 }
-    d = $2 - $4; if (d < 0) d = -d; rel = d / $2; if (rel > worst) worst = rel; n++ }
-  END { printf "4 -> 3 ranks at step 5: %d steps, worst relative loss difference %.3e (tolerance 1e-5)\n", n, worst
-        if (n != 12 || worst > 1e-5) exit 1 }'
+"$(dirname "$0")/same_losses.sh" "4 -> 3 ranks at step 5" 1e-5 12 "$work/full" "$work/shrunk"

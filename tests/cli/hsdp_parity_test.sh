@@ -21,9 +21,7 @@ for case in "4 2" "6 3" "6 2"; do
   "$strata" run -n "$data" "$strategy" --out "$out" "${common[@]}" --set pass.fsdp.enabled=true --set pass.fsdp.shard_size="$shard" \
     > "$out.log" 2>&1 || { cat "$out.log"; exit 1; }
   for what in loss grad_norm; do
-    paste <(metric "$work/baseline" $what) <(metric "$out" $what) | awk -v what="$what" -v c="$data x $shard" '
-      { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel; n++ }
-      END { printf "hsdp %s: %d steps, worst relative %s difference %.2e\n", c, n, what, worst; if (n < 10 || worst > 1e-5) exit 1 }'
+    "$(dirname "$0")/same_losses.sh" --field "$what" "hsdp $data x $shard" 1e-5 10 "$work/baseline" "$out"
   done
   tail -1 "$out/metrics.jsonl" | awk -v psi="$psi_bytes" -v s="$shard" -v units="$units" '
     { p = $0; sub(/.*"mem_params_bytes":/, "", p); sub(/[,}].*/, "", p)

@@ -29,7 +29,4 @@ for rank in 0 1 2 3; do
   expected="rank $rank of 4, local rank $((rank % 2)) of 2 on host .* \(launcher openmpi\)"
   grep -Eq "$expected" "$work/nodes/logs/rank_$rank.log" || { echo "rank $rank's log lacks: $expected"; head -3 "$work/nodes/logs/rank_$rank.log"; exit 1; }
 done
-losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$1/metrics.jsonl"; }
-paste <(losses "$work/one") <(losses "$work/nodes") | awk '
-  { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel; n++ }
-  END { printf "two nodes x 2 ranks (mpirun, tcp): %d steps, worst relative loss difference %.2e\n", n, worst; if (n < 12 || worst > 2e-6) exit 1 }'
+"$(dirname "$0")/same_losses.sh" "two nodes x 2 ranks (mpirun, tcp)" 2e-6 12 "$work/one" "$work/nodes"

@@ -22,12 +22,7 @@ grep -q "node 2 was lost in two attempts in a row; continuing on 4 ranks (2 node
 last=$(grep '"event":"recovered"' "$events" | tail -1)
 grep -q '"sources":\["memory","memory","memory","memory"\],"disk_checkpoint_bytes":0,' <<< "$last" || { echo "the 4 ranks did not restore from memory: $last"; exit 1; }
 grep -q '"event":"finish".*"restarts":2' "$events" || { cat "$events"; exit 1; }
-losses() { sed -E 's/.*"step":([0-9]+),.*"loss":([^,]+),.*/\1 \2/' "$1"; }
-paste <(losses "$work/full/metrics.jsonl") <(losses "$work/shrunk/metrics.jsonl") | awk '
-  { if ($1 != $3) { print "step mismatch: " $1 " vs " $3; exit 1 }
-    d = $2 - $4; if (d < 0) d = -d; rel = d / $2; if (rel > worst) worst = rel; n++ }
-  END { printf "6 ranks on 3 nodes -> 4 ranks on 2 nodes after node 2 was lost twice: %d steps, worst relative loss difference %.3e (tolerance 1e-5)\n", n, worst
-        if (n != 12 || worst > 1e-5) exit 1 }'
+"$(dirname "$0")/same_losses.sh" "6 ranks on 3 nodes -> 4 ranks on 2 nodes after node 2 was lost twice" 1e-5 12 "$work/full" "$work/shrunk"
 
 status=0
 STRATA_FAULT="lose_node 1 5" STRATA_FAULT_EVERY_ATTEMPT=1 "$strata" run -n 4 "$strategy" --out "$work/one_node" "${small[@]}" --simulate-nodes 2 \

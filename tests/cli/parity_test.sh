@@ -14,12 +14,8 @@ select=()
 [[ $pass == ddp ]] || select=(--disable ddp --set "pass.$pass.enabled=true")
 rm -rf "$work" && mkdir -p "$work"
 "$strata" run "$strategy" --out "$work/baseline" --disable ddp "$@" > /dev/null
-losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$1/metrics.jsonl"; }
 for ranks in 1 2 4; do
   "$strata" run -n "$ranks" "$strategy" --out "$work/$pass$ranks" "${select[@]}" "$@" > "$work/$pass$ranks.log" 2>&1 ||
     { cat "$work/$pass$ranks.log"; exit 1; }
-  paste <(losses "$work/baseline") <(losses "$work/$pass$ranks") | awk -v r="$ranks" -v p="$pass" -v tol="${PARITY_TOL:-1e-5}" '
-    { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel; n++ }
-    END { printf "%s on %d ranks: %d steps, worst relative loss difference %.2e\n", p, r, n, worst;
-          if (n < 10 || worst > tol) exit 1 }'
+  "$(dirname "$0")/same_losses.sh" "$pass on $ranks ranks" "${PARITY_TOL:-1e-5}" 10 "$work/baseline" "$work/$pass$ranks"
 done

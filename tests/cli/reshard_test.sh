@@ -34,9 +34,5 @@ rm -rf "$work/cut/checkpoints/step_00000008" "$work/cut/checkpoints/step_0000001
 "$strata" run -n "$to_ranks" "$strategy" --out "$work/cut" --resume $(pass_flags "$to_pass") "${common[@]}" > "$work/cut.log" 2>&1 ||
   { cat "$work/cut.log"; exit 1; }
 grep -q "resumed from .*step_00000004 at step 4" "$work/cut.log" || { cat "$work/cut.log"; exit 1; }
-losses() { sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1/metrics.jsonl"; }
-paste <(losses "$work/full") <(losses "$work/cut") | awk -v what="$from_pass@$from_ranks -> $to_pass@$to_ranks" -v tolerance="${RESHARD_TOLERANCE:-1e-5}" '
-  $1 != $3 { print "step mismatch: " $0; exit 1 }
-  $1 > 4 { d = $2 - $4; if (d < 0) d = -d; rel = d / $2; if (rel > worst) worst = rel; n++ }
-  END { printf "%s: resumed at step 4, %d later steps, worst relative loss difference %.2e\n", what, n, worst;
-        if (n != 8 || worst > tolerance) exit 1 }'
+"$(dirname "$0")/same_losses.sh" --after 4 "$from_pass@$from_ranks -> $to_pass@$to_ranks, resumed at step 4" "${RESHARD_TOLERANCE:-1e-5}" 8 \
+  "$work/full" "$work/cut"

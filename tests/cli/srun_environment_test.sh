@@ -20,7 +20,4 @@ wait "$first" || { cat "$work/task0.log"; exit 1; }
 for rank in 0 1; do
   [[ -s $work/srun/logs/rank_$rank.log ]] || { echo "no log of rank $rank"; ls "$work/srun" "$work/srun/logs" || true; exit 1; }
 done
-losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$1/metrics.jsonl"; }
-paste <(losses "$work/one") <(losses "$work/srun") | awk '
-  { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel; n++ }
-  END { printf "srun environment, 2 ranks (c10d): %d steps, worst relative loss difference %.2e\n", n, worst; if (n < 12 || worst > 2e-6) exit 1 }'
+"$(dirname "$0")/same_losses.sh" "srun environment, 2 ranks (c10d)" 2e-6 12 "$work/one" "$work/srun"

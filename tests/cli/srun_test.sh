@@ -10,15 +10,12 @@ strata=$1 strategy=$2 work=$3
 command -v srun > /dev/null && timeout 5 sinfo > /dev/null 2>&1 || { echo "no Slurm controller answers here: skipped"; exit 77; }
 rm -rf "$work" && mkdir -p "$work"
 "$strata" run "$strategy" --disable ddp --out "$work/one" > "$work/one.log" 2>&1 || { cat "$work/one.log"; exit 1; }
-losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$1/metrics.jsonl"; }
 check() {  # NAME
   for rank in 0 1; do
     grep -q "rank $rank of 2, local rank $rank of 2 on host .* (launcher slurm)" "$work/$1/logs/rank_$rank.log" ||
       { echo "$1: rank $rank's log does not name Slurm"; head -2 "$work/$1/logs/rank_$rank.log"; exit 1; }
   done
-  paste <(losses "$work/one") <(losses "$work/$1") | awk -v name="$1" '
-    { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel; n++ }
-    END { printf "srun, 2 tasks (%s): %d steps, worst relative loss difference %.2e\n", name, n, worst; if (n < 12 || worst > 2e-6) exit 1 }'
+  "$(dirname "$0")/same_losses.sh" "srun, 2 tasks ($1)" 2e-6 12 "$work/one" "$work/$1"
 }
 OMP_NUM_THREADS=1 timeout 300 srun --mpi=pmix -n 2 "$strata" run "$strategy" --out "$work/mpi" > "$work/mpi.log" 2>&1 ||
   { cat "$work/mpi.log"; exit 1; }

@@ -19,7 +19,4 @@ wait "$first" || { cat "$work/node0.log"; exit 1; }
 for rank in 0 1 2 3; do
   [[ -s $work/nodes/logs/rank_$rank.log ]] || { echo "no log of rank $rank"; exit 1; }
 done
-losses() { sed -E 's/.*"loss":([^,]+),.*/\1/' "$1/metrics.jsonl"; }
-paste <(losses "$work/one") <(losses "$work/nodes") | awk '
-  { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel; n++ }
-  END { printf "two nodes x 2 ranks (torchrun, c10d): %d steps, worst relative loss difference %.2e\n", n, worst; if (n < 12 || worst > 2e-6) exit 1 }'
+"$(dirname "$0")/same_losses.sh" "two nodes x 2 ranks (torchrun, c10d)" 2e-6 12 "$work/one" "$work/nodes"
