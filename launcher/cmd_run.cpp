@@ -345,10 +345,8 @@ int run_train(const Args& args) {
         if (!load_plan(args, ranks, smaller_registry, smaller))
           return AttemptResult{2, "the strategy does not plan at " + std::to_string(ranks) + " ranks", false, {}};
         const int64_t replicas = job.get_int("flash_every") > 0 ? job.get_int("snapshot_replicas") : 0;
-        const char* nodes = std::getenv(kSimulatedNodesEnv);
-        if (replicas > 0 && (!nodes || std::atoi(nodes) <= replicas)) {
-          const std::string why = "[job] snapshot_replicas = " + std::to_string(replicas) + " needs " + std::to_string(replicas + 1) +
-                                  " nodes, and " + (nodes ? nodes : "1") + " remain after the shrink";
+        const char* nodes = std::getenv(kSimulatedNodesEnv);  // the nodes left, after a node shrink
+        if (const std::string why = replica_nodes_problem(nodes ? std::atoi(nodes) : 1, replicas); !why.empty()) {
           std::cerr << "strata: error: " << why << "; continue with `strata run -n " << ranks << " " << (out_dir / "strategy.toml").string()
                     << " --out " << out_dir.string() << " --resume --set job.snapshot_replicas=0`\n";
           return AttemptResult{2, why, false, {}};

@@ -28,7 +28,7 @@ status=0
 STRATA_FAULT="lose_node 1 5" STRATA_FAULT_EVERY_ATTEMPT=1 "$strata" run -n 4 "$strategy" --out "$work/one_node" "${small[@]}" --simulate-nodes 2 \
   --set job.min_ranks=2 > "$work/one_node.log" 2>&1 || status=$?
 [ "$status" -eq 2 ] || { echo "losing 1 of 2 nodes with replicas exited $status, not 2"; cat "$work/one_node.log"; exit 1; }
-grep -q '^strata: error: \[job\] snapshot_replicas = 1 needs 2 nodes, and 1 remain after the shrink; continue with `strata run -n 2 .* --resume --set job.snapshot_replicas=0`$' \
+grep -q '^strata: error: \[job\] snapshot_replicas = 1 needs 2 nodes or more; this job.s ranks are on 1 node; continue with `strata run -n 2 .* --resume --set job.snapshot_replicas=0`$' \
   "$work/one_node.log" || { cat "$work/one_node.log"; exit 1; }
 [ -d "$work/one_node/checkpoints/step_00000003" ] || { echo "the step-3 checkpoint is not on disk"; exit 1; }
 echo "one node left with snapshot_replicas = 1: refused in one line, exit 2, the step-3 checkpoint kept"

@@ -11,15 +11,19 @@
 
 namespace strata {
 
+std::string replica_nodes_problem(int64_t nodes, int64_t replicas) {
+  if (replicas <= nodes - 1) return {};
+  return "[job] snapshot_replicas = " + std::to_string(replicas) + " needs " + std::to_string(replicas + 1) +
+         " nodes or more; this job's ranks are on " + std::to_string(nodes) + " node" + (nodes == 1 ? "" : "s");
+}
+
 std::vector<std::vector<int>> replica_receivers(const std::vector<int64_t>& node_of, int64_t replicas) {
   std::vector<int64_t> nodes(node_of);
   std::sort(nodes.begin(), nodes.end());
   nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
   const auto count = static_cast<int64_t>(nodes.size());
-  if (replicas > count - 1)
-    throw UserError("[job] snapshot_replicas = " + std::to_string(replicas) + " needs " + std::to_string(replicas + 1) +
-                    " nodes or more; this job's ranks are on " + std::to_string(count) + " node" + (count == 1 ? "" : "s") +
-                    " (on one machine: strata run -n N --simulate-nodes K)");
+  if (const std::string why = replica_nodes_problem(count, replicas); !why.empty())
+    throw UserError(why + " (on one machine: strata run -n N --simulate-nodes K)");
   std::vector<std::vector<int>> members(nodes.size());
   for (size_t r = 0; r < node_of.size(); ++r)
     members[static_cast<size_t>(std::lower_bound(nodes.begin(), nodes.end(), node_of[r]) - nodes.begin())].push_back(static_cast<int>(r));

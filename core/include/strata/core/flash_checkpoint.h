@@ -174,6 +174,10 @@ STRATA_API uint64_t persist_flash_set(const FlashSet& set, const std::filesystem
 // the rank with r's index within its node (modulo their size) on each of the next R nodes of the
 // ring of nodes in ascending order. A UserError when there are fewer than R + 1 nodes.
 STRATA_API std::vector<std::vector<int>> replica_receivers(const std::vector<int64_t>& node_of, int64_t replicas);
+// Why `replicas` replicas of each node's snapshot do not fit on `nodes` nodes (each needs its own
+// other node: "[job] snapshot_replicas = R needs R + 1 nodes or more; this job's ranks are on K
+// nodes"), or empty. replica_receivers and the supervisor after a node shrink ask it.
+STRATA_API std::string replica_nodes_problem(int64_t nodes, int64_t replicas);
 
 // The 64-bit checksum of the slots (exposed for its unit test).
 STRATA_API uint64_t flash_checksum(const void* data, size_t bytes);
