@@ -45,9 +45,13 @@ struct MetricsSummary {
   int64_t last_step = 0;
   double kept_ms = 0;
   std::vector<std::pair<int64_t, double>> step_ms;  // every step's time
-  double ms_after(int64_t step) const {
-    double sum = 0;
-    for (const auto& [s, ms] : step_ms) sum += s > step ? ms : 0;
+  // The time of the steps after `step` up to `reached`; steps past the last recorded one (not
+  // written before a kill) count at the mean of the recorded ones.
+  double ms_after(int64_t step, int64_t reached) const {
+    double sum = 0, all = 0;
+    for (const auto& [s, ms] : step_ms) sum += s > step ? ms : 0, all += ms;
+    const int64_t unrecorded = reached - std::max(step, last_step);
+    if (unrecorded > 0 && !step_ms.empty()) sum += static_cast<double>(unrecorded) * all / static_cast<double>(step_ms.size());
     return sum;
   }
 };
@@ -142,6 +146,8 @@ void HangWatch::finish(AttemptResult& result) {
     result.restored_from = std::max(result.restored_from, static_cast<int>(p.restored_from));
     result.restored_by_rank.push_back(p.restored_from);
     result.restored_peer_node.push_back(p.restored_peer_node);
+    const bool updated = p.phase >= static_cast<int32_t>(StepPhase::Updated);
+    result.step_finished = std::max(result.step_finished, updated ? p.step : p.step - 1);
   }
   result.first_step_s = first_step_s_;
   result.resumed_step = std::max<int64_t>(0, first_step_ - 1);
@@ -574,14 +580,15 @@ int supervise(const SupervisorOptions& options,
       return 0;
     }
     const MetricsSummary reached = read_metrics(options.run_dir);
+    const int64_t step_reached = std::max(reached.last_step, result.step_finished);
     const int64_t checkpoint = flash && restarts_next ? flash->breakpoint_step() : newest_checkpoint_step(options.run_dir);
     const std::string cause = result.interrupted ? "interrupted (Ctrl-C)"
                               : !result.cause.empty() ? result.cause
                                                       : "ranks exited with status " + std::to_string(result.status);
-    record_failure(events, n, result, cause, reached.last_step, checkpoint, options.run_dir);
+    record_failure(events, n, result, cause, step_reached, checkpoint, options.run_dir);
     // Bad input fails the same way again; Ctrl-C means stop. Both leave a resumable run.
     if (result.status == 2 || result.interrupted || n >= options.max_restarts) {
-      say_why_stopped(options, n, result, cause, reached.last_step, checkpoint, slots.size());
+      say_why_stopped(options, n, result, cause, step_reached, checkpoint, slots.size());
       if (flash && persisted) flash->remove();  // everything is on disk
       // 2 (bad input) stays 2; any other failure (mpirun's 128 + signal included) is 1.
       return result.status == 2 ? 2 : 1;
@@ -593,13 +600,13 @@ int supervise(const SupervisorOptions& options,
     else
       shrink_if_blamed_twice(blamed, previously_blamed, options, slots, events, n);
     const double backoff = std::min(60.0, options.backoff_seconds * std::pow(2.0, static_cast<double>(n)));
-    std::cerr << "strata: " << cause << " at step " << reached.last_step << "; restarting all ranks from "
+    std::cerr << "strata: " << cause << " at step " << step_reached << "; restarting all ranks from "
               << (checkpoint > 0 ? "the checkpoint of step " + std::to_string(checkpoint) : std::string("step 0")) << " in "
               << backoff << " s (restart " << n + 1 << " of " << options.max_restarts << ")\n";
     std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
     ++restarts;
-    recomputed_steps += std::max<int64_t>(0, reached.last_step - checkpoint);
-    account.recomputed_s += reached.ms_after(checkpoint) / 1000.0;
+    recomputed_steps += std::max<int64_t>(0, step_reached - checkpoint);
+    account.recomputed_s += reached.ms_after(checkpoint, step_reached) / 1000.0;
     account.restart_s += seconds_since(attempt_ended);
     recovery_seconds += seconds_since(attempt_ended);
     failed_at = attempt_ended;

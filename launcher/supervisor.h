@@ -38,6 +38,10 @@ struct AttemptResult {
   std::vector<int> restored_by_rank, restored_peer_node;
   int64_t resumed_step = 0;
   double first_step_s = -1;
+  // The newest step any rank finished (its optimizer update done), from the progress records: a
+  // rank killed by a signal cannot write the metrics lines of the steps it has not read yet
+  // ([job] log_every), so metrics.jsonl may stop short of it.
+  int64_t step_finished = 0;
 };
 
 // How one attempt runs (run_under_mpirun).
