@@ -404,10 +404,8 @@ void record_recovery(EventLog& events, int n, const AttemptResult& result, Clock
   }
   uint64_t disk_bytes = 0;
   std::error_code ec;
-  char step_dir[32];  // checkpoints/step_NNNNNNNN, as core names them
-  std::snprintf(step_dir, sizeof step_dir, "step_%08ld", static_cast<long>(result.resumed_step));
   if (any_disk)
-    for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints" / step_dir, ec))
+    for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints" / step_dir_name(result.resumed_step), ec))
       if (entry.is_regular_file(ec)) disk_bytes += entry.file_size(ec);
   fields << "],\"disk_checkpoint_bytes\":" << disk_bytes << ",\"failure_to_first_step_s\":"
          << std::chrono::duration<double>(started - failed_at).count() + result.first_step_s;

@@ -20,6 +20,16 @@
 #include "strata/core/safetensors_view.h"
 #include "strata/errors.h"
 
+namespace strata {
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08ld", static_cast<long>(step));
+  return buf;
+}
+
+}  // namespace strata
+
 namespace strata::engine {
 
 namespace fs = std::filesystem;
@@ -76,12 +86,6 @@ void write_text_durably(const fs::path& path, const std::string& text) {
 }
 
 std::vector<fs::path> checkpoint_dirs_newest_first(const fs::path& checkpoints_dir) { return step_dirs_newest_first(checkpoints_dir); }
-
-std::string step_dir_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%08ld", static_cast<long>(step));
-  return buf;
-}
 
 std::string shard_name(int rank) {
   char buf[40];

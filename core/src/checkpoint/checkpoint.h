@@ -15,6 +15,7 @@
 
 #include "strata/comm.h"
 #include "strata/optimizer.h"
+#include "strata/core/flash_checkpoint.h"
 #include "strata/core/safetensors_view.h"
 #include "strata/core/safetensors.h"
 
@@ -41,9 +42,9 @@ struct CheckpointFile {
   std::string sha256;
 };
 
-// "rank_00003.safetensors", "step_00000012": the names inside a checkpoints directory.
+// "rank_00003.safetensors": a rank's shard inside a step's directory (step_dir_name in
+// strata/core/flash_checkpoint.h names the directory).
 std::string shard_name(int rank);
-std::string step_dir_name(int64_t step);
 // Where a checkpoint of `step` is assembled before publish_checkpoint makes it visible.
 std::filesystem::path staging_dir(const std::filesystem::path& checkpoints_dir, int64_t step);
 // Removes the staging directories of saves that never completed.

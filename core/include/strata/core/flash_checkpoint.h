@@ -169,6 +169,10 @@ STRATA_API MappedFlashSet map_flash_slots(const std::vector<std::filesystem::pat
 STRATA_API uint64_t persist_flash_set(const FlashSet& set, const std::filesystem::path& checkpoints_dir, int64_t keep,
                                       double pause_seconds = 0);
 
+// "step_00000012": the directory of a step's checkpoint inside checkpoints/ (core writes them, the
+// supervisor reads them).
+STRATA_API std::string step_dir_name(int64_t step);
+
 // Where replicas go ([job] snapshot_replicas = R, core/src/engine/snapshot_replicas.h): given
 // every rank's node, receivers[r] are the ranks that hold rank r's images besides its own node:
 // the rank with r's index within its node (modulo their size) on each of the next R nodes of the
