@@ -366,7 +366,6 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
 
   read_unread();
   StepRecord& record = unread.back().record;
-  record.extra.emplace_back("host_reads", static_cast<double>(engine::host_reads() - reads_before));
   if (profiled) {
     profile.add_step(record.step_ms);
     if (at_step == profile_last || at_step == steps) {
@@ -421,7 +420,9 @@ void Trainer::Impl::read_unread(bool across_ranks) {
     topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
     values.push_back(memory_max);
   }
+  const int64_t reads_before = engine::host_reads();
   const std::vector<double> figures = engine::read_on_host(values);
+  const int64_t this_read = engine::host_reads() - reads_before;  // counted on the newest step
   const size_t n = unread.size();
   if (figures.size() > 2 * n) memory.assign(figures.begin() + static_cast<std::ptrdiff_t>(2 * n), figures.end());
   const double mean_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - unread_since).count() /
@@ -434,7 +435,7 @@ void Trainer::Impl::read_unread(bool across_ranks) {
     r.grad_norm = figures[2 * i + 1];
     r.step_ms = device.is_cpu() ? unread[i].host_ms : mean_ms;
     for (size_t k = 0; k < reported; ++k) r.extra.emplace_back(memory_names[k], memory[kinds * i + k]);
-    if (i + 1 < n) r.extra.emplace_back("host_reads", static_cast<double>(unread[i].host_reads));
+    r.extra.emplace_back("host_reads", static_cast<double>(unread[i].host_reads + (i + 1 == n ? this_read : 0)));
   }
 }
 
