@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "common.h"
 #include "python_tokenizers.h"
+#include "strata/core/prepared_data.h"
 #include "strata/core/trainer.h"
 
 namespace strata::cli {
@@ -26,10 +27,8 @@ namespace fs = std::filesystem;
 fs::path prepared_tokenizer(const CheckpointModel& loaded) {
   const Config& data = loaded.plan.data;
   if (!loaded.plan.dataset_component || loaded.plan.dataset_component->name() != "tokens" || !data.has("path")) return {};
-  std::error_code unreadable;
-  const fs::path dir = data.get_string("path");
-  if (!fs::is_regular_file(dir / "meta.json", unreadable) || !fs::is_regular_file(dir / "tokenizer.json", unreadable)) return {};
-  return dir / "tokenizer.json";
+  const std::optional<PreparedData> prepared = read_prepared_data(data.get_string("path"));
+  return prepared ? prepared->tokenizer : fs::path();
 }
 
 std::string sample_through_tokenizer(CheckpointModel& loaded, const fs::path& tokenizer, const SampleOptions& options) {

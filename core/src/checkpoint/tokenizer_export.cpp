@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strata/core/prepared_data.h"
 #include "strata/errors.h"
 
 namespace strata {
@@ -68,14 +69,10 @@ void write_byte_level_tokenizer(const std::filesystem::path& out, int64_t model_
 }
 
 bool copy_prepared_tokenizer(const std::filesystem::path& out, const std::filesystem::path& data_dir, int64_t model_max_length) {
-  const std::filesystem::path meta_file = data_dir / "meta.json", tokenizer = data_dir / "tokenizer.json";
-  std::error_code unreadable;
-  if (!std::filesystem::is_regular_file(meta_file, unreadable) || !std::filesystem::is_regular_file(tokenizer, unreadable)) return false;
-  std::ifstream in(meta_file);
-  const json meta = json::parse(in, nullptr, false);
-  if (meta.is_discarded() || !meta.contains("eos_token") || !meta["eos_token"].is_string()) return false;
-  std::filesystem::copy_file(tokenizer, out / "tokenizer.json", std::filesystem::copy_options::overwrite_existing);
-  const std::string eos = meta["eos_token"].get<std::string>();
+  const std::optional<PreparedData> prepared = read_prepared_data(data_dir);
+  if (!prepared || prepared->tokenizer.empty() || !prepared->eos_token) return false;
+  std::filesystem::copy_file(prepared->tokenizer, out / "tokenizer.json", std::filesystem::copy_options::overwrite_existing);
+  const std::string eos = *prepared->eos_token;
   write_json(out / "tokenizer_config.json", {{"tokenizer_class", "PreTrainedTokenizerFast"},
                                              {"model_max_length", model_max_length},
                                              {"clean_up_tokenization_spaces", false},
