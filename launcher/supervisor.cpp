@@ -501,6 +501,10 @@ int supervise(const SupervisorOptions& options,
   int64_t nodes = options.simulated_nodes;
   double recovery_seconds = 0;
   Clock::time_point failed_at = started;  // when the last failed attempt ended
+  // The step the last restart was counted from. With the breakpoint persisted while the next
+  // attempt starts, that is the newest snapshot, assumed whole; if the ranks find it damaged they
+  // resume from an older one, and the steps in between are recomputed too.
+  int64_t counted_from = -1;
   TimeAccount account;
   // Flash checkpoints: a fresh run starts without snapshots; a resumed one first writes to disk
   // what a supervisor killed before it could left in memory.
@@ -520,6 +524,9 @@ int supervise(const SupervisorOptions& options,
     const AttemptResult result = attempt(n > 0, n, slots);
     // Persist at breakpoint: the newest snapshot goes to disk before anything else, failure or not.
     const auto attempt_ended = Clock::now();
+    if (counted_from >= 0 && result.first_step_s >= 0 && result.resumed_step < counted_from)
+      recomputed_steps += counted_from - result.resumed_step;
+    counted_from = -1;
     if (n > 0) record_recovery(events, n, result, failed_at, attempt_started, options.run_dir);
     bool persisted = true;
     // A failure the run restarts from (the conditions below) persists while the next attempt
@@ -604,6 +611,7 @@ int supervise(const SupervisorOptions& options,
     std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
     ++restarts;
     recomputed_steps += std::max<int64_t>(0, step_reached - checkpoint);
+    counted_from = checkpoint;
     account.recomputed_s += reached.ms_after(checkpoint, step_reached) / 1000.0;
     account.restart_s += seconds_since(attempt_ended);
     recovery_seconds += seconds_since(attempt_ended);

@@ -55,6 +55,9 @@ expect "$work/corrupt/events.jsonl" '"event":"persist_failed".*"step":7,"when":"
 expect "$work/corrupt/events.jsonl" '"event":"persist".*"step":6,"when":"failure"' corrupt
 expect "$work/corrupt.log" 'skipping the flash snapshot of step 7: the snapshot of rank 1 at step 7 fails its checksum; loading from disk' corrupt
 expect "$work/corrupt.log" 'resumed from .*step_00000006 at step 6' corrupt
+# Counted from step 7 (the newest snapshot, persisted while the restart began), the restart in
+# fact resumed at 6: step 7 counts as recomputed too.
+expect "$work/corrupt/events.jsonl" '"event":"finish".*"restarts":1,"recomputed_steps":1,' corrupt
 echo "corrupt: damaged snapshot refused by the supervisor and by the restart; the older one loaded from disk; bit-identical"
 
 run_case slow_persist "slow_persist 1.5; kill 1 6"
