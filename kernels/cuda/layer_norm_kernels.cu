@@ -12,38 +12,12 @@
 
 #include <cuda_runtime.h>
 
+#include "block_reduce.cuh"
+
 namespace strata::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Sum of v over the block's threads, returned to every thread. `shared` holds kThreads / 32 floats.
-__device__ float block_sum(float v, float* shared) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads();  // shared may still be read by a previous call
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0;
-  for (int w = 0; w < kThreads / 32; ++w) total += shared[w];
-  return total;
-}
-
-// Two sums over the block's threads at once (one pair of barriers), returned to every thread.
-// `shared` holds kThreads / 32 float2.
-__device__ float2 block_sum2(float2 v, float2* shared) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    v.x += __shfl_down_sync(0xffffffffu, v.x, offset);
-    v.y += __shfl_down_sync(0xffffffffu, v.y, offset);
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads();  // shared may still be read by a previous call
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float2 total{0.f, 0.f};
-  for (int w = 0; w < kThreads / 32; ++w) total.x += shared[w].x, total.y += shared[w].y;
-  return total;
-}
 
 // Rows of up to kMaxCols x kThreads values (2048: GPT-2's 768, Llama-1B's 2048) are held in
 // registers, kMaxCols per thread, and read from memory once; wider rows are read again per pass.
@@ -69,7 +43,7 @@ __global__ void forward_kernel(const float* x, const float* w, const float* b, f
     } else {
       for (int64_t j = threadIdx.x; j < dim; j += kThreads) sum += xr[j];
     }
-    const float mean = block_sum(sum, shared) * inv_dim;
+    const float mean = block_sum<kThreads>(sum, shared) * inv_dim;
     float squares = 0;
     if constexpr (kInRegisters) {
 #pragma unroll
@@ -78,7 +52,7 @@ __global__ void forward_kernel(const float* x, const float* w, const float* b, f
     } else {
       for (int64_t j = threadIdx.x; j < dim; j += kThreads) squares += (xr[j] - mean) * (xr[j] - mean);
     }
-    const float rstd = rsqrtf(block_sum(squares, shared) * inv_dim + eps);
+    const float rstd = rsqrtf(block_sum<kThreads>(squares, shared) * inv_dim + eps);
     if (threadIdx.x == 0) mean_out[row] = mean, rstd_out[row] = rstd;
     if constexpr (kInRegisters) {
 #pragma unroll
@@ -122,7 +96,7 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
           sums.x += g[k], sums.y += g[k] * n[k];
         }
       }
-      const float2 total = block_sum2(sums, shared);
+      const float2 total = block_sum2<kThreads>(sums, shared);
       const float g_mean = total.x * inv_dim, gn_mean = total.y * inv_dim;
 #pragma unroll
       for (int k = 0; k < kMaxCols; ++k) {
@@ -136,7 +110,7 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
         dw[j] += d * n;
         if (db) db[j] += d;
       }
-      const float2 total = block_sum2(sums, shared);
+      const float2 total = block_sum2<kThreads>(sums, shared);
       const float g_mean = total.x * inv_dim, gn_mean = total.y * inv_dim;
       for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
         const float n = (xr[j] - mean) * rstd;
@@ -154,13 +128,6 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
       }
     }
   }
-}
-
-int sm_count() {
-  int device = 0, count = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return count > 0 ? count : 1;
 }
 
 }  // namespace

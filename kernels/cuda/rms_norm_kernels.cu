@@ -13,24 +13,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "block_reduce.cuh"
 #include "storage.cuh"
 
 namespace strata::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Sum of v over the block's threads, returned to every thread. `shared` holds kThreads / 32 floats.
-__device__ float block_sum(float v, float* shared) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads();  // shared may still be read by a previous call
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0;
-  for (int w = 0; w < kThreads / 32; ++w) total += shared[w];
-  return total;
-}
 
 // T: x's storage, W: the weight's (T or float), O: the output's (float if W is, else T).
 template <class T, class W, class O>
@@ -43,7 +32,7 @@ __global__ void forward_kernel(const T* x, const W* w, O* y, float* rstd, int64_
       const float v = to_float(xr[j]);
       squares += v * v;
     }
-    const float r = rsqrtf(block_sum(squares, shared) / static_cast<float>(dim) + eps);
+    const float r = rsqrtf(block_sum<kThreads>(squares, shared) / static_cast<float>(dim) + eps);
     if (threadIdx.x == 0) rstd[row] = r;
     O* yr = y + row * dim;
     for (int64_t j = threadIdx.x; j < dim; j += kThreads) yr[j] = from_float<O>(to_float(w[j]) * round_to<T>(to_float(xr[j]) * r));
@@ -65,20 +54,13 @@ __global__ void backward_kernel(const T* x, const W* w, const float* rstd, const
       gx += round_to<T>(d * to_float(w[j])) * xv;
       partial[j] += d * round_to<T>(xv * r);
     }
-    const float correction = r * r * r * block_sum(gx, shared) / static_cast<float>(dim);
+    const float correction = r * r * r * block_sum<kThreads>(gx, shared) / static_cast<float>(dim);
     T* dxr = dx + row * dim;
     for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
       const float xv = to_float(xr[j]);
       dxr[j] = from_float<T>(r * round_to<T>(to_float(dyr[j]) * to_float(w[j])) - correction * xv);
     }
   }
-}
-
-int sm_count() {
-  int device = 0, count = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return count > 0 ? count : 1;
 }
 
 unsigned forward_blocks(int64_t rows) { return static_cast<unsigned>(rows < 65536 ? (rows < 1 ? 1 : rows) : 65536); }
