@@ -136,6 +136,7 @@ HangWatch::~HangWatch() {
 void HangWatch::finish(AttemptResult& result) {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
+  int64_t restored_step = -1;
   for (int r = 0; r < ranks_; ++r) {
     ProgressRecord p;
     if (!read_progress(dir_, r, p)) continue;
@@ -148,9 +149,12 @@ void HangWatch::finish(AttemptResult& result) {
     result.restored_peer_node.push_back(p.restored_peer_node);
     const bool updated = p.phase >= static_cast<int32_t>(StepPhase::Updated);
     result.step_finished = std::max(result.step_finished, updated ? p.step : p.step - 1);
+    restored_step = std::max(restored_step, p.restored_step);
   }
   result.first_step_s = first_step_s_;
-  result.resumed_step = std::max<int64_t>(0, first_step_ - 1);
+  // The ranks say which step they restored; the lowest step first seen running only estimates it
+  // (the watch looks every 100 ms, and a fast job is steps further by then).
+  result.resumed_step = restored_step >= 0 ? restored_step : std::max<int64_t>(0, first_step_ - 1);
   if (cause_.empty()) return;
   result.hang_s = hang_s_;
   result.cause = cause_;

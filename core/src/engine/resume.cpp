@@ -228,7 +228,7 @@ bool Trainer::load() {
     if (restored > 0) {
       memory.record("a flash snapshot");
       t.progress->set_restore(seconds_since(restore_started), t.flash_peer_node >= 0 ? RestoreSource::PeerMemory : RestoreSource::Memory,
-                              t.flash_peer_node);
+                              restored, t.flash_peer_node);
       t.continue_from(restored);
       return true;
     }
@@ -255,9 +255,9 @@ bool Trainer::load() {
     t.continue_from(0);
     return false;
   }
-  t.progress->set_restore(seconds_since(restore_started), RestoreSource::Disk);
-  memory.record(t.newest->path().string());
   const engine::CheckpointMeta meta = t.newest->meta();
+  t.progress->set_restore(seconds_since(restore_started), RestoreSource::Disk, meta.step);
+  memory.record(t.newest->path().string());
   t.console->message("resumed from " + t.newest->path().string() + " at step " + std::to_string(meta.step) +
                      (meta.world_size != t.env.world_size ? " (saved by " + std::to_string(meta.world_size) + " ranks)" : std::string()));
   t.newest.reset(), t.older.clear(), t.skipped.clear();

@@ -72,6 +72,7 @@ ProgressBeacon::ProgressBeacon(int rank) {
   if (!file_) return;
   record_ = &file_->progress;
   record_->pid = static_cast<int32_t>(::getpid());
+  record_->restored_step = -1;  // the file starts zeroed, and step 0 is not "none"
 }
 
 ProgressBeacon::~ProgressBeacon() {
@@ -99,8 +100,9 @@ void ProgressBeacon::add_checkpoint_time(double seconds, double replica_seconds)
   record_->replica_ns += static_cast<int64_t>(replica_seconds * 1e9);
 }
 
-void ProgressBeacon::set_restore(double seconds, RestoreSource source, int peer_node) {
+void ProgressBeacon::set_restore(double seconds, RestoreSource source, int64_t step, int peer_node) {
   if (!record_) return;
+  record_->restored_step = step;
   record_->restore_ns = static_cast<int64_t>(seconds * 1e9);
   record_->restored_from = static_cast<int32_t>(source);
   record_->restored_peer_node = peer_node;

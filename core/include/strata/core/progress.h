@@ -50,6 +50,7 @@ struct ProgressRecord {
   int32_t micro_backward = 0; // 1: in its backward
   int32_t restored_peer_node = -1;  // with RestoreSource::PeerMemory: the node whose memory held it
   int64_t collectives = 0;    // collectives issued so far; the newest is flight[(collectives - 1) % kFlightLength]
+  int64_t restored_step = -1; // the step restored (set_restore), -1 when none was
 };
 
 enum class CollectiveOp : int32_t { AllReduce, ReduceScatter, AllGather, Broadcast, AllToAll, Send, Recv, BatchP2P, Barrier };
@@ -100,7 +101,7 @@ class STRATA_API ProgressBeacon {
   void beat_micro(int64_t micro, bool backward);
   // `replica_seconds`: the part of it spent on snapshot replicas.
   void add_checkpoint_time(double seconds, double replica_seconds = 0);
-  void set_restore(double seconds, RestoreSource source, int peer_node = -1);
+  void set_restore(double seconds, RestoreSource source, int64_t step, int peer_node = -1);
 
   // The flight recorder (used by core/flight_recorder.h's recording communicator). add_group
   // returns the group's index, or -1 when the table is full or there is no supervisor.
