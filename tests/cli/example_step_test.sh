@@ -18,7 +18,7 @@ path=$(awk '/^\[data\]/{d=1;next} /^\[/{d=0} d && /^path *=/{gsub(/^path *= *"|"
 if [ -n "$path" ] && [ ! -e "$path" ]; then echo "FAIL: $example reads $path, which scripts/setup does not make"; exit 1; fi
 sets=(--set job.steps=1 --set job.global_batch="$ranks" --set job.micro_batch=1 --set job.eval_every=1
       --set job.eval_batches=1 --set job.checkpoint_every=1 --set job.threads=1)
-sets+=(--set model.seq_len=64)
+sets+=(--set model.seq_len=16)
 "$strata" run -n "$ranks" "$example" --out "$work/run" "${sets[@]}" > "$work/run.txt" 2>&1 || { cat "$work/run.txt"; echo "FAIL: run"; exit 1; }
 grep -q '"step":1' "$work/run/metrics.jsonl" || { cat "$work/run.txt"; echo "FAIL: no step 1 in metrics"; exit 1; }
 
