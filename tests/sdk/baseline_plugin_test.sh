@@ -30,12 +30,16 @@ build_old() {  # DIR: today's installed Strata, but the baseline's plugin header
   grep -q -- "-I$work/baseline/plugin_api/include" "$dir.build.log" || { echo "not compiled against the baseline's headers"; exit 1; }
 }
 
-build_old "$work/baseline/sdk/template"
+# Both built first, side by side (the test holds 2 processors).
+build_old "$work/baseline/sdk/template" &
+template_build=$!
+build_old "$work/baseline/sdk/examples/ema"
+wait "$template_build"
+
 cd "$work/baseline/sdk/template"
 "$strata" run strategy.toml --out runs/old > run.log 2>&1 || { echo "the baseline's template plugin did not load and train"; cat run.log; exit 1; }
 grep -q '"param_norm":' runs/old/metrics.jsonl || { echo "the baseline's template pass did not run"; cat run.log; exit 1; }
 echo "template from $commit (plugin ABI $abi): built against its own headers, loaded by $("$strata" --version | head -1), trained"
 
-build_old "$work/baseline/sdk/examples/ema"
 ctest --test-dir "$work/baseline/sdk/examples/ema/build" --output-on-failure > "$work/ema.test.log" 2>&1 || { cat "$work/ema.test.log"; exit 1; }
 echo "example ema from $commit: built against its own headers, its tests pass against today's Strata"
