@@ -208,8 +208,12 @@ void FlashWriter::wait() {
 
 // Maps the slot with room for `bytes` of image: an existing file as it is when big enough (its
 // header keeps its state), else grown. The pages are reserved with posix_fallocate, so a full
-// /dev/shm is an error here rather than SIGBUS in the copy.
-bool FlashWriter::prepare(Slot& slot, uint64_t bytes, std::string& problem) {
+// /dev/shm is an error here rather than SIGBUS in the copy. `populate`: the pages are also mapped
+// in now (a snapshot's own slots, whose copy blocks the step either way); a replica's slots are
+// not, so the first touch of each page happens in the communicator's receiving thread, in the
+// background, rather than in the blocking part of posting (measured 350-640 ms once per run for
+// 2 x 168.5 MiB).
+bool FlashWriter::prepare(Slot& slot, uint64_t bytes, std::string& problem, bool populate) {
   const uint64_t needed = kHeaderBytes + bytes;
   if (slot.data && slot.size >= needed) return true;
   if (slot.data) ::munmap(slot.data, slot.size), slot.data = nullptr;
@@ -227,7 +231,7 @@ bool FlashWriter::prepare(Slot& slot, uint64_t bytes, std::string& problem) {
     problem = "shared memory cannot hold " + std::to_string(size >> 20) + " MiB at " + slot.path.string() + ": " + std::strerror(error);
     return false;
   }
-  void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) {
     problem = "cannot map " + slot.path.string() + ": " + std::strerror(errno);
@@ -272,7 +276,7 @@ FlashWrite FlashWriter::write(const FlashImageInfo& info, const NamedTensors& te
   uint64_t bytes = prefix.size();
   for (const auto& [name, tensor] : tensors) bytes += static_cast<uint64_t>(tensor.nbytes());
   for (auto& slot : slots_)
-    if (!prepare(*slot, bytes, problem)) return FlashWrite::Failed;
+    if (!prepare(*slot, bytes, problem, /*populate=*/true)) return FlashWrite::Failed;
   const int target = take_older_slot(info, bytes);
   if (target < 0) return FlashWrite::Skipped;
   Slot& slot = *slots_[target];
@@ -313,7 +317,7 @@ std::optional<FlashImageView> FlashWriter::newest(bool with_checksum) {
 FlashReceive FlashWriter::begin_receive(const FlashImageInfo& info, uint64_t bytes, std::string& problem) {
   // No wait for the check of the previous replica: it runs on in its slot, and the other is taken.
   for (int s = 0; s < 2; ++s)
-    if (s != checking_ && !prepare(*slots_[s], bytes, problem)) return {};
+    if (s != checking_ && !prepare(*slots_[s], bytes, problem, /*populate=*/false)) return {};
   const int target = take_older_slot(info, bytes);
   return target < 0 ? FlashReceive{} : FlashReceive{slots_[target]->data + kHeaderBytes, target};
 }

@@ -107,7 +107,7 @@ class STRATA_API FlashWriter {
 
  private:
   struct Slot;
-  bool prepare(Slot& slot, uint64_t bytes, std::string& problem);
+  bool prepare(Slot& slot, uint64_t bytes, std::string& problem, bool populate);
   int take_older_slot(const FlashImageInfo& info, uint64_t bytes);
   std::filesystem::path dir_;
   int rank_;
