@@ -7,7 +7,8 @@
 set -euo pipefail
 strata=$1 strategy=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
-common=(--set job.steps=12 --set job.eval_every=6 --set job.checkpoint_every=4 --set job.threads=1 --set job.global_batch=6)
+common=(--set job.steps=12 --set job.eval_every=6 --set job.checkpoint_every=4 --set job.threads=1 --set job.global_batch=6
+        --set model.seq_len=32)
 "$strata" run -n 3 "$strategy" --out "$work/deferred" "${common[@]}" --set job.log_every=5 > "$work/deferred.log" 2>&1 \
   || { cat "$work/deferred.log"; exit 1; }
 "$strata" run -n 3 "$strategy" --out "$work/every" "${common[@]}" --set job.log_every=1 > "$work/every.log" 2>&1 \
