@@ -50,14 +50,15 @@ def main():
                     help="with --rounds 0: only the node loss at that snapshot_replicas, printed (the results file is kept)")
     a = ap.parse_args()
     work = "/tmp/strata_replicas_bench"
-    steady = lambda ms, key: statistics.median([m[key] for m in ms if m["step"] >= 3 and key in m and "checkpoint_ms" in m])
-    first = lambda ms: next((m["checkpoint_ms"] for m in ms if m["step"] == 2 and "checkpoint_ms" in m), float("nan"))
     rows = []  # (round, replicas, blocking ms, step ms, step 2's blocking ms, snapshots counted)
     for r in range(a.rounds):
         for replicas in (0, 1):
             metrics, _ = run(a.strata, f"{work}/cost_{replicas}", a.steps, replicas)
-            counted = sum(1 for m in metrics if m["step"] >= 3 and "checkpoint_ms" in m)
-            rows.append((r + 1, replicas, steady(metrics, "checkpoint_ms"), steady(metrics, "step_ms"), first(metrics), counted))
+            taken = [m for m in metrics if "checkpoint_ms" in m]  # a skipped snapshot records snapshot_skipped_ms
+            steady = [m for m in taken if m["step"] >= 3]
+            first = next((m["checkpoint_ms"] for m in taken if m["step"] == 2), float("nan"))
+            rows.append((r + 1, replicas, statistics.median(m["checkpoint_ms"] for m in steady),
+                         statistics.median(m["step_ms"] for m in steady), first, len(steady)))
     if a.rounds > 0:
         image = os.path.getsize(sorted(p for p in (os.path.join(d, f) for d, _, fs in os.walk(f"{work}/cost_1/checkpoints") for f in fs)
                                        if p.endswith(".safetensors"))[-1])
