@@ -26,15 +26,37 @@ set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "GPU architectures CUDA code is buil
 find_package(Torch REQUIRED)
 # libtorch's at::parallel_for is a header template that runs in parallel only where the including
 # file is compiled with OpenMP (_OPENMP, as the wheel was built); without it every kernel of ours
-# that calls it runs on one thread. So whatever uses torch is compiled and linked with OpenMP.
+# that calls it runs on one thread. So whatever uses torch is compiled and linked with OpenMP
+# (strata_torch below links it).
 find_package(OpenMP REQUIRED COMPONENTS CXX)
-set_property(TARGET torch APPEND PROPERTY INTERFACE_LINK_LIBRARIES OpenMP::OpenMP_CXX)
+
+# What Strata's own targets link: strata_torch, libtorch's compile settings and libtorch_cpu. Its
+# CUDA half (libtorch_cuda.so) is loaded at run time, and only where a CUDA driver is
+# (core/src/host/cuda_runtime.cpp says why). TorchConfig's `torch` forces libtorch_cuda.so into
+# every binary that links it (--no-as-needed), and libtorch.so, a stub that names libtorch_cpu and
+# libtorch_cuda, would pull it in as well. So strata_torch takes `torch`'s compile settings without
+# linking libtorch.so, and torch_cuda_library keeps its compile settings (USE_C10D_NCCL, the CUDA
+# headers) but links only what a binary uses (c10_cuda and cudart where CUDA kernels are built).
+# Shared libraries link with -z defs: code that starts to call into libtorch_cuda then fails to
+# link here instead of failing to load on a GPU machine. Installed, the SDK's targets link `torch`
+# as before (out-of-tree plugins may load libtorch_cuda themselves).
+set_property(TARGET torch_cuda_library PROPERTY INTERFACE_LINK_LIBRARIES "$<TARGET_PROPERTY:torch_cuda,INTERFACE_LINK_LIBRARIES>")
+add_library(strata_torch INTERFACE IMPORTED GLOBAL)  # imported: its headers are system headers, as `torch`'s are
+foreach(property INCLUDE_DIRECTORIES COMPILE_DEFINITIONS COMPILE_OPTIONS)
+  set_property(TARGET strata_torch PROPERTY INTERFACE_${property} "$<TARGET_PROPERTY:torch,INTERFACE_${property}>")
+endforeach()
+target_link_libraries(strata_torch INTERFACE torch_cpu_library torch_cuda_library OpenMP::OpenMP_CXX)
+foreach(kind EXE SHARED MODULE)
+  string(APPEND CMAKE_${kind}_LINKER_FLAGS " -Wl,--as-needed")
+endforeach()
+string(APPEND CMAKE_SHARED_LINKER_FLAGS " -Wl,-z,defs")
+string(APPEND CMAKE_MODULE_LINKER_FLAGS " -Wl,-z,defs")
 message(STATUS "Strata: libtorch ${STRATA_TORCH_WHEEL_VERSION} (CUDA ${STRATA_TORCH_CUDA_VERSION}) from ${STRATA_TORCH_CMAKE_PREFIX}")
 
 # One precompiled header for every target that includes libtorch. Targets reuse it with
 # strata_use_torch_pch(); they must then share compile flags and definitions with it.
 add_library(strata_torch_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/../core/pch/torch_pch.cpp)
-target_link_libraries(strata_torch_pch PUBLIC torch)
+target_link_libraries(strata_torch_pch PUBLIC strata_torch)
 target_precompile_headers(strata_torch_pch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../core/pch/torch_pch.h)
 
 function(strata_use_torch_pch target)

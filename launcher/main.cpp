@@ -182,7 +182,10 @@ void print_version() {
   std::cout << "strata " << v.strata << " (plugin ABI " << v.abi << ")\n"
             << "libtorch " << v.torch << " (wheel " << v.torch_wheel << ", " << v.cxx_abi << ")\n"
             << "CUDA " << v.torch_cuda << " (the wheel's build); runtime: "
-            << (v.cuda_available ? std::to_string(v.cuda_devices) + " device(s)" : std::string("no CUDA device")) << "\n";
+            << (v.cuda_available                      ? std::to_string(v.cuda_devices) + " device(s)"
+                : v.cuda_runtime_absent.empty() ? std::string("no CUDA device")
+                                                : "libtorch_cuda not loaded (" + v.cuda_runtime_absent + ")")
+            << "\n";
 }
 
 int dispatch(int argc, char** argv) {

@@ -3,6 +3,7 @@
 
 #include <ATen/Context.h>
 
+#include "strata/core/cuda_runtime.h"
 #include "strata/core/flight_recorder.h"
 #include "strata/core/local_communicator.h"
 #include "strata/errors.h"
@@ -12,7 +13,10 @@ namespace strata::engine {
 c10::Device parse_device(const std::string& text, int local_rank) {
   try {
     c10::Device device(text);
-    if (device.is_cuda() && !at::hasCUDA()) throw UserError("[job] device = \"" + text + "\" but no CUDA device is available");
+    if (device.is_cuda() && !at::hasCUDA()) {
+      const CudaRuntime& runtime = load_cuda_runtime();
+      throw UserError("[job] device = \"" + text + "\" but no CUDA device is available" + (runtime.loaded ? "" : " (" + runtime.why + ")"));
+    }
     if (device.is_cuda() && !device.has_index())
       device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device_for_slot(local_rank, at::getNumGPUs())));
     return device;

@@ -5,6 +5,7 @@
 
 #include "strata/abi.h"
 #include "strata/core/build_info.h"
+#include "strata/core/cuda_runtime.h"
 
 namespace strata {
 
@@ -17,6 +18,7 @@ VersionInfo version_info() {
   info.torch_cuda = STRATA_TORCH_CUDA_VERSION;
   info.cxx_abi = STRATA_CXX_ABI_TAG;
   info.cuda_available = at::hasCUDA();
+  info.cuda_runtime_absent = load_cuda_runtime().why;
   info.cuda_devices = info.cuda_available ? static_cast<int>(at::detail::getCUDAHooks().getNumGPUs()) : 0;
   return info;
 }

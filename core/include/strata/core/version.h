@@ -16,6 +16,7 @@ struct VersionInfo {
   std::string cxx_abi;        // STRATA_CXX_ABI_TAG
   bool cuda_available = false;
   int cuda_devices = 0;
+  std::string cuda_runtime_absent;  // why libtorch_cuda was not loaded (strata/core/cuda_runtime.h); empty if it was
 };
 
 STRATA_API VersionInfo version_info();
