@@ -68,12 +68,17 @@ void register_components(Registry& registry) {
       &linear_cross_entropy_chunked_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
   // Decided here, once per process, with the other CPU paths (cpu_features.h; `strata ops`).
   decide_cpu_paths();
-  if (onednn_linear_chosen())
+  std::vector<c10::ScalarType> linear_dtypes;
+  if (onednn_linear_chosen()) linear_dtypes.push_back(at::kFloat);
+  for (const c10::ScalarType half : {at::kBFloat16, at::kHalf})
+    if (half_gemms_via_fp32(half)) linear_dtypes.push_back(half);
+  if (!linear_dtypes.empty())
     registry.add(std::make_unique<ops::OperatorImpl<ops::Linear>>(
         "linear.onednn_cpu",
-        "forward and input gradient through oneDNN's linear, weight gradient through oneDNN's matmul where the CPU has "
-        "AVX-512 else MKL (`strata ops` lists which); fp32, everything else to at::linear",
-        &linear_onednn_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat}}, 10));
+        "fp32: forward and input gradient through oneDNN's linear, weight gradient through oneDNN's matmul where the CPU has "
+        "AVX-512 else MKL; bf16/fp16 where ATen's oneDNN has no GEMM in that type: the same GEMMs in fp32 on the widened "
+        "operands (`strata ops` lists which); everything else to at::linear",
+        &linear_onednn_cpu, ops::Support{{c10::DeviceType::CPU}, linear_dtypes}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::Gelu>>(
       "gelu.fused_cpu", "tanh GELU as x sigmoid(2u): one vectorised pass forward, one backward (float arithmetic)",
       &gelu_tanh_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));

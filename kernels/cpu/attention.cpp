@@ -19,6 +19,7 @@
 // products need P^T and dS^T, stay with sgemm. The softmax bookkeeping is vectorised row
 // arithmetic (attention_rows.h).
 #include "attention.h"
+#include "linear_onednn.h"
 
 #include <algorithm>
 #include <type_traits>
@@ -480,14 +481,17 @@ ops::AttentionResult attention_blocked_cpu(const at::Tensor& q, const at::Tensor
 // bfloat16/half calls (no lse, no documents, no additive mask, as many kv heads as query heads,
 // unmasked or causal over the same tokens with the ends aligned) go to ATen's fused SDPA, as the
 // reference sends them: ATen computes them in their own dtype where the blocked kernel would
-// convert q, k, v to fp32 and back.
+// convert q, k, v to fp32 and back. Except where ATen's oneDNN has no GEMM in that dtype on this
+// CPU (half_gemms_via_fp32, linear_onednn.h): there ATen's flash kernel multiplies its tiles in a
+// scalar GEMM, and the blocked kernel's fp32 tiles are the fast path (bench/results/amp_cpu.md).
 ops::AttentionResult attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          const ops::AttentionMask& mask, bool with_lse) {
   const bool aligned = !mask.q_index.defined() && !mask.kv_index.defined() && q.size(2) == k.size(2);
   const bool plain = !with_lse && !mask.q_document.defined() && !mask.kv_document.defined() && !mask.additive &&
                      k.size(1) == q.size(1) && (!mask.causal || (aligned && mask.sliding_window == 0));
   const bool reduced = q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble;
-  if (plain && reduced) return {at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, mask.causal), {}};
+  if (plain && reduced && !half_gemms_via_fp32(q.scalar_type()))
+    return {at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, mask.causal), {}};
   return attention_blocked_cpu(q, k, v, mask, with_lse);
 }
 

@@ -15,7 +15,8 @@ inline constexpr int64_t kAttentionBlockQ = 64;
 inline constexpr int64_t kAttentionBlockK = 128;
 
 // What the operator implementation "attention.fused_cpu" runs: the blocked kernel for fp32/fp64,
-// ATen's fused SDPA for plain bfloat16/half calls (see the comment in attention.cpp).
+// ATen's fused SDPA for plain bfloat16/half calls where ATen's oneDNN multiplies in that type
+// (see the comment in attention.cpp).
 ops::AttentionResult attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                          const ops::AttentionMask& mask, bool with_lse);
 

@@ -37,6 +37,7 @@ void decide_cpu_paths() {
   cpu_has_avx2();
   onednn_linear_chosen();
   onednn_matmul_chosen();
+  half_gemms_via_fp32(at::kBFloat16);  // decides fp16's too
   brgemm_chosen();
 }
 

@@ -24,11 +24,21 @@
 // ONEDNN_MAX_CPU_ISA), so on an AVX2-only CPU the weight gradient is at::mm's (MKL). oneDNN's
 // fp32 linear runs on any x86-64. Each is decided once, by the CPU's features and a trial call,
 // and recorded with its reason (strata/cpu.h): `strata ops` shows it.
+//
+// bf16 and fp16 (the operands', or autocast's for a Linear): where ATen's oneDNN has a GEMM in that
+// type (its own check: AVX-512 BW/VL/DQ, AVX-NE-CONVERT, AMX), at::linear runs it. Elsewhere, as on
+// an AVX2-only CPU, ATen falls back to a scalar GEMM 7-16x slower than fp32's (bf16 forward at
+// 512 x 768 x 3072: 268 ms, fp32 30 ms). There the three GEMMs run in fp32 on the operands widened
+// exactly, and each result is rounded to the half type once: a bf16 or fp16 value is an fp32 value
+// and so is the product of two (8- or 11-bit significands), so this is a half GEMM accumulating in
+// fp32, as ATen's and oneDNN's are, up to the order of the sums. Saved for the backward in the
+// half type, as a half Linear saves them; widened again there.
 #include "linear_onednn.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -88,6 +98,44 @@ class OnednnLinear : public torch::autograd::Function<OnednnLinear> {
   }
 };
 
+// rows [N, in] times weight [out, in] transposed (+ bias), fp32: oneDNN's linear where it serves,
+// else at::linear. Called with autocast excluded.
+at::Tensor fp32_rows_times_weight(const at::Tensor& rows, const at::Tensor& weight, const at::Tensor& bias) {
+  if (onednn_linear_chosen()) return onednn_rows_times_weight(rows, weight, bias);
+  return at::linear(rows, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+}
+
+at::Tensor widened(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+
+// A bf16 or fp16 Linear whose GEMMs run in fp32 (see the top of the file). x, weight and bias
+// (empty for none) share the half type.
+class HalfLinearViaFp32 : public torch::autograd::Function<HalfLinearViaFp32> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    ctx->save_for_backward({rows, weight});
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    const at::Tensor y = fp32_rows_times_weight(widened(rows), widened(weight), bias.numel() > 0 ? widened(bias) : at::Tensor());
+    return y.to(x.scalar_type()).view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &rows = saved[0], &weight = saved[1];
+    const at::ScalarType half = weight.scalar_type();
+    const at::Tensor dy = widened(grads[0].reshape({-1, weight.size(0)}));
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(2)) db = dy.sum(0).to(half);
+    if (ctx->needs_input_grad(0))
+      dx = fp32_rows_times_weight(dy, widened(weight).t(), at::Tensor()).to(half).view(ctx->saved_data["x_shape"].toIntVector());
+    if (ctx->needs_input_grad(1)) dw = linear_weight_gradient(dy, widened(rows)).to(half);
+    return {dx, dw, db};
+  }
+};
+
 }  // namespace
 
 namespace {
@@ -132,7 +180,36 @@ CpuPathChoice decide_onednn_matmul() {
   return c;
 }
 
+// ATen's own answer to "does oneDNN run GEMMs in this type here" (what its CPU GEMM checks).
+bool aten_has_half_gemm(at::ScalarType half) {
+  const auto op = c10::Dispatcher::singleton().findSchema(
+      {half == at::kBFloat16 ? "mkldnn::_is_mkldnn_bf16_supported" : "mkldnn::_is_mkldnn_fp16_supported", ""});
+  if (!op) return false;
+  std::vector<c10::IValue> stack;
+  op->callBoxed(&stack);
+  return stack.front().toBool();
+}
+
+CpuPathChoice decide_half_linear(at::ScalarType half) {
+  const std::string type = half == at::kBFloat16 ? "bf16" : "fp16";
+  CpuPathChoice c{type + "_gemm_via_fp32", type + " GEMMs (Linear, attention)", "ATen's " + type + " GEMMs (at::linear, SDPA)", "", false};
+  if (cpu_fallback_forced(c.path)) return c.why = "forced by STRATA_CPU_FALLBACK", c;
+  if (aten_has_half_gemm(half)) return c.why = "ATen's oneDNN runs " + type + " GEMMs on this CPU", c;
+  c.chosen = "fp32 GEMMs on the widened operands (Linear: each result rounded to " + type + "; attention: the blocked kernel)",
+  c.fast = true;
+  c.why = "ATen's oneDNN has no " + type + " GEMM on this CPU (it needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX), so ATen's is scalar";
+  return c;
+}
+CpuPathChoice decide_bf16_linear() { return decide_half_linear(at::kBFloat16); }
+CpuPathChoice decide_fp16_linear() { return decide_half_linear(at::kHalf); }
+
 }  // namespace
+
+bool half_gemms_via_fp32(at::ScalarType half) {
+  static const bool bf16 = decide_cpu_path(&decide_bf16_linear);
+  static const bool fp16 = decide_cpu_path(&decide_fp16_linear);
+  return half == at::kBFloat16 ? bf16 : half == at::kHalf && fp16;
+}
 
 bool onednn_linear_chosen() {
   static const bool chosen = decide_cpu_path(&decide_onednn_linear);
@@ -155,12 +232,26 @@ at::Tensor linear_weight_gradient(const at::Tensor& dy, const at::Tensor& rows) 
 }
 
 at::Tensor linear_onednn_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  const auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
-  const bool ours = fp32_cpu(x) && fp32_cpu(weight) && (!bias || fp32_cpu(*bias)) && x.numel() > 0 && weight.numel() > 0 &&
-                    x.dim() >= 1 && weight.dim() == 2 && !at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
-  if (!ours || !onednn_linear_chosen()) return at::linear(x, weight, bias);
+  const auto on_cpu = [](const at::Tensor& t) { return t.device().is_cpu(); };
+  if (!on_cpu(x) || !on_cpu(weight) || (bias && !on_cpu(*bias)) || x.numel() == 0 || weight.numel() == 0 || x.dim() < 1 ||
+      weight.dim() != 2)
+    return at::linear(x, weight, bias);
   TORCH_CHECK(x.size(-1) == weight.size(1), "linear: x's last dimension ", x.size(-1), " is not the weight's input size ",
               weight.size(1));
+  // The type the GEMMs run in: autocast's for a Linear where it is on, else the operands'.
+  const bool autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
+  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(c10::DeviceType::CPU) : x.scalar_type();
+  if (dtype == at::kBFloat16 || dtype == at::kHalf) {
+    if (!half_gemms_via_fp32(dtype)) return at::linear(x, weight, bias);
+    // Autocast's own casts (cached: a weight is cast once per forward), then no autocast below.
+    const auto cast = [&](const at::Tensor& t) { return autocast ? at::autocast::cached_cast(dtype, t, c10::DeviceType::CPU) : t; };
+    const at::Tensor x16 = cast(x), w16 = cast(weight), b16 = bias ? cast(*bias) : at::empty({0}, w16.options().requires_grad(false));
+    if (x16.scalar_type() != dtype || w16.scalar_type() != dtype || b16.scalar_type() != dtype) return at::linear(x, weight, bias);
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    return HalfLinearViaFp32::apply(x16, w16, b16);
+  }
+  const auto fp32 = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat; };
+  if (autocast || !fp32(x) || !fp32(weight) || (bias && !fp32(*bias)) || !onednn_linear_chosen()) return at::linear(x, weight, bias);
   return OnednnLinear::apply(x, weight, bias ? *bias : at::empty({0}, weight.options().requires_grad(false)));
 }
 

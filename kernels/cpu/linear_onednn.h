@@ -29,8 +29,16 @@ bool onednn_matmul_chosen();
 // for the weight, through oneDNN's matmul where chosen, else at::mm.
 at::Tensor linear_weight_gradient(const at::Tensor& dy, const at::Tensor& rows);
 
-// What "linear.onednn_cpu" runs. fp32 CPU tensors; anything else (another dtype, autocast on, an
-// empty input or weight) goes to at::linear, the reference.
+// Whether bf16 or fp16 GEMMs run in fp32 on the widened operands here: ATen's oneDNN has no GEMM
+// in that type on this CPU (mkldnn::_is_mkldnn_bf16_supported / _fp16_ say no, and ATen's own
+// would be scalar) and STRATA_CPU_FALLBACK does not name "bf16_gemm_via_fp32" /
+// "fp16_gemm_via_fp32". A Linear's then run here, and attention's in the blocked kernel
+// (attention.cpp) rather than ATen's SDPA. Else ATen runs them. Decided once per type, recorded.
+bool half_gemms_via_fp32(at::ScalarType half);
+
+// What "linear.onednn_cpu" runs on CPU tensors. fp32 without autocast: oneDNN where chosen. bf16
+// or fp16 (the operands', or autocast's): fp32 GEMMs where chosen. Anything else (double, mixed
+// types, an empty input or weight, a path not chosen) goes to at::linear, the reference.
 at::Tensor linear_onednn_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 
 }  // namespace strata::kernels

@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cpu/attention.h"
+#include "cpu/linear_onednn.h"
 #include "cpu/blas.h"
 #include "strata/core/component_registry.h"
 #include "strata/core/cpu_features.h"
@@ -376,6 +377,23 @@ TEST_F(AttentionKernel, BFloat16AndHalf) {
   mask.q_document = mask.kv_document = documents(2, 37, 3);
   check(at::kBFloat16, 2, 4, 2, 37, 37, 16, mask);
   check(at::kHalf, 2, 4, 2, 37, 37, 16, mask);
+}
+
+// Plain bf16/fp16 calls: ATen's SDPA where ATen's oneDNN multiplies in that type on this CPU, the
+// blocked kernel (fp32 tiles) where ATen's GEMM would be scalar (half_gemms_via_fp32); under
+// kernels.forced_cpu_fallbacks always ATen's. Either way close to the reference.
+TEST_F(AttentionKernel, PlainHalfPrecisionCallsTakeThisCpusFastGemms) {
+  ops::AttentionMask causal;
+  causal.causal = true;
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    const auto opts = at::TensorOptions().dtype(dtype);
+    const at::Tensor q = at::randn({2, 4, 45, 16}, opts), k = at::randn({2, 4, 45, 16}, opts), v = at::randn({2, 4, 45, 16}, opts);
+    const at::Tensor out = kernels::attention_fused_cpu(q, k, v, causal, false).out;
+    const at::Tensor expected = kernels::half_gemms_via_fp32(dtype) ? kernels::attention_blocked_cpu(q, k, v, causal, false).out
+                                                                      : at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, true);
+    EXPECT_TRUE(at::equal(out, expected)) << c10::toString(dtype) << "\n" << cpu_paths_text();
+    expect_close(out, reference(q, k, v, causal, false).out, tolerance(dtype).value, c10::toString(dtype));
+  }
 }
 
 // The operator as the table serves it: the plugin's implementation is selected on CPU, and its

@@ -1,7 +1,8 @@
 // linear.onednn_cpu (kernels/cpu/linear_onednn.cpp) against the fp64 formula and against core's
 // reference (at::linear): values and the three gradients at shapes that are and are not
 // multiples of oneDNN's blocks, with and without a bias, 3-D and non-contiguous inputs, frozen
-// inputs and weights, the dtypes and autocast it leaves to at::linear, and the table choosing it.
+// inputs and weights, bf16 and fp16 (as operands and under autocast), what it leaves to
+// at::linear, and the table choosing it.
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -136,16 +137,17 @@ TEST(LinearOnednn, ComputesOnlyTheGradientsAskedFor) {
   EXPECT_LE(scaled_error(onednn(x, frozen, b), at::linear(x, frozen, b)), 2e-6);
 }
 
-TEST(LinearOnednn, LeavesOtherDtypesAndAutocastToAtLinear) {
+TEST(LinearOnednn, LeavesOtherDtypesAndUnchosenPathsToAtLinear) {
   at::manual_seed(3);
   const at::Tensor x = at::randn({6, 8}), w = at::randn({4, 8});
   for (const at::ScalarType dtype : {at::kDouble, at::kBFloat16, at::kHalf}) {
+    if (dtype != at::kDouble && kernels::half_gemms_via_fp32(dtype)) continue;  // HalfPrecision... below
     EXPECT_TRUE(at::equal(onednn(x.to(dtype), w.to(dtype), std::nullopt), at::linear(x.to(dtype), w.to(dtype))))
         << c10::toString(dtype);
   }
   EXPECT_TRUE(at::equal(onednn(x.slice(0, 0, 0), w, std::nullopt), at::linear(x.slice(0, 0, 0), w)));  // no rows
   EXPECT_TRUE(at::equal(onednn(x, w.slice(0, 0, 0), std::nullopt), at::linear(x, w.slice(0, 0, 0))));  // no outputs
-  {
+  if (!kernels::half_gemms_via_fp32(at::kBFloat16)) {
     at::autocast::set_autocast_enabled(at::kCPU, true);
     at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
     const at::Tensor ours = onednn(x, w, std::nullopt), ref = at::linear(x, w);
@@ -156,6 +158,65 @@ TEST(LinearOnednn, LeavesOtherDtypesAndAutocastToAtLinear) {
   }
 }
 
+// bf16 and fp16 where ATen's oneDNN has no GEMM in that type: fp32 GEMMs on the widened operands,
+// each result rounded once. Against the fp64 formula on the same half-precision values: within
+// one unit in the last place of the largest value (rounding is half of one; the fp32 sums add
+// little), for the output and all three gradients, in the half type as at::linear returns them.
+// Under STRATA_CPU_FALLBACK (kernels.forced_cpu_fallbacks) at::linear serves, bit for bit.
+TEST(LinearOnednn, HalfPrecisionIsAHalfGemmWithFp32Sums) {
+  const CpuFeatures& cpu = cpu_features();
+  for (const auto& [dtype, ulp] : std::vector<std::pair<at::ScalarType, double>>{{at::kBFloat16, 1.0 / 256}, {at::kHalf, 1.0 / 2048}}) {
+    const std::string type = dtype == at::kBFloat16 ? "bf16" : "fp16";
+    const bool chosen = kernels::half_gemms_via_fp32(dtype);
+    // A CPU without any of what oneDNN's half GEMMs need: ATen's would be scalar, so ours serves.
+    if (!cpu.avx512 && !cpu.avx_ne_convert && !cpu.amx_bf16 && !cpu.amx_fp16)
+      EXPECT_EQ(chosen, !cpu_fallback_forced(type + "_gemm_via_fp32")) << cpu_features_line();
+    at::manual_seed(5);
+    for (const auto& [n, out, in] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {37, 5, 19}, {130, 129, 64}}) {
+      for (const bool with_bias : {true, false}) {
+        const at::Tensor x = at::randn({2, n, in}).to(dtype), w = at::randn({out, in}).to(dtype), dy = at::randn({2, n, out}).to(dtype);
+        const at::Tensor b = with_bias ? at::randn({out}).to(dtype) : at::Tensor();
+        const Grads ours = run(onednn, x, w, b, dy), aten = run(reference, x, w, b, dy);
+        const at::Tensor xd = x.to(at::kDouble), wd = w.to(at::kDouble), dyd = dy.to(at::kDouble);
+        at::Tensor y = at::matmul(xd, wd.t());
+        if (with_bias) y = y + b.to(at::kDouble);
+        const std::string where = type + " " + std::to_string(n) + " x " + std::to_string(out) + " x " + std::to_string(in);
+        EXPECT_EQ(ours.y.scalar_type(), aten.y.scalar_type()) << where;
+        EXPECT_EQ(ours.dw.scalar_type(), aten.dw.scalar_type()) << where;
+        EXPECT_LE(scaled_error(ours.y, y), ulp) << where;
+        EXPECT_LE(scaled_error(ours.dx, at::matmul(dyd, wd)), ulp) << where;
+        EXPECT_LE(scaled_error(ours.dw, dyd.reshape({-1, out}).t().mm(xd.reshape({-1, in}))), ulp) << where;
+        if (with_bias) EXPECT_LE(scaled_error(ours.db, dyd.reshape({-1, out}).sum(0)), ulp) << where;
+        if (!chosen) EXPECT_TRUE(at::equal(ours.y, aten.y) && at::equal(ours.dx, aten.dx) && at::equal(ours.dw, aten.dw)) << where;
+      }
+    }
+  }
+}
+
+// Under CPU autocast (amp): fp32 master weights and inputs, autocast's casts, a bf16 output and
+// fp32 gradients, as at::linear under autocast gives them.
+TEST(LinearOnednn, HalfPrecisionUnderAutocast) {
+  at::manual_seed(6);
+  const at::Tensor x = at::randn({3, 17, 40}), w = at::randn({24, 40}), b = at::randn({24}), dy = at::randn({3, 17, 24}).to(at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  const Grads ours = run(onednn, x, w, b, dy), aten = run(reference, x, w, b, dy);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_EQ(ours.y.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(aten.y.scalar_type(), at::kBFloat16);
+  for (const at::Tensor& g : {ours.dx, ours.dw, ours.db}) EXPECT_EQ(g.scalar_type(), at::kFloat);
+  const at::Tensor x16 = x.to(at::kBFloat16).to(at::kDouble), w16 = w.to(at::kBFloat16).to(at::kDouble), dyd = dy.to(at::kDouble);
+  const double ulp = 1.0 / 256;
+  EXPECT_LE(scaled_error(ours.y, at::matmul(x16, w16.t()) + b.to(at::kBFloat16).to(at::kDouble)), ulp);
+  EXPECT_LE(scaled_error(ours.dx, at::matmul(dyd, w16)), ulp);
+  EXPECT_LE(scaled_error(ours.dw, dyd.reshape({-1, 24}).t().mm(x16.reshape({-1, 40}))), ulp);
+  EXPECT_LE(scaled_error(ours.db, dyd.reshape({-1, 24}).sum(0)), ulp);
+  // at::linear rounds the same products: the two agree within the same unit.
+  EXPECT_LE(scaled_error(ours.y, aten.y), ulp);
+  EXPECT_LE(scaled_error(ours.dw, aten.dw), ulp);
+}
+
 TEST(LinearOnednn, TheKernelsPluginServesFp32OnTheCpu) {
   if (!kernels::onednn_linear_chosen()) GTEST_SKIP() << "oneDNN's linear does not serve here (strata ops says why)";
   ComponentRegistry registry;
@@ -164,7 +225,8 @@ TEST(LinearOnednn, TheKernelsPluginServesFp32OnTheCpu) {
   const at::Tensor x = at::randn({3, 5});
   EXPECT_EQ(ops::select("linear", x).name(), "linear.onednn_cpu");
   EXPECT_EQ(ops::select("linear", x.to(at::kDouble)).name(), "linear.reference");
-  EXPECT_EQ(ops::select("linear", x.to(at::kBFloat16)).name(), "linear.reference");
+  EXPECT_EQ(ops::select("linear", x.to(at::kBFloat16)).name(),
+            kernels::half_gemms_via_fp32(at::kBFloat16) ? "linear.onednn_cpu" : "linear.reference");
   OperatorTable::global().reset();
 }
 
