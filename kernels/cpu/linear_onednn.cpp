@@ -27,8 +27,9 @@
 //
 // bf16 and fp16 (the operands', or autocast's for a Linear): where ATen's oneDNN has a GEMM in that
 // type (its own check: AVX-512 BW/VL/DQ, AVX-NE-CONVERT, AMX), at::linear runs it. Elsewhere, as on
-// an AVX2-only CPU, ATen falls back to a scalar GEMM 7-16x slower than fp32's (bf16 forward at
-// 512 x 768 x 3072: 268 ms, fp32 30 ms). There the three GEMMs run in fp32 on the operands widened
+// an AVX2-only CPU, ATen falls back to a scalar GEMM: a Linear's three GEMMs at 512 x 768 -> 3072
+// took 32-39x the time of the same GEMMs in fp32 (bench/results/amp_cpu.md, one thread). There
+// the three GEMMs run in fp32 on the operands widened
 // exactly, and each result is rounded to the half type once: a bf16 or fp16 value is an fp32 value
 // and so is the product of two (8- or 11-bit significands), so this is a half GEMM accumulating in
 // fp32, as ATen's and oneDNN's are, up to the order of the sums. Saved for the backward in the
@@ -190,7 +191,7 @@ bool aten_has_half_gemm(at::ScalarType half) {
   return stack.front().toBool();
 }
 
-CpuPathChoice decide_half_linear(at::ScalarType half) {
+CpuPathChoice decide_half_gemms(at::ScalarType half) {
   const std::string type = half == at::kBFloat16 ? "bf16" : "fp16";
   CpuPathChoice c{type + "_gemm_via_fp32", type + " GEMMs (Linear, attention)", "ATen's " + type + " GEMMs (at::linear, SDPA)", "", false};
   if (cpu_fallback_forced(c.path)) return c.why = "forced by STRATA_CPU_FALLBACK", c;
@@ -200,14 +201,14 @@ CpuPathChoice decide_half_linear(at::ScalarType half) {
   c.why = "ATen's oneDNN has no " + type + " GEMM on this CPU (it needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX), so ATen's is scalar";
   return c;
 }
-CpuPathChoice decide_bf16_linear() { return decide_half_linear(at::kBFloat16); }
-CpuPathChoice decide_fp16_linear() { return decide_half_linear(at::kHalf); }
+CpuPathChoice decide_bf16_gemms() { return decide_half_gemms(at::kBFloat16); }
+CpuPathChoice decide_fp16_gemms() { return decide_half_gemms(at::kHalf); }
 
 }  // namespace
 
 bool half_gemms_via_fp32(at::ScalarType half) {
-  static const bool bf16 = decide_cpu_path(&decide_bf16_linear);
-  static const bool fp16 = decide_cpu_path(&decide_fp16_linear);
+  static const bool bf16 = decide_cpu_path(&decide_bf16_gemms);
+  static const bool fp16 = decide_cpu_path(&decide_fp16_gemms);
   return half == at::kBFloat16 ? bf16 : half == at::kHalf && fp16;
 }
 
