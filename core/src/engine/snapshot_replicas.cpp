@@ -41,8 +41,9 @@ namespace engine {
 
 namespace {
 
-constexpr int kHeaderTag = 1, kImageTag = 2, kChecksumTag = 3;
-constexpr int64_t kHashWords = 10;  // the state hash (64 hex digits) in 80 bytes
+constexpr int kImageTag = 2, kChecksumTag = 3;
+constexpr int64_t kHashWords = 16;  // the state hash (64 hex digits), 4 bytes a word: exact as a double
+constexpr int64_t kIdentityWords = 3 + kHashWords;  // step, world size, image bytes, state hash
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out;
@@ -92,42 +93,49 @@ std::string SnapshotReplicas::describe() const {
          " and holds those of rank(s) " + rank_list(senders_);
 }
 
-void SnapshotReplicas::post(FlashWriter& own) {
+std::vector<int64_t> SnapshotReplicas::identity_rows(FlashWriter& own, bool written) const {
+  std::vector<int64_t> rows(static_cast<size_t>(channel_->size() * kIdentityWords), 0);
+  const std::optional<FlashImageView> mine = written ? own.newest(/*with_checksum=*/false) : std::nullopt;
+  if (!mine) return rows;
+  if (mine->info.state_hash.size() > kHashWords * 4) throw std::logic_error("snapshot replicas: a state hash longer than 64 characters");
+  int64_t* row = rows.data() + channel_->rank() * kIdentityWords;
+  row[0] = mine->info.step, row[1] = mine->info.world_size, row[2] = static_cast<int64_t>(mine->image.size());
+  for (size_t i = 0; i < mine->info.state_hash.size(); ++i)
+    row[3 + i / 4] |= static_cast<int64_t>(static_cast<unsigned char>(mine->info.state_hash[i])) << (8 * (i % 4));
+  return rows;
+}
+
+void SnapshotReplicas::announce(const std::vector<double>& rows) {
+  if (rows.size() != static_cast<size_t>(channel_->size() * kIdentityWords)) throw std::logic_error("snapshot replicas: identity rows of another world");
   check_received();  // first: a replica whose check has not started holds its slot in no state a new one respects
-  const std::optional<FlashImageView> mine = own.newest(/*with_checksum=*/false);
-  if (!mine) throw std::logic_error("snapshot replicas: no snapshot to send");
-  // Identity first (small), then the image, both posted at once to every receiver.
-  std::vector<int64_t> header(3 + kHashWords, 0);
-  header[0] = mine->info.step, header[1] = mine->info.world_size, header[2] = static_cast<int64_t>(mine->image.size());
-  std::memcpy(header.data() + 3, mine->info.state_hash.data(), std::min<size_t>(mine->info.state_hash.size(), kHashWords * 8 - 1));
-  at::Tensor head = at::tensor(header, at::kLong).to(device_);
-  at::Tensor image = at::from_blob(const_cast<char*>(mine->image.data()), {static_cast<int64_t>(mine->image.size())}, at::kByte);
-  if (!device_.is_cpu()) image = image.to(device_);  // staged: device communicators send device memory
-  for (int r : receivers_) {
-    in_flight_.push_back(channel_->send(head, r, kHeaderTag));
-    in_flight_.push_back(channel_->send(image, r, kImageTag));
-  }
-  outgoing_ = {head, image};
-  sent_ = true;
-  inject_fault(channel_->rank(), mine->info.step, "replica");
   for (int s : senders_) {
-    at::Tensor theirs = at::empty({3 + kHashWords}, at::TensorOptions().dtype(at::kLong).device(device_));
-    channel_->recv(theirs, s, kHeaderTag)->wait();
-    theirs = theirs.cpu();
-    const int64_t* h = theirs.data_ptr<int64_t>();
-    char hash[kHashWords * 8];
-    std::memcpy(hash, h + 3, sizeof hash);
-    hash[sizeof hash - 1] = '\0';
+    const double* row = rows.data() + s * kIdentityWords;
+    std::string hash;
+    for (int64_t i = 0; i < kHashWords * 4; ++i)
+      if (const auto c = static_cast<char>((static_cast<uint64_t>(row[3 + i / 4]) >> (8 * (i % 4))) & 0xff); c != '\0') hash += c;
+    const auto step = static_cast<int64_t>(row[0]), world_size = static_cast<int64_t>(row[1]), bytes = static_cast<int64_t>(row[2]);
     auto in = std::make_unique<Incoming>();
     in->sender = s;
     std::string problem;
-    in->slot = replica_slots_.at(s)->begin_receive({h[0], h[1], hash}, static_cast<uint64_t>(h[2]), problem);
+    in->slot = replica_slots_.at(s)->begin_receive({step, world_size, hash}, static_cast<uint64_t>(bytes), problem);
     if (!problem.empty()) log::record("snapshot replicas: cannot hold rank " + std::to_string(s) + "'s image: " + problem);
-    in->buffer = in->slot.image && device_.is_cpu() ? at::from_blob(in->slot.image, {h[2]}, at::kByte)
-                                                     : at::empty({h[2]}, at::TensorOptions().dtype(at::kByte).device(device_));
-    in_flight_.push_back(channel_->recv(in->buffer, s, kImageTag));
+    in->buffer = in->slot.image && device_.is_cpu() ? at::from_blob(in->slot.image, {bytes}, at::kByte)
+                                                     : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+    in_flight_.push_back(channel_->recv(in->buffer, s, kImageTag));  // posted now: it waits for the sender's image
     incoming_.push_back(std::move(in));
   }
+  announced_ = true;
+}
+
+void SnapshotReplicas::post(FlashWriter& own) {
+  if (!announced_) throw std::logic_error("snapshot replicas: an image posted before it was announced");
+  const std::optional<FlashImageView> mine = own.newest(/*with_checksum=*/false);
+  if (!mine) throw std::logic_error("snapshot replicas: no snapshot to send");
+  at::Tensor image = at::from_blob(const_cast<char*>(mine->image.data()), {static_cast<int64_t>(mine->image.size())}, at::kByte);
+  if (!device_.is_cpu()) image = image.to(device_);  // staged: device communicators send device memory
+  for (int r : receivers_) in_flight_.push_back(channel_->send(image, r, kImageTag));
+  outgoing_.push_back(image);
+  inject_fault(channel_->rank(), mine->info.step, "replica");
 }
 
 void SnapshotReplicas::check_received() {
@@ -136,7 +144,7 @@ void SnapshotReplicas::check_received() {
 }
 
 void SnapshotReplicas::complete(FlashWriter& own) {
-  if (!sent_) return;
+  if (!announced_) return;
   for (auto& work : in_flight_) work->wait();
   in_flight_.clear();
   outgoing_.clear();
@@ -159,7 +167,7 @@ void SnapshotReplicas::complete(FlashWriter& own) {
   }
   for (auto& work : sends) work->wait();
   incoming_.clear();
-  sent_ = false;
+  announced_ = false;
 }
 
 void SnapshotReplicas::discard_after(int64_t step) {

@@ -7,9 +7,12 @@
 // Rank r's image goes to the rank with r's index within its node on each of those nodes (a node
 // of fewer ranks takes the index modulo its size). The bytes ride on the job's communicator as
 // non-blocking point-to-point messages, on a communicator split off for replicas so that they
-// never match the step's own messages: posted right after the snapshot, completed just before
-// the next one, so the transfer overlaps the steps between. Per snapshot a rank blocks only for
-// two small exchanges (the image's size and identity, later its checksum). The receiver writes
+// never match the step's own messages. Each image's size and identity ride on the snapshot's
+// agreement (the all-reduce by which every rank learns that every rank wrote its snapshot), so a
+// receiver posts its receive as it leaves the agreement, with no exchange of its own; the image
+// is sent after the step's record and completed just before the next snapshot, so the transfer
+// overlaps the steps between. Per snapshot a rank blocks for one small exchange of its own, the
+// image's checksum, before the next snapshot. The receiver writes
 // straight into a slot of its node's store named after the sender (rank_Q.0/.1, double-buffered
 // like the sender's own). A replica counts once every byte has arrived and the sender's checksum
 // with it, which is just before the next snapshot: after a node loss the survivors restore the
@@ -48,10 +51,15 @@ class SnapshotReplicas {
   // Before the next snapshot is written: waits for the replicas in flight and exchanges their
   // checksums; from then on they count.
   void complete(FlashWriter& own);
-  // After every rank wrote a snapshot: starts checking the replicas completed before against
-  // their senders' checksums (in the background, after the snapshot's own copy, so the two do not
-  // share the cores), then posts `own`'s newest to this rank's receivers and receives its senders'
-  // into this node's store.
+  // This rank's part of the snapshot's agreement (a sum over the world): one row per rank of the
+  // identity and size of its newest image, its own filled when it `written` one, the others 0.
+  std::vector<int64_t> identity_rows(FlashWriter& own, bool written) const;
+  // Once the agreement says every rank wrote its snapshot (`rows`: every rank's row, as summed):
+  // starts checking the replicas completed before against their senders' checksums (in the
+  // background, after the snapshot's own copy, so the two do not share the cores) and posts the
+  // receives of this rank's senders' images into this node's store. It waits for nothing.
+  void announce(const std::vector<double>& rows);
+  // After the step's record: sends the announced image to this rank's receivers (non-blocking).
   void post(FlashWriter& own);
   // Starts checking completed replicas now (the end of the run, when no snapshot follows).
   void check_received();
@@ -70,7 +78,7 @@ class SnapshotReplicas {
   std::vector<WorkPtr> in_flight_;
   std::vector<std::unique_ptr<Incoming>> incoming_, arrived_;
   std::vector<at::Tensor> outgoing_;  // the sends' buffers, alive until they complete
-  bool sent_ = false;
+  bool announced_ = false;
 };
 
 }  // namespace strata::engine

@@ -262,14 +262,25 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
     const FlashWrite outcome = flash->write({at_step, plan.layout.world_size, engine::state_hash(plan)}, state.tensors,
                                             engine::checkpoint_file_metadata(at_step, state.placements), problem,
                                             [&] { inject_fault(env.rank, at_step, "snapshot"); });
-    at::Tensor outcomes =  // ranks that failed, ranks that skipped
-        at::tensor(std::vector<int>{outcome == FlashWrite::Failed ? 1 : 0, outcome == FlashWrite::Skipped ? 1 : 0}, at::kInt).to(device);
+    // The agreement: ranks that failed, ranks that skipped and, with replicas, every rank's image
+    // identity (which its receivers need to post their receives).
+    std::vector<int64_t> agreement{outcome == FlashWrite::Failed ? 1 : 0, outcome == FlashWrite::Skipped ? 1 : 0};
+    if (replicas) {
+      const std::vector<int64_t> rows = replicas->identity_rows(*flash, outcome == FlashWrite::Written);
+      agreement.insert(agreement.end(), rows.begin(), rows.end());
+    }
+    at::Tensor outcomes = at::tensor(agreement, at::kLong).to(device);
     topology->world().all_reduce(outcomes, ReduceOp::Sum)->wait();
     const std::vector<double> counts = engine::read_on_host({outcomes});
     if (counts[0] == 0) {
       if (outcome == FlashWrite::Written && inject_fault(env.rank, at_step, "snapshot_done")) flash->damage_newest();
       snapshot_skipped = counts[1] > 0;
-      replica_post_due = replicas && !snapshot_skipped;  // every rank has this step's image: posted after the step's record
+      replica_post_due = replicas && !snapshot_skipped;  // every rank has this step's image: sent after the step's record
+      if (replica_post_due) {
+        const auto announcing = std::chrono::steady_clock::now();
+        replicas->announce({counts.begin() + 2, counts.end()});
+        replica_seconds += seconds_since(announcing);
+      }
       return seconds_since(started) + posted_before;
     }
     replicas.reset();
@@ -392,7 +403,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
     if (replicas) record.extra.emplace_back("replica_ms", replica_seconds * 1000.0);  // of checkpoint_ms
   }
   record_unread();
-  // Replicas are posted once this step's record is written: a rank lost while they are on their
+  // Replicas are sent once this step's record is written: a rank lost while they are on their
   // way leaves a snapshot a restart resumes from, and its step's line must be in metrics.jsonl.
   if (replica_post_due) {
     replica_post_due = false;
