@@ -121,7 +121,6 @@ void SnapshotReplicas::announce(const std::vector<double>& rows) {
     if (!problem.empty()) log::record("snapshot replicas: cannot hold rank " + std::to_string(s) + "'s image: " + problem);
     in->buffer = in->slot.image && device_.is_cpu() ? at::from_blob(in->slot.image, {bytes}, at::kByte)
                                                      : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
-    in_flight_.push_back(channel_->recv(in->buffer, s, kImageTag));  // posted now: it waits for the sender's image
     incoming_.push_back(std::move(in));
   }
   announced_ = true;
@@ -133,7 +132,12 @@ void SnapshotReplicas::post(FlashWriter& own) {
   if (!mine) throw std::logic_error("snapshot replicas: no snapshot to send");
   at::Tensor image = at::from_blob(const_cast<char*>(mine->image.data()), {static_cast<int64_t>(mine->image.size())}, at::kByte);
   if (!device_.is_cpu()) image = image.to(device_);  // staged: device communicators send device memory
-  for (int r : receivers_) in_flight_.push_back(channel_->send(image, r, kImageTag));
+  // Sends and receives in one batch: NCCL runs a communicator's messages in order on one stream,
+  // so a receive posted alone before the send would wait for a send queued behind it.
+  std::vector<P2POp> messages;
+  for (int r : receivers_) messages.push_back({P2POp::Kind::Send, image, r, kImageTag});
+  for (auto& in : incoming_) messages.push_back({P2POp::Kind::Recv, in->buffer, in->sender, kImageTag});
+  in_flight_.push_back(channel_->batch_p2p(std::move(messages)));
   outgoing_.push_back(image);
   inject_fault(channel_->rank(), mine->info.step, "replica");
 }
@@ -153,19 +157,21 @@ void SnapshotReplicas::complete(FlashWriter& own) {
   at::Tensor sum = at::tensor(std::vector<int64_t>{0}, at::kLong);
   std::memcpy(sum.data_ptr<int64_t>(), &checksum, sizeof checksum);
   sum = sum.to(device_);
-  std::vector<WorkPtr> sends;
-  for (int r : receivers_) sends.push_back(channel_->send(sum, r, kChecksumTag));
-  for (auto& in : incoming_) {
-    at::Tensor theirs = at::empty({1}, at::TensorOptions().dtype(at::kLong).device(device_));
-    channel_->recv(theirs, in->sender, kChecksumTag)->wait();
-    theirs = theirs.cpu();
-    std::memcpy(&in->checksum, theirs.data_ptr<int64_t>(), sizeof in->checksum);
+  at::Tensor theirs = at::empty({static_cast<int64_t>(incoming_.size())}, at::TensorOptions().dtype(at::kLong).device(device_));
+  std::vector<P2POp> messages;  // one batch, as the images (NCCL's order on one stream)
+  for (int r : receivers_) messages.push_back({P2POp::Kind::Send, sum, r, kChecksumTag});
+  for (size_t i = 0; i < incoming_.size(); ++i)
+    messages.push_back({P2POp::Kind::Recv, theirs.narrow(0, static_cast<int64_t>(i), 1), incoming_[i]->sender, kChecksumTag});
+  channel_->batch_p2p(std::move(messages))->wait();
+  theirs = theirs.cpu();
+  for (size_t i = 0; i < incoming_.size(); ++i) {
+    auto& in = incoming_[i];
+    std::memcpy(&in->checksum, theirs.data_ptr<int64_t>() + i, sizeof in->checksum);
     if (!in->slot.image) continue;
     if (!device_.is_cpu()) std::memcpy(in->slot.image, in->buffer.cpu().data_ptr(), static_cast<size_t>(in->buffer.numel()));
     replica_slots_.at(in->sender)->finish_receive(in->slot, in->checksum);  // complete: it counts from now
     arrived_.push_back(std::move(in));
   }
-  for (auto& work : sends) work->wait();
   incoming_.clear();
   announced_ = false;
 }

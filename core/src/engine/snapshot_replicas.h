@@ -9,10 +9,12 @@
 // non-blocking point-to-point messages, on a communicator split off for replicas so that they
 // never match the step's own messages. Each image's size and identity ride on the snapshot's
 // agreement (the all-reduce by which every rank learns that every rank wrote its snapshot), so a
-// receiver posts its receive as it leaves the agreement, with no exchange of its own; the image
-// is sent after the step's record and completed just before the next snapshot, so the transfer
-// overlaps the steps between. Per snapshot a rank blocks for one small exchange of its own, the
-// image's checksum, before the next snapshot. The receiver writes
+// receiver takes its slot as it leaves the agreement, with no exchange of its own. After the
+// step's record each rank posts its image's sends and its receives as one batch (NCCL runs a
+// communicator's messages in order on one stream: a receive posted ahead of the send it waits
+// for would stall a ring), completed just before the next snapshot, so the transfer overlaps the
+// steps between. Per snapshot a rank blocks for one small exchange of its own, the images'
+// checksums, before the next snapshot. The receiver writes
 // straight into a slot of its node's store named after the sender (rank_Q.0/.1, double-buffered
 // like the sender's own). A replica counts once every byte has arrived and the sender's checksum
 // with it, which is just before the next snapshot: after a node loss the survivors restore the
@@ -56,10 +58,11 @@ class SnapshotReplicas {
   std::vector<int64_t> identity_rows(FlashWriter& own, bool written) const;
   // Once the agreement says every rank wrote its snapshot (`rows`: every rank's row, as summed):
   // starts checking the replicas completed before against their senders' checksums (in the
-  // background, after the snapshot's own copy, so the two do not share the cores) and posts the
-  // receives of this rank's senders' images into this node's store. It waits for nothing.
+  // background, after the snapshot's own copy, so the two do not share the cores) and takes the
+  // slots of this node's store that this rank's senders' images go to. It waits for nothing.
   void announce(const std::vector<double>& rows);
-  // After the step's record: sends the announced image to this rank's receivers (non-blocking).
+  // After the step's record: posts `own`'s newest image to this rank's receivers and the
+  // receives of its senders' images, one batch, and returns.
   void post(FlashWriter& own);
   // Starts checking completed replicas now (the end of the run, when no snapshot follows).
   void check_received();
