@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "fault_injection.h"
+#include "metrics.h"
 #include "strata/core/log.h"
 #include "strata/errors.h"
 
@@ -41,9 +42,13 @@ namespace engine {
 
 namespace {
 
-constexpr int kImageTag = 2, kChecksumTag = 3;
-constexpr int64_t kHashWords = 16;  // the state hash (64 hex digits), 4 bytes a word: exact as a double
-constexpr int64_t kIdentityWords = 3 + kHashWords;  // step, world size, image bytes, state hash
+constexpr int kImageTag = 2;
+constexpr int64_t kHashWords = 16;  // the state hash (64 hex digits), 4 bytes a word
+// A rank's row of the agreement: its new image's step, world size, bytes and state hash; then
+// whether it sent an image whose checksum its receivers still wait for, and that checksum in two
+// 32-bit halves. Every word stays below 2^53, so the sum and its read as doubles are exact.
+constexpr int64_t kStep = 0, kWorldSize = 1, kBytes = 2, kHash = 3, kSent = kHash + kHashWords, kChecksumLow = kSent + 1,
+                  kChecksumHigh = kSent + 2, kRowWords = kSent + 3;
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out;
@@ -53,14 +58,12 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
-
 // One sender's replica on its way: where its bytes go (a slot, or a scratch buffer when the slot
 // is held by the supervisor and the bytes must still be taken off the wire).
 struct SnapshotReplicas::Incoming {
   int sender = 0;
   FlashReceive slot;
   at::Tensor buffer;  // on the communicator's device
-  uint64_t checksum = 0;  // the sender's, once it has arrived
 };
 
 std::vector<int64_t> nodes_of_ranks(Communicator& world, int node, c10::Device device) {
@@ -93,31 +96,55 @@ std::string SnapshotReplicas::describe() const {
          " and holds those of rank(s) " + rank_list(senders_);
 }
 
-std::vector<int64_t> SnapshotReplicas::identity_rows(FlashWriter& own, bool written) const {
-  std::vector<int64_t> rows(static_cast<size_t>(channel_->size() * kIdentityWords), 0);
+void SnapshotReplicas::complete(FlashWriter& own) {
+  for (auto& work : in_flight_) work->wait();
+  in_flight_.clear();
+  outgoing_.clear();
+  if (!sent_) return;
+  // The image sent is still the newest: this runs before the next one is written. Its checksum
+  // was computed in the background since.
+  const std::optional<FlashImageView> mine = own.newest(/*with_checksum=*/true);
+  sent_checksum_ = mine ? mine->checksum : 0;
+}
+
+std::vector<int64_t> SnapshotReplicas::agreement_rows(FlashWriter& own, bool written) const {
+  std::vector<int64_t> rows(static_cast<size_t>(channel_->size() * kRowWords), 0);
+  int64_t* row = rows.data() + channel_->rank() * kRowWords;
+  if (sent_) row[kSent] = 1, row[kChecksumLow] = static_cast<int64_t>(sent_checksum_ & 0xffffffffu), row[kChecksumHigh] = static_cast<int64_t>(sent_checksum_ >> 32);
   const std::optional<FlashImageView> mine = written ? own.newest(/*with_checksum=*/false) : std::nullopt;
   if (!mine) return rows;
   if (mine->info.state_hash.size() > kHashWords * 4) throw std::logic_error("snapshot replicas: a state hash longer than 64 characters");
-  int64_t* row = rows.data() + channel_->rank() * kIdentityWords;
-  row[0] = mine->info.step, row[1] = mine->info.world_size, row[2] = static_cast<int64_t>(mine->image.size());
+  row[kStep] = mine->info.step, row[kWorldSize] = mine->info.world_size, row[kBytes] = static_cast<int64_t>(mine->image.size());
   for (size_t i = 0; i < mine->info.state_hash.size(); ++i)
-    row[3 + i / 4] |= static_cast<int64_t>(static_cast<unsigned char>(mine->info.state_hash[i])) << (8 * (i % 4));
+    row[kHash + static_cast<int64_t>(i / 4)] |= static_cast<int64_t>(static_cast<unsigned char>(mine->info.state_hash[i])) << (8 * (i % 4));
   return rows;
 }
 
-void SnapshotReplicas::announce(const std::vector<double>& rows) {
-  if (rows.size() != static_cast<size_t>(channel_->size() * kIdentityWords)) throw std::logic_error("snapshot replicas: identity rows of another world");
+void SnapshotReplicas::agreed(const std::vector<double>& rows, bool announce) {
+  if (rows.size() != static_cast<size_t>(channel_->size() * kRowWords)) throw std::logic_error("snapshot replicas: agreement rows of another world");
+  auto word = [&](int rank, int64_t index) { return static_cast<int64_t>(rows[static_cast<size_t>(rank * kRowWords + index)]); };
+  // The images received since the last agreement: complete, and their senders' checksums here.
+  for (auto& in : incoming_) {
+    if (word(in->sender, kSent) != 1) throw std::logic_error("snapshot replicas: rank " + std::to_string(in->sender) + " sent no checksum");
+    if (!in->slot.image) continue;
+    const auto checksum = static_cast<uint64_t>(word(in->sender, kChecksumLow)) | static_cast<uint64_t>(word(in->sender, kChecksumHigh)) << 32;
+    if (!device_.is_cpu()) std::memcpy(in->slot.image, in->buffer.cpu().data_ptr(), static_cast<size_t>(in->buffer.numel()));
+    replica_slots_.at(in->sender)->finish_receive(in->slot, checksum);  // complete: it counts from now
+    arrived_.push_back(std::move(in));
+  }
+  incoming_.clear();
+  sent_ = false;  // this rank's receivers have its checksum: the same rows
+  if (!announce) return;
   check_received();  // first: a replica whose check has not started holds its slot in no state a new one respects
   for (int s : senders_) {
-    const double* row = rows.data() + s * kIdentityWords;
     std::string hash;
     for (int64_t i = 0; i < kHashWords * 4; ++i)
-      if (const auto c = static_cast<char>((static_cast<uint64_t>(row[3 + i / 4]) >> (8 * (i % 4))) & 0xff); c != '\0') hash += c;
-    const auto step = static_cast<int64_t>(row[0]), world_size = static_cast<int64_t>(row[1]), bytes = static_cast<int64_t>(row[2]);
+      if (const auto c = static_cast<char>((static_cast<uint64_t>(word(s, kHash + i / 4)) >> (8 * (i % 4))) & 0xff); c != '\0') hash += c;
+    const int64_t bytes = word(s, kBytes);
     auto in = std::make_unique<Incoming>();
     in->sender = s;
     std::string problem;
-    in->slot = replica_slots_.at(s)->begin_receive({step, world_size, hash}, static_cast<uint64_t>(bytes), problem);
+    in->slot = replica_slots_.at(s)->begin_receive({word(s, kStep), word(s, kWorldSize), hash}, static_cast<uint64_t>(bytes), problem);
     if (!problem.empty()) log::record("snapshot replicas: cannot hold rank " + std::to_string(s) + "'s image: " + problem);
     in->buffer = in->slot.image && device_.is_cpu() ? at::from_blob(in->slot.image, {bytes}, at::kByte)
                                                      : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
@@ -128,6 +155,7 @@ void SnapshotReplicas::announce(const std::vector<double>& rows) {
 
 void SnapshotReplicas::post(FlashWriter& own) {
   if (!announced_) throw std::logic_error("snapshot replicas: an image posted before it was announced");
+  announced_ = false;
   const std::optional<FlashImageView> mine = own.newest(/*with_checksum=*/false);
   if (!mine) throw std::logic_error("snapshot replicas: no snapshot to send");
   at::Tensor image = at::from_blob(const_cast<char*>(mine->image.data()), {static_cast<int64_t>(mine->image.size())}, at::kByte);
@@ -139,41 +167,22 @@ void SnapshotReplicas::post(FlashWriter& own) {
   for (auto& in : incoming_) messages.push_back({P2POp::Kind::Recv, in->buffer, in->sender, kImageTag});
   in_flight_.push_back(channel_->batch_p2p(std::move(messages)));
   outgoing_.push_back(image);
+  sent_ = !receivers_.empty();
   inject_fault(channel_->rank(), mine->info.step, "replica");
+}
+
+void SnapshotReplicas::finish(FlashWriter& own) {
+  complete(own);
+  const std::vector<int64_t> mine = agreement_rows(own, /*written=*/false);
+  at::Tensor rows = at::tensor(mine, at::kLong).to(device_);
+  channel_->all_reduce(rows, ReduceOp::Sum)->wait();
+  agreed(read_on_host({rows}), /*announce=*/false);
+  check_received();
 }
 
 void SnapshotReplicas::check_received() {
   for (auto& in : arrived_) replica_slots_.at(in->sender)->check_newest_receive();
   arrived_.clear();
-}
-
-void SnapshotReplicas::complete(FlashWriter& own) {
-  if (!announced_) return;
-  for (auto& work : in_flight_) work->wait();
-  in_flight_.clear();
-  outgoing_.clear();
-  const std::optional<FlashImageView> mine = own.newest(/*with_checksum=*/true);
-  uint64_t checksum = mine ? mine->checksum : 0;
-  at::Tensor sum = at::tensor(std::vector<int64_t>{0}, at::kLong);
-  std::memcpy(sum.data_ptr<int64_t>(), &checksum, sizeof checksum);
-  sum = sum.to(device_);
-  at::Tensor theirs = at::empty({static_cast<int64_t>(incoming_.size())}, at::TensorOptions().dtype(at::kLong).device(device_));
-  std::vector<P2POp> messages;  // one batch, as the images (NCCL's order on one stream)
-  for (int r : receivers_) messages.push_back({P2POp::Kind::Send, sum, r, kChecksumTag});
-  for (size_t i = 0; i < incoming_.size(); ++i)
-    messages.push_back({P2POp::Kind::Recv, theirs.narrow(0, static_cast<int64_t>(i), 1), incoming_[i]->sender, kChecksumTag});
-  channel_->batch_p2p(std::move(messages))->wait();
-  theirs = theirs.cpu();
-  for (size_t i = 0; i < incoming_.size(); ++i) {
-    auto& in = incoming_[i];
-    std::memcpy(&in->checksum, theirs.data_ptr<int64_t>() + i, sizeof in->checksum);
-    if (!in->slot.image) continue;
-    if (!device_.is_cpu()) std::memcpy(in->slot.image, in->buffer.cpu().data_ptr(), static_cast<size_t>(in->buffer.numel()));
-    replica_slots_.at(in->sender)->finish_receive(in->slot, in->checksum);  // complete: it counts from now
-    arrived_.push_back(std::move(in));
-  }
-  incoming_.clear();
-  announced_ = false;
 }
 
 void SnapshotReplicas::discard_after(int64_t step) {

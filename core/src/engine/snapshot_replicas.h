@@ -12,12 +12,12 @@
 // receiver takes its slot as it leaves the agreement, with no exchange of its own. After the
 // step's record each rank posts its image's sends and its receives as one batch (NCCL runs a
 // communicator's messages in order on one stream: a receive posted ahead of the send it waits
-// for would stall a ring), completed just before the next snapshot, so the transfer overlaps the
-// steps between. Per snapshot a rank blocks for one small exchange of its own, the images'
-// checksums, before the next snapshot. The receiver writes
+// for would stall a ring); the transfer overlaps the steps until the next snapshot, whose
+// agreement carries the image's checksum. So replicas add no meeting of ranks to a snapshot:
+// before its copy a rank waits only for its own transfers. The receiver writes
 // straight into a slot of its node's store named after the sender (rank_Q.0/.1, double-buffered
 // like the sender's own). A replica counts once every byte has arrived and the sender's checksum
-// with it, which is just before the next snapshot: after a node loss the survivors restore the
+// with it, which is at the next snapshot's agreement: after a node loss the survivors restore the
 // newest snapshot whose replicas are complete, which may be one before the newest. Every use of
 // an image checks that checksum (a restore, the supervisor's persist), and the receiver also
 // checks it in the background after its next snapshot's copy, emptying the slot of a damaged
@@ -50,22 +50,26 @@ class SnapshotReplicas {
   SnapshotReplicas(const SnapshotReplicas&) = delete;
   SnapshotReplicas& operator=(const SnapshotReplicas&) = delete;
 
-  // Before the next snapshot is written: waits for the replicas in flight and exchanges their
-  // checksums; from then on they count.
+  // Before the next snapshot is written: waits for the transfers in flight (sent during the
+  // steps since, so normally done) and takes the checksum of the image this rank sent.
   void complete(FlashWriter& own);
-  // This rank's part of the snapshot's agreement (a sum over the world): one row per rank of the
-  // identity and size of its newest image, its own filled when it `written` one, the others 0.
-  std::vector<int64_t> identity_rows(FlashWriter& own, bool written) const;
-  // Once the agreement says every rank wrote its snapshot (`rows`: every rank's row, as summed):
-  // starts checking the replicas completed before against their senders' checksums (in the
-  // background, after the snapshot's own copy, so the two do not share the cores) and takes the
-  // slots of this node's store that this rank's senders' images go to. It waits for nothing.
-  void announce(const std::vector<double>& rows);
+  // This rank's part of the snapshot's agreement (a sum over the world): one row per rank, its
+  // own filled with the identity and size of its newest image when it `written` one, and the
+  // checksum of the image it sent last when its receivers wait for it; the others 0.
+  std::vector<int64_t> agreement_rows(FlashWriter& own, bool written) const;
+  // Once the agreement says no rank failed (`rows`: every rank's row, as summed): the images
+  // received since the last agreement count from now, with their senders' checksums. With
+  // `announce` (every rank wrote this snapshot) it then starts checking them against those
+  // checksums (in the background, after the snapshot's own copy, so the two do not share the
+  // cores) and takes the slots of this node's store that this rank's senders' new images go to.
+  // It waits for nothing.
+  void agreed(const std::vector<double>& rows, bool announce);
   // After the step's record: posts `own`'s newest image to this rank's receivers and the
   // receives of its senders' images, one batch, and returns.
   void post(FlashWriter& own);
-  // Starts checking completed replicas now (the end of the run, when no snapshot follows).
-  void check_received();
+  // The end of the run, when no snapshot follows: completes the last transfers, exchanges their
+  // checksums in an all-reduce of the same rows, and starts checking them.
+  void finish(FlashWriter& own);
   // After a restart from `step`: replicas of later steps belong to the attempt being redone.
   void discard_after(int64_t step);
 
@@ -81,7 +85,11 @@ class SnapshotReplicas {
   std::vector<WorkPtr> in_flight_;
   std::vector<std::unique_ptr<Incoming>> incoming_, arrived_;
   std::vector<at::Tensor> outgoing_;  // the sends' buffers, alive until they complete
-  bool announced_ = false;
+  bool announced_ = false;  // agreed on a snapshot whose image is not posted yet
+  bool sent_ = false;  // posted an image whose checksum its receivers have not had yet
+  uint64_t sent_checksum_ = 0;
+
+  void check_received();
 };
 
 }  // namespace strata::engine

@@ -248,8 +248,9 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
   const engine::SavedState state = engine::gather_state(*job);
   if (flash) {
     std::string problem;
-    // The previous snapshot's replicas, completed before its slot can be reused; their posting
-    // (after the previous step's record) counts here too.
+    // The previous snapshot's replica transfers, waited for (and its checksum taken) before this
+    // snapshot replaces it as the newest; their posting (after the previous step's record)
+    // counts here too.
     const double posted_before = replica_post_seconds;
     replica_seconds = replica_post_seconds, replica_post_seconds = 0;
     if (replicas) {
@@ -263,10 +264,10 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
                                             engine::checkpoint_file_metadata(at_step, state.placements), problem,
                                             [&] { inject_fault(env.rank, at_step, "snapshot"); });
     // The agreement: ranks that failed, ranks that skipped and, with replicas, every rank's image
-    // identity (which its receivers need to post their receives).
+    // identity (which its receivers need to take their slots) and its last sent image's checksum.
     std::vector<int64_t> agreement{outcome == FlashWrite::Failed ? 1 : 0, outcome == FlashWrite::Skipped ? 1 : 0};
     if (replicas) {
-      const std::vector<int64_t> rows = replicas->identity_rows(*flash, outcome == FlashWrite::Written);
+      const std::vector<int64_t> rows = replicas->agreement_rows(*flash, outcome == FlashWrite::Written);
       agreement.insert(agreement.end(), rows.begin(), rows.end());
     }
     at::Tensor outcomes = at::tensor(agreement, at::kLong).to(device);
@@ -276,10 +277,10 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
       if (outcome == FlashWrite::Written && inject_fault(env.rank, at_step, "snapshot_done")) flash->damage_newest();
       snapshot_skipped = counts[1] > 0;
       replica_post_due = replicas && !snapshot_skipped;  // every rank has this step's image: sent after the step's record
-      if (replica_post_due) {
-        const auto announcing = std::chrono::steady_clock::now();
-        replicas->announce({counts.begin() + 2, counts.end()});
-        replica_seconds += seconds_since(announcing);
+      if (replicas) {
+        const auto agreeing = std::chrono::steady_clock::now();
+        replicas->agreed({counts.begin() + 2, counts.end()}, /*announce=*/replica_post_due);
+        replica_seconds += seconds_since(agreeing);
       }
       return seconds_since(started) + posted_before;
     }
@@ -484,7 +485,7 @@ RunSummary Trainer::run(const std::function<bool()>& stop_requested) {
   t.record_unread();
   summary.last_loss = t.last.loss;
   summary.last_step = t.step;
-  if (t.replicas) t.replicas->complete(*t.flash), t.replicas->check_received();  // the last snapshot's replicas count too
+  if (t.replicas) t.replicas->finish(*t.flash);  // the last snapshot's replicas count too
   if (t.flash) t.flash->wait();  // the last snapshot is valid before the supervisor persists it
   if (t.step == t.steps) t.progress->beat(t.steps, StepPhase::Finished);
   t.console->finish();
