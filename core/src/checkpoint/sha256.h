@@ -1,25 +1,25 @@
-// SHA-256 (FIPS 180-4), for checkpoint checksums.
+// SHA-256 (FIPS 180-4), for checkpoint checksums; OpenSSL's libcrypto computes it.
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
 #include <filesystem>
 #include <string>
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX, kept out of every includer
 
 namespace strata {
 
 class Sha256 {
  public:
   Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
   void update(const void* data, size_t size);
   std::string hex_digest();  // finishes the hash
 
  private:
-  void block(const uint8_t* p);
-  uint32_t h_[8];
-  uint8_t buffer_[64];
-  size_t buffered_ = 0;
-  uint64_t length_ = 0;
+  evp_md_ctx_st* context_;
 };
 
 // Hex digest of a whole file; throws UserError when it cannot be read.
