@@ -8,7 +8,8 @@
 # with B_LOG_MATCH set, every rank log of run B must hold a line matching that one.
 # With GRAD_NORM_STEPS=K, the gradient norms of the first K steps are compared as the losses are.
 # With B_LAUNCHER set (a command, e.g. "torchrun --nproc-per-node 2 --no-python"), run B is
-# started by it instead of directly.
+# started by it instead of directly. With CONCURRENT set, both runs (single-process, no launcher)
+# start at once with one thread each.
 set -euo pipefail
 strata=$1 work=$2 mode=$3 tolerance=$4
 shift 4
@@ -19,9 +20,18 @@ while [[ $# -gt 0 && $1 != -- ]]; do a+=("$1"); shift; done
 shift
 b=("$@")
 rm -rf "$work" && mkdir -p "$work"
-"$strata" run "${a[@]}" --out "$work/a" > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
-read -ra launcher <<< "${B_LAUNCHER:-}"
-"${launcher[@]}" "$strata" run "${b[@]}" --out "$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
+if [[ -n ${CONCURRENT:-} ]]; then
+  # Two single-process runs at once, one thread each: the test holds both cores (PROCESSORS 2)
+  # and two one-thread runs keep them busier than two two-thread runs in turn.
+  "$strata" run "${a[@]}" --set job.threads=1 --out "$work/a" > "$work/a.log" 2>&1 & run_a=$!
+  "$strata" run "${b[@]}" --set job.threads=1 --out "$work/b" > "$work/b.log" 2>&1 & run_b=$!
+  wait "$run_a" || { cat "$work/a.log"; wait "$run_b"; exit 1; }
+  wait "$run_b" || { cat "$work/b.log"; exit 1; }
+else
+  "$strata" run "${a[@]}" --out "$work/a" > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
+  read -ra launcher <<< "${B_LAUNCHER:-}"
+  "${launcher[@]}" "$strata" run "${b[@]}" --out "$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
+fi
 same=$(dirname "$0")/same_losses.sh
 differ=()
 [[ $mode == differ ]] && differ=(--differ)
