@@ -60,10 +60,17 @@ NamedParams block_params(const nn::Model& model, size_t b) {
 using UnitSet = Units;
 
 // Gathers and frees units around their uses and reduces their gradients.
+//
+// The wrapped run that ends the model (`ending`: it holds the head, on the last pipeline stage
+// when pipelined) is held like the root: gathered from its first forward to the step's last
+// backward, and in evaluation until the evaluation ends. The loss runs after the model's
+// forward and its backward is the first to need those parameters again, so freeing them in
+// between would only gather them back (FSDP2 and torchtitan leave the last block the same way);
+// and under fused_loss the loss itself multiplies by the output projection's weight.
 class Sharder {
  public:
-  Sharder(std::vector<UnitSet> wrapped, UnitSet root, UnitSet ignored, Options options)
-      : wrapped_(std::move(wrapped)), root_(std::move(root)), options_(options) {
+  Sharder(std::vector<UnitSet> wrapped, std::optional<size_t> ending, UnitSet root, UnitSet ignored, Options options)
+      : wrapped_(std::move(wrapped)), ending_(ending), root_(std::move(root)), options_(options) {
     for (auto& set : wrapped_) all_.insert(all_.end(), set.begin(), set.end());
     all_.insert(all_.end(), root_.begin(), root_.end());
     all_.insert(all_.end(), ignored.begin(), ignored.end());
@@ -80,6 +87,7 @@ class Sharder {
   }
 
   void after_unit(size_t u, const at::Tensor& output) {
+    if (u == ending_) return;  // held until the backward (or the evaluation) is done
     const UnitSet* set = &wrapped_[u];
     const bool backward_follows = at::GradMode::is_enabled() && output.requires_grad();
     // The gradient of the run's output arrives just before backward enters the run.
@@ -99,6 +107,12 @@ class Sharder {
 
   void after_model() {
     if (at::GradMode::is_enabled()) return;  // training keeps the root until its backward is done
+    for (auto& unit : all_)
+      if (!held(*unit)) unit->release();
+  }
+
+  // The root and the ending run, held through each evaluation batch's loss.
+  void after_evaluate() {
     for (auto& unit : all_) unit->release();
   }
 
@@ -175,12 +189,18 @@ class Sharder {
         waited_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
       }
     }
-    const bool is_root = std::any_of(root_.begin(), root_.end(), [&](const auto& r) { return r.get() == &unit; });
-    const bool keep = !last_ && (is_root || !options_.reshard_after_forward);
+    const bool keep = !last_ && (held(unit) || !options_.reshard_after_forward);
     if (!keep) unit.release();
   }
 
+  // The root's units and the ending run's: gathered until the step's last backward.
+  bool held(const FlatUnit& unit) const {
+    const auto is = [&](const auto& u) { return u.get() == &unit; };
+    return std::any_of(root_.begin(), root_.end(), is) || (ending_ && std::any_of(wrapped_[*ending_].begin(), wrapped_[*ending_].end(), is));
+  }
+
   std::vector<UnitSet> wrapped_;
+  std::optional<size_t> ending_;
   UnitSet root_;
   Units all_;
   Options options_;
@@ -357,7 +377,12 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     job.build_keeper.reset();
     const Options options{sharding::ignores_unused_parameters(config), config.get_bool("reshard_after_forward"), config.get_bool("forward_prefetch"),
                           config.get_int("limit_all_gathers")};
-    auto sharder = std::make_shared<Sharder>(wrapped, root, ignored, options);
+    // The run ending the model: its last block is the model's head (on the last stage, where
+    // pipeline_parallel kept only this rank's blocks).
+    std::optional<size_t> ending;
+    const bool holds_head = job.topology->rank_in(Dim::Pipeline) == job.topology->size(Dim::Pipeline) - 1;
+    if (!wrapped_run.empty() && holds_head && plan.runs[wrapped_run.back()].last + 1 == model.num_blocks()) ending = wrapped_run.size() - 1;
+    auto sharder = std::make_shared<Sharder>(wrapped, ending, root, ignored, options);
 
     for (size_t u = 0; u < wrapped_run.size(); ++u) {
       const BlockRun& run = plan.runs[wrapped_run[u]];
@@ -382,7 +407,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
       if (hybrid) c.metrics.emplace_back("fsdp_replica_reduce_bytes", static_cast<double>(traffic.replica_reduce_bytes));
     });
     // Step metrics count the training step's collectives, not an evaluation's.
-    job.add_hook(HookPoint::AfterEvaluate, [sharder](StepContext&) { sharder->take_traffic(); });
+    job.add_hook(HookPoint::AfterEvaluate, [sharder](StepContext&) { sharder->after_evaluate(), sharder->take_traffic(); });
     sharding::shard_training_state(job, sharder->all_units());
   }
 

@@ -44,12 +44,17 @@ class FusedLossPass final : public Pass {
               "The output projection and the cross-entropy in one operator (linear_cross_entropy): on the CPU, in chunks of "
               "rows, without the [tokens, vocab] logits",
               Schema()},
-             // tensor_parallel computes a vocabulary-parallel loss on split logits; pipeline
-             // stages and fsdp hand the tied weight between blocks in ways this pass does not
-             // follow yet (docs/performance.md).
-             {Phase::ModelRewrite, {}, {"tensor_parallel", "pipeline_parallel", "fsdp"}, {"fp8", "module_replace"}, {}}) {}
+             // tensor_parallel computes a vocabulary-parallel loss on split logits, which
+             // linear_cross_entropy does not (docs/performance.md). Under fsdp the unit that
+             // ends the model stays gathered through the loss; under pipeline_parallel the last
+             // stage's head copy of a tied weight is the one the hook records.
+             {Phase::ModelRewrite, {}, {"tensor_parallel"}, {"fp8", "module_replace"}, {}}) {}
 
   void apply(Job& job, const Config&) const override {
+    // Under pipeline_parallel only the last stage holds the head and computes the loss; the
+    // other stages keep their blocks as they are.
+    const bool pipelined = job.topology && job.topology->size(Dim::Pipeline) > 1;
+    if (pipelined && job.topology->rank_in(Dim::Pipeline) != job.topology->size(Dim::Pipeline) - 1) return;
     std::string name;
     nn::LayerHooks* hooks = find_projection(*job.model, name);
     if (!hooks)
@@ -69,7 +74,9 @@ class FusedLossPass final : public Pass {
         throw std::logic_error("fused_loss: the loss ran before the output projection " + name);
       return ops::linear_cross_entropy(hidden.reshape({-1, hidden.size(-1)}), projection->weight, projection->bias, targets.reshape(-1));
     };
-    if (!job.topology || job.topology->rank() == 0)
+    // One line from the first rank that holds the head.
+    const bool first_with_head = !job.topology || (job.topology->rank_in({Dim::Data, Dim::Tensor, Dim::Context}) == 0);
+    if (first_with_head)
       std::cout << "fused_loss: " << name << " and the cross entropy computed by "
                 << ops::select(ops::LinearCrossEntropy::name, job.model->parameters().front()).name() << "\n";
   }
