@@ -185,7 +185,7 @@ void Trainer::Impl::find_checkpoints() {
   newest.reset();
   older = engine::checkpoint_dirs_newest_first(checkpoints_dir);
   while (!newest && !older.empty()) {
-    newest = engine::open_checkpoint_or_explain(older.front(), skipped);
+    newest = engine::open_checkpoint_or_explain(older.front(), skipped, engine::Checkpoint::Checksums::Deferred);
     older.erase(older.begin());
   }
 }
@@ -237,14 +237,18 @@ bool Trainer::load() {
   const std::string hash = engine::state_hash(t.plan);
   while (t.newest) {
     std::string problem;
+    // Every rank runs each step of this loop for the same checkpoint: the checksums (each rank
+    // hashing its share of the files) and the restore agree across the ranks.
     if (t.newest->meta().state_hash != hash)
       problem = "saved with another model, data or optimizer configuration";
+    else if (auto bad = engine::checksum_problem_together(*t.newest, t.topology->world(), t.device))
+      problem = *bad;
     else if (engine::restore_state(*t.job, *t.newest, t.env.rank, problem))
       break;
     t.skipped.push_back("checkpoint " + t.newest->path().string() + ": " + problem);
     t.newest.reset();
     while (!t.newest && !t.older.empty()) {
-      t.newest = engine::open_checkpoint_or_explain(t.older.front(), t.skipped);
+      t.newest = engine::open_checkpoint_or_explain(t.older.front(), t.skipped, engine::Checkpoint::Checksums::Deferred);
       t.older.erase(t.older.begin());
     }
   }
