@@ -7,7 +7,8 @@
 // training step runs: blocks, head up to the projection, linear_cross_entropy, backward.
 // Under tensor_parallel the projection holds this rank's rows of the vocabulary and the loss is
 // the vocab-parallel fused one (vocab_parallel_loss.h): per chunk of rows, two all-reduces of
-// per-row figures in place of the whole vocabulary's logits.
+// per-row figures in place of the whole vocabulary's logits. A head tensor_parallel keeps whole
+// (a program's own model may) gets the whole-vocabulary operator on every tensor rank.
 #include <iostream>
 
 #include "strata/plugin.h"
@@ -23,21 +24,35 @@ struct Projection {
   std::optional<at::Tensor> bias;
 };
 
-// The output projection: the last TiedLinear or vocabulary-wide Linear of the model's last block
-// (`rows`: the vocabulary, or this rank's share of it under tensor_parallel).
-nn::LayerHooks* find_projection(nn::Model& model, int64_t rows, std::string& name) {
-  nn::LayerHooks* found = nullptr;
+// The output projection: the last TiedLinear or vocabulary-wide Linear of the model's last block,
+// and the rows of the vocabulary it holds here: all of them, or this rank's share when
+// tensor_parallel split it by rows (a Column layer; a program's own model may keep its head whole).
+struct FoundProjection {
+  nn::LayerHooks* hooks = nullptr;
+  std::string name;
+  nn::TensorShard shard;  // parts > 1: split by vocabulary rows
+  nn::ShardRange rows;
+};
+
+FoundProjection find_projection(nn::Model& model, int64_t vocab) {
+  FoundProjection found;
   nn::Block& head = model.block(model.num_blocks() - 1);
+  const auto held = [&](nn::ParallelStyle style, nn::TensorShard shard) {
+    found.shard = style == nn::ParallelStyle::Column && shard.parts > 1 ? shard : nn::TensorShard{};
+    found.rows = found.shard.parts > 1 ? nn::shard_range(vocab, found.shard) : nn::ShardRange{0, vocab};
+  };
   for (const auto& item : head.named_modules("", /*include_self=*/false)) {
-    if (auto* tied = dynamic_cast<nn::TiedLinear*>(item.value().get()); tied && tied->embedding().weight.size(0) == rows) {
-      found = &tied->hooks;
-      name = item.key();
-    } else if (auto* linear = dynamic_cast<nn::Linear*>(item.value().get()); linear && linear->weight.size(0) == rows) {
-      found = &linear->hooks;
-      name = item.key();
+    if (auto* tied = dynamic_cast<nn::TiedLinear*>(item.value().get()); tied && tied->embedding().count == vocab) {
+      found.hooks = &tied->hooks;
+      found.name = item.key();
+      held(tied->embedding().parallel_style, tied->embedding().shard);
+    } else if (auto* linear = dynamic_cast<nn::Linear*>(item.value().get()); linear && linear->out_features == vocab) {
+      found.hooks = &linear->hooks;
+      found.name = item.key();
+      held(linear->parallel_style, linear->shard);
     }
   }
-  name = model.block_name(model.num_blocks() - 1) + "." + name;
+  found.name = model.block_name(model.num_blocks() - 1) + "." + found.name;
   return found;
 }
 
@@ -59,37 +74,36 @@ class FusedLossPass final : public Pass {
     // other stages keep their blocks as they are.
     const bool pipelined = job.topology && job.topology->size(Dim::Pipeline) > 1;
     if (pipelined && job.topology->rank_in(Dim::Pipeline) != job.topology->size(Dim::Pipeline) - 1) return;
-    // tensor_parallel splits the projection by vocabulary rows (nn::shard_range) over its group.
-    Communicator* tensor_group = job.topology && job.topology->size(Dim::Tensor) > 1 ? &job.topology->group(Dim::Tensor) : nullptr;
-    const int64_t vocab = job.model->vocab_size();
-    const nn::ShardRange columns =
-        tensor_group ? nn::shard_range(vocab, nn::TensorShard{tensor_group->size(), tensor_group->rank()}) : nn::ShardRange{0, vocab};
-    std::string name;
-    nn::LayerHooks* hooks = find_projection(*job.model, columns.size, name);
-    if (!hooks)
+    const FoundProjection found = find_projection(*job.model, job.model->vocab_size());
+    const std::string& name = found.name;
+    if (!found.hooks)
       throw UserError("pass 'fused_loss': the last block of model '" + job.job_config().get_string("model") +
                       "' has no output projection (a TiedLinear, or a Linear with vocab_size outputs)");
-    if (hooks->compute)
+    if (found.hooks->compute)
       throw UserError("pass 'fused_loss': the output projection " + name +
                       " is already computed by another pass (fp8 include?); leave it to one of them");
+    // Split by rows over the tensor group: the vocab-parallel loss over that group.
+    Communicator* tensor_group = nullptr;
+    if (found.shard.parts > 1) {
+      tensor_group = job.topology && job.topology->size(Dim::Tensor) == found.shard.parts ? &job.topology->group(Dim::Tensor) : nullptr;
+      if (!tensor_group || tensor_group->rank() != found.shard.index)
+        throw std::logic_error("fused_loss: the output projection " + name + " is split in " + std::to_string(found.shard.parts) +
+                               " parts, not over the tensor group");
+    }
     auto projection = std::make_shared<Projection>();
-    hooks->compute = [projection](const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+    found.hooks->compute = [projection](const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
       projection->weight = w;
       projection->bias = b;
       return x;
     };
-    const int64_t vocab_start = columns.start;
-    job.loss = [projection, name, tensor_group, vocab, vocab_start](const at::Tensor& hidden, const at::Tensor& targets) {
+    const int64_t vocab_start = found.rows.start;
+    job.loss = [projection, name, tensor_group, vocab_start](const at::Tensor& hidden, const at::Tensor& targets) {
       if (!projection->weight.defined())
         throw std::logic_error("fused_loss: the loss ran before the output projection " + name);
       const at::Tensor rows = hidden.reshape({-1, hidden.size(-1)});
-      if (projection->weight.size(0) != vocab) {
-        if (!tensor_group)
-          throw std::logic_error("fused_loss: the output projection " + name + " has " + std::to_string(projection->weight.size(0)) +
-                                 " rows, not the vocabulary's " + std::to_string(vocab) + ", and no tensor group splits it");
+      if (tensor_group)
         return vocab_parallel_linear_cross_entropy(rows, projection->weight, projection->bias, targets.reshape(-1), vocab_start,
                                                    *tensor_group);
-      }
       return ops::linear_cross_entropy(rows, projection->weight, projection->bias, targets.reshape(-1));
     };
     // One line from the first rank that holds the head.

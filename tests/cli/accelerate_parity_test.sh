@@ -4,7 +4,8 @@
 # rank running the program under mpirun, against one process with no passes: every step's loss
 # must agree within a relative 2e-6.
 #  * mlp_lm (a model written as blocks): tensor parallel on 2 and 3 ranks, ddp on 3; as a causal
-#    MLP-Mixer (model.token_mixing, a transformer variant) tensor parallel on 2 ranks;
+#    MLP-Mixer (model.token_mixing, a transformer variant) tensor parallel on 2 ranks; tensor
+#    parallel on 2 ranks with fused_loss (the head, kept whole, computed by the fused operator);
 #  * plain_module (a plain torch::nn::Module): ddp 2, fsdp 2 and 3, zero2 2, fsdp 2 with
 #    act_checkpoint (the module recomputed as one block); fsdp 2 with amp bf16 trains (within
 #    2e-2); a tensor-parallel layout is refused with the way out; the same network as a
@@ -41,6 +42,14 @@ compare mlp_baseline_batch6 mlp_ddp3
 run mlp_lm mixer_baseline 1 "${one[@]}" model.token_mixing=true
 run mlp_lm mixer_tensor2 2 model.token_mixing=true
 compare mixer_baseline mixer_tensor2
+# fused_loss on the program's whole head under tensor parallel: each tensor rank computes the
+# whole-vocabulary fused loss (the model keeps its output projection whole).
+{ cat "$examples/mlp_lm/strategy.toml"; printf '[[pass]]\nname = "fused_loss"\n'; } > "$work/mlp_fused_loss.toml"
+(cd "$work" && "${mpirun[@]}" -np 2 "$bin/train_mlp_lm" "$work/mlp_fused_loss.toml" job.run_dir="$work/mlp_tensor2_fused_loss" job.steps=12 \
+  > "$work/mlp_tensor2_fused_loss.log" 2>&1) || { cat "$work/mlp_tensor2_fused_loss.log"; exit 1; }
+grep -q "^fused_loss: head.out and the cross entropy computed by " "$work/mlp_tensor2_fused_loss.log" ||
+  { echo "fused_loss did not say what computes the loss"; cat "$work/mlp_tensor2_fused_loss.log"; exit 1; }
+compare mlp_baseline mlp_tensor2_fused_loss
 
 fp32=(pass.amp.enabled=false)
 run plain_module plain_baseline 1 parallel.data=1 pass.fsdp.enabled=false "${fp32[@]}"
@@ -124,3 +133,15 @@ set -e
 grep -q "torch::nn::Linear layers cannot run in fp8 .*write them as strata::nn::Linear" "$work/plain_fp8.log" && ((status == 2)) ||
   { echo "fp8 of a plain module was not refused (exit $status)"; cat "$work/plain_fp8.log"; exit 1; }
 echo "plain_module: fp8 refused"
+
+# An unreadable strategy file: one line from rank 0, exit status 2 (no abort, no line per rank).
+for program in mlp_lm plain_module; do
+  set +e
+  (cd "$work" && "${mpirun[@]}" -np 2 "$bin/train_$program" "$work/no_such_strategy.toml" > "$work/${program}_no_file.log" 2>&1)
+  status=$?
+  set -e
+  [[ $(grep -c "^train_$program: cannot read strategy file .*no_such_strategy.toml$" "$work/${program}_no_file.log") == 1 ]] && ((status != 0)) &&
+    ! grep -q "terminate called" "$work/${program}_no_file.log" ||
+    { echo "$program: an unreadable strategy file was not one line (exit $status)"; cat "$work/${program}_no_file.log"; exit 1; }
+done
+echo "mlp_lm, plain_module: an unreadable strategy file is one line"

@@ -13,6 +13,7 @@
 #include "mlp_lm_model.h"
 #include "strata/accelerate.h"
 #include "strata/core/launch_env.h"
+#include "strata/errors.h"
 
 int main(int argc, char** argv) {
   const bool automatic = argc > 1 && std::string(argv[1]) == "--automatic";
@@ -22,9 +23,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const strata::LaunchEnv env = strata::detect_launch_env();
-  strata::Strategy strategy = strata::Strategy::from_file(argv[first]);
-  if (automatic) strategy = strata::Strategy::automatic(env.world_size, strategy.text());
-  for (int i = first + 1; i < argc; ++i) strategy.set(argv[i]);
+  strata::Strategy strategy;
+  try {
+    strategy = strata::Strategy::from_file(argv[first]);
+    if (automatic) strategy = strata::Strategy::automatic(env.world_size, strategy.text());
+    for (int i = first + 1; i < argc; ++i) strategy.set(argv[i]);
+  } catch (const strata::UserError& e) {  // an unreadable file: one line, once, exit status 2
+    if (env.rank == 0) std::cerr << "train_mlp_lm: " << e.what() << "\n";
+    return 2;
+  }
   strata::Accelerated result = strata::accelerate(std::make_unique<mlp_lm::MlpLanguageModel>(), {}, nullptr, {}, strategy);
   if (!result.ok) {
     if (env.rank == 0) std::cerr << "train_mlp_lm: " << result.status << "\n";  // once, not per rank

@@ -12,6 +12,7 @@
 
 #include "strata/accelerate.h"
 #include "strata/core/launch_env.h"
+#include "strata/errors.h"
 #include "tiny_net.h"
 
 constexpr int64_t kVocab = 32, kSeqLen = 8, kWidth = 16;
@@ -23,8 +24,14 @@ int main(int argc, char** argv) {
     std::cerr << "usage: train_plain_module [--sequential] STRATEGY [section.key=value ...]\n";
     return 2;
   }
-  strata::Strategy strategy = strata::Strategy::from_file(argv[first]);
-  for (int i = first + 1; i < argc; ++i) strategy.set(argv[i]);
+  strata::Strategy strategy;
+  try {
+    strategy = strata::Strategy::from_file(argv[first]);
+    for (int i = first + 1; i < argc; ++i) strategy.set(argv[i]);
+  } catch (const strata::UserError& e) {  // an unreadable file: one line, once, exit status 2
+    if (strata::detect_launch_env().rank == 0) std::cerr << "train_plain_module: " << e.what() << "\n";
+    return 2;
+  }
   auto model = sequential ? strata::plain_sequential(
                                 "tiny_net", [] { return plain_module::tiny_sequential(kVocab, kWidth); }, kVocab, kSeqLen)
                           : strata::plain_module<plain_module::TinyNet>(
