@@ -300,18 +300,55 @@ at::Tensor global_indices(const Placement* placement, int64_t numel) {
 
 bool has_block(const Placement* placement) { return placement && placement->has_block(); }
 
+// Which elements of a request's target are filled. While every piece is a flat range of the
+// whole tensor (whole tensors, fsdp and zero shards: the common case) the filled ranges are
+// merged intervals; a piece that is a block (tensor parallel) marks elements, in a mask made the
+// first time one arrives. A mask for every request was 8% of exporting GPT-2 124M.
+class Coverage {
+ public:
+  explicit Coverage(int64_t numel) : numel_(numel) {}
+  void add_range(int64_t from, int64_t to) {
+    if (mask_.defined()) {
+      mask_.narrow(0, from, to - from).fill_(true);
+      return;
+    }
+    ranges_.emplace(from, to);
+  }
+  void add_mask(const at::Tensor& elements) {
+    if (!mask_.defined()) {
+      mask_ = at::zeros({numel_}, at::kBool);
+      for (const auto& [from, to] : ranges_) mask_.narrow(0, from, to - from).fill_(true);
+      ranges_.clear();
+    }
+    mask_.logical_or_(elements);
+  }
+  int64_t covered() const {
+    if (mask_.defined()) return mask_.sum().item<int64_t>();
+    int64_t count = 0, reached = 0;  // the union of the ranges, in order of their starts
+    for (const auto& [from, to] : ranges_) {
+      count += std::max<int64_t>(0, to - std::max(from, reached));
+      reached = std::max(reached, to);
+    }
+    return count;
+  }
+  bool complete() const { return covered() == numel_; }
+
+ private:
+  int64_t numel_;
+  std::multimap<int64_t, int64_t> ranges_;  // [from, to) by from
+  at::Tensor mask_;
+};
+
 }  // namespace
 
 void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
   std::vector<int> order{std::find(ranks_.begin(), ranks_.end(), prefer) != ranks_.end() ? prefer : 0};
   for (int r : ranks_)
     if (r != order.front()) order.push_back(r);
-  // Which elements of each request's target are filled: flat pieces mark ranges, blocks mark
-  // the elements both pieces hold.
-  std::vector<at::Tensor> filled;
+  std::vector<Coverage> filled;
   std::vector<bool> done(requests.size(), false);
   for (size_t i = 0; i < requests.size(); ++i) {
-    filled.push_back(at::zeros({requests[i].target.numel()}, at::kBool));
+    filled.emplace_back(requests[i].target.numel());
     done[i] = requests[i].target.numel() == 0;
   }
   auto all_done = [&] { return std::all_of(done.begin(), done.end(), [](bool d) { return d; }); };
@@ -343,7 +380,7 @@ void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
           const int64_t from = std::max(begin, stored_begin), to = std::min(begin + target.numel(), stored_begin + source.numel());
           if (from >= to) continue;
           target.narrow(0, from - begin, to - from).copy_(source.narrow(0, from - stored_begin, to - from));
-          filled[i].narrow(0, from - begin, to - from).fill_(true);
+          filled[i].add_range(from - begin, to - begin);
         } else if (!has_block(stored_slice)) {
           // A block wanted from a flat range [stored_begin, + numel) of the whole tensor (or all of
           // it): the positions wanted are offsets into the stored range.
@@ -352,7 +389,7 @@ void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
           const at::Tensor match = want.ge(stored_begin).logical_and_(want.lt(stored_begin + source.numel()));
           if (!match.any().item<bool>()) continue;
           target.index_put_({match}, source.index({want.index({match}) - stored_begin}));
-          filled[i].logical_or_(match);
+          filled[i].add_mask(match);
         } else {
           // Blocks on both sides: match elements by their position in the whole tensor.
           const at::Tensor want = global_indices(wanted, target.numel());
@@ -362,16 +399,16 @@ void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
           const at::Tensor match = have.index({position}).eq(want);
           if (!match.any().item<bool>()) continue;
           target.index_put_({match}, source.index({position.index({match})}));
-          filled[i].logical_or_(match);
+          filled[i].add_mask(match);
         }
-        done[i] = filled[i].all().item<bool>();
+        done[i] = filled[i].complete();
       }
       if (file.mapping) file.mapping->release_pages(stored.data_ptr(), stored.nbytes());
     }
   }
   for (size_t i = 0; i < requests.size(); ++i) {
     if (done[i]) continue;
-    const int64_t covered = filled[i].sum().item<int64_t>();
+    const int64_t covered = filled[i].covered();
     if (covered == 0) throw UserError("checkpoint " + dir_.string() + " has no tensor '" + requests[i].name + "'");
     throw UserError("checkpoint " + dir_.string() + " holds only " + std::to_string(covered) + " of the " +
                     std::to_string(requests[i].target.numel()) + " elements of '" + requests[i].name + "' this rank needs");

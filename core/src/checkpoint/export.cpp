@@ -6,6 +6,7 @@
 #include <c10/util/accumulate.h>
 
 #include "checkpoint.h"
+#include "ir/initial_draws.h"
 #include "tokenizer_export.h"
 #include "strata/core/log.h"
 #include "strata/core/trainer.h"
@@ -53,7 +54,12 @@ CheckpointModel load_checkpoint_model(const fs::path& source, const ComponentReg
   const auto* factory = static_cast<const ModelFactory*>(plan.model_component);
   Config config = plan.model;
   if (config.has("init_from")) config.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
-  auto model = factory->create(config);
+  // Every parameter is filled from the checkpoint below (fill refuses one it cannot fill whole).
+  std::shared_ptr<nn::Model> model;
+  {
+    nn::SkipInitialDraws no_draws;
+    model = factory->create(config);
+  }
   std::vector<engine::TensorRequest> requests;
   for (const auto& p : model->named_parameters())
     requests.push_back({"model/" + p.key(), at::empty_like(p.value(), at::MemoryFormat::Contiguous), std::nullopt});

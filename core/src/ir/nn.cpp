@@ -2,6 +2,7 @@
 
 #include "strata/core/expert_split.h"
 #include "strata/core/process_memory.h"
+#include "initial_draws.h"
 
 #include <algorithm>
 #include <atomic>
@@ -137,6 +138,21 @@ LossGradientScale::~LossGradientScale() { loss_gradient_scale = previous_; }
 double LossGradientScale::current() { return loss_gradient_scale.load(); }
 
 namespace {
+thread_local bool skip_initial_draws = false;  // SkipInitialDraws's
+}  // namespace
+
+SkipInitialDraws::SkipInitialDraws() : outer_(skip_initial_draws) { skip_initial_draws = true; }
+SkipInitialDraws::~SkipInitialDraws() { skip_initial_draws = outer_; }
+bool initial_draws_skipped() { return skip_initial_draws; }
+
+namespace {
+// A layer's initial weight: normal(0, std) over the whole tensor, or left as allocated under
+// SkipInitialDraws.
+at::Tensor initial_weight(at::IntArrayRef sizes, double std) {
+  at::Tensor weight = at::empty(sizes);
+  return skip_initial_draws ? weight : weight.normal_(0.0, std);
+}
+
 thread_local TensorShard experts_at_build;  // ExpertSplitAtBuild's, {1, 0} outside one
 
 // Rank `shard.index`'s experts of `groups` split in `shard.parts` equal parts.
@@ -160,7 +176,7 @@ GroupedLinear::GroupedLinear(int64_t groups_, int64_t in, int64_t out, double in
   check_shard(shard);
   // The whole tensor is drawn (every layout holds the unsplit model's values), this rank's experts
   // (ExpertSplitAtBuild) and its piece of each kept.
-  at::Tensor whole = at::empty({groups, out, in}).normal_(0.0, init_std);
+  at::Tensor whole = initial_weight({groups, out, in}, init_std);
   if (experts_at_build.parts > 1) {
     const ShardRange mine = expert_range(groups, experts_at_build);
     whole = whole.narrow(0, mine.start, mine.size).clone();
@@ -254,7 +270,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, ParallelStyle style, Ten
   check_shard(shard);
   const int64_t dim = parallel_style == ParallelStyle::Row ? 1 : 0;
   // The whole weight is drawn and dropped here: the one whole parameter held beyond the pieces.
-  weight = register_parameter("weight", piece_of(at::empty({out, in}).normal_(0.0, init_std), dim, shard, dim == 0 ? fused : 1));
+  weight = register_parameter("weight", piece_of(initial_weight({out, in}, init_std), dim, shard, dim == 0 ? fused : 1));
   if (with_bias) bias = register_parameter("bias", dim == 0 ? piece_of(at::zeros({out}), 0, shard, fused) : at::zeros({out}));
 }
 
@@ -280,7 +296,7 @@ Embedding::Embedding(int64_t count_, int64_t dim, ParallelStyle style, TensorSha
     : count(count_), parallel_style(style), shard(style == ParallelStyle::Column ? shard_ : TensorShard{}) {
   check_shard(shard);
   first_row = shard_range(count, shard).start;
-  weight = register_parameter("weight", piece_of(at::empty({count, dim}).normal_(0.0, kInitStd), 0, shard, 1));
+  weight = register_parameter("weight", piece_of(initial_weight({count, dim}, kInitStd), 0, shard, 1));
 }
 
 at::Tensor Embedding::forward(const at::Tensor& ids_in) {
