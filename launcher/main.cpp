@@ -262,6 +262,13 @@ int main(int argc, char** argv) {
   } catch (const strata::UserError& e) {
     report("user", e.what());
     return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the user named that cannot be created, read or replaced (an output directory under
+    // a file, no permission, a full disk): the path and the reason, as a user error.
+    std::string what = e.what();
+    if (const std::string prefix = "filesystem error: "; what.rfind(prefix, 0) == 0) what = what.substr(prefix.size());
+    report("user", what);
+    return 2;
   } catch (const std::exception& e) {
     // Out of memory under [job] rank_memory_limit_mb is the configuration's, not a defect.
     if (strata::allocation_cap() > 0 && strata::is_allocation_failure(e.what())) {

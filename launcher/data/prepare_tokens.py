@@ -119,6 +119,11 @@ def main():
     parser.add_argument("--val-fraction", type=float, default=0.05)
     parser.add_argument("--eos")
     args = parser.parse_args()
+    # The output directory first: an unwritable one is refused before the tokenizer's training.
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        fail(f"-o {args.out}: cannot create the output directory ({e.strerror})")
 
     started = time.monotonic()
     if args.tokenizer:
@@ -172,7 +177,6 @@ def main():
     else:
         train = np.concatenate(streams[: documents - val_documents])
         val = np.concatenate(streams[documents - val_documents:])
-    os.makedirs(args.out, exist_ok=True)
     train.astype("<" + np.dtype(dtype).str[1:]).tofile(os.path.join(args.out, "train.bin"))
     val.astype("<" + np.dtype(dtype).str[1:]).tofile(os.path.join(args.out, "val.bin"))
     tokenizer.save(os.path.join(args.out, "tokenizer.json"))
@@ -202,4 +206,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except OSError as e:  # a file that cannot be read or written (permissions, a full disk): one line, exit 2
+        fail(f"{e.filename}: {e.strerror}" if e.filename else str(e))

@@ -3,7 +3,8 @@
 # Trains the same 12 steps in one process, with fsdp on 4 ranks and with zero2 on 2 ranks,
 # consolidates each final checkpoint with `strata ckpt consolidate`, and requires the three files
 # to hold the same names with the same whole shapes, and the same values (within the drift
-# data-parallel sums cause), for the model and the optimizer state.
+# data-parallel sums cause), for the model and the optimizer state. An output path under a file
+# is one line and exit status 2.
 set -euo pipefail
 strata=$1 python=$2 strategy=$3 work=$4
 rm -rf "$work" && mkdir -p "$work"
@@ -37,3 +38,16 @@ for other in ("fsdp4", "zero2_2"):
     print(f"{other}: {len(got)} tensors match the single-process checkpoint, worst relative difference {worst:.2e}")
     assert worst < 1e-3, f"{other}: values differ by {worst}"
 PY
+# An output path under a file: one line naming it, exit status 2, not an internal error (export
+# and consolidate both create their output's directory).
+for command in "export $work/single $work/single.info/hf" "consolidate $work/single $work/single.info/x.safetensors"; do
+  set +e
+  # shellcheck disable=SC2086
+  "$strata" ckpt $command > "$work/bad_out.txt" 2>&1
+  status=$?
+  set -e
+  [[ $status == 2 && $(wc -l < "$work/bad_out.txt") == 1 ]] &&
+    grep -q "^strata: error: cannot create directories: Not a directory \[$work/single.info" "$work/bad_out.txt" ||
+    { echo "ckpt $command: exit $status, not one line naming the path:"; cat "$work/bad_out.txt"; exit 1; }
+done
+echo "an output path under a file is refused in one line"

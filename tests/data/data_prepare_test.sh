@@ -135,4 +135,6 @@ expect_refused "a bad JSON line" "bad.jsonl:2: not a JSON line" data prepare "$w
 expect_refused "a missing text field" "no string field 'body'" data prepare "$work/bad.jsonl" -o "$work/x" --train-tokenizer 300 --text-field body
 expect_refused "not a tokenizer" "not a Hugging Face tokenizer.json" data prepare "$work/extra.txt" -o "$work/x" --tokenizer "$work/bad.jsonl"
 expect_refused "no subcommand" "takes a subcommand: prepare" data
+expect_refused "an output directory under a file" "-o $work/bad.jsonl/out: cannot create the output directory (Not a directory)" \
+  data prepare "$work/extra.txt" -o "$work/bad.jsonl/out" --train-tokenizer 300
 exit $fail
