@@ -60,13 +60,13 @@ CheckpointModel load_checkpoint_model(const fs::path& source, const ComponentReg
     nn::SkipInitialDraws no_draws;
     model = factory->create(config);
   }
+  // Filled in place: the parameters themselves are the targets (no second copy of the model).
   std::vector<engine::TensorRequest> requests;
-  for (const auto& p : model->named_parameters())
-    requests.push_back({"model/" + p.key(), at::empty_like(p.value(), at::MemoryFormat::Contiguous), std::nullopt});
+  for (const auto& p : model->named_parameters()) requests.push_back({"model/" + p.key(), p.value().detach(), std::nullopt});
   checkpoint.fill(requests, 0);
-  NamedTensors weights;
-  for (auto& q : requests) weights.emplace_back(q.name.substr(6), q.target);
-  load_parameters(*model, weights, "checkpoint " + checkpoint.path().string());
+  for (const auto& q : requests)  // a NaN or infinity would export a model that generates nothing
+    if (!at::isfinite(q.target).all().item<bool>())
+      throw UserError("checkpoint " + checkpoint.path().string() + ": tensor for '" + q.name.substr(6) + "' holds NaN or infinite values");
   return {std::move(model), std::move(plan), std::move(config), checkpoint.path()};
 }
 

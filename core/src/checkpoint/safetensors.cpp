@@ -119,20 +119,22 @@ std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& meta
 }
 
 void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {
-  std::vector<at::Tensor> data;
   std::set<const void*> storages;
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& [name, tensor] : tensors)
     if (tensor.numel() > 0 && !storages.insert(tensor.storage().data()).second)
       throw std::logic_error("safetensors: tensor '" + name + "' aliases another tensor");
-    data.push_back(tensor.detach().to(at::kCPU).contiguous());
-  }
   const std::string prefix = safetensors_prefix(tensors, metadata);
   const std::filesystem::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw UserError("cannot write " + tmp.string());
     out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
-    for (const auto& t : data) out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+    // One tensor at a time brought to host memory in row-major order (a transposed view, a device
+    // tensor): what is written costs one tensor's copy at most, not a copy of them all.
+    for (const auto& [name, tensor] : tensors) {
+      const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
+      out.write(static_cast<const char*>(bytes.data_ptr()), static_cast<std::streamsize>(bytes.nbytes()));
+    }
     if (!out.flush()) throw UserError("cannot write " + tmp.string() + " (disk full?)");
   }
   fsync_path(tmp, O_RDONLY);
