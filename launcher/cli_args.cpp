@@ -29,6 +29,12 @@ double parse_gib(const std::string& option, const std::string& text) {
   return value;
 }
 
+// ckpt export's weights: fp32, bf16 or fp16, as the amp pass names them.
+std::string parse_export_dtype(const std::string& option, const std::string& text) {
+  if (text == "fp32" || text == "bf16" || text == "fp16") return text;
+  throw UserError(option + " expects fp32, bf16 or fp16, got '" + text + "'");
+}
+
 // A whole number from 0 on (sample's --tokens, --top-k, --seed).
 int64_t parse_natural(const std::string& option, const std::string& text) {
   int64_t value = 0;
@@ -120,6 +126,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--text-field") args.given.push_back(arg), args.text_field = value();
     else if (arg == "--val-fraction") args.given.push_back(arg), args.val_fraction = parse_fraction(arg, value());
     else if (arg == "--eos") args.given.push_back(arg), args.eos = value();
+    else if (arg == "--dtype") args.given.push_back(arg), args.dtype = parse_export_dtype(arg, value());
     else if (arg.size() > 1 && arg[0] == '-') throw UserError("unknown option '" + arg + "'; see strata --help");
     else if (args.command.empty()) args.command = arg;
     else args.positional.push_back(arg);

@@ -9,13 +9,15 @@
 namespace strata::cli {
 
 int run_ckpt(const Args& args) {
-  allow_only(args, {});
-  if (args.positional.size() == 3 && args.positional[0] == "export") {
+  const bool exporting = !args.positional.empty() && args.positional[0] == "export";
+  allow_only(args, exporting ? std::vector<std::string>{"--dtype"} : std::vector<std::string>{});
+  if (args.positional.size() == 3 && exporting) {
     ComponentRegistry registry;
     load_plugins(registry);
-    auto used = export_hf(args.positional[1], args.positional[2], registry);
+    const at::ScalarType dtype = args.dtype == "bf16" ? at::kBFloat16 : args.dtype == "fp16" ? at::kHalf : at::kFloat;
+    auto used = export_hf(args.positional[1], args.positional[2], registry, dtype);
     const bool tokenizer = std::filesystem::exists(std::filesystem::path(args.positional[2]) / "tokenizer.json");
-    std::cout << "exported " << used.string() << " to " << args.positional[2] << " (model.safetensors, config.json"
+    std::cout << "exported " << used.string() << " to " << args.positional[2] << " (model.safetensors in " << (args.dtype.empty() ? "fp32" : args.dtype) << ", config.json"
               << (tokenizer ? ", tokenizer.json, tokenizer_config.json" : "") << ")\n";
     return 0;
   }

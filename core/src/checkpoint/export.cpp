@@ -71,12 +71,23 @@ CheckpointModel load_checkpoint_model(const fs::path& source, const ComponentReg
 }
 
 fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry) {
+  return export_hf(source, out, registry, at::kFloat);
+}
+
+fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry, at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
+    throw UserError(std::string("export writes float32, bfloat16 or float16 weights, not ") + c10::toString(dtype));
   const CheckpointModel loaded = load_checkpoint_model(source, registry);
   const auto* factory = static_cast<const ModelFactory*>(loaded.plan.model_component);
   const Config& config = loaded.model_config;
   fs::create_directories(out);
-  write_safetensors(out / "model.safetensors", factory->to_hf(*loaded.model, config), {{"format", "pt"}});
+  NamedTensors weights = factory->to_hf(*loaded.model, config);
+  // Cast one by one, each replacing its fp32 tensor (a transposed copy is freed as it goes).
+  for (auto& [name, tensor] : weights)
+    if (at::isFloatingType(tensor.scalar_type()) && tensor.scalar_type() != dtype) tensor = tensor.to(dtype);
+  write_safetensors(out / "model.safetensors", weights, {{"format", "pt"}});
   std::ofstream(out / "config.json") << factory->hf_config_json(config);
+  set_torch_dtype(out / "config.json", dtype);
   // The tokenizer where the run's data says which one it was: bytes for the text dataset, the
   // prepared directory's for token files `strata data prepare` wrote. Otherwise no tokenizer and
   // no special ids the run never had.

@@ -94,4 +94,14 @@ void set_special_token_ids(const std::filesystem::path& config_json, std::option
   write_json(config_json, config);
 }
 
+void set_torch_dtype(const std::filesystem::path& config_json, at::ScalarType dtype) {
+  json config;
+  {
+    std::ifstream f(config_json);
+    config = json::parse(f);
+  }
+  config["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  write_json(config_json, config);
+}
+
 }  // namespace strata

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <optional>
 
+#include <c10/core/ScalarType.h>
+
 namespace strata {
 
 // Writes tokenizer.json and tokenizer_config.json into `out` for a byte-level run.
@@ -28,5 +30,8 @@ bool copy_prepared_tokenizer(const std::filesystem::path& out, const std::filesy
 // Sets bos_token_id and eos_token_id in `out`/config.json: to `eos` (both, as GPT-2's do), or to
 // null where the run has no such token; an id the vocabulary lacks is never written.
 void set_special_token_ids(const std::filesystem::path& config_json, std::optional<int64_t> eos);
+// config.json's torch_dtype: the dtype the weights were written in ("bfloat16", "float32", ...),
+// which transformers' from_pretrained(torch_dtype="auto") loads them as.
+void set_torch_dtype(const std::filesystem::path& config_json, at::ScalarType dtype);
 
 }  // namespace strata

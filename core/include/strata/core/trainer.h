@@ -111,6 +111,10 @@ STRATA_API CheckpointModel load_checkpoint_model(const std::filesystem::path& so
 // where the run's data names one: bytes for the text dataset).
 STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
                                            const ComponentRegistry& registry);
+// The same with the weights written in `dtype` (float32, bfloat16 or float16; the floating-point
+// tensors are cast one at a time as they are written), config.json's torch_dtype saying which.
+STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
+                                           const ComponentRegistry& registry, at::ScalarType dtype);
 
 // Writes every tensor of the checkpoint, reassembled whole, to the safetensors file OUT. Per-rank
 // state (the RNG) comes from rank 0.
