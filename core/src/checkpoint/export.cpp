@@ -87,7 +87,6 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
     if (at::isFloatingType(tensor.scalar_type()) && tensor.scalar_type() != dtype) tensor = tensor.to(dtype);
   write_safetensors(out / "model.safetensors", weights, {{"format", "pt"}});
   std::ofstream(out / "config.json") << factory->hf_config_json(config);
-  set_torch_dtype(out / "config.json", dtype);
   // The tokenizer where the run's data says which one it was: bytes for the text dataset, the
   // prepared directory's for token files `strata data prepare` wrote. Otherwise no tokenizer and
   // no special ids the run never had.
@@ -97,7 +96,7 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   const std::string dataset = loaded.plan.dataset_component ? loaded.plan.dataset_component->name() : "";
   if (dataset == "text") write_byte_level_tokenizer(out, config.get_int("seq_len"), eos);
   if (dataset == "tokens" && data.has("path")) copy_prepared_tokenizer(out, data.get_string("path"), config.get_int("seq_len"));
-  set_special_token_ids(out / "config.json", eos);
+  complete_hf_config(out / "config.json", eos, dtype);
   return loaded.checkpoint;
 }
 

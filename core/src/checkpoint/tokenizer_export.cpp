@@ -81,7 +81,7 @@ bool copy_prepared_tokenizer(const std::filesystem::path& out, const std::filesy
   return true;
 }
 
-void set_special_token_ids(const std::filesystem::path& config_json, std::optional<int64_t> eos) {
+void complete_hf_config(const std::filesystem::path& config_json, std::optional<int64_t> eos, at::ScalarType dtype) {
   json config;
   {
     std::ifstream f(config_json);
@@ -91,15 +91,6 @@ void set_special_token_ids(const std::filesystem::path& config_json, std::option
   if (eos && (*eos < 0 || *eos >= vocab)) eos.reset();
   config["bos_token_id"] = eos ? json(*eos) : json(nullptr);
   config["eos_token_id"] = eos ? json(*eos) : json(nullptr);
-  write_json(config_json, config);
-}
-
-void set_torch_dtype(const std::filesystem::path& config_json, at::ScalarType dtype) {
-  json config;
-  {
-    std::ifstream f(config_json);
-    config = json::parse(f);
-  }
   config["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
   write_json(config_json, config);
 }

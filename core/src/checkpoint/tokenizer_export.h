@@ -27,11 +27,10 @@ void write_byte_level_tokenizer(const std::filesystem::path& out, int64_t model_
 // False, writing nothing, when `data_dir` holds no prepared tokenizer.
 bool copy_prepared_tokenizer(const std::filesystem::path& out, const std::filesystem::path& data_dir, int64_t model_max_length);
 
-// Sets bos_token_id and eos_token_id in `out`/config.json: to `eos` (both, as GPT-2's do), or to
-// null where the run has no such token; an id the vocabulary lacks is never written.
-void set_special_token_ids(const std::filesystem::path& config_json, std::optional<int64_t> eos);
-// config.json's torch_dtype: the dtype the weights were written in ("bfloat16", "float32", ...),
-// which transformers' from_pretrained(torch_dtype="auto") loads them as.
-void set_torch_dtype(const std::filesystem::path& config_json, at::ScalarType dtype);
+// Completes `out`/config.json: bos_token_id and eos_token_id set to `eos` (both, as GPT-2's do),
+// or to null where the run has no such token (an id the vocabulary lacks is never written), and
+// torch_dtype to the dtype the weights were written in ("bfloat16", "float32", ...), which
+// transformers' from_pretrained(dtype="auto") loads them as.
+void complete_hf_config(const std::filesystem::path& config_json, std::optional<int64_t> eos, at::ScalarType dtype);
 
 }  // namespace strata
