@@ -1,6 +1,15 @@
 // WSAM (weighted sharpness-aware minimisation, KDD 2023) as a change of the step program,
 // following ../shared/specs/optimizers.md as written up in docs/optimizers.md. It wraps the
 // job's gradient computation, so any registered optimizer is its base.
+//
+// Norms are of the whole model, whatever the layout: a rank holds pieces of split parameters
+// (tensor parallel's columns and rows, expert parallel's experts), placed as the parameters are
+// (nn::parameter_placements). A synchronised gradient's norm is clipping's (clip_gradient_norm
+// with the topology: every whole tensor counted once over the world); a local gradient
+// (m-sharpness) is this data rank's alone, so its pieces are summed over the tensor group only,
+// and the tensor ranks of one replica perturb alike. The perturbation's scale stays on the
+// job's device: nothing is read to the host for it.
+#include <algorithm>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -37,9 +46,20 @@ void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
 class Wsam {
  public:
   Wsam(Job& job, Settings settings)
-      : settings_(settings), device_(job.device()), group_(job.topology->group(Dim::Data)), reduce_dtype_(job.reduce_dtype) {
-    for (const auto& p : job.model->parameters())
-      if (p.requires_grad()) params_.push_back(p);
+      : settings_(settings),
+        device_(job.device()),
+        topology_(job.topology),
+        group_(job.topology->group(Dim::Data)),
+        reduce_dtype_(job.reduce_dtype),
+        reduce_loss_(job.reduce_loss) {
+    // Placed as the model-rewriting passes left them (tensor and expert parallel apply first).
+    const Placements placements = nn::parameter_placements(*job.model);
+    for (const auto& p : job.model->named_parameters()) {
+      if (!p.value().requires_grad()) continue;
+      params_.push_back(p.value());
+      const auto placement = placements.find(p.key());
+      placements_.push_back(placement == placements.end() ? Placement{} : placement->second);
+    }
   }
 
   // Wraps the gradients stage (forward_backward, then sync_gradients) and runs it twice.
@@ -54,16 +74,12 @@ class Wsam {
 
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> g = take_gradients();
-    std::vector<at::Tensor> saved;
-    at::Tensor squared = at::zeros({}, params_.front().options().dtype(at::kFloat));
-    for (size_t i = 0; i < params_.size(); ++i) {
-      at::Tensor scaled = settings_.adaptive ? params_[i].abs() * g[i] : g[i];
-      squared += scaled.to(at::kFloat).square().sum();
-    }
-    const double scale = settings_.rho / (std::sqrt(squared.item<double>()) + settings_.eps);
+    std::vector<at::Tensor> saved, scaled;
+    for (size_t i = 0; i < params_.size(); ++i) scaled.push_back(settings_.adaptive ? params_[i].abs() * g[i] : g[i]);
+    const at::Tensor scale = settings_.rho / (norm(scaled, /*synchronised=*/!settings_.local) + settings_.eps);
     for (size_t i = 0; i < params_.size(); ++i) {
       saved.push_back(params_[i].clone());
-      params_[i].add_(settings_.adaptive ? params_[i].square() * g[i] : g[i], scale);
+      params_[i].add_((settings_.adaptive ? params_[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
     }
     // The local gradient is averaged while the second pass runs.
     at::Tensor flat;
@@ -73,7 +89,9 @@ class Wsam {
     {
       at::AutoGradMode enable(true);
       gradients_of(context);
-      context.metrics.emplace_back("wsam_perturbed_loss", context.local_loss.item<double>());
+      // Averaged over the data ranks as the step's loss is (reduce_loss), so the figure does
+      // not depend on the rank count.
+      context.metrics.emplace_back("wsam_perturbed_loss", reduce_loss_(context.local_loss).item<double>());
       context.local_loss = loss;
     }
     std::vector<at::Tensor> perturbed = take_gradients();
@@ -83,12 +101,8 @@ class Wsam {
       unflatten(flat, g);
     }
     if (settings_.max_norm > 0) {
-      // Each of the two gradients as this rank holds it (whole: WSAM refuses sharding passes).
-      for (const auto* grads : {&g, &perturbed}) {
-        std::vector<LocalGradient> own;
-        for (const auto& t : *grads) own.push_back({t, {}});
-        if (!own.empty()) clip_gradient_norm(own, settings_.max_norm, nullptr, own.front().grad.device());
-      }
+      // Both gradients are synchronised by now: each clipped by its whole-model norm.
+      for (const auto* grads : {&g, &perturbed}) clip_gradient_norm(placed(*grads), settings_.max_norm, topology_.get(), device_);
     }
 
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -124,11 +138,37 @@ class Wsam {
     return out;
   }
 
+  std::vector<LocalGradient> placed(const std::vector<at::Tensor>& pieces) const {
+    std::vector<LocalGradient> out;
+    for (size_t i = 0; i < pieces.size(); ++i) out.push_back({pieces[i], placements_[i]});
+    return out;
+  }
+
+  // The 2-norm of the whole tensors `pieces` are this rank's pieces of (a 0-dim fp64 tensor on
+  // the job's device). Synchronised: equal on every data replica, so clipping's rule over the
+  // world. Local: this data rank's own, its tensor ranks' pieces summed (a piece replicated over
+  // the tensor group counted once); an expert's piece counts as this rank's.
+  at::Tensor norm(const std::vector<at::Tensor>& pieces, bool synchronised) const {
+    if (synchronised) return clip_gradient_norm(placed(pieces), 0.0, topology_.get(), device_);
+    const int tensor = topology_->size(Dim::Tensor);
+    at::Tensor squared = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const std::vector<Dim>& split = placements_[i].sharded_over;  // (Placement::is_sharded_over is core-internal)
+      const double copies = std::find(split.begin(), split.end(), Dim::Tensor) != split.end() ? 1.0 : tensor;
+      squared += pieces[i].to(at::kFloat).square().sum().to(at::kDouble) / copies;
+    }
+    if (tensor > 1) topology_->group(Dim::Tensor).all_reduce(squared, ReduceOp::Sum)->wait();
+    return squared.sqrt();
+  }
+
   Settings settings_;
   c10::Device device_;
+  std::shared_ptr<Topology> topology_;
   Communicator& group_;
   std::optional<at::ScalarType> reduce_dtype_;
+  std::function<at::Tensor(const at::Tensor&)> reduce_loss_;
   std::vector<at::Tensor> params_;
+  std::vector<Placement> placements_;  // of params_
   std::vector<at::Tensor> sharpness_;
 };
 
@@ -150,11 +190,8 @@ class WsamPass final : public Pass {
                           {"local", "global"})},
              // The sharding passes reduce every backward into buffers the base optimizer reads
              // (and zero2/fsdp never hold whole gradients), and pipeline schedules run their own
-             // forward/backward, so none of them can run WSAM's second pass. Under tensor parallel
-             // its gradient norms (perturbation scale, clipping) would cover only this rank's
-             // pieces, so each tensor rank would perturb differently: refused until they are
-             // group-aware.
-             {Phase::Schedule, {}, {"zero1", "zero2", "fsdp", "tensor_parallel"}, {"ddp"}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
+             // forward/backward, so none of them can run WSAM's second pass.
+             {Phase::Schedule, {}, {"zero1", "zero2", "fsdp"}, {"ddp"}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("gamma") >= 1.0) diagnostics.error(section, "pass 'wsam': gamma must be below 1 (alpha = gamma / (1 - gamma))");

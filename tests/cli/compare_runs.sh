@@ -32,6 +32,12 @@ else
   read -ra launcher <<< "${B_LAUNCHER:-}"
   "${launcher[@]}" "$strata" run "${b[@]}" --out "$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
 fi
+# Every step's object names each figure once (a stage that runs twice in a step, as under WSAM,
+# must not write a key twice: JSON readers would keep only one of them).
+for run in "$work/a" "$work/b"; do
+  awk -F'"' '{ delete seen; for (i = 2; i < NF; i += 2) if (substr($(i + 1), 1, 1) == ":" && seen[$i]++) { print FILENAME ":" NR ": \"" $i "\" twice"; bad = 1 } }
+             END { exit bad }' "$run/metrics.jsonl"
+done
 same=$(dirname "$0")/same_losses.sh
 differ=()
 [[ $mode == differ ]] && differ=(--differ)

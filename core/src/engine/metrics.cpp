@@ -1,5 +1,6 @@
 #include "metrics.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include <cmath>
@@ -19,6 +20,18 @@
 #include "strata/errors.h"
 
 namespace strata::engine {
+
+std::vector<std::pair<std::string, double>> summed_by_name(const std::vector<std::pair<std::string, double>>& figures) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, value] : figures) {
+    const auto same = std::find_if(out.begin(), out.end(), [&](const auto& entry) { return entry.first == name; });
+    if (same == out.end())
+      out.emplace_back(name, value);
+    else
+      same->second += value;
+  }
+  return out;
+}
 
 std::string format_number(double value) {
   if (!std::isfinite(value)) return "null";  // JSON has no inf or nan (e.g. the norm of a skipped step)

@@ -55,6 +55,11 @@ class Console {
 
 std::string format_number(double value);  // %.17g: exact round trip
 
+// A step's figures with one entry per name, in the order names first appear: values a stage
+// reported more than once in the step (WSAM runs the gradients stage twice, so ddp's exposed
+// communication comes twice) are summed, as a model's per-module figures are.
+std::vector<std::pair<std::string, double>> summed_by_name(const std::vector<std::pair<std::string, double>>& figures);
+
 // The elements of `values` (0-dim or 1-dim; undefined reads as 0), in order, as doubles, copied
 // to the host together. On a GPU each read waits for the device's queue to drain, so the step
 // loop reads nothing except on steps that log, evaluate or checkpoint (Trainer::Impl::advance),
