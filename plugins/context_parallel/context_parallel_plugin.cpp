@@ -93,7 +93,7 @@ class ContextParallelPass final : public Pass {
                           "zigzag: rank i holds chunks i and 2c-1-i of 2c, equal causal work; contiguous: chunk i of c (to "
                           "measure the imbalance)",
                           {"zigzag", "contiguous"})},
-             {Phase::ModelRewrite, {}, {"wsam"}, {"tensor_parallel", "pipeline_parallel"}, {}},
+             {Phase::ModelRewrite, {}, {}, {"tensor_parallel", "pipeline_parallel"}, {}},
              {{Dim::Context}, {{Stage::SyncGradients, StageUse::Wrap}, {Stage::Evaluate, StageUse::Wrap}}}) {}
 
   std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const override {

@@ -51,7 +51,7 @@ class Wsam {
         topology_(job.topology),
         group_(job.topology->group(Dim::Data)),
         reduce_dtype_(job.reduce_dtype),
-        reduce_loss_(job.reduce_loss) {
+        job_(job) {
     // Placed as the model-rewriting passes left them (tensor and expert parallel apply first).
     const Placements placements = nn::parameter_placements(*job.model);
     for (const auto& p : job.model->named_parameters()) {
@@ -91,7 +91,7 @@ class Wsam {
       gradients_of(context);
       // Averaged over the data ranks as the step's loss is (reduce_loss), so the figure does
       // not depend on the rank count.
-      context.metrics.emplace_back("wsam_perturbed_loss", reduce_loss_(context.local_loss).item<double>());
+      context.metrics.emplace_back("wsam_perturbed_loss", job_.reduce_loss(context.local_loss).item<double>());
       context.local_loss = loss;
     }
     std::vector<at::Tensor> perturbed = take_gradients();
@@ -166,7 +166,7 @@ class Wsam {
   std::shared_ptr<Topology> topology_;
   Communicator& group_;
   std::optional<at::ScalarType> reduce_dtype_;
-  std::function<at::Tensor(const at::Tensor&)> reduce_loss_;
+  const Job& job_;  // its reduce_loss as the passes left it
   std::vector<at::Tensor> params_;
   std::vector<Placement> placements_;  // of params_
   std::vector<at::Tensor> sharpness_;
