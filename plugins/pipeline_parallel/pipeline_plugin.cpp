@@ -146,7 +146,7 @@ class PipelineParallelPass final : public Pass {
                   .strings("layout", {}, "partition = \"layout\": per stage, block names (\"embed h0 h1\") or runs (\"h2..head\")")
                   .real("stage_memory_gb", 0.0, "partition = \"balanced\": most estimated memory per stage; 0 = no cap", at_least(0))
                   .integer("balance_repeats", 3, "partition = \"balanced\": timed runs of each block (the fastest counts)", between(1, 100))},
-             {Phase::ModelRewrite, {}, {"wsam"}, {}, {"tensor_parallel"}},
+             {Phase::ModelRewrite, {}, {}, {}, {"tensor_parallel"}},
              {{Dim::Pipeline}, {{Stage::ForwardBackward, StageUse::Own}, {Stage::Evaluate, StageUse::Own}}}) {}
 
   std::string size_problem(const Config& config, const Config&, const MeshSizes& mesh) const override {

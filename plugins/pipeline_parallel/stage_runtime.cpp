@@ -207,10 +207,15 @@ void StageRuntime::run_step(StepContext& context) {
                            ? loss_sum / static_cast<double>(count)
                            : at::zeros_like(loss_sum);
 
-  // Each stage's share of the step spent waiting for its neighbours, for the step's metrics.
-  const double total_ms = ms_since(started);
+  // Each stage's share of the step spent waiting for its neighbours, for the step's metrics. A
+  // pass may run the schedule more than once in a step (WSAM's two passes): the share is of all
+  // of them, and replaces the figures of the step's earlier runs.
+  if (timed_step_ != context.step) timed_step_ = context.step, step_busy_ms_ = 0, step_total_ms_ = 0;
+  step_busy_ms_ += busy_ms;
+  step_total_ms_ += ms_since(started);
+  std::erase_if(context.metrics, [](const auto& figure) { return figure.first.starts_with("pp_idle_fraction_stage"); });
   at::Tensor idle = at::zeros({p}, at::TensorOptions().dtype(at::kDouble));
-  idle[r] = total_ms > 0 ? 1.0 - busy_ms / total_ms : 0.0;
+  idle[r] = step_total_ms_ > 0 ? 1.0 - step_busy_ms_ / step_total_ms_ : 0.0;
   idle = idle.to(job_.device());
   group_.all_reduce(idle, ReduceOp::Sum)->wait();
   idle = idle.cpu();

@@ -71,6 +71,9 @@ class StageRuntime {
   std::vector<std::pair<WorkPtr, at::Tensor>> activation_sends_, other_sends_;
   bool send_tied_weight_ = false, receive_tied_weight_ = false;
   long last_backward_index_ = -1, tied_gradient_send_after_ = -1, tied_gradient_receive_before_ = -1;
+  // Busy and total time of the schedule's runs in step timed_step_ (idle fractions).
+  int64_t timed_step_ = -1;
+  double step_busy_ms_ = 0, step_total_ms_ = 0;
 };
 
 }  // namespace strata::pipeline

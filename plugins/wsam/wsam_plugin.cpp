@@ -4,10 +4,11 @@
 //
 // Norms are of the whole model, whatever the layout: a rank holds pieces of split parameters
 // (tensor parallel's columns and rows, expert parallel's experts), placed as the parameters are
-// (nn::parameter_placements). A synchronised gradient's norm is clipping's (clip_gradient_norm
-// with the topology: every whole tensor counted once over the world); a local gradient
-// (m-sharpness) is this data rank's alone, so its pieces are summed over the tensor group only,
-// and the tensor ranks of one replica perturb alike. The perturbation's scale stays on the
+// (nn::parameter_placements), and pipeline stages hold disjoint blocks. A synchronised gradient's
+// norm is clipping's (clip_gradient_norm with the topology: every whole tensor counted once over
+// the world); a local gradient (m-sharpness) is this data rank's alone, so its pieces are summed
+// over its model replica's tensor and pipeline ranks, which then perturb alike. Under a pipeline
+// the wrapped stage runs the whole schedule, twice. The perturbation's scale stays on the
 // job's device: nothing is read to the host for it.
 #include <algorithm>
 #include <optional>
@@ -58,7 +59,8 @@ class Wsam {
       if (!p.value().requires_grad()) continue;
       params_.push_back(p.value());
       const auto placement = placements.find(p.key());
-      placements_.push_back(placement == placements.end() ? Placement{} : placement->second);
+      // Pipeline stages hold disjoint parameters, as core's local_gradients places them.
+      placements_.push_back(nest(placement == placements.end() ? Placement{} : placement->second, 0, {Dim::Pipeline}));
     }
   }
 
@@ -146,8 +148,8 @@ class Wsam {
 
   // The 2-norm of the whole tensors `pieces` are this rank's pieces of (a 0-dim fp64 tensor on
   // the job's device). Synchronised: equal on every data replica, so clipping's rule over the
-  // world. Local: this data rank's own, its tensor ranks' pieces summed (a piece replicated over
-  // the tensor group counted once); an expert's piece counts as this rank's.
+  // world. Local: this data rank's own, summed over its tensor and pipeline ranks (a piece
+  // replicated over the tensor group counted once); an expert's piece counts as this rank's.
   at::Tensor norm(const std::vector<at::Tensor>& pieces, bool synchronised) const {
     if (synchronised) return clip_gradient_norm(placed(pieces), 0.0, topology_.get(), device_);
     const int tensor = topology_->size(Dim::Tensor);
@@ -157,7 +159,8 @@ class Wsam {
       const double copies = std::find(split.begin(), split.end(), Dim::Tensor) != split.end() ? 1.0 : tensor;
       squared += pieces[i].to(at::kFloat).square().sum().to(at::kDouble) / copies;
     }
-    if (tensor > 1) topology_->group(Dim::Tensor).all_reduce(squared, ReduceOp::Sum)->wait();
+    Communicator& model_group = topology_->group({Dim::Tensor, Dim::Pipeline});  // one replica of the model
+    if (model_group.size() > 1) model_group.all_reduce(squared, ReduceOp::Sum)->wait();
     return squared.sqrt();
   }
 
@@ -189,8 +192,7 @@ class WsamPass final : public Pass {
                           "average (then any rank count matches one process)",
                           {"local", "global"})},
              // The sharding passes reduce every backward into buffers the base optimizer reads
-             // (and zero2/fsdp never hold whole gradients), and pipeline schedules run their own
-             // forward/backward, so none of them can run WSAM's second pass.
+             // (and zero2/fsdp never hold whole gradients), so none of them can run WSAM's second pass.
              {Phase::Schedule, {}, {"zero1", "zero2", "fsdp"}, {"ddp"}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
@@ -198,8 +200,6 @@ class WsamPass final : public Pass {
   }
 
   void apply(Job& job, const Config& config) const override {
-    if (job.topology->size(Dim::Pipeline) > 1)
-      throw UserError("pass 'wsam' cannot run with [parallel] pipeline > 1: pipeline schedules run their own forward/backward");
     const double gamma = config.get_float("gamma");
     auto wsam = std::make_shared<Wsam>(
         job, Settings{config.get_float("rho"), gamma / (1.0 - gamma), config.get_float("eps"), config.get_float("max_norm"),
