@@ -350,6 +350,7 @@ class PipelineParallelPass final : public Pass {
     runtime->install_tied_weight_hooks();
     job.program.own(Stage::ForwardBackward, [runtime](StepContext& c) { runtime->run_step(c); });
     job.program.own(Stage::Evaluate, [runtime](StepContext& c) { runtime->evaluate(c); });
+    job.add_hook(HookPoint::AfterStep, [runtime](StepContext&) { runtime->report_idle(); });
     // The last stage has the loss: the pipeline group sums (others add 0), then core's reduction.
     job.reduce_loss = [&job, inner = job.reduce_loss](const at::Tensor& local_loss) {
       at::Tensor sum = local_loss.to(job.device(), at::kDouble, /*non_blocking=*/false, /*copy=*/true);

@@ -207,20 +207,23 @@ void StageRuntime::run_step(StepContext& context) {
                            ? loss_sum / static_cast<double>(count)
                            : at::zeros_like(loss_sum);
 
-  // Each stage's share of the step spent waiting for its neighbours, for the step's metrics. A
-  // pass may run the schedule more than once in a step (WSAM's two passes): the share is of all
-  // of them, and replaces the figures of the step's earlier runs.
-  if (timed_step_ != context.step) timed_step_ = context.step, step_busy_ms_ = 0, step_total_ms_ = 0;
+  // A pass may run the schedule more than once in a step (WSAM's two passes): the step's idle
+  // share (report_idle) is of all of them.
   step_busy_ms_ += busy_ms;
   step_total_ms_ += ms_since(started);
-  std::erase_if(context.metrics, [](const auto& figure) { return figure.first.starts_with("pp_idle_fraction_stage"); });
+  context.metrics.emplace_back("pp_wait_ms", waited_ms);
+}
+
+void StageRuntime::report_idle() {
+  // Each stage's share of the step spent waiting for its neighbours, gathered over the pipeline
+  // group and left on the device: core reads it with the step's other figures.
+  const int p = layout_.shape.ranks;
   at::Tensor idle = at::zeros({p}, at::TensorOptions().dtype(at::kDouble));
-  idle[r] = step_total_ms_ > 0 ? 1.0 - step_busy_ms_ / step_total_ms_ : 0.0;
+  idle[layout_.rank] = step_total_ms_ > 0 ? 1.0 - step_busy_ms_ / step_total_ms_ : 0.0;
+  step_busy_ms_ = step_total_ms_ = 0;
   idle = idle.to(job_.device());
   group_.all_reduce(idle, ReduceOp::Sum)->wait();
-  idle = idle.cpu();
-  for (int s = 0; s < p; ++s) context.metrics.emplace_back("pp_idle_fraction_stage" + std::to_string(s), idle[s].item<double>());
-  context.metrics.emplace_back("pp_wait_ms", waited_ms);
+  for (int s = 0; s < p; ++s) job_.program.report_device_figure("pp_idle_fraction_stage" + std::to_string(s), idle[s]);
 }
 
 // With several chunks per rank, or weight gradients held back, a rank's parameters get their

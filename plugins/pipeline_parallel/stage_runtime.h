@@ -41,6 +41,7 @@ class StageRuntime {
 
   void run_step(StepContext& context);  // the forward_backward stage
   void evaluate(StepContext& context);  // the evaluate stage
+  void report_idle();                   // after the step: each stage's idle share of it
   // Installs the model hooks that move the tied weight (call once, before other passes hook).
   void install_tied_weight_hooks();
 
@@ -71,8 +72,7 @@ class StageRuntime {
   std::vector<std::pair<WorkPtr, at::Tensor>> activation_sends_, other_sends_;
   bool send_tied_weight_ = false, receive_tied_weight_ = false;
   long last_backward_index_ = -1, tied_gradient_send_after_ = -1, tied_gradient_receive_before_ = -1;
-  // Busy and total time of the schedule's runs in step timed_step_ (idle fractions).
-  int64_t timed_step_ = -1;
+  // Busy and total time of the schedule's runs in this step (report_idle).
   double step_busy_ms_ = 0, step_total_ms_ = 0;
 };
 

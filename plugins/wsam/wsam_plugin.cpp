@@ -8,8 +8,8 @@
 // norm is clipping's (clip_gradient_norm with the topology: every whole tensor counted once over
 // the world); a local gradient (m-sharpness) is this data rank's alone, so its pieces are summed
 // over its model replica's tensor and pipeline ranks, which then perturb alike. Under a pipeline
-// the wrapped stage runs the whole schedule, twice. The perturbation's scale stays on the
-// job's device: nothing is read to the host for it.
+// the wrapped stage runs the whole schedule, twice. The perturbation's scale and the perturbed
+// loss stay on the job's device: nothing is read to the host in the step.
 #include <algorithm>
 #include <optional>
 
@@ -93,7 +93,7 @@ class Wsam {
       gradients_of(context);
       // Averaged over the data ranks as the step's loss is (reduce_loss), so the figure does
       // not depend on the rank count.
-      context.metrics.emplace_back("wsam_perturbed_loss", job_.reduce_loss(context.local_loss).item<double>());
+      job_.program.report_device_figure("wsam_perturbed_loss", job_.reduce_loss(context.local_loss));
       context.local_loss = loss;
     }
     std::vector<at::Tensor> perturbed = take_gradients();
@@ -169,7 +169,7 @@ class Wsam {
   std::shared_ptr<Topology> topology_;
   Communicator& group_;
   std::optional<at::ScalarType> reduce_dtype_;
-  const Job& job_;  // its reduce_loss as the passes left it
+  Job& job_;  // its reduce_loss as the passes left it, and its program (device figures)
   std::vector<at::Tensor> params_;
   std::vector<Placement> placements_;  // of params_
   std::vector<at::Tensor> sharpness_;

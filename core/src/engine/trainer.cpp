@@ -361,6 +361,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   done.record.lr = context.lr;
   done.record.tokens = global_batch * seq_len;
   done.record.extra = engine::summed_by_name(context.metrics);
+  done.device_figures = job.program.take_device_figures();
   done.loss = job.reduce_loss(context.local_loss);
   done.grad_norm = context.grad_norm;
   done.memory = {memory.params, memory.grads, memory.optimizer, memory.peak, memory.device_peak};
@@ -426,8 +427,11 @@ void Trainer::Impl::read_unread(bool across_ranks) {
   std::vector<at::Tensor> values;
   std::vector<double> memory;
   for (const auto& u : unread) values.push_back(u.loss), values.push_back(u.grad_norm);
+  for (const auto& u : unread)
+    for (const auto& figure : u.device_figures) values.push_back(figure.second);
   for (const auto& u : unread) memory.insert(memory.end(), u.memory.begin(), u.memory.end());
-  if (across_ranks && topology->world().size() > 1) {
+  const bool memory_agreed = across_ranks && topology->world().size() > 1;
+  if (memory_agreed) {
     at::Tensor memory_max = at::tensor(memory, at::kDouble).to(device);
     topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
     values.push_back(memory_max);
@@ -436,7 +440,10 @@ void Trainer::Impl::read_unread(bool across_ranks) {
   const std::vector<double> figures = engine::read_on_host(values);
   const int64_t this_read = engine::host_reads() - reads_before;  // counted on the newest step
   const size_t n = unread.size();
-  if (figures.size() > 2 * n) memory.assign(figures.begin() + static_cast<std::ptrdiff_t>(2 * n), figures.end());
+  auto next = figures.begin() + static_cast<std::ptrdiff_t>(2 * n);  // the device figures, then the memory figures
+  for (auto& u : unread)
+    for (const auto& [name, value] : u.device_figures) u.record.extra.emplace_back(name, *next++);
+  if (memory_agreed) memory.assign(next, figures.end());
   const double mean_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - unread_since).count() /
                          static_cast<double>(n);
   const char* memory_names[] = {"mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_peak_bytes", "mem_device_peak_bytes"};
@@ -448,6 +455,7 @@ void Trainer::Impl::read_unread(bool across_ranks) {
     r.step_ms = device.is_cpu() ? unread[i].host_ms : mean_ms;
     for (size_t k = 0; k < reported; ++k) r.extra.emplace_back(memory_names[k], memory[kinds * i + k]);
     r.extra.emplace_back("host_reads", static_cast<double>(unread[i].host_reads + (i + 1 == n ? this_read : 0)));
+    r.extra = engine::summed_by_name(r.extra);
   }
 }
 

@@ -91,6 +91,7 @@ struct Trainer::Impl {
   struct UnreadStep {
     StepRecord record;
     at::Tensor loss, grad_norm;  // where the step left them
+    std::vector<std::pair<std::string, at::Tensor>> device_figures;  // StepProgram::report_device_figure's
     std::array<double, 5> memory{};  // this rank's engine::MemoryFigures, in their order
     double host_ms = 0;
     int64_t host_reads = 0;  // engine::read_on_host calls during the step

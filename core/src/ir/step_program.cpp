@@ -1,6 +1,9 @@
 #include "strata/step_program.h"
 
 #include <stdexcept>
+#include <utility>
+
+#include <ATen/ATen.h>
 
 namespace strata {
 
@@ -23,6 +26,7 @@ struct detail::StepProgramState {
   std::map<Stage, Slot> slots;
   std::string applying;
   Claims applying_claims;
+  std::vector<std::pair<std::string, at::Tensor>> device_figures;  // of the step running
 
   Slot& slot(Stage stage) { return slots[stage]; }
   void require_claim(Stage stage, StageUse use) const;
@@ -81,6 +85,14 @@ std::vector<std::string> StepProgram::wrappers(Stage stage) const {
   auto it = state_->slots.find(stage);
   return it == state_->slots.end() ? std::vector<std::string>{} : it->second.wrappers;
 }
+
+void StepProgram::report_device_figure(std::string name, at::Tensor value) {
+  if (!value.defined() || value.numel() != 1)
+    throw std::logic_error("report_device_figure('" + name + "'): the figure must be a tensor of one element");
+  state_->device_figures.emplace_back(std::move(name), value.detach().reshape({}));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> StepProgram::take_device_figures() { return std::exchange(state_->device_figures, {}); }
 
 void StepProgram::begin_pass(std::string name, Claims claims) {
   state_->applying = std::move(name);

@@ -59,7 +59,9 @@ struct StepContext {
   at::Tensor local_loss;
   at::Tensor grad_norm;
   double val_loss = 0.0;
-  // Per-step figures a pass reports; they go into the step's metrics.jsonl object.
+  // Per-step figures a pass reports; they go into the step's metrics.jsonl object, one entry per
+  // name (a figure reported more than once in a step is summed). A figure still on the device
+  // goes to StepProgram::report_device_figure instead.
   std::vector<std::pair<std::string, double>> metrics;
 };
 
@@ -88,6 +90,15 @@ class STRATA_API StepProgram {
   // Runs `wrapper` around the stage. Only for a stage the applying pass declared it wraps.
   void wrap(Stage stage, StageWrapper wrapper);
   void run(Stage stage, StepContext& context) const;
+
+  // ABI 1.1. A figure of the step left where it was computed (a tensor of one element, on the
+  // job's device), for the step's metrics: core reads it to the host with the step's loss and
+  // gradient norm, only on steps that record figures (on a GPU each read waits for the device's
+  // queue to drain), and adds it to the step's figures as one in StepContext::metrics. A pass
+  // reports a device-side figure here instead of reading it itself.
+  void report_device_figure(std::string name, at::Tensor value);
+  // Core: the device figures reported since the last call, in order.
+  std::vector<std::pair<std::string, at::Tensor>> take_device_figures();
 
   // Who provides each stage ("core: ..." or the owning pass) and its wrappers, innermost first.
   std::string provider(Stage stage) const;
