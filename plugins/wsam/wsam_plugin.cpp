@@ -49,7 +49,6 @@ class Wsam {
   Wsam(Job& job, Settings settings)
       : settings_(settings),
         device_(job.device()),
-        topology_(job.topology),
         group_(job.topology->group(Dim::Data)),
         reduce_dtype_(job.reduce_dtype),
         job_(job) {
@@ -104,7 +103,7 @@ class Wsam {
     }
     if (settings_.max_norm > 0) {
       // Both gradients are synchronised by now: each clipped by its whole-model norm.
-      for (const auto* grads : {&g, &perturbed}) clip_gradient_norm(placed(*grads), settings_.max_norm, topology_.get(), device_);
+      for (const auto* grads : {&g, &perturbed}) clip_gradient_norm(placed(*grads), settings_.max_norm, job_.topology.get(), device_);
     }
 
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -151,25 +150,24 @@ class Wsam {
   // world. Local: this data rank's own, summed over its tensor and pipeline ranks (a piece
   // replicated over the tensor group counted once); an expert's piece counts as this rank's.
   at::Tensor norm(const std::vector<at::Tensor>& pieces, bool synchronised) const {
-    if (synchronised) return clip_gradient_norm(placed(pieces), 0.0, topology_.get(), device_);
-    const int tensor = topology_->size(Dim::Tensor);
+    if (synchronised) return clip_gradient_norm(placed(pieces), 0.0, job_.topology.get(), device_);
+    const int tensor = job_.topology->size(Dim::Tensor);
     at::Tensor squared = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
     for (size_t i = 0; i < pieces.size(); ++i) {
       const std::vector<Dim>& split = placements_[i].sharded_over;  // (Placement::is_sharded_over is core-internal)
       const double copies = std::find(split.begin(), split.end(), Dim::Tensor) != split.end() ? 1.0 : tensor;
       squared += pieces[i].to(at::kFloat).square().sum().to(at::kDouble) / copies;
     }
-    Communicator& model_group = topology_->group({Dim::Tensor, Dim::Pipeline});  // one replica of the model
+    Communicator& model_group = job_.topology->group({Dim::Tensor, Dim::Pipeline});  // one replica of the model
     if (model_group.size() > 1) model_group.all_reduce(squared, ReduceOp::Sum)->wait();
     return squared.sqrt();
   }
 
   Settings settings_;
   c10::Device device_;
-  std::shared_ptr<Topology> topology_;
   Communicator& group_;
   std::optional<at::ScalarType> reduce_dtype_;
-  Job& job_;  // its reduce_loss as the passes left it, and its program (device figures)
+  Job& job_;  // its topology, its reduce_loss as the passes left it, and its program (device figures)
   std::vector<at::Tensor> params_;
   std::vector<Placement> placements_;  // of params_
   std::vector<at::Tensor> sharpness_;

@@ -360,7 +360,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   done.record.step = at_step;
   done.record.lr = context.lr;
   done.record.tokens = global_batch * seq_len;
-  done.record.extra = engine::summed_by_name(context.metrics);
+  done.record.extra = context.metrics;  // summed by name when read (read_unread)
   done.device_figures = job.program.take_device_figures();
   done.loss = job.reduce_loss(context.local_loss);
   done.grad_norm = context.grad_norm;
