@@ -18,6 +18,19 @@ std::vector<int> replica_group(int64_t shard_size, int64_t data, int64_t data_ra
   return ranks;
 }
 
+std::string expert_problem(int64_t shard_size, int64_t data, int64_t experts) {
+  const int64_t s = effective_shard_size(shard_size, data);
+  if (experts <= 1 || s % experts == 0) return {};
+  return "pass 'fsdp': shard_size = " + std::to_string(s) + " is not a multiple of the expert size " + std::to_string(experts) +
+         " (each shard group must hold whole expert groups)";
+}
+
+std::vector<int> expert_shard_group(int64_t shard_size, int64_t data, int64_t experts, int64_t expert_data_rank) {
+  // The expert-data group's member i is data rank i E + (expert coordinate): a shard group of S
+  // data ranks holds S/E consecutive members.
+  return shard_group(effective_shard_size(shard_size, data) / experts, data / experts, expert_data_rank);
+}
+
 std::string describe_groups(int64_t shard_size, int64_t data) {
   const int64_t s = effective_shard_size(shard_size, data);
   auto set = [](const std::vector<int>& ranks) {

@@ -11,6 +11,12 @@
 // Per step a rank sends (S-1)/S of the parameters per gather, (S-1)/S of the gradients in the
 // reduce-scatter and 2 (D/S-1)/(D/S) x 1/S of them in the replica all-reduce (ring algorithms).
 // S = D (the default, shard_size = 0) is plain fsdp; S = 1 is ddp with sharding nowhere.
+// Under expert parallel of size E (E | S, so each shard group holds whole expert groups: data
+// coordinate c = replica x E + expert coordinate), a unit's split experts shard over the S/E ranks
+// of the shard group that hold the same experts, and replicate across the same replica groups as
+// the dense units: the ranks r +- S, ... hold the same experts, since E divides S. Their pieces
+// are then disjoint within a shard group of S data ranks and equal across the groups, as the
+// dense pieces are (Placement::data_shard_size = S for both).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +31,14 @@ int64_t effective_shard_size(int64_t shard_size, int64_t data);
 // The data ranks (ascending) of the shard group and of the replica group holding `data_rank`.
 std::vector<int> shard_group(int64_t shard_size, int64_t data, int64_t data_rank);
 std::vector<int> replica_group(int64_t shard_size, int64_t data, int64_t data_rank);
+
+// Why shard groups of `shard_size` cannot hold expert parallel of size `experts` (E must divide
+// S), or empty.
+std::string expert_problem(int64_t shard_size, int64_t data, int64_t experts);
+
+// The ranks of `expert_data_rank`'s expert shard group, numbered within its expert-data group (the
+// D/E data ranks holding its experts, in data order).
+std::vector<int> expert_shard_group(int64_t shard_size, int64_t data, int64_t experts, int64_t expert_data_rank);
 
 // "shard groups (data ranks) {0,1} {2,3}; replica groups {0,2} {1,3}" for `strata plan`.
 std::string describe_groups(int64_t shard_size, int64_t data);

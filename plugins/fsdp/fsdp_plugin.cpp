@@ -10,7 +10,8 @@
 // (Topology::expert_data_group), gathered, freed and reduced together with it; sharded
 // initialisation keeps its chunks of both as the model is built (fsdp_sharded_init.h).
 // With shard_size = S the data ranks form shard groups of S that each shard the model as above
-// and replicate it across groups (HSDP, fsdp_hybrid.h).
+// and replicate it across groups (HSDP, fsdp_hybrid.h); split experts shard over the ranks of
+// the shard group holding the same experts and replicate across the same groups.
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -246,9 +247,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
 
   std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
     const bool experts = std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "expert_parallel") != facts.enabled_passes.end();
-    if (experts && effective_shard_size(config.get_int("shard_size"), facts.mesh.data) < facts.mesh.data)
-      return "pass 'fsdp': shard_size below the data size (hybrid sharding) is not built with expert_parallel; leave shard_size = 0";
-    return {};
+    return experts ? expert_problem(config.get_int("shard_size"), facts.mesh.data, facts.mesh.expert) : std::string();
   }
 
   // Model states all sharded (16/d bytes per fp32 AdamW parameter) plus what is gathered at once:
@@ -280,13 +279,13 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     const int64_t shard_ranks = effective_shard_size(config.get_int("shard_size"), job.topology->size(Dim::Data));
     if (!whole_build_reason(config, shard_ranks).empty()) return nullptr;
     // This rank's chunk is its position in its shard group (fsdp_hybrid.h); a split expert's, its
-    // position among the data ranks holding the same experts. The outline was built with this
-    // rank's experts only, so their shapes are the ones apply() shards.
+    // position among the shard group's ranks holding the same experts. The outline was built with
+    // this rank's experts only, so their shapes are the ones apply() shards.
     const nn::Model& model = outline();
-    const Communicator& expert_data = job.topology->expert_data_group();
+    const int64_t expert_ranks = shard_ranks / job.topology->size(Dim::Expert);
     return std::make_shared<ShardKeeper>(unit_layouts(plan_units(model, config), sharding::split_expert_predicate(model)),
                                          ChunkGroup{shard_ranks, job.topology->rank_in(Dim::Data) % shard_ranks},
-                                         ChunkGroup{expert_data.size(), expert_data.rank()});
+                                         ChunkGroup{expert_ranks, job.topology->expert_data_group().rank() % expert_ranks});
   }
 
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
@@ -302,7 +301,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     if (why.empty())
       return hybrid + "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(shard_ranks) + " of every unit" +
              (facts.mesh.pipeline > 1 ? " of its pipeline stage" : "") +
-             (experts && facts.mesh.expert > 1 ? " (of its experts, 1/" + std::to_string(facts.mesh.data / facts.mesh.expert) + ")" : "") +
+             (experts && facts.mesh.expert > 1 ? " (of its experts, 1/" + std::to_string(shard_ranks / facts.mesh.expert) + ")" : "") +
              " as the model is built";
     return hybrid + "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
   }
@@ -320,6 +319,12 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
       replica_comm = data_comm.split(replica_group(shard_ranks, data, data_comm.rank()));
     }
     Communicator& comm = shard_comm ? *shard_comm : data_comm;
+    // Split experts likewise: sharded within the shard group over the ranks holding the same
+    // experts, replicated over the same replica group (E divides S: fsdp_hybrid.h).
+    std::shared_ptr<Communicator> expert_shard_comm;
+    if (shard_comm && job.topology->size(Dim::Expert) > 1)
+      expert_shard_comm = expert_comm.split(expert_shard_group(shard_ranks, data, job.topology->size(Dim::Expert), expert_comm.rank()));
+    Communicator& experts_over = !shard_comm ? expert_comm : expert_shard_comm ? *expert_shard_comm : comm;
     auto* keeper = dynamic_cast<ShardKeeper*>(job.build_keeper.get());
     if (config.get_bool("sync_module_states")) {
       // After a sharded build the ranks drew the same values from the same generators: what they
@@ -341,7 +346,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
       return out;
     };
     const std::vector<UnitLayout> layouts = keeper ? unit_layouts(plan, split_expert) : std::vector<UnitLayout>{};
-    if (keeper) keeper->restore_changed_units(layouts, by_name, comm, expert_comm, job.device());
+    if (keeper) keeper->restore_changed_units(layouts, by_name, comm, experts_over, job.device());
 
     // Wrapped and root units gather in the compute dtype; the ignored unit keeps its parameters
     // whole, in their own dtype. Each becomes a set: its dense parameters over the data ranks, its
@@ -361,8 +366,9 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
       };
       UnitSet set;
       if (!dense.empty()) set.push_back(flat_unit(name, std::move(dense), comm));
-      if (!set.empty() && replica_comm) set.back()->replicate_across(*replica_comm);
-      if (!experts.empty()) set.push_back(flat_unit(name + ".experts", std::move(experts), expert_comm));
+      if (!experts.empty()) set.push_back(flat_unit(name + ".experts", std::move(experts), experts_over));
+      if (replica_comm)
+        for (auto& unit : set) unit->replicate_across(*replica_comm, shard_ranks);
       return set;
     };
     std::vector<UnitSet> wrapped;
@@ -399,7 +405,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     // The job keeps HSDP's groups alive, not the sharder: the parameters' gradient hooks hold the
     // sharder, which holds the parameters, so it outlives the job, and a group left at exit would
     // keep MPI from finalizing.
-    job.add_hook(HookPoint::AfterStep, [sharder, groups = std::vector{shard_comm, replica_comm}, hybrid = replica_comm != nullptr](StepContext& c) {
+    job.add_hook(HookPoint::AfterStep, [sharder, groups = std::vector{shard_comm, replica_comm, expert_shard_comm}, hybrid = replica_comm != nullptr](StepContext& c) {
       const Sharder::Traffic traffic = sharder->take_traffic();
       c.metrics.emplace_back("fsdp_all_gathers", static_cast<double>(traffic.all_gathers));
       c.metrics.emplace_back("fsdp_gather_bytes", static_cast<double>(traffic.gather_bytes));

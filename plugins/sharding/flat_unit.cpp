@@ -127,10 +127,10 @@ void FlatUnit::nest_pieces_in(const Placements& parameter_placements) {
     }
 }
 
-void FlatUnit::replicate_across(Communicator& replicas) {
+void FlatUnit::replicate_across(Communicator& replicas, int64_t group_data_ranks) {
   if (replicas.size() <= 1) return;
   replicas_ = &replicas;
-  for (Piece& piece : pieces_) piece.placement.data_shard_size = comm_.size();
+  for (Piece& piece : pieces_) piece.placement.data_shard_size = group_data_ranks;
 }
 
 int64_t FlatUnit::replica_reduce_bytes() const {

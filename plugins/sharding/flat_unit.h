@@ -53,11 +53,13 @@ class FlatUnit {
   FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm, at::Tensor kept_chunk,
            UnitDtypes dtypes = {});
 
-  // Hybrid sharding (HSDP): `comm` is one of several shard groups of contiguous data ranks, and
-  // `replicas` the ranks of the other groups that hold the same chunk. Gradients reduced within
-  // the shard group are then averaged over `replicas`; pieces are placed as sharded over groups of
-  // comm.size() data ranks. Called right after construction, before any use.
-  void replicate_across(Communicator& replicas);
+  // Hybrid sharding (HSDP): `comm` is one of several shard groups of `group_data_ranks`
+  // contiguous data ranks (or, for split experts, the ranks of one such group holding the same
+  // experts), and `replicas` the ranks of the other groups that hold the same chunk. Gradients
+  // reduced within the shard group are then averaged over `replicas`; pieces are placed as
+  // sharded over groups of `group_data_ranks` data ranks. Called right after construction,
+  // before any use.
+  void replicate_across(Communicator& replicas, int64_t group_data_ranks);
 
   const std::string& name() const { return name_; }
   const std::vector<std::pair<std::string, at::Tensor>>& params() const { return params_; }
