@@ -10,6 +10,14 @@
 // over its model replica's tensor and pipeline ranks, which then perturb alike. Under a pipeline
 // the wrapped stage runs the whole schedule, twice. The perturbation's scale and the perturbed
 // loss stay on the job's device: nothing is read to the host in the step.
+//
+// WSAM perturbs, restores and steps the master weights: the job's "model" state, the tensors the
+// optimizer updates with their gradients attached (the parameters; under zero1, zero2 and fsdp
+// this rank's pieces of them, their gradients views of the reduced chunks). After changing them
+// in place it loads the state into itself, which is how a state's holder takes new values: the
+// parameters need nothing more, zero1 and zero2 all-gather the full parameters, fsdp gathers from
+// its pieces when it next runs. With sharding the perturbation must follow the synchronised
+// gradient (perturbation = "global"): zero2 and fsdp never hold a rank's whole local gradient.
 #include <algorithm>
 #include <optional>
 
@@ -51,17 +59,7 @@ class Wsam {
         device_(job.device()),
         group_(job.topology->group(Dim::Data)),
         reduce_dtype_(job.reduce_dtype),
-        job_(job) {
-    // Placed as the model-rewriting passes left them (tensor and expert parallel apply first).
-    const Placements placements = nn::parameter_placements(*job.model);
-    for (const auto& p : job.model->named_parameters()) {
-      if (!p.value().requires_grad()) continue;
-      params_.push_back(p.value());
-      const auto placement = placements.find(p.key());
-      // Pipeline stages hold disjoint parameters, as core's local_gradients places them.
-      placements_.push_back(nest(placement == placements.end() ? Placement{} : placement->second, 0, {Dim::Pipeline}));
-    }
-  }
+        job_(job) {}
 
   // Wraps the gradients stage (forward_backward, then sync_gradients) and runs it twice.
   void compute(StepContext& context, const StageFn& gradients_of) {
@@ -74,6 +72,7 @@ class Wsam {
     context.sync_gradients = true;
 
     at::NoGradGuard no_grad;
+    if (params_.empty()) find_master_weights();
     std::vector<at::Tensor> g = take_gradients();
     std::vector<at::Tensor> saved, scaled;
     for (size_t i = 0; i < params_.size(); ++i) scaled.push_back(settings_.adaptive ? params_[i].abs() * g[i] : g[i]);
@@ -82,6 +81,7 @@ class Wsam {
       saved.push_back(params_[i].clone());
       params_[i].add_((settings_.adaptive ? params_[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
     }
+    propagate();
     // The local gradient is averaged while the second pass runs.
     at::Tensor flat;
     WorkPtr pending = settings_.local && group_.size() > 1 ? average(group_, g, reduce_dtype_, flat) : nullptr;
@@ -97,6 +97,7 @@ class Wsam {
     }
     std::vector<at::Tensor> perturbed = take_gradients();
     for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(saved[i]);
+    propagate();
     if (pending) {
       pending->wait();
       unflatten(flat, g);
@@ -109,10 +110,10 @@ class Wsam {
     for (size_t i = 0; i < params_.size(); ++i) {
       at::Tensor difference = perturbed[i].sub_(g[i]);
       if (settings_.decouple) {
-        params_[i].mutable_grad() = g[i];
+        set_gradient(params_[i], g[i]);
         sharpness_.push_back(difference);
       } else {
-        params_[i].mutable_grad() = g[i].add_(difference, settings_.alpha);
+        set_gradient(params_[i], g[i].add_(difference, settings_.alpha));
       }
     }
   }
@@ -122,21 +123,48 @@ class Wsam {
     if (!context.skip_step && !sharpness_.empty()) {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < params_.size(); ++i) params_[i].sub_(sharpness_[i], context.lr * settings_.alpha);
+      propagate();
     }
     sharpness_.clear();
   }
 
  private:
-  // Takes the gradients out of the parameters (zeros where a parameter got none), so the next
-  // backward starts from nothing. A copy: after ddp's reduction a gradient is a view of a bucket
-  // buffer that the next reduction overwrites.
+  // The master weights (the header) and their placements, once the optimizer holds them (their
+  // gradients are attached by then): the model state's tensors that are trained, placed as the
+  // passes left them; pipeline stages hold disjoint ones, as core's local_gradients places them.
+  void find_master_weights() {
+    const Stateful& state = *job_.states().at("model");
+    const Placements placements = state.placements();
+    for (const auto& [name, tensor] : state.save()) {
+      if (!tensor.requires_grad() && !tensor.grad().defined()) continue;  // frozen
+      params_.push_back(tensor);
+      const auto placement = placements.find(name);
+      placements_.push_back(nest(placement == placements.end() ? Placement{} : placement->second, 0, {Dim::Pipeline}));
+    }
+  }
+
+  // After the master weights changed in place: the state loads itself (the header).
+  void propagate() {
+    Stateful& state = *job_.states().at("model");
+    state.load(state.save());
+  }
+
+  // Copies the master weights' gradients (zeros where one got none) and clears the model's
+  // parameters' gradients, so the next backward starts from nothing. Copies: after ddp's or
+  // zero1's reduction a gradient is a view of a buffer that the next reduction overwrites, and a
+  // sharding pass's piece keeps its gradient view (the optimizer reads it).
   std::vector<at::Tensor> take_gradients() {
     std::vector<at::Tensor> out;
-    for (auto& p : params_) {
-      out.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
-      p.mutable_grad() = at::Tensor();
-    }
+    for (auto& p : params_) out.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+    for (auto& p : job_.model->parameters()) p.mutable_grad() = at::Tensor();
     return out;
+  }
+
+  // The gradient the optimizer reads: written into the master weight's own (a sharding pass's
+  // piece's is a view of its reduced chunk), or attached where it has none.
+  static void set_gradient(at::Tensor& weight, const at::Tensor& gradient) {
+    if (weight.grad().defined()) weight.mutable_grad().copy_(gradient);
+    else weight.mutable_grad() = gradient;
   }
 
   std::vector<LocalGradient> placed(const std::vector<at::Tensor>& pieces) const {
@@ -189,12 +217,22 @@ class WsamPass final : public Pass {
                           "Gradient the perturbation follows: each rank's own (m-sharpness, the paper's) or the data-parallel "
                           "average (then any rank count matches one process)",
                           {"local", "global"})},
-             // The sharding passes reduce every backward into buffers the base optimizer reads
-             // (and zero2/fsdp never hold whole gradients), so none of them can run WSAM's second pass.
-             {Phase::Schedule, {}, {"zero1", "zero2", "fsdp"}, {"ddp"}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
+             // After the data-parallel passes: their gradients and master weights are what it wraps.
+             {Phase::Schedule, {}, {}, {"ddp", "zero1", "zero2", "fsdp"}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("gamma") >= 1.0) diagnostics.error(section, "pass 'wsam': gamma must be below 1 (alpha = gamma / (1 - gamma))");
+  }
+
+  // A rank's own whole gradient (m-sharpness) is never held under zero2 and fsdp, which
+  // reduce-scatter in the backward, nor kept apart from the average by zero1.
+  std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
+    if (config.get_string("perturbation") != "local") return {};
+    for (const char* sharding : {"zero1", "zero2", "fsdp"})
+      if (std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), sharding) != facts.enabled_passes.end())
+        return std::string("pass 'wsam': perturbation = \"local\" needs each rank's own whole gradient, which ") + sharding +
+               " does not keep; set perturbation = \"global\"";
+    return {};
   }
 
   void apply(Job& job, const Config& config) const override {
