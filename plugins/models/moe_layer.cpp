@@ -4,10 +4,21 @@
 #include <cmath>
 #include <map>
 
+#include "strata/dist.h"
+
 namespace strata::models {
 
 namespace {
 constexpr double kDefaultBiasUpdateRate = 0.001;  // DeepSeek-V3's gamma
+constexpr int64_t kTokenDim = -2;  // activations are [.., tokens, features]
+
+// x in the forward; in the backward, the gradient of this rank's tokens only (zeros elsewhere).
+at::Tensor own_tokens_gradient(const at::Tensor& x, const Communicator& tensor_group) {
+  const int64_t tokens = x.size(kTokenDim), share = tokens / tensor_group.size(), start = share * tensor_group.rank();
+  return at::cat({x.narrow(kTokenDim, 0, start).detach(), x.narrow(kTokenDim, start, share),
+                  x.narrow(kTokenDim, start + share, tokens - start - share).detach()},
+                 kTokenDim);
+}
 }  // namespace
 
 Schema& add_moe_keys(Schema& schema) {
@@ -148,7 +159,7 @@ MoeLayer::MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden,
 
 at::Tensor MoeLayer::forward(const at::Tensor& x) {
   const int64_t n_experts = settings_.experts, k = settings_.top_k;
-  const at::Tensor tokens = x.reshape({-1, x.size(-1)});
+  const at::Tensor tokens = (tensor_group_ ? own_tokens_gradient(x, *tensor_group_) : x).reshape({-1, x.size(-1)});
   const int64_t n = tokens.size(0);
   const at::Tensor logits = gate->forward(tokens).to(at::kFloat);
   const at::Tensor probs = logits.softmax(-1);
@@ -185,7 +196,6 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes);
   routed = routed * weight.index_select(0, order).unsqueeze(1).to(routed.scalar_type());
   at::Tensor out = at::zeros_like(tokens).index_add(0, sorted_token, routed.to(tokens.scalar_type()));
-  if (shared_experts) out = out + shared_experts->forward(tokens);
 
   // Switch's balance loss and the z-loss, each this layer's share of the mean over MoE layers.
   at::Tensor window_selections = selections.to(at::kFloat);
@@ -211,7 +221,9 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
     ++counts_.forwards;
     if (step_selections_.defined()) step_selections_ += selections.to(step_selections_.device());
   }
-  return out.view(x.sizes());
+  out = out.view(x.sizes());
+  if (tensor_group_) out = dist::scatter_along(out, kTokenDim, *tensor_group_);  // this rank's tokens
+  return shared_experts ? out + shared_experts->forward(x) : out;
 }
 
 void MoeLayer::after_optimizer_step(Communicator& token_ranks) {

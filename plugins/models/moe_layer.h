@@ -78,13 +78,20 @@ class GroupedExperts final : public torch::nn::Module {
   std::shared_ptr<nn::GroupedLinear> gate_proj, up_proj, down_proj;
 };
 
-// Under tensor parallel (without sequence parallel: the layer's input is whole on every tensor
-// rank) the router is whole and routes alike on every tensor rank; every expert is split as a
-// Megatron MLP (gate/up by columns, down by rows), the rows entering the experts pass
-// copy_to_group and the experts' outputs reduce_from_group (the tensor_parallel pass's hooks on
-// the GroupedLinears), so the sum is whole before the routing weights multiply it and the
-// router's gradient is the single-process one on every tensor rank. Shared experts split as
-// Llama's MLP.
+// Under tensor parallel the layer's input is whole on every tensor rank (under sequence parallel
+// the norm before it gathers the sequence) and the router is whole and routes alike on every
+// tensor rank; every expert is split as a Megatron MLP (gate/up by columns, down by rows), the
+// rows entering the experts pass copy_to_group and the experts' outputs reduce_from_group (the
+// tensor_parallel pass's hooks on the GroupedLinears), so the sum is whole before the routing
+// weights multiply it and the router's gradient is the single-process one on every tensor rank.
+// Shared experts split as Llama's MLP (under sequence parallel: their Column layers read the
+// gathered sequence, their Row layer reduce-scatters to this rank's tokens).
+// Under sequence parallel (split_tokens, nn::SequenceParallelLayer) the routed path's input
+// gradient, alike on every tensor rank, is passed back for this rank's tokens only (the gather's
+// reduce-scatter then sums each token's once), and its output, whole on every rank, is cut to
+// this rank's tokens (scatter_along: an all-gather of the gradient backward). The routed output
+// is all-reduced and then cut, where a reduce-scatter would move half the bytes: the routing
+// weights and the balance losses need the whole expert outputs on every rank.
 //
 // Under expert parallel (split_experts, the expert_parallel pass) rank r of the expert group of
 // P ranks keeps experts [r E/P, (r+1) E/P). Routing stays on each token's own rank; the rows
@@ -98,7 +105,8 @@ class MoeLayer final : public torch::nn::Module,
                        public nn::ReportsMetrics,
                        public nn::ExpertParallelLayer,
                        public nn::AdjustsAfterStep,
-                       public nn::SequenceStatisticsLayer {
+                       public nn::SequenceStatisticsLayer,
+                       public nn::SequenceParallelLayer {
  public:
   MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden, nn::TensorShard shard = {});
   at::Tensor forward(const at::Tensor& x);
@@ -109,6 +117,8 @@ class MoeLayer final : public torch::nn::Module,
   void after_optimizer_step(Communicator& token_ranks) override;
   // Context parallel: the balance loss's f (selections over tokens) counts the whole window.
   void split_sequence(Communicator& context_group) override { context_group_ = &context_group; }
+  // Sequence parallel: see above.
+  void split_tokens(Communicator& tensor_group) override { tensor_group_ = &tensor_group; }
 
   std::shared_ptr<nn::Linear> gate;  // the router, d -> E
   std::shared_ptr<GroupedExperts> routed_experts;  // registered as "experts"
@@ -133,6 +143,7 @@ class MoeLayer final : public torch::nn::Module,
   Counts counts_;
   Communicator* expert_group_ = nullptr;
   Communicator* context_group_ = nullptr;
+  Communicator* tensor_group_ = nullptr;  // under sequence parallel
   at::Tensor step_selections_;  // balance = "bias": top-k selections of this step's training forwards, per expert
 };
 

@@ -13,7 +13,8 @@
 //   Column Embedding  output through reduce_from_group (each rank contributes its rows)
 //   TiedLinear head   input through copy_to_group; logits stay split by vocabulary
 //   GroupedLinear     experts of an MoE layer, split like Column / Row Linears (their rows in
-//                     through copy_to_group, out through reduce_from_group); no sequence parallel
+//                     through copy_to_group, out through reduce_from_group), with or without
+//                     sequence parallel
 // With sequence parallel the residual stream is split by tokens (dimension -2, s/t per rank):
 //   Sequence norm     output through gather_along (all-gather forward, reduce-scatter backward):
 //                     the whole sequence for the Column layers it feeds, which then need no
@@ -23,6 +24,8 @@
 //   Column Embedding  output through reduce_scatter_along
 //   Sequence Embedding (learned positions) output through scatter_along: this rank's positions
 //   Dropout           this rank's rows of the whole sequence's mask (nn::Dropout)
+//   MoE layer         computes on the gathered sequence, alike on every rank, and cuts its output
+//                     to this rank's tokens (nn::SequenceParallelLayer, handed the tensor group)
 // and every whole parameter that now sees only this rank's tokens (norm weights and biases, Row
 // biases, a Replicated Linear's weight) computes through copy_to_group, so its gradient is the sum
 // over the tensor group before any data-parallel pass sees it.
@@ -58,8 +61,6 @@ class TensorParallelPass final : public Pass {
              {Phase::ModelRewrite, {}, {}, {}, {}}, {{Dim::Tensor}, {}}) {}
 
   std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const override {
-    if (config.get_bool("sequence_parallel") && mesh.tensor > 1 && model.has("n_experts"))
-      return "pass 'tensor_parallel': sequence_parallel does not split mixture-of-experts layers yet; set sequence_parallel = false";
     // Under context parallel each rank's share of the tokens (seq_len / context) is what splits.
     if (!config.get_bool("sequence_parallel") || !model.has("seq_len") || model.get_int("seq_len") % (mesh.tensor * mesh.context) == 0)
       return {};
@@ -96,9 +97,10 @@ class TensorParallelPass final : public Pass {
     const Hook gather = [&group](const at::Tensor& x) { return dist::gather_along(x, kTokenDim, group); };
     const Hook reduce_scatter = [&group](const at::Tensor& y) { return dist::reduce_scatter_along(y, kTokenDim, group); };
     const Hook scatter = [&group](const at::Tensor& y) { return dist::scatter_along(y, kTokenDim, group); };
-    int split_layers = 0;
+    int split_layers = 0, sequence_layers = 0, split_experts = 0;
     for (const auto& item : job.model->named_modules()) {
       torch::nn::Module* module = item.value().get();
+      if (auto* layer = dynamic_cast<nn::SequenceParallelLayer*>(module); layer && sp) layer->split_tokens(group), ++sequence_layers;
       if (auto* linear = dynamic_cast<nn::Linear*>(module)) {
         switch (linear->parallel_style) {
           case nn::ParallelStyle::Column:
@@ -126,10 +128,10 @@ class TensorParallelPass final : public Pass {
             break;
         }
       } else if (auto* experts = dynamic_cast<nn::GroupedLinear*>(module); experts && experts->shard.parts > 1) {
-        // Mixture-of-experts experts (sequence parallel is refused for them at plan time).
+        // Mixture-of-experts experts: alike with sequence parallel, whose MoE layer gathers and cuts.
         if (experts->parallel_style == nn::ParallelStyle::Column) experts->hooks.on_input = copy;
         else experts->hooks.on_output = reduce;
-        ++split_layers;
+        ++split_layers, ++split_experts;
       } else if (auto* embedding = dynamic_cast<nn::Embedding*>(module)) {
         if (embedding->shard.parts > 1) embedding->hooks.on_output = sp ? reduce_scatter : reduce;
         else if (sp && embedding->parallel_style == nn::ParallelStyle::Sequence) embedding->hooks.on_output = scatter;
@@ -147,6 +149,9 @@ class TensorParallelPass final : public Pass {
         dropout->sequence_shard = shard;
       }
     }
+    if (sp && split_experts > 0 && sequence_layers == 0)
+      throw UserError("tensor_parallel: sequence_parallel needs the layer holding the split experts to take the tensor group "
+                      "(nn::SequenceParallelLayer); model '" + job.job_config().get_string("model") + "' has none");
     if (!found_on_any_rank(job, split_layers > 0))
       throw UserError("tensor_parallel: model '" + job.job_config().get_string("model") + "' has no layer split over the tensor ranks");
     // The logits are this rank's vocabulary columns (nn::shard_range of the vocabulary), or all of

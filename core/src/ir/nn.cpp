@@ -200,6 +200,7 @@ void GroupedLinear::keep_groups(TensorShard shard) {
 
 ExpertParallelLayer::~ExpertParallelLayer() = default;
 SequenceStatisticsLayer::~SequenceStatisticsLayer() = default;
+SequenceParallelLayer::~SequenceParallelLayer() = default;
 
 namespace {
 class AllToAllRows : public torch::autograd::Function<AllToAllRows> {

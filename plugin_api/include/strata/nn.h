@@ -180,6 +180,19 @@ class STRATA_API SequenceStatisticsLayer {
   virtual void split_sequence(Communicator& context_group) = 0;
 };
 
+// A layer that computes on the whole sequence inside sequence parallel's whole-sequence region
+// and whose output every tensor rank computes alike (a mixture-of-experts layer: its router is
+// whole, its experts' outputs are summed over the tensor ranks). Under sequence parallel the
+// tensor_parallel pass hands it the tensor group (ABI 1.2); the layer then returns this rank's
+// tokens of its output (the residual stream is split by tokens, dimension -2) and passes back, of
+// the input gradient every rank computes alike, only its tokens' rows: the norm that gathered its
+// input sums the ranks' input gradients (a reduce-scatter).
+class STRATA_API SequenceParallelLayer {
+ public:
+  virtual ~SequenceParallelLayer();
+  virtual void split_tokens(Communicator& tensor_group) = 0;
+};
+
 // Rows of x exchanged over `group` (a differentiable all-to-all): send_rows[r] consecutive rows
 // go to rank r, recv_rows[r] rows come from it, in rank order. Backward sends the gradients back
 // the same way.
