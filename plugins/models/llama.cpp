@@ -101,7 +101,7 @@ class Llama final : public ModelFactory {
     out += "mlp: " + std::to_string(hidden / parts) + " of " + std::to_string(hidden) + " SwiGLU columns per rank\n";
     if (moe_)
       out += "experts: " + std::to_string(hidden / parts) + " of " + std::to_string(hidden) + " SwiGLU columns of each of the " +
-             std::to_string(c.get_int("n_experts")) + " experts per rank; the router whole (every rank routes alike)\n";
+             std::to_string(c.get_int("n_experts")) + " experts per rank; the router whole (every rank routes alike, on the gathered sequence under sequence parallel)\n";
     return out + vocab_line(c.get_int("vocab_size"), parts) + (c.get_bool("tie_embeddings") ? " (token embedding and tied head)\n"
                                                                                              : " (token embedding and lm_head)\n");
   }
