@@ -216,9 +216,11 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
     for (int64_t e = 0; e < n_experts; ++e) counts_.tokens[static_cast<size_t>(e)] += static_cast<double>(group_sizes[static_cast<size_t>(e)]);
     counts_.dropped += static_cast<double>(dropped);
     counts_.routed += static_cast<double>(k * n);
-    counts_.aux += aux.item<double>();
-    counts_.z += z.item<double>();
     ++counts_.forwards;
+    const at::Tensor aux_sum = aux.detach().to(at::kDouble), z_sum = z.detach().to(at::kDouble);
+    device_counts_.aux = device_counts_.aux.defined() ? device_counts_.aux + aux_sum : aux_sum;
+    device_counts_.z = device_counts_.z.defined() ? device_counts_.z + z_sum : z_sum;
+    ++device_counts_.forwards;
     if (step_selections_.defined()) step_selections_ += selections.to(step_selections_.device());
   }
   out = out.view(x.sizes());
@@ -289,12 +291,19 @@ at::Tensor MoeLayer::run_experts(const at::Tensor& rows, const std::vector<int64
   return nn::all_to_all_rows(group, computed.index_select(0, back), recv_rows, send_rows);
 }
 
+void MoeLayer::report_device_metrics(std::vector<std::pair<std::string, at::Tensor>>& out) {
+  if (device_counts_.forwards == 0) return;
+  // Means over micro-batches, each this layer's share of the mean over MoE layers (as above).
+  const double share = 1.0 / static_cast<double>(settings_.moe_layers), forwards = static_cast<double>(device_counts_.forwards);
+  out.emplace_back("moe_aux_loss", device_counts_.aux / forwards * share);
+  out.emplace_back("moe_z_loss", device_counts_.z / forwards * share);
+  device_counts_ = DeviceCounts{};
+}
+
 void MoeLayer::report_metrics(std::vector<std::pair<std::string, double>>& out) {
   if (counts_.forwards == 0) return;
   // Means over micro-batches; the per-layer share makes the model's sum a mean over MoE layers.
   const double share = 1.0 / static_cast<double>(settings_.moe_layers), forwards = static_cast<double>(counts_.forwards);
-  out.emplace_back("moe_aux_loss", counts_.aux / forwards * share);
-  out.emplace_back("moe_z_loss", counts_.z / forwards * share);
   out.emplace_back("moe_dropped_fraction", counts_.dropped / counts_.routed * share);
   for (size_t e = 0; e < counts_.tokens.size(); ++e) out.emplace_back("moe_tokens_e" + std::to_string(e), counts_.tokens[e]);
   if (expert_group_ && expert_group_->size() > 1) out.emplace_back("moe_all_to_all_bytes", counts_.exchanged_bytes);

@@ -103,6 +103,7 @@ class GroupedExperts final : public torch::nn::Module {
 // expert-data group) gives the single-process gradient.
 class MoeLayer final : public torch::nn::Module,
                        public nn::ReportsMetrics,
+                       public nn::ReportsDeviceMetrics,
                        public nn::ExpertParallelLayer,
                        public nn::AdjustsAfterStep,
                        public nn::SequenceStatisticsLayer,
@@ -111,6 +112,8 @@ class MoeLayer final : public torch::nn::Module,
   MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden, nn::TensorShard shard = {});
   at::Tensor forward(const at::Tensor& x);
   void report_metrics(std::vector<std::pair<std::string, double>>& out) override;
+  // moe_aux_loss and moe_z_loss, kept on the device: no read in the forward.
+  void report_device_metrics(std::vector<std::pair<std::string, at::Tensor>>& out) override;
   int64_t experts() const override { return settings_.experts; }
   void split_experts(Communicator& group) override;
   // balance = "bias": moves expert_bias by the step's loads over `token_ranks` (see above).
@@ -130,7 +133,7 @@ class MoeLayer final : public torch::nn::Module,
   // they replace ran without gradients and do not).
   struct Counts {
     std::vector<double> tokens;  // per expert, kept assignments
-    double dropped = 0, routed = 0, aux = 0, z = 0;
+    double dropped = 0, routed = 0;
     double exchanged_bytes = 0;  // expert parallel: sent to other ranks, forward and backward
     double max_load = 0;  // balance = "bias": the busiest expert's load over the mean, summed over updates
     int64_t bias_updates = 0;
@@ -139,8 +142,15 @@ class MoeLayer final : public torch::nn::Module,
   // The experts' outputs for rows sorted by (global) expert, group_sizes per expert: computed
   // here, or by the ranks holding them under expert parallel.
   at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes);
+  // The balance and z losses of the training forwards since the last device report, summed in
+  // fp64 on the device.
+  struct DeviceCounts {
+    at::Tensor aux, z;
+    int64_t forwards = 0;
+  };
   MoeSettings settings_;
   Counts counts_;
+  DeviceCounts device_counts_;
   Communicator* expert_group_ = nullptr;
   Communicator* context_group_ = nullptr;
   Communicator* tensor_group_ = nullptr;  // under sequence parallel

@@ -104,6 +104,17 @@ Reference reference_moe(const MoeLayer& layer, const at::Tensor& tokens, int64_t
   return r;
 }
 
+// What core reads of a layer's figures: its host figures and its device figures (the balance
+// and z losses stay on the device until the step is read).
+std::vector<std::pair<std::string, double>> reported(MoeLayer& layer) {
+  std::vector<std::pair<std::string, double>> figures;
+  layer.report_metrics(figures);
+  std::vector<std::pair<std::string, at::Tensor>> on_device;
+  layer.report_device_metrics(on_device);
+  for (const auto& [name, value] : on_device) figures.emplace_back(name, value.item<double>());
+  return figures;
+}
+
 double metric(const std::vector<std::pair<std::string, double>>& figures, const std::string& name) {
   for (const auto& [key, value] : figures)
     if (key == name) return value;
@@ -124,8 +135,7 @@ void check_layer_against_reference(double capacity_factor, int64_t k) {
   at::NoGradGuard no_grad;
   const Reference ref = reference_moe(layer, x.reshape({n, 12}), k, capacity);
   expect_close(out.reshape({n, 12}), ref.out, 1e-5, "output");
-  std::vector<std::pair<std::string, double>> figures;
-  layer.report_metrics(figures);
+  const std::vector<std::pair<std::string, double>> figures = reported(layer);
   EXPECT_NEAR(metric(figures, "moe_aux_loss"), ref.aux, 1e-5);
   EXPECT_NEAR(metric(figures, "moe_z_loss"), ref.z, 1e-4);
   EXPECT_NEAR(metric(figures, "moe_dropped_fraction"), static_cast<double>(ref.dropped) / static_cast<double>(k * n), 1e-12);
@@ -147,9 +157,7 @@ TEST(MoeLayer, UniformRoutingGivesBalanceLossK) {
   }
   // With equal probabilities P_i = 1/E, so L_aux = E sum_i f_i / E = sum_i f_i = k whatever f is.
   layer.forward(at::randn({1, 10, 8}));
-  std::vector<std::pair<std::string, double>> figures;
-  layer.report_metrics(figures);
-  EXPECT_NEAR(metric(figures, "moe_aux_loss"), 2.0, 1e-6);
+  EXPECT_NEAR(metric(reported(layer), "moe_aux_loss"), 2.0, 1e-6);
 }
 
 // The balance and z losses enter the gradient with their coefficients, as if added to the loss.

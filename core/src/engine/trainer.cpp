@@ -41,6 +41,15 @@ struct ProgramLoss {
   at::Tensor operator()(const at::Tensor& logits, const at::Tensor& targets) const { return loss(logits, targets); }
 };
 
+// The model's figures that are still on the device (nn::ReportsDeviceMetrics) join the step's
+// device figures: read with its loss, only when the step is recorded.
+void report_device_metrics(const nn::Model& model, StepProgram& program) {
+  std::vector<std::pair<std::string, at::Tensor>> figures;
+  for (const auto& module : model.modules(/*include_self=*/false))
+    if (auto* reporter = dynamic_cast<nn::ReportsDeviceMetrics*>(module.get())) reporter->report_device_metrics(figures);
+  for (const auto& [name, value] : figures) program.report_device_figure(name, value);
+}
+
 }  // namespace
 
 namespace {
@@ -354,6 +363,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   job.run_hooks(HookPoint::AfterStep, context);
   job.model->after_optimizer_step(topology->group({Dim::Data, Dim::Context}));
   job.model->collect_metrics(context.metrics);
+  report_device_metrics(*job.model, job.program);
   progress->beat(at_step, StepPhase::Updated);
 
   UnreadStep& done = unread.emplace_back();

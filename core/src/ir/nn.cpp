@@ -718,6 +718,7 @@ double Model::training_flops_per_token() const {
 }
 
 ReportsMetrics::~ReportsMetrics() = default;
+ReportsDeviceMetrics::~ReportsDeviceMetrics() = default;
 AdjustsAfterStep::~AdjustsAfterStep() = default;
 
 void Model::after_optimizer_step(Communicator& token_ranks) {

@@ -350,6 +350,17 @@ class STRATA_API ReportsMetrics {
   virtual void report_metrics(std::vector<std::pair<std::string, double>>& out) = 0;
 };
 
+// The same for figures still on the device (ABI 1.2): report_device_metrics appends name /
+// one-element tensor pairs, and core reads them with the step's loss, only on steps that record
+// figures (StepProgram::report_device_figure), so the module reads nothing to the host for them
+// (a router's balance losses: a read in each forward would wait for the device's queue).
+// Core calls it after collect_metrics, every step; several modules may report one name (summed).
+class STRATA_API ReportsDeviceMetrics {
+ public:
+  virtual ~ReportsDeviceMetrics();
+  virtual void report_device_metrics(std::vector<std::pair<std::string, at::Tensor>>& out) = 0;
+};
+
 // A module whose state follows the training (not the gradient): after each optimizer step core
 // calls after_optimizer_step with the ranks that hold the same layers and see other tokens (data
 // x context, so expert ranks too; one group per pipeline stage), collectively, in module order.
