@@ -285,7 +285,8 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     const int64_t expert_ranks = shard_ranks / job.topology->size(Dim::Expert);
     return std::make_shared<ShardKeeper>(unit_layouts(plan_units(model, config), sharding::split_expert_predicate(model)),
                                          ChunkGroup{shard_ranks, job.topology->rank_in(Dim::Data) % shard_ranks},
-                                         ChunkGroup{expert_ranks, job.topology->expert_data_group().rank() % expert_ranks});
+                                         ChunkGroup{expert_ranks, job.topology->expert_data_group().rank() % expert_ranks},
+                                         /*hybrid=*/shard_ranks < job.topology->size(Dim::Data));
   }
 
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {

@@ -24,8 +24,8 @@ std::vector<UnitLayout> unit_layouts(const UnitPlan& plan, const std::function<b
   return out;
 }
 
-ShardKeeper::ShardKeeper(std::vector<UnitLayout> units, ChunkGroup shard, ChunkGroup experts)
-    : units_(std::move(units)), shard_ranks_(shard.ranks), expert_ranks_(experts.ranks) {
+ShardKeeper::ShardKeeper(std::vector<UnitLayout> units, ChunkGroup shard, ChunkGroup experts, bool hybrid)
+    : units_(std::move(units)), shard_ranks_(shard.ranks), expert_ranks_(experts.ranks), hybrid_(hybrid) {
   for (size_t u = 0; u < units_.size(); ++u) {
     const ChunkGroup group = units_[u].experts ? experts : shard;
     int64_t offset = 0;
@@ -63,7 +63,7 @@ void ShardKeeper::built(size_t, const std::string& name, nn::Block& block) {
 std::string ShardKeeper::summary() const {
   const bool experts = std::any_of(units_.begin(), units_.end(), [](const UnitLayout& u) { return u.experts; });
   return "fsdp kept " + std::to_string(kept_) + " of " + std::to_string(seen_) + " sharded parameters (1/" + std::to_string(shard_ranks_) +
-         " of each unit" + (experts ? ", its experts 1/" + std::to_string(expert_ranks_) + " over the expert-data ranks" : "") +
+         " of each unit" + (experts ? ", its experts 1/" + std::to_string(expert_ranks_) + " over the expert-data ranks" + (hybrid_ ? " of its shard group" : "") : "") +
          ", sharded as built)";
 }
 

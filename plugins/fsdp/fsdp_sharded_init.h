@@ -50,8 +50,9 @@ struct ChunkGroup {
 
 class ShardKeeper final : public nn::BuildKeeper {
  public:
-  // Dense units are chunked over `shard`, expert companions over `experts`.
-  ShardKeeper(std::vector<UnitLayout> units, ChunkGroup shard, ChunkGroup experts);
+  // Dense units are chunked over `shard`, expert companions over `experts` (under HSDP, `hybrid`:
+  // the expert-data ranks of this rank's shard group).
+  ShardKeeper(std::vector<UnitLayout> units, ChunkGroup shard, ChunkGroup experts, bool hybrid = false);
   void built(size_t index, const std::string& name, nn::Block& block) override;
   std::string summary() const override;
   // Whether `unit` is laid out exactly as planned on the outline.
@@ -76,6 +77,7 @@ class ShardKeeper final : public nn::BuildKeeper {
   std::vector<int64_t> chunk_, chunk_begin_, ranks_;  // per unit
   std::vector<at::Tensor> chunks_;
   int64_t shard_ranks_, expert_ranks_, kept_ = 0, seen_ = 0;
+  bool hybrid_;
 };
 
 }  // namespace strata::fsdp
