@@ -517,6 +517,34 @@ TEST(MicroBatchRandomness, BlocksDrawByKeyNotByOrder) {
   EXPECT_FALSE(at::equal(at::detail::getDefaultCPUGenerator().get_state(), before));
 }
 
+// Inside an UnkeyedRandomness (ABI 1.3: the cuda_graph pass's capture, where a generator may not be
+// reseeded) a micro-batch scope seeds nothing: blocks draw from the generator as it stands, as
+// without a scope, and the scope keys the draws again once it is gone.
+TEST(MicroBatchRandomness, UnkeyedScopeDrawsAsWithoutAScope) {
+  auto values = tiny("gpt");
+  values["dropout"] = 0.2;
+  auto model = make("gpt", values);
+  model->train();
+  at::manual_seed(5);
+  const at::Tensor tokens = at::randint(model->vocab_size(), {2, model->seq_len()}, at::kLong);
+  at::NoGradGuard no_grad;
+  at::manual_seed(9);
+  const at::Tensor no_scope = model->forward(tokens);
+  const nn::MicroBatchRandomness randomness(1234, 3, 1, 0);
+  const at::Tensor keyed = model->forward(tokens);
+  at::manual_seed(9);
+  at::Tensor unkeyed;
+  {
+    const nn::UnkeyedRandomness off;
+    const nn::UnkeyedRandomness nested;  // scopes nest
+    unkeyed = model->forward(tokens);
+  }
+  EXPECT_TRUE(at::equal(unkeyed, no_scope));
+  EXPECT_FALSE(at::equal(unkeyed, keyed));
+  at::manual_seed(9);
+  EXPECT_TRUE(at::equal(model->forward(tokens), keyed));
+}
+
 TEST(LayerHooks, InterceptInputAndOutputAndRowBiasAfterTheSum) {
   at::manual_seed(2);
   nn::Linear whole(4, 3, true);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -564,6 +565,7 @@ void Model::add_post_forward_hook(size_t i, BlockHook hook) { state_->blocks.at(
 namespace {
 
 thread_local const MicroBatchRandomness* current_randomness = nullptr;
+thread_local bool randomness_unkeyed = false;  // an UnkeyedRandomness is alive
 
 // splitmix64's finaliser: every input bit moves every output bit.
 uint64_t mix(uint64_t x) {
@@ -598,6 +600,9 @@ MicroBatchRandomness::~MicroBatchRandomness() { current_randomness = outer_; }
 
 const MicroBatchRandomness* MicroBatchRandomness::current() { return current_randomness; }
 
+UnkeyedRandomness::UnkeyedRandomness() : outer_(std::exchange(randomness_unkeyed, true)) {}
+UnkeyedRandomness::~UnkeyedRandomness() { randomness_unkeyed = outer_; }
+
 uint64_t MicroBatchRandomness::block_seed(const std::string& name) const {
   uint64_t h = 0xCBF29CE484222325ULL;  // FNV-1a over the name
   for (const unsigned char c : name) h = (h ^ c) * 0x100000001B3ULL;
@@ -608,7 +613,7 @@ at::Tensor Model::forward(const at::Tensor& tokens) { return forward_blocks(0, s
 
 at::Tensor Model::forward_blocks(size_t first, size_t last, const at::Tensor& input) {
   at::Tensor x = input;
-  const MicroBatchRandomness* randomness = is_training() ? MicroBatchRandomness::current() : nullptr;
+  const MicroBatchRandomness* randomness = is_training() && !randomness_unkeyed ? MicroBatchRandomness::current() : nullptr;
   for (size_t i = first; i < last; ++i) {
     Entry& entry = state_->blocks.at(i);
     // Operators called in the block (its hooks included) see which block runs: pins per block.

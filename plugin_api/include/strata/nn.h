@@ -341,6 +341,22 @@ class STRATA_API MicroBatchRandomness {
   const MicroBatchRandomness* outer_;
 };
 
+// ABI 1.3. While one is alive on this thread, MicroBatchRandomness scopes seed nothing: blocks
+// draw from the generators as they stand, as without a scope. For work recorded once and replayed
+// (the cuda_graph pass records the gradients as a CUDA graph), where a generator may not be
+// reseeded mid-capture; such a pass refuses models that draw (dropout > 0) at plan time, and a
+// draw from an unregistered generator inside a capture fails the capture.
+class STRATA_API UnkeyedRandomness {
+ public:
+  UnkeyedRandomness();
+  ~UnkeyedRandomness();
+  UnkeyedRandomness(const UnkeyedRandomness&) = delete;
+  UnkeyedRandomness& operator=(const UnkeyedRandomness&) = delete;
+
+ private:
+  bool outer_;
+};
+
 // A module that keeps per-step figures (a router's expert loads): report_metrics appends
 // name/value pairs for the training micro-batches since its last call, on this rank and its
 // blocks, and starts counting again. Several modules may report one name: the model sums them.
