@@ -1,5 +1,7 @@
 #include "fsdp_hybrid.h"
 
+#include <algorithm>
+
 namespace strata::fsdp {
 
 int64_t effective_shard_size(int64_t shard_size, int64_t data) { return shard_size == 0 ? data : shard_size; }
@@ -20,15 +22,25 @@ std::vector<int> replica_group(int64_t shard_size, int64_t data, int64_t data_ra
 
 std::string expert_problem(int64_t shard_size, int64_t data, int64_t experts) {
   const int64_t s = effective_shard_size(shard_size, data);
-  if (experts <= 1 || s % experts == 0) return {};
-  return "pass 'fsdp': shard_size = " + std::to_string(s) + " is not a multiple of the expert size " + std::to_string(experts) +
-         " (each shard group must hold whole expert groups)";
+  if (experts <= 1 || s % experts == 0 || experts % s == 0) return {};
+  return "pass 'fsdp': shard_size = " + std::to_string(s) + " and the expert size " + std::to_string(experts) +
+         " do not divide one another (a shard group would hold parts of two expert groups)";
+}
+
+int64_t expert_shard_size(int64_t shard_size, int64_t data, int64_t experts) {
+  const int64_t s = effective_shard_size(shard_size, data);
+  return s % experts == 0 ? s / experts : 1;
 }
 
 std::vector<int> expert_shard_group(int64_t shard_size, int64_t data, int64_t experts, int64_t expert_data_rank) {
   // The expert-data group's member i is data rank i E + (expert coordinate): a shard group of S
-  // data ranks holds S/E consecutive members.
-  return shard_group(effective_shard_size(shard_size, data) / experts, data / experts, expert_data_rank);
+  // data ranks holds S/E consecutive members when E | S, and only this rank when S | E.
+  return shard_group(expert_shard_size(shard_size, data, experts), data / experts, expert_data_rank);
+}
+
+int64_t expert_pieces_group(int64_t shard_size, int64_t data, int64_t experts) {
+  const int64_t s = effective_shard_size(shard_size, data);
+  return std::max(s, experts);
 }
 
 std::string describe_groups(int64_t shard_size, int64_t data) {

@@ -11,12 +11,21 @@
 // Per step a rank sends (S-1)/S of the parameters per gather, (S-1)/S of the gradients in the
 // reduce-scatter and 2 (D/S-1)/(D/S) x 1/S of them in the replica all-reduce (ring algorithms).
 // S = D (the default, shard_size = 0) is plain fsdp; S = 1 is ddp with sharding nowhere.
-// Under expert parallel of size E (E | S, so each shard group holds whole expert groups: data
-// coordinate c = replica x E + expert coordinate), a unit's split experts shard over the S/E ranks
-// of the shard group that hold the same experts, and replicate across the same replica groups as
-// the dense units: the ranks r +- S, ... hold the same experts, since E divides S. Their pieces
-// are then disjoint within a shard group of S data ranks and equal across the groups, as the
-// dense pieces are (Placement::data_shard_size = S for both).
+// Under expert parallel of size E (data coordinate c = expert group x E + expert coordinate) one of
+// S and E divides the other:
+//   E | S: each shard group holds whole expert groups. A unit's split experts shard over the S/E
+//          ranks of the shard group that hold the same experts, and replicate across the same
+//          replica groups as the dense units: the ranks r +- S, ... hold the same experts, since E
+//          divides S. Their pieces are disjoint within a shard group of S data ranks and equal
+//          across the groups, as the dense pieces are (Placement::data_shard_size = S for both).
+//   S | E: each expert group spans E/S shard groups, and no two ranks of a shard group hold the
+//          same experts (expert parallel across nodes, HSDP within one). Each rank keeps its
+//          experts whole (an expert shard group of one) and averages their gradients over the D/E
+//          ranks holding the same experts (its expert-data group), as DeepSpeed's expert data
+//          parallel does. Their pieces are disjoint within an expert group of E data ranks and
+//          equal across the groups (data_shard_size = E).
+// Neither dividing the other (S = 4, E = 6) is refused at plan time: a shard group would hold
+// parts of two expert groups.
 #pragma once
 
 #include <cstdint>
@@ -32,13 +41,20 @@ int64_t effective_shard_size(int64_t shard_size, int64_t data);
 std::vector<int> shard_group(int64_t shard_size, int64_t data, int64_t data_rank);
 std::vector<int> replica_group(int64_t shard_size, int64_t data, int64_t data_rank);
 
-// Why shard groups of `shard_size` cannot hold expert parallel of size `experts` (E must divide
-// S), or empty.
+// Why shard groups of `shard_size` cannot go with expert parallel of size `experts` (one must
+// divide the other), or empty.
 std::string expert_problem(int64_t shard_size, int64_t data, int64_t experts);
+
+// How many ranks of a shard group hold the same experts: S/E, or 1 when S | E.
+int64_t expert_shard_size(int64_t shard_size, int64_t data, int64_t experts);
 
 // The ranks of `expert_data_rank`'s expert shard group, numbered within its expert-data group (the
 // D/E data ranks holding its experts, in data order).
 std::vector<int> expert_shard_group(int64_t shard_size, int64_t data, int64_t experts, int64_t expert_data_rank);
+
+// The contiguous data ranks within which split-expert pieces are disjoint (and equal across such
+// groups): S when E | S, E when S | E.
+int64_t expert_pieces_group(int64_t shard_size, int64_t data, int64_t experts);
 
 // "shard groups (data ranks) {0,1} {2,3}; replica groups {0,2} {1,3}" for `strata plan`.
 std::string describe_groups(int64_t shard_size, int64_t data);

@@ -11,7 +11,8 @@
 // initialisation keeps its chunks of both as the model is built (fsdp_sharded_init.h).
 // With shard_size = S the data ranks form shard groups of S that each shard the model as above
 // and replicate it across groups (HSDP, fsdp_hybrid.h); split experts shard over the ranks of
-// the shard group holding the same experts and replicate across the same groups.
+// the shard group holding the same experts and replicate across the same groups (or, when the
+// expert groups span several shard groups, stay whole and average over the expert-data group).
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -212,6 +213,12 @@ class Sharder {
   Traffic traffic_;
 };
 
+// What a rank keeps of its split experts, for `strata plan`: " (of its experts, 1/n)", or whole.
+std::string expert_share(int64_t expert_size, int64_t expert_ranks) {
+  if (expert_size <= 1) return {};
+  return expert_ranks == 1 ? " (its experts whole)" : " (of its experts, 1/" + std::to_string(expert_ranks) + ")";
+}
+
 class FsdpPass final : public Pass, public KeepsBuiltBlocks {
  public:
   FsdpPass()
@@ -282,7 +289,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     // position among the shard group's ranks holding the same experts. The outline was built with
     // this rank's experts only, so their shapes are the ones apply() shards.
     const nn::Model& model = outline();
-    const int64_t expert_ranks = shard_ranks / job.topology->size(Dim::Expert);
+    const int64_t expert_ranks = expert_shard_size(shard_ranks, job.topology->size(Dim::Data), job.topology->size(Dim::Expert));
     return std::make_shared<ShardKeeper>(unit_layouts(plan_units(model, config), sharding::split_expert_predicate(model)),
                                          ChunkGroup{shard_ranks, job.topology->rank_in(Dim::Data) % shard_ranks},
                                          ChunkGroup{expert_ranks, job.topology->expert_data_group().rank() % expert_ranks},
@@ -302,7 +309,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     if (why.empty())
       return hybrid + "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(shard_ranks) + " of every unit" +
              (facts.mesh.pipeline > 1 ? " of its pipeline stage" : "") +
-             (experts && facts.mesh.expert > 1 ? " (of its experts, 1/" + std::to_string(shard_ranks / facts.mesh.expert) + ")" : "") +
+             expert_share(experts ? facts.mesh.expert : 1, expert_shard_size(shard_ranks, facts.mesh.data, facts.mesh.expert)) +
              " as the model is built";
     return hybrid + "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
   }
@@ -321,11 +328,15 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     }
     Communicator& comm = shard_comm ? *shard_comm : data_comm;
     // Split experts likewise: sharded within the shard group over the ranks holding the same
-    // experts, replicated over the same replica group (E divides S: fsdp_hybrid.h).
+    // experts and replicated over the same replica group when E divides S; kept whole and averaged
+    // over the expert-data group when S divides E (fsdp_hybrid.h).
+    const int64_t expert_size = job.topology->size(Dim::Expert);
     std::shared_ptr<Communicator> expert_shard_comm;
-    if (shard_comm && job.topology->size(Dim::Expert) > 1)
-      expert_shard_comm = expert_comm.split(expert_shard_group(shard_ranks, data, job.topology->size(Dim::Expert), expert_comm.rank()));
+    if (shard_comm && expert_size > 1)
+      expert_shard_comm = expert_comm.split(expert_shard_group(shard_ranks, data, expert_size, expert_comm.rank()));
     Communicator& experts_over = !shard_comm ? expert_comm : expert_shard_comm ? *expert_shard_comm : comm;
+    Communicator* expert_replicas = replica_comm && expert_size > shard_ranks ? &expert_comm : replica_comm.get();
+    const int64_t expert_pieces = expert_pieces_group(shard_ranks, data, expert_size);
     auto* keeper = dynamic_cast<ShardKeeper*>(job.build_keeper.get());
     if (config.get_bool("sync_module_states")) {
       // After a sharded build the ranks drew the same values from the same generators: what they
@@ -366,10 +377,14 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
         return std::make_shared<FlatUnit>(unit, std::move(params), over, reduce, persistent, dtypes);
       };
       UnitSet set;
-      if (!dense.empty()) set.push_back(flat_unit(name, std::move(dense), comm));
-      if (!experts.empty()) set.push_back(flat_unit(name + ".experts", std::move(experts), experts_over));
-      if (replica_comm)
-        for (auto& unit : set) unit->replicate_across(*replica_comm, shard_ranks);
+      if (!dense.empty()) {
+        set.push_back(flat_unit(name, std::move(dense), comm));
+        if (replica_comm) set.back()->replicate_across(*replica_comm, shard_ranks);
+      }
+      if (!experts.empty()) {
+        set.push_back(flat_unit(name + ".experts", std::move(experts), experts_over));
+        if (expert_replicas) set.back()->replicate_across(*expert_replicas, expert_pieces);
+      }
       return set;
     };
     std::vector<UnitSet> wrapped;

@@ -62,9 +62,13 @@ void ShardKeeper::built(size_t, const std::string& name, nn::Block& block) {
 
 std::string ShardKeeper::summary() const {
   const bool experts = std::any_of(units_.begin(), units_.end(), [](const UnitLayout& u) { return u.experts; });
-  return "fsdp kept " + std::to_string(kept_) + " of " + std::to_string(seen_) + " sharded parameters (1/" + std::to_string(shard_ranks_) +
-         " of each unit" + (experts ? ", its experts 1/" + std::to_string(expert_ranks_) + " over the expert-data ranks" + (hybrid_ ? " of its shard group" : "") : "") +
-         ", sharded as built)";
+  std::string line = "fsdp kept " + std::to_string(kept_) + " of " + std::to_string(seen_) + " sharded parameters (1/" +
+                     std::to_string(shard_ranks_) + " of each unit";
+  // Under HSDP whose expert groups span several shard groups no other rank of the shard group
+  // holds this rank's experts: it keeps them whole (fsdp_hybrid.h).
+  if (experts && hybrid_ && expert_ranks_ == 1) line += ", its experts whole";
+  else if (experts) line += ", its experts 1/" + std::to_string(expert_ranks_) + " over the expert-data ranks" + (hybrid_ ? " of its shard group" : "");
+  return line + ", sharded as built)";
 }
 
 bool ShardKeeper::planned(const UnitLayout& unit) const {
