@@ -194,7 +194,14 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   const std::vector<int64_t> group_sizes(sizes_tensor.data_ptr<int64_t>(), sizes_tensor.data_ptr<int64_t>() + n_experts);
 
   at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes);
-  routed = routed * weight.index_select(0, order).unsqueeze(1).to(routed.scalar_type());
+  // Under sequence parallel with split experts the routed rows are this tensor rank's addends
+  // (tensor_parallel leaves the Row experts' outputs partial: nn::SumsRowSplitOutputs): the
+  // weighted sum is summed by the reduce-scatter below, and each routing weight's gradient, a
+  // dot product with the partial row, is summed over the tensor ranks (copy_to_group), so the
+  // router's gradient is whole and alike on every rank as before.
+  at::Tensor routing = weight.index_select(0, order).unsqueeze(1);
+  if (partial_experts()) routing = dist::copy_to_group(routing, *tensor_group_);
+  routed = routed * routing.to(routed.scalar_type());
   at::Tensor out = at::zeros_like(tokens).index_add(0, sorted_token, routed.to(tokens.scalar_type()));
 
   // Switch's balance loss and the z-loss, each this layer's share of the mean over MoE layers.
@@ -224,7 +231,8 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
     if (step_selections_.defined()) step_selections_ += selections.to(step_selections_.device());
   }
   out = out.view(x.sizes());
-  if (tensor_group_) out = dist::scatter_along(out, kTokenDim, *tensor_group_);  // this rank's tokens
+  if (partial_experts()) out = dist::reduce_scatter_along(out, kTokenDim, *tensor_group_);  // this rank's tokens, summed
+  else if (tensor_group_) out = dist::scatter_along(out, kTokenDim, *tensor_group_);  // this rank's tokens
   return shared_experts ? out + shared_experts->forward(x) : out;
 }
 

@@ -88,10 +88,14 @@ class GroupedExperts final : public torch::nn::Module {
 // gathered sequence, their Row layer reduce-scatters to this rank's tokens).
 // Under sequence parallel (split_tokens, nn::SequenceParallelLayer) the routed path's input
 // gradient, alike on every tensor rank, is passed back for this rank's tokens only (the gather's
-// reduce-scatter then sums each token's once), and its output, whole on every rank, is cut to
-// this rank's tokens (scatter_along: an all-gather of the gradient backward). The routed output
-// is all-reduced and then cut, where a reduce-scatter would move half the bytes: the routing
-// weights and the balance losses need the whole expert outputs on every rank.
+// reduce-scatter then sums each token's once). The layer sums its split experts' outputs itself
+// (nn::SumsRowSplitOutputs): tensor_parallel leaves the Row experts' outputs partial, the routing
+// weights multiply the partial rows, and the layer's output is reduce-scattered to this rank's
+// tokens (an all-gather of the gradient backward), half the bytes of an all-reduce and a cut.
+// Each routing weight's gradient is a dot product with its partial row, so it is summed over the
+// tensor ranks (copy_to_group on the weights: one scalar per routed row), and the router's
+// gradient stays the single-process one on every rank. Experts that are not split (a model's own
+// whole experts under tensor parallel) are summed by no one: their whole output is cut.
 //
 // Under expert parallel (split_experts, the expert_parallel pass) rank r of the expert group of
 // P ranks keeps experts [r E/P, (r+1) E/P). Routing stays on each token's own rank; the rows
@@ -107,7 +111,8 @@ class MoeLayer final : public torch::nn::Module,
                        public nn::ExpertParallelLayer,
                        public nn::AdjustsAfterStep,
                        public nn::SequenceStatisticsLayer,
-                       public nn::SequenceParallelLayer {
+                       public nn::SequenceParallelLayer,
+                       public nn::SumsRowSplitOutputs {
  public:
   MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden, nn::TensorShard shard = {});
   at::Tensor forward(const at::Tensor& x);
@@ -129,6 +134,8 @@ class MoeLayer final : public torch::nn::Module,
   at::Tensor expert_bias;  // balance = "bias": [E] fp32 buffer "expert_bias"; else undefined
 
  private:
+  // Under sequence parallel with experts split over the tensor ranks: their outputs arrive partial.
+  bool partial_experts() const { return tensor_group_ && routed_experts->down_proj->shard.parts > 1; }
   // Figures of the training forwards since the last report (recomputations count, the forwards
   // they replace ran without gradients and do not).
   struct Counts {

@@ -25,7 +25,9 @@
 //   Sequence Embedding (learned positions) output through scatter_along: this rank's positions
 //   Dropout           this rank's rows of the whole sequence's mask (nn::Dropout)
 //   MoE layer         computes on the gathered sequence, alike on every rank, and cuts its output
-//                     to this rank's tokens (nn::SequenceParallelLayer, handed the tensor group)
+//                     to this rank's tokens (nn::SequenceParallelLayer, handed the tensor group);
+//                     one that sums its Row experts itself (nn::SumsRowSplitOutputs) gets their
+//                     outputs partial and reduce-scatters them
 // and every whole parameter that now sees only this rank's tokens (norm weights and biases, Row
 // biases, a Replicated Linear's weight) computes through copy_to_group, so its gradient is the sum
 // over the tensor group before any data-parallel pass sees it.
@@ -35,6 +37,8 @@
 // ranks draw the same masks from the same generator state, which are also the single-process
 // masks (under sequence parallel each rank applies its tokens' rows of that mask); no bundled
 // model draws random numbers inside a split region, where masks would have to differ per rank.
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "strata/dist.h"
@@ -98,9 +102,18 @@ class TensorParallelPass final : public Pass {
     const Hook reduce_scatter = [&group](const at::Tensor& y) { return dist::reduce_scatter_along(y, kTokenDim, group); };
     const Hook scatter = [&group](const at::Tensor& y) { return dist::scatter_along(y, kTokenDim, group); };
     int split_layers = 0, sequence_layers = 0, split_experts = 0;
+    // Layers that sum their Row experts' outputs themselves (nn::SumsRowSplitOutputs), by name
+    // prefix: modules come parents first.
+    std::vector<std::string> summing_layers;
+    const auto summed_by_layer = [&summing_layers](const std::string& name) {
+      return std::any_of(summing_layers.begin(), summing_layers.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+    };
     for (const auto& item : job.model->named_modules()) {
       torch::nn::Module* module = item.value().get();
-      if (auto* layer = dynamic_cast<nn::SequenceParallelLayer*>(module); layer && sp) layer->split_tokens(group), ++sequence_layers;
+      if (auto* layer = dynamic_cast<nn::SequenceParallelLayer*>(module); layer && sp) {
+        layer->split_tokens(group), ++sequence_layers;
+        if (dynamic_cast<nn::SumsRowSplitOutputs*>(module)) summing_layers.push_back(item.key() + ".");
+      }
       if (auto* linear = dynamic_cast<nn::Linear*>(module)) {
         switch (linear->parallel_style) {
           case nn::ParallelStyle::Column:
@@ -128,9 +141,10 @@ class TensorParallelPass final : public Pass {
             break;
         }
       } else if (auto* experts = dynamic_cast<nn::GroupedLinear*>(module); experts && experts->shard.parts > 1) {
-        // Mixture-of-experts experts: alike with sequence parallel, whose MoE layer gathers and cuts.
+        // Mixture-of-experts experts: alike with sequence parallel, whose MoE layer gathers and
+        // cuts, or reduce-scatters their Row outputs itself.
         if (experts->parallel_style == nn::ParallelStyle::Column) experts->hooks.on_input = copy;
-        else experts->hooks.on_output = reduce;
+        else if (!(sp && summed_by_layer(item.key()))) experts->hooks.on_output = reduce;
         ++split_layers, ++split_experts;
       } else if (auto* embedding = dynamic_cast<nn::Embedding*>(module)) {
         if (embedding->shard.parts > 1) embedding->hooks.on_output = sp ? reduce_scatter : reduce;

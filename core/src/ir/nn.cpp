@@ -202,6 +202,7 @@ void GroupedLinear::keep_groups(TensorShard shard) {
 ExpertParallelLayer::~ExpertParallelLayer() = default;
 SequenceStatisticsLayer::~SequenceStatisticsLayer() = default;
 SequenceParallelLayer::~SequenceParallelLayer() = default;
+SumsRowSplitOutputs::~SumsRowSplitOutputs() = default;
 
 namespace {
 class AllToAllRows : public torch::autograd::Function<AllToAllRows> {

@@ -193,6 +193,15 @@ class STRATA_API SequenceParallelLayer {
   virtual void split_tokens(Communicator& tensor_group) = 0;
 };
 
+// ABI 1.3. A SequenceParallelLayer that is also one of these sums its Row-split GroupedLinears'
+// partial outputs itself under sequence parallel, by a reduce-scatter to this rank's tokens: half
+// the bytes of the all-reduce and cut it replaces. tensor_parallel then leaves the outputs of the
+// Row GroupedLinears inside it partial (no hook). The bundled MoE layer is one.
+class STRATA_API SumsRowSplitOutputs {
+ public:
+  virtual ~SumsRowSplitOutputs();
+};
+
 // Rows of x exchanged over `group` (a differentiable all-to-all): send_rows[r] consecutive rows
 // go to rank r, recv_rows[r] rows come from it, in rank order. Backward sends the gradients back
 // the same way.
