@@ -335,8 +335,10 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     if (shard_comm && expert_size > 1)
       expert_shard_comm = expert_comm.split(expert_shard_group(shard_ranks, data, expert_size, expert_comm.rank()));
     Communicator& experts_over = !shard_comm ? expert_comm : expert_shard_comm ? *expert_shard_comm : comm;
-    Communicator* expert_replicas = replica_comm && expert_size > shard_ranks ? &expert_comm : replica_comm.get();
+    // Pieces disjoint within groups wider than a shard group (S | E) are averaged over the whole
+    // expert-data group; otherwise over the dense units' replica group.
     const int64_t expert_pieces = expert_pieces_group(shard_ranks, data, expert_size);
+    Communicator* expert_replicas = replica_comm && expert_pieces > shard_ranks ? &expert_comm : replica_comm.get();
     auto* keeper = dynamic_cast<ShardKeeper*>(job.build_keeper.get());
     if (config.get_bool("sync_module_states")) {
       // After a sharded build the ranks drew the same values from the same generators: what they

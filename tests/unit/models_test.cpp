@@ -484,16 +484,25 @@ TEST(Dropout, SequenceShardsApplyRowsOfTheWholeSequencesMask) {
   EXPECT_TRUE(at::equal(dropout.forward(x), x));
 }
 
-// Dropout keyed by micro-batch: inside a scope each block draws from generators seeded by (seed,
-// step, micro-batch, data rank, block name), whatever ran before and whichever blocks a call runs
-// (a pipeline stage runs some), and the job's generator does not move.
-TEST(MicroBatchRandomness, BlocksDrawByKeyNotByOrder) {
+// A tiny GPT with dropout 0.2 in training mode and a batch of tokens for it: what the
+// micro-batch randomness tests draw masks from.
+std::pair<std::shared_ptr<nn::Model>, at::Tensor> training_gpt_with_dropout() {
   auto values = tiny("gpt");
   values["dropout"] = 0.2;
   auto model = make("gpt", values);
   model->train();
   at::manual_seed(5);
   const at::Tensor tokens = at::randint(model->vocab_size(), {2, model->seq_len()}, at::kLong);
+  return {model, tokens};
+}
+
+// Dropout keyed by micro-batch: inside a scope each block draws from generators seeded by (seed,
+// step, micro-batch, data rank, block name), whatever ran before and whichever blocks a call runs
+// (a pipeline stage runs some), and the job's generator does not move.
+TEST(MicroBatchRandomness, BlocksDrawByKeyNotByOrder) {
+  const auto built = training_gpt_with_dropout();
+  const std::shared_ptr<nn::Model>& model = built.first;
+  const at::Tensor& tokens = built.second;
   at::NoGradGuard no_grad;
   auto run = [&](int64_t step, int64_t micro, int64_t data_rank, bool split) {
     const nn::MicroBatchRandomness randomness(1234, step, micro, data_rank);
@@ -521,12 +530,9 @@ TEST(MicroBatchRandomness, BlocksDrawByKeyNotByOrder) {
 // reseeded) a micro-batch scope seeds nothing: blocks draw from the generator as it stands, as
 // without a scope, and the scope keys the draws again once it is gone.
 TEST(MicroBatchRandomness, UnkeyedScopeDrawsAsWithoutAScope) {
-  auto values = tiny("gpt");
-  values["dropout"] = 0.2;
-  auto model = make("gpt", values);
-  model->train();
-  at::manual_seed(5);
-  const at::Tensor tokens = at::randint(model->vocab_size(), {2, model->seq_len()}, at::kLong);
+  const auto built = training_gpt_with_dropout();
+  const std::shared_ptr<nn::Model>& model = built.first;
+  const at::Tensor& tokens = built.second;
   at::NoGradGuard no_grad;
   at::manual_seed(9);
   const at::Tensor no_scope = model->forward(tokens);
