@@ -121,8 +121,9 @@ def strata_run(strata, kind, n_layer, n_head, n_kv, d, seq, batch, vocab, device
         out = str(pathlib.Path(work) / "run")
         strategy = pathlib.Path(work) / "bench.toml"
         text = f'[job]\nmodel = "{kind}"\ndataset = "synthetic"\n\n[[pass]]\nname = "amp"\ndtype = "bf16"\n'
-        for name in extra_passes:
-            text += f'\n[[pass]]\nname = "{name}"\n'
+        for entry in extra_passes:  # a pass's name, or (name, {key: TOML value})
+            name, keys = (entry, {}) if isinstance(entry, str) else entry
+            text += f'\n[[pass]]\nname = "{name}"\n' + "".join(f"{k} = {v}\n" for k, v in keys.items())
         strategy.write_text(text)
         sets = {
             "job.steps": steps, "job.global_batch": batch, "job.log_every": LOG_EVERY, "job.eval_every": 0,
@@ -211,6 +212,9 @@ def main():
         variants = (("strata", (), {}), ("strata+fused_loss", ("fused_loss",), {}))
         if device == "cuda":
             variants += (("strata+cuda_graph", ("cuda_graph",), {}), ("strata+fused_loss+cuda_graph", ("fused_loss", "cuda_graph"), {}))
+            if kind == "gpt":  # the bias gradients in the weight-gradient GEMMs (the Llama has no biases)
+                bgrad = ("module_replace", {"linear": '"linear.cublaslt_cuda"'})
+                variants += (("strata+fused_loss+cuda_graph+linear.cublaslt_cuda", ("fused_loss", "cuda_graph", bgrad), {}),)
         measured = {**{name: [] for name, _, _ in variants}, **{k: [] for k in loops}}
         for r in range(args.rounds):
             if device == "cuda":

@@ -15,6 +15,7 @@
 #include "cuda/attention_sdpa.h"
 #include "cuda/linear_cross_entropy_cuda.h"
 #include "cuda/layer_norm_cuda.h"
+#include "cuda/linear_cublaslt_cuda.h"
 #include "cuda/rms_norm_cuda.h"
 #include "strata/plugin.h"
 
@@ -86,6 +87,13 @@ void register_components(Registry& registry) {
       "swiglu.fused_cpu", "silu(gate) * up: one vectorised pass forward, one backward giving both gradients (float arithmetic)",
       &swiglu_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
 #ifdef STRATA_HAVE_CUDA_KERNELS
+  // Priority 0, opt-in: served only where a strategy pins it (module_replace) until a GPU run has
+  // measured it against ATen's backward (cuda/linear_cublaslt_cuda.h).
+  registry.add(std::make_unique<ops::OperatorImpl<ops::Linear>>(
+      "linear.cublaslt_cuda",
+      "bf16/fp16 with a bias (also under autocast): ATen's forward and input gradient; the weight gradient and the bias "
+      "gradient in one cuBLASLt GEMM (BGRADB epilogue), not a GEMM and a column sum; others to at::linear",
+      &linear_cublaslt_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 0));
   registry.add(std::make_unique<ops::OperatorImpl<ops::Gelu>>(
       "gelu.fused_cuda", "tanh GELU as x sigmoid(2u): one CUDA kernel forward, one backward (float arithmetic)",
       &gelu_tanh_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));

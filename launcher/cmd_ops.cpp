@@ -23,7 +23,9 @@ int run_ops(const Args& args) {
               << ", cpu bfloat16: " << table.select(op, cpu_bf16).name() << ")\n";
     for (const auto* impl : table.implementations(op)) {
       const PluginRecord* plugin = registry.plugin_of(impl);
-      std::cout << "  " << impl->name() << "  priority " << impl->priority() << ", " << impl->support().str()
+      const bool opt_in = !impl->defines_operator() && impl->priority() <= 0;  // served only where pinned
+      std::cout << "  " << impl->name() << "  priority " << impl->priority() << (opt_in ? " (opt-in: pin it with module_replace)" : "")
+                << ", " << impl->support().str()
                 << ", from " << (plugin ? "plugin " + plugin->name : std::string("core")) << " - " << impl->info().summary << "\n";
     }
   }

@@ -7,6 +7,8 @@
 // fsdp gathers full parameters in the compute dtype (gather_dtype) so that only the shards it
 // keeps for the optimizer are fp32. Evaluation runs under the same autocast. precast_weights
 // casts each block's Linear parameters together (weight_precast.h).
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
@@ -101,6 +103,17 @@ class AmpPass final : public Pass {
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("backoff_factor") <= 0 || config.get_float("backoff_factor") >= 1)
       diagnostics.error(section, "pass 'amp' backoff_factor must be strictly between 0 and 1");
+  }
+
+  // The cuda_graph pass records the gradients stage, this pass's wrapper inside it; the
+  // non-finite check reads its result on the host there, which a recording cannot (fp16's is
+  // refused by cuda_graph itself, from the compute dtype).
+  std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
+    const auto& passes = facts.enabled_passes;
+    if (config.get_bool("skip_if_nonfinite") && std::find(passes.begin(), passes.end(), "cuda_graph") != passes.end())
+      return "pass 'amp': skip_if_nonfinite reads the gradients' non-finite check on the host in every step, which pass "
+             "'cuda_graph' cannot record; set skip_if_nonfinite = false";
+    return {};
   }
 
   std::optional<c10::ScalarType> compute_dtype(const Config& config) const override {

@@ -189,6 +189,11 @@ void register_triple(Registry& registry) {
   registry.add(std::make_unique<ops::OperatorImpl<Triple>>("triple.bf16_only", "x * 3", &triple,
                                                            ops::Support{{}, {at::kBFloat16}}, 1));
 }
+void register_opt_in_triple(Registry& registry) {  // priority 0 or less: served only where pinned
+  registry.add(ops::define_operator<Triple>("x * 3", &triple));
+  registry.add(std::make_unique<ops::OperatorImpl<Triple>>("triple.opt_in", "x * 3", &triple, ops::Support{}, 0));
+  registry.add(std::make_unique<ops::OperatorImpl<Triple>>("triple.opt_in_below", "x * 3", &triple, ops::Support{}, -1));
+}
 void register_triple_again(Registry& registry) {  // a second definer under another component name
   registry.add(std::make_unique<ops::OperatorImpl<Triple>>("triple.again", "again", &triple, ops::Support{}, 0, /*defines=*/true));
 }
@@ -226,6 +231,25 @@ TEST(OperatorTable, PluginDefinesAnOperatorAndPinsSelectPerBlock) {
   EXPECT_THROW(ops::pin("quadruple", "x"), UserError);
   table.reset();
   EXPECT_THROW(table.defined_by("triple"), std::out_of_range);
+}
+
+TEST(OperatorTable, OptInImplementationServesOnlyWherePinnedAndTheReferenceStaysLast) {
+  ComponentRegistry registry;
+  registry.register_plugin(PluginRecord{"triple", "0", "<test>", "", {}}, &register_opt_in_triple);
+  OperatorTable& table = OperatorTable::global();
+  table.install(registry);
+  const at::Tensor x = at::ones({2});
+  const auto impls = ops::implementations("triple");
+  ASSERT_EQ(impls.size(), 3u);
+  EXPECT_EQ(impls[0]->name(), "triple.opt_in");
+  EXPECT_EQ(impls[1]->name(), "triple.opt_in_below");
+  EXPECT_EQ(impls.back()->name(), "triple.reference");  // callers find the reference at the back
+  EXPECT_EQ(table.select("triple", x).name(), "triple.reference");
+  ops::pin("triple", "triple.opt_in_below");
+  EXPECT_EQ(table.select("triple", x).name(), "triple.opt_in_below");
+  ops::pin("triple", "triple.opt_in");
+  EXPECT_EQ(table.select("triple", x).name(), "triple.opt_in");
+  table.reset();
 }
 
 TEST(OperatorTable, OperatorDefinedTwiceOrWithAnotherTypeIsRefused) {

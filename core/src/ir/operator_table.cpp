@@ -112,7 +112,12 @@ void OperatorTable::install(const ComponentRegistry& registry) {
       throw UserError("operator implementation '" + c->name() + "' from plugin '" + plugin_name(c) + "' has another function type than operator '" +
                       impl->op() + "' (defined by " + defined_by_.at(impl->op()) + "); rebuild it against the definer's header");
     impls.push_back(impl);
-    std::stable_sort(impls.begin(), impls.end(), [](auto* a, auto* b) { return a->priority() > b->priority(); });
+    // Highest priority first and the reference last (also below implementations of priority 0 or
+    // less, which serve only where pinned).
+    std::stable_sort(impls.begin(), impls.end(), [](auto* a, auto* b) {
+      if (a->defines_operator() != b->defines_operator()) return b->defines_operator();
+      return a->priority() > b->priority();
+    });
   }
 }
 
@@ -160,7 +165,7 @@ const ops::OperatorImplBase& OperatorTable::select(const std::string& op, const 
   auto it = table_.find(op);
   if (it == table_.end()) throw std::logic_error("operator '" + op + "' is not in the table");
   for (const auto* impl : it->second)
-    if (impl->support().accepts(probe)) return *impl;
+    if ((impl->priority() > 0 || impl->defines_operator()) && impl->support().accepts(probe)) return *impl;
   return *it->second.back();  // the reference accepts everything
 }
 

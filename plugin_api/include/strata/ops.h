@@ -201,7 +201,8 @@ class STRATA_API OperatorImplBase : public Component {
 };
 
 // An implementation of operator Op. References have priority 0; a faster implementation
-// registers a higher priority for the devices and dtypes it handles. `fn` may capture the
+// registers a higher priority for the devices and dtypes it handles. One of priority 0 or less
+// is opt-in: it serves only where a pin (module_replace) names it. `fn` may capture the
 // implementation object (derive from this class to keep state).
 template <class Op>
 class OperatorImpl : public OperatorImplBase {
@@ -225,7 +226,8 @@ std::unique_ptr<OperatorImpl<Op>> define_operator(std::string summary, std::func
 }
 
 // The implementation of `op` that serves a call whose representative tensor is `probe`, in the
-// block running now: the one pinned there, else the best that supports the probe.
+// block running now: the one pinned there, else the best of priority > 0 that supports the probe,
+// else the reference.
 STRATA_API const OperatorImplBase& select(const std::string& op, const at::Tensor& probe);
 
 // Every operator's name, and the implementations of `op`, highest priority first (the reference
