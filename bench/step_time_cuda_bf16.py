@@ -213,8 +213,12 @@ def main():
         if device == "cuda":
             variants += (("strata+cuda_graph", ("cuda_graph",), {}), ("strata+fused_loss+cuda_graph", ("fused_loss", "cuda_graph"), {}))
             if kind == "gpt":  # the bias gradients in the weight-gradient GEMMs (the Llama has no biases)
+                # and the norms' outputs in bf16 (both opt-in: kernels/README.md)
                 bgrad = ("module_replace", {"linear": '"linear.cublaslt_cuda"'})
-                variants += (("strata+fused_loss+cuda_graph+linear.cublaslt_cuda", ("fused_loss", "cuda_graph", bgrad), {}),)
+                both = ("module_replace", {"linear": '"linear.cublaslt_cuda"', "layer_norm": '"layer_norm.autocast_out_cuda"'})
+                variants += (("strata+fused_loss+cuda_graph+linear.cublaslt_cuda", ("fused_loss", "cuda_graph", bgrad), {}),
+                             ("strata+fused_loss+cuda_graph+linear.cublaslt_cuda+layer_norm.autocast_out_cuda",
+                              ("fused_loss", "cuda_graph", both), {}))
         measured = {**{name: [] for name, _, _ in variants}, **{k: [] for k in loops}}
         for r in range(args.rounds):
             if device == "cuda":

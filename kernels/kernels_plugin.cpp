@@ -110,6 +110,14 @@ void register_components(Registry& registry) {
       "fp32: one CUDA kernel forward, a block per row (two-pass variance); one backward giving dx, dw and db in one pass over x "
       "and dy (ATen runs two kernels)",
       &layer_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat}}, 10));
+  // Opt-in (priority 0): not yet run on a GPU, and not the reference's dtype contract under autocast.
+  // bf16/fp16 listed for module_replace's plan check (amp's compute dtype); 16-bit x goes to
+  // layer_norm.fused_cuda, i.e. the reference.
+  registry.add(std::make_unique<ops::OperatorImpl<ops::LayerNorm>>(
+      "layer_norm.autocast_out_cuda",
+      "layer_norm.fused_cuda's kernels with the output in autocast's bf16/fp16 (rounded once) and dy read in it: no cast "
+      "kernel after the norm or before its backward; for norms that feed Linears",
+      &layer_norm_autocast_out_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 0));
   registry.add(std::make_unique<ops::OperatorImpl<ops::RmsNorm>>(
       "rms_norm.fused_cuda",
       "one CUDA kernel per direction, a block per row: fp32 sum of squares, the reference's roundings; saves one float per row",

@@ -3,6 +3,7 @@
 #include "cuda/layer_norm_cuda.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -32,18 +33,23 @@ bool takes(const at::Tensor& x, const at::Tensor& weight, const std::optional<at
          (!bias || fp32_vector_on(*bias, x));
 }
 
+cuda::Storage storage_of(at::ScalarType type) {
+  return type == at::kBFloat16 ? cuda::Storage::BFloat16 : type == at::kHalf ? cuda::Storage::Half : cuda::Storage::Float;
+}
+
 class LayerNormCuda : public torch::autograd::Function<LayerNormCuda> {
  public:
-  // bias: an empty tensor for none.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  // bias: an empty tensor for none. out_type: the output's dtype, float or autocast's 16-bit one.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias, double eps,
+                            at::ScalarType out_type) {
     const c10::cuda::CUDAGuard guard(input.device());
     const at::Tensor x = input.contiguous(), w = weight.contiguous(), b = bias.contiguous();
     const bool has_bias = b.numel() > 0;
     const int64_t dim = x.size(-1), rows = x.numel() / dim;
-    at::Tensor y = at::empty_like(x), mean = at::empty({rows}, x.options()), rstd = at::empty({rows}, x.options());
+    at::Tensor y = at::empty_like(x, x.options().dtype(out_type)), mean = at::empty({rows}, x.options()), rstd = at::empty({rows}, x.options());
     check_launch(cuda::layer_norm_forward(x.const_data_ptr<float>(), w.const_data_ptr<float>(), has_bias ? b.const_data_ptr<float>() : nullptr,
-                                          y.mutable_data_ptr<float>(), mean.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>(), rows,
-                                          dim, eps, current_stream()),
+                                          y.mutable_data_ptr(), storage_of(out_type), mean.mutable_data_ptr<float>(),
+                                          rstd.mutable_data_ptr<float>(), rows, dim, eps, current_stream()),
                  "forward");
     ctx->save_for_backward({x, w, mean, rstd});
     ctx->saved_data["has_bias"] = has_bias;
@@ -56,18 +62,21 @@ class LayerNormCuda : public torch::autograd::Function<LayerNormCuda> {
     const c10::cuda::CUDAGuard guard(x.device());
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const int64_t dim = x.size(-1), rows = x.numel() / dim;
-    const at::Tensor dy = grads[0].to(at::kFloat).contiguous();
+    // dy as it comes (the output's dtype); any other dtype is read as float.
+    const at::Tensor g = grads[0];
+    const at::Tensor dy = (g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kHalf ? g : g.to(at::kFloat)).contiguous();
     at::Tensor dx = at::empty_like(x);
     // One buffer for both partial sums: one memset, one reduction.
     const int64_t groups = cuda::layer_norm_backward_groups(rows);
     at::Tensor partial = at::zeros({has_bias ? 2 : 1, groups, dim}, x.options());
     check_launch(cuda::layer_norm_backward(x.const_data_ptr<float>(), w.const_data_ptr<float>(), mean.const_data_ptr<float>(),
-                                           rstd.const_data_ptr<float>(), dy.const_data_ptr<float>(), dx.mutable_data_ptr<float>(),
+                                           rstd.const_data_ptr<float>(), dy.const_data_ptr(), storage_of(dy.scalar_type()),
+                                           dx.mutable_data_ptr<float>(),
                                            partial[0].mutable_data_ptr<float>(), has_bias ? partial[1].mutable_data_ptr<float>() : nullptr,
                                            rows, dim, current_stream()),
                  "backward");
     const at::Tensor sums = partial.sum(1);
-    return {dx, sums[0], has_bias ? sums[1] : at::Tensor(), at::Tensor()};
+    return {dx, sums[0], has_bias ? sums[1] : at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -78,7 +87,14 @@ at::Tensor layer_norm_fused_cuda(const at::Tensor& x, const at::Tensor& weight, 
     const auto& reference = static_cast<const ops::OperatorImpl<ops::LayerNorm>&>(*ops::implementations("layer_norm").back());
     return reference.fn()(x, weight, bias, eps);
   }
-  return LayerNormCuda::apply(x, weight, bias ? *bias : at::empty({0}, weight.options().requires_grad(false)), eps);
+  return LayerNormCuda::apply(x, weight, bias ? *bias : at::empty({0}, weight.options().requires_grad(false)), eps, at::kFloat);
+}
+
+at::Tensor layer_norm_autocast_out_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps) {
+  const bool autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
+  const at::ScalarType out = autocast ? at::autocast::get_autocast_dtype(c10::DeviceType::CUDA) : at::kFloat;
+  if (!autocast || (out != at::kBFloat16 && out != at::kHalf) || !takes(x, weight, bias)) return layer_norm_fused_cuda(x, weight, bias, eps);
+  return LayerNormCuda::apply(x, weight, bias ? *bias : at::empty({0}, weight.options().requires_grad(false)), eps, out);
 }
 
 }  // namespace strata::kernels

@@ -16,4 +16,14 @@ namespace strata::kernels {
 // What the operator implementation "layer_norm.fused_cuda" runs.
 at::Tensor layer_norm_fused_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps);
 
+// "layer_norm.autocast_out_cuda" (opt-in, not yet run on a GPU): under CUDA autocast to bf16 or
+// fp16, the same kernels with the output stored in autocast's dtype, rounded once, and dy read in
+// it. A GPT's norms feed only Linears, whose autocast casts their input to that dtype anyway: the
+// cast kernel after each norm and the cast of its gradient back to fp32 (about 50 kernels a
+// GPT-2 step) disappear, with the same values (the rounding the cast made, made in the kernel;
+// dy's values exact in fp32). Outside autocast, or for calls the kernel does not take, as
+// layer_norm_fused_cuda. Not the reference's dtype contract (ATen's autocast runs layer_norm in
+// fp32 and returns fp32), hence opt-in: for models whose norms feed Linears.
+at::Tensor layer_norm_autocast_out_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps);
+
 }  // namespace strata::kernels

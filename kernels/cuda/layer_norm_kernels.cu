@@ -1,4 +1,5 @@
-// Fused LayerNorm on a GPU (layer_norm_kernels.h), fp32. Forward: one block of 256 threads takes a
+// Fused LayerNorm on a GPU (layer_norm_kernels.h), fp32 arithmetic on fp32 x, weight and bias;
+// the output, and so dy, may be stored in bf16 or half (autocast's dtype). Forward: one block of 256 threads takes a
 // row, held in registers (rows up to 2048 wide; wider ones are read again per pass): its sum, the
 // squared deviations (the two-pass variance, not E[x^2] - mean^2, which loses digits when the mean
 // is large), the output. Backward: blocks take row groups (two per multiprocessor); each reads a
@@ -9,10 +10,12 @@
 #include "layer_norm_kernels.h"
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
 #include "block_reduce.cuh"
+#include "storage.cuh"
 
 namespace strata::kernels::cuda {
 namespace {
@@ -23,14 +26,15 @@ constexpr int kThreads = 256;
 // registers, kMaxCols per thread, and read from memory once; wider rows are read again per pass.
 constexpr int kMaxCols = 8;
 
-template <bool kInRegisters>
-__global__ void forward_kernel(const float* x, const float* w, const float* b, float* y, float* mean_out, float* rstd_out, int64_t rows,
+// Y: the output's storage (float; bf16 or half for an output in autocast's dtype, rounded once).
+template <bool kInRegisters, class Y>
+__global__ void forward_kernel(const float* x, const float* w, const float* b, Y* y, float* mean_out, float* rstd_out, int64_t rows,
                                int64_t dim, float eps) {
   __shared__ float shared[kThreads / 32];
   const float inv_dim = 1.f / static_cast<float>(dim);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float* xr = x + row * dim;
-    float* yr = y + row * dim;
+    Y* yr = y + row * dim;
     float v[kInRegisters ? kMaxCols : 1];
     float sum = 0;
     if constexpr (kInRegisters) {
@@ -58,18 +62,19 @@ __global__ void forward_kernel(const float* x, const float* w, const float* b, f
 #pragma unroll
       for (int k = 0; k < kMaxCols; ++k) {
         const int64_t j = threadIdx.x + k * kThreads;
-        if (j < dim) yr[j] = (v[k] - mean) * rstd * w[j] + (b ? b[j] : 0.f);
+        if (j < dim) yr[j] = from_float<Y>((v[k] - mean) * rstd * w[j] + (b ? b[j] : 0.f));
       }
     } else {
-      for (int64_t j = threadIdx.x; j < dim; j += kThreads) yr[j] = (xr[j] - mean) * rstd * w[j] + (b ? b[j] : 0.f);
+      for (int64_t j = threadIdx.x; j < dim; j += kThreads) yr[j] = from_float<Y>((xr[j] - mean) * rstd * w[j] + (b ? b[j] : 0.f));
     }
   }
 }
 
 // With rows in registers, each thread also sums its columns' dw and db over the block's rows in
 // registers and writes them once; otherwise it adds into the block's partial rows in memory.
-template <bool kInRegisters>
-__global__ void backward_kernel(const float* x, const float* w, const float* mean_in, const float* rstd_in, const float* dy, float* dx,
+// D: dy's storage (float; bf16 or half where the forward's output was in autocast's dtype).
+template <bool kInRegisters, class D>
+__global__ void backward_kernel(const float* x, const float* w, const float* mean_in, const float* rstd_in, const D* dy, float* dx,
                                 float* dw_partial, float* db_partial, int64_t rows, int64_t dim) {
   __shared__ float2 shared[kThreads / 32];
   const float inv_dim = 1.f / static_cast<float>(dim);
@@ -79,7 +84,7 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
   float dw_sum[kCols] = {}, db_sum[kCols] = {};
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float* xr = x + row * dim;
-    const float* dyr = dy + row * dim;
+    const D* dyr = dy + row * dim;
     float* dxr = dx + row * dim;
     const float mean = mean_in[row], rstd = rstd_in[row];
     float2 sums{0.f, 0.f};  // sum of g = dy w, sum of g n
@@ -90,7 +95,7 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
         const int64_t j = threadIdx.x + k * kThreads;
         n[k] = 0.f, g[k] = 0.f;
         if (j < dim) {
-          const float d = dyr[j];
+          const float d = to_float(dyr[j]);
           n[k] = (xr[j] - mean) * rstd, g[k] = d * w[j];
           dw_sum[k] += d * n[k], db_sum[k] += d;
           sums.x += g[k], sums.y += g[k] * n[k];
@@ -105,7 +110,7 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
       }
     } else {
       for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
-        const float n = (xr[j] - mean) * rstd, d = dyr[j], g = d * w[j];
+        const float n = (xr[j] - mean) * rstd, d = to_float(dyr[j]), g = d * w[j];
         sums.x += g, sums.y += g * n;
         dw[j] += d * n;
         if (db) db[j] += d;
@@ -114,7 +119,7 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
       const float g_mean = total.x * inv_dim, gn_mean = total.y * inv_dim;
       for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
         const float n = (xr[j] - mean) * rstd;
-        dxr[j] = rstd * (dyr[j] * w[j] - g_mean - n * gn_mean);
+        dxr[j] = rstd * (to_float(dyr[j]) * w[j] - g_mean - n * gn_mean);
       }
     }
   }
@@ -130,17 +135,30 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
   }
 }
 
+// Calls f with a null pointer of the storage's type.
+template <class F>
+void with_storage(Storage type, F f) {
+  switch (type) {
+    case Storage::Float: return f(static_cast<float*>(nullptr));
+    case Storage::BFloat16: return f(static_cast<__nv_bfloat16*>(nullptr));
+    case Storage::Half: return f(static_cast<__half*>(nullptr));
+  }
+}
+
 }  // namespace
 
-int layer_norm_forward(const float* x, const float* weight, const float* bias, float* y, float* mean, float* rstd, int64_t rows,
-                       int64_t dim, double eps, void* stream) {
+int layer_norm_forward(const float* x, const float* weight, const float* bias, void* y, Storage y_type, float* mean, float* rstd,
+                       int64_t rows, int64_t dim, double eps, void* stream) {
   if (rows == 0 || dim == 0) return 0;
   const unsigned blocks = static_cast<unsigned>(rows < 65536 ? rows : 65536);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (dim <= kMaxCols * kThreads)
-    forward_kernel<true><<<blocks, kThreads, 0, s>>>(x, weight, bias, y, mean, rstd, rows, dim, static_cast<float>(eps));
-  else
-    forward_kernel<false><<<blocks, kThreads, 0, s>>>(x, weight, bias, y, mean, rstd, rows, dim, static_cast<float>(eps));
+  with_storage(y_type, [&](auto* yt) {
+    using Y = std::remove_pointer_t<decltype(yt)>;
+    if (dim <= kMaxCols * kThreads)
+      forward_kernel<true, Y><<<blocks, kThreads, 0, s>>>(x, weight, bias, static_cast<Y*>(y), mean, rstd, rows, dim, static_cast<float>(eps));
+    else
+      forward_kernel<false, Y><<<blocks, kThreads, 0, s>>>(x, weight, bias, static_cast<Y*>(y), mean, rstd, rows, dim, static_cast<float>(eps));
+  });
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -149,15 +167,19 @@ int64_t layer_norm_backward_groups(int64_t rows) {
   return rows < groups ? (rows < 1 ? 1 : rows) : groups;
 }
 
-int layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const float* dy, float* dx,
-                        float* dweight_partial, float* dbias_partial, int64_t rows, int64_t dim, void* stream) {
+int layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const void* dy, Storage dy_type,
+                        float* dx, float* dweight_partial, float* dbias_partial, int64_t rows, int64_t dim, void* stream) {
   if (rows == 0 || dim == 0) return 0;
   const auto blocks = static_cast<unsigned>(layer_norm_backward_groups(rows));
   const auto s = static_cast<cudaStream_t>(stream);
-  if (dim <= kMaxCols * kThreads)
-    backward_kernel<true><<<blocks, kThreads, 0, s>>>(x, weight, mean, rstd, dy, dx, dweight_partial, dbias_partial, rows, dim);
-  else
-    backward_kernel<false><<<blocks, kThreads, 0, s>>>(x, weight, mean, rstd, dy, dx, dweight_partial, dbias_partial, rows, dim);
+  with_storage(dy_type, [&](auto* dt) {
+    using D = std::remove_pointer_t<decltype(dt)>;
+    const D* d = static_cast<const D*>(dy);
+    if (dim <= kMaxCols * kThreads)
+      backward_kernel<true, D><<<blocks, kThreads, 0, s>>>(x, weight, mean, rstd, d, dx, dweight_partial, dbias_partial, rows, dim);
+    else
+      backward_kernel<false, D><<<blocks, kThreads, 0, s>>>(x, weight, mean, rstd, d, dx, dweight_partial, dbias_partial, rows, dim);
+  });
   return static_cast<int>(cudaGetLastError());
 }
 

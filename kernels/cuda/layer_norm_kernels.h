@@ -12,16 +12,19 @@
 
 #include <cstdint>
 
+#include "activation_kernels.h"  // Storage
+
 namespace strata::kernels::cuda {
 
-// x, y: rows x dim; weight, bias: dim (bias may be null); mean and rstd: rows floats, kept for the backward.
-int layer_norm_forward(const float* x, const float* weight, const float* bias, float* y, float* mean, float* rstd, int64_t rows,
-                       int64_t dim, double eps, void* stream);
+// x, y: rows x dim; weight, bias: dim (bias may be null); mean and rstd: rows floats, kept for the
+// backward. y is stored as y_type (fp32, or autocast's 16-bit dtype: each value rounded once).
+int layer_norm_forward(const float* x, const float* weight, const float* bias, void* y, Storage y_type, float* mean, float* rstd,
+                       int64_t rows, int64_t dim, double eps, void* stream);
 // The number of row groups the backward splits the rows into: dweight_partial and dbias_partial
 // hold that many rows of dim floats each, zeroed by the caller.
 int64_t layer_norm_backward_groups(int64_t rows);
-// dbias_partial may be null (no bias).
-int layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const float* dy, float* dx,
-                        float* dweight_partial, float* dbias_partial, int64_t rows, int64_t dim, void* stream);
+// dy is stored as dy_type (the forward output's); dbias_partial may be null (no bias).
+int layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const void* dy, Storage dy_type,
+                        float* dx, float* dweight_partial, float* dbias_partial, int64_t rows, int64_t dim, void* stream);
 
 }  // namespace strata::kernels::cuda

@@ -3,11 +3,13 @@
 // without a bias, rows 1 to 8192 (more rows than the backward's row groups), widths that do and
 // do not fill a block (7, 64, 256, 768, 1000, 4096), inputs with a large mean (the two-pass
 // variance); a 3-D input; and calls the kernel does not take (bf16, fp64), served by
-// the reference bit for bit. Skips without a CUDA device (or a build without nvcc).
+// the reference bit for bit. layer_norm.autocast_out_cuda's 16-bit output and dy against the
+// fp32 kernel's. Skips without a CUDA device (or a build without nvcc).
 #include <string>
 #include <tuple>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -77,6 +79,38 @@ TEST(LayerNormCuda, ThreeDimensionalInputAndCallsItDoesNotTake) {
     EXPECT_EQ(testing::max_elementwise_error(mixed.y, mixed_ref.y), 0.0);
     EXPECT_EQ(testing::max_elementwise_error(mixed.dx, mixed_ref.dx), 0.0);
   }
+}
+
+// layer_norm.autocast_out_cuda: under autocast, the fp32 kernel's output rounded to bf16 or fp16
+// once, and from a 16-bit dy the gradients the fp32 kernel gives from the same values in fp32:
+// bit for bit, as the cast after the norm and its backward gave them.
+TEST(LayerNormCuda, AutocastOutputIsTheCastOfTheFp32Output) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const auto on = at::TensorOptions().device(at::kCUDA);
+  for (const at::ScalarType half : {at::kBFloat16, at::kHalf})
+    for (const auto& [rows, dim] : {std::tuple<int64_t, int64_t>{8192, 768}, {33, 256}, {5, 4096}}) {
+      SCOPED_TRACE(std::string(c10::toString(half)) + " " + std::to_string(rows) + " x " + std::to_string(dim));
+      at::manual_seed(rows + dim);
+      const at::Tensor x = at::randn({rows, dim}, on) * 2 + 0.5, w = at::rand({dim}, on) + 0.5, b = at::randn({dim}, on);
+      const at::Tensor dy = (at::randn({rows, dim}, on) * 3).to(half);
+      Result ours, fp32;
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, half);
+      ours = run(kernels::layer_norm_autocast_out_cuda, x, w, b, dy);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+      fp32 = run(kernels::layer_norm_fused_cuda, x, w, b, dy.to(at::kFloat));
+      EXPECT_EQ(ours.y.scalar_type(), half);
+      EXPECT_TRUE(at::equal(ours.y, fp32.y.to(half))) << "y";
+      EXPECT_TRUE(at::equal(ours.dx, fp32.dx)) << "dx";
+      EXPECT_TRUE(at::equal(ours.dw, fp32.dw)) << "dw";
+      EXPECT_TRUE(at::equal(ours.db, fp32.db)) << "db";
+    }
+  // Outside autocast it is layer_norm.fused_cuda.
+  const at::Tensor x = at::randn({16, 64}, on), w = at::rand({64}, on) + 0.5, b = at::randn({64}, on), dy = at::randn({16, 64}, on);
+  const Result plain = run(kernels::layer_norm_autocast_out_cuda, x, w, b, dy), fused = run(kernels::layer_norm_fused_cuda, x, w, b, dy);
+  EXPECT_EQ(plain.y.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(plain.y, fused.y) && at::equal(plain.dx, fused.dx));
 }
 
 #else

@@ -2,10 +2,12 @@
 // function on CPU bf16 and fp16 tensors, where the weight and bias gradients take ATen's way (as
 // on a GPU where cuBLASLt offers no algorithm), against at::linear: the forward and all three
 // gradients bit for bit, 2-D and 3-D inputs, frozen inputs. And that the kernels plugin registers
-// it opt-in (priority 0), so that nothing selects it unless a strategy pins it. The cuBLASLt GEMM
+// it opt-in (priority 0), so that nothing selects it unless a strategy pins it (and
+// layer_norm.autocast_out_cuda, also written without a GPU). The cuBLASLt GEMM
 // itself runs on a GPU only (tests/gpu/linear_cublaslt_cuda_test.cpp).
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -53,17 +55,22 @@ TEST(LinearCublasLt, AutogradFunctionMatchesAtenLinearWhereTheGemmFallsBack) {
       }
 }
 
+// Both CUDA implementations written without a GPU (2026-11-30) wait, opt-in, for a GPU run.
 TEST(LinearCublasLt, RegisteredOptInSoNothingSelectsItUnpinned) {
   ComponentRegistry registry;
   PluginLoader(registry).load_search_path({STRATA_KERNELS_PLUGIN});
   OperatorTable::global().install(registry);
-  const auto impls = ops::implementations("linear");
-  const auto it = std::find_if(impls.begin(), impls.end(), [](const auto* i) { return i->name() == "linear.cublaslt_cuda"; });
-  ASSERT_NE(it, impls.end());
-  EXPECT_EQ((*it)->priority(), 0);
-  EXPECT_TRUE((*it)->support().accepts(c10::DeviceType::CUDA, at::kBFloat16));
-  EXPECT_FALSE((*it)->support().accepts(c10::DeviceType::CPU, at::kBFloat16));
-  EXPECT_EQ(impls.back()->name(), "linear.reference");
+  for (const auto& [op, name] : {std::pair<std::string, std::string>{"linear", "linear.cublaslt_cuda"},
+                                 {"layer_norm", "layer_norm.autocast_out_cuda"}}) {
+    SCOPED_TRACE(name);
+    const auto impls = ops::implementations(op);
+    const auto it = std::find_if(impls.begin(), impls.end(), [&](const auto* i) { return i->name() == name; });
+    ASSERT_NE(it, impls.end());
+    EXPECT_EQ((*it)->priority(), 0);
+    EXPECT_TRUE((*it)->support().accepts(c10::DeviceType::CUDA, at::kFloat));
+    EXPECT_FALSE((*it)->support().accepts(c10::DeviceType::CPU, at::kFloat));
+    EXPECT_EQ(impls.back()->name(), op + ".reference");
+  }
   OperatorTable::global().reset();
 }
 
