@@ -43,6 +43,9 @@ import step_time  # noqa: E402  (the same model classes as the fp32 bench)
 # name, kind, n_layer, n_head, n_kv_head, d_model, seq_len, batch, vocab
 SIZES = {
     "gpt2-124m": ("gpt", 12, 12, 12, 768, 1024, 8, 50257),
+    # GPT-2 at batch 32 x 1024: MFU as llm.c-style runs report it (bigger GEMMs, the optimizer's
+    # fixed time over 4x the tokens)
+    "gpt2-124m-b32": ("gpt", 12, 12, 12, 768, 1024, 32, 50257),
     "llama-1b": ("llama", 18, 16, 8, 2048, 2048, 4, 32000),
     "tiny": ("gpt", 2, 2, 2, 64, 64, 2, 512),
     "tiny-llama": ("llama", 2, 4, 2, 64, 64, 2, 512),
@@ -181,6 +184,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=10, help="steps before timing (a multiple of 10: Strata's read windows)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--variants", default="", help="comma-separated Strata loops to run (default: all for the device)")
     parser.add_argument("--profile", default="", help="a folder: each PyTorch loop's device kernels over 5 steps, as Strata's profile_steps")
     parser.add_argument("--out", default="bench/results/step_time_cuda_bf16.md")
     args = parser.parse_args()
@@ -219,6 +223,13 @@ def main():
                 variants += (("strata+fused_loss+cuda_graph+linear.cublaslt_cuda", ("fused_loss", "cuda_graph", bgrad), {}),
                              ("strata+fused_loss+cuda_graph+linear.cublaslt_cuda+layer_norm.autocast_out_cuda",
                               ("fused_loss", "cuda_graph", both), {}))
+        if args.variants:
+            wanted = args.variants.split(",")
+            unknown = [w for w in wanted if w not in {name for name, _, _ in variants}]
+            if unknown:
+                sys.exit(f"--variants: no Strata loop {', '.join(unknown)} for {size} on {device} "
+                         f"(loops: {', '.join(name for name, _, _ in variants)})")
+            variants = tuple(v for v in variants if v[0] in wanted)
         measured = {**{name: [] for name, _, _ in variants}, **{k: [] for k in loops}}
         for r in range(args.rounds):
             if device == "cuda":
@@ -261,7 +272,8 @@ def write(args, card, peak, rows, notes):
     with open(args.out, "w") as f:
         f.write("# Step time on a GPU in bf16: Strata vs PyTorch eager vs torch.compile\n\n")
         f.write(f"Command: `python3 bench/step_time_cuda_bf16.py --steps {args.steps} --warmup {args.warmup} --rounds {args.rounds}"
-                f" --sizes {args.sizes}` (run by `scripts/gpu_check --prebuilt`)  \n")
+                f" --sizes {args.sizes}" + (f" --variants {args.variants}" if args.variants else "") +
+                "` (run by `scripts/gpu_check --prebuilt`)  \n")
         f.write(f"Device: {card}; peak bf16 dense {peak or 'unknown'} TFLOP/s; torch {torch.__version__}; "
                 f"tokens/s over steps {args.warmup + 1}..{args.steps}, median of {args.rounds} interleaved rounds.\n\n")
         f.write("| model | params | batch | seq | loop | tokens/s | MFU | peak GiB | vs eager | vs compile | per round tokens/s |\n")
