@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tensorboard_test.sh STRATA PYTHON WORKDIR: [job] tensorboard = true writes event files that the
 # tensorboard package's own reader (EventAccumulator) reads (issue 62 item 5): every step's loss,
-# lr, grad_norm, step_ms, tokens_per_s and memory, val_loss at evaluations, MFU with peak_tflops,
+# lr, grad_norm, step_ms, tokens_per_s and memory, val_loss at evaluations, MFU with peak_tflops
+# (over every device's peak: the line naming it, on one rank and on two),
 # each value equal to metrics.jsonl's (as float32); on two ranks only rank 0 writes, and a resumed
 # run adds a second file whose steps continue.
 set -uo pipefail
@@ -17,6 +18,9 @@ sets=(--set job.tensorboard=true --set job.steps=6 --set job.eval_every=3 --set 
 "$strata" run examples/strategies/single_process.toml --out "$work/one" "${sets[@]}" > "$work/one.txt" 2>&1 || check "run failed: $(tail -3 "$work/one.txt")"
 "$strata" run examples/strategies/default.toml -n 2 --out "$work/two" "${sets[@]}" > "$work/two.txt" 2>&1 || check "2-rank run failed: $(tail -3 "$work/two.txt")"
 "$strata" run "$work/two/strategy.toml" -n 2 --out "$work/two" --resume --set job.steps=9 > "$work/resume.txt" 2>&1 || check "resume failed: $(tail -3 "$work/resume.txt")"
+# MFU divides by every device's peak: the run names the peak and, on two ranks, the devices.
+grep -q "^mfu against 1.0 TFLOP/s per device (\[job\] peak_tflops)$" "$work/one.txt" || check "one rank: no 'mfu against' line"
+grep -q "^mfu against 1.0 TFLOP/s per device x 2 devices (\[job\] peak_tflops)$" "$work/two.txt" || check "two ranks: no 'x 2 devices' line"
 "$python" - "$work" <<'PY' || check "the event files do not hold what metrics.jsonl does"
 import glob, json, sys
 import numpy as np

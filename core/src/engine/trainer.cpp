@@ -21,6 +21,7 @@
 #include "training_state.h"
 #include "strata/core/host_memory.h"
 #include "strata/core/cpu_features.h"
+#include "strata/core/device_peak.h"
 #include "strata/core/log.h"
 #include "strata/core/process_memory.h"
 #include "strata/core/operator_table.h"
@@ -223,8 +224,13 @@ void Trainer::Impl::compose_step() {
 void Trainer::Impl::prepare_loop() {
   schedule.emplace(engine::LrSchedule{plan.optimizer.get_float("lr"), plan.optimizer.get_string("schedule"),
                                       plan.optimizer.get_int("warmup_steps"), steps, plan.optimizer.get_float("min_lr_ratio")});
-  console.emplace(steps, plan.job.get_int("log_every"), job->model->training_flops_per_token(), plan.job.get_float("peak_tflops"),
+  // MFU over every device that computes the step's tokens (the console's tokens/s counts all ranks').
+  const int64_t devices = topology->world().size();
+  const MfuPeak peak = mfu_peak(plan.job.get_float("peak_tflops"), device, plan_facts(plan).compute_dtype, devices);
+  peak_flops_all_devices_tflops = peak.per_device_tflops * static_cast<double>(devices);
+  console.emplace(steps, plan.job.get_int("log_every"), job->model->training_flops_per_token(), peak_flops_all_devices_tflops,
                   /*to_stdout=*/leader);
+  if (!peak.why.empty()) console->message(peak.why);
   const int64_t flash_every = plan.job.get_int("flash_every");
   const char* flash_env = std::getenv("STRATA_FLASH_DIR");
   if (flash_every > 0 && flash_env) flash_dir = flash_node_store(flash_env, env.node), flash.emplace(flash_dir, env.rank);
@@ -243,7 +249,7 @@ void Trainer::Impl::continue_from(int64_t resumed_step) {
   if (replicas) replicas->discard_after(step);
   if (leader) metrics.reset(), metrics.emplace(out_dir / "metrics.jsonl", step);
   if (leader && plan.job.get_bool("tensorboard"))
-    tensorboard.reset(), tensorboard.emplace(out_dir / "tensorboard", job->model->training_flops_per_token(), plan.job.get_float("peak_tflops"));
+    tensorboard.reset(), tensorboard.emplace(out_dir / "tensorboard", job->model->training_flops_per_token(), peak_flops_all_devices_tflops);
   profile_first = step + 3;
   profile_last = step + 2 + plan.job.get_int("profile_steps");
   job->model->train();

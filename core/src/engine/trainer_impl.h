@@ -58,6 +58,7 @@ struct Trainer::Impl {
   std::unique_ptr<Optimizer> optimizer;  // built once passes are applied
   std::optional<engine::LrSchedule> schedule;
   std::optional<engine::Console> console;
+  double peak_flops_all_devices_tflops = 0;  // MFU's denominator: one device's peak x the devices (device_peak.h)
   std::optional<engine::MetricsFile> metrics;  // rank 0's
   std::optional<engine::TensorBoardWriter> tensorboard;  // rank 0's, with [job] tensorboard
   // Flash checkpoints: under a supervisor that persists them (STRATA_FLASH_DIR), the ranks

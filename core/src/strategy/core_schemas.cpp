@@ -22,8 +22,8 @@ const Schema& job_schema() {
               "malloc told not to map and unmap blocks below 1 GiB nor trim its heap below 1 GiB: fewer page faults each "
               "step, a higher resident peak); \"return\" leaves glibc's defaults (large blocks go back to the system at once)",
               {"keep", "return"})
-      .real("peak_tflops", 0.0, "Peak TFLOP/s of one device for MFU; 0 = not reported", at_least(0))
-      .boolean("tensorboard", false, "Rank 0 writes TensorBoard event files under RUN_DIR/tensorboard: loss, val_loss, lr, grad_norm, tokens/s, step time, memory, MFU (with peak_tflops)")
+      .real("peak_tflops", 0.0, "Peak TFLOP/s of one device for MFU; 0 = a GPU's from its name where known (H100, H200, A100, L40S, L4, V100), else not reported", at_least(0))
+      .boolean("tensorboard", false, "Rank 0 writes TensorBoard event files under RUN_DIR/tensorboard: loss, val_loss, lr, grad_norm, tokens/s, step time, memory, MFU (where a peak is known)")
       .integer("log_every", 10, "Optimizer steps between console metric lines", at_least(1))
       .integer("profile_steps", 0,
                "Steps timed per operator after 2 warm-up steps: each rank writes profile_rank<R>.md into the run directory "
