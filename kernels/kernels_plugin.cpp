@@ -17,6 +17,7 @@
 #include "cuda/layer_norm_cuda.h"
 #include "cuda/linear_cublaslt_cuda.h"
 #include "cuda/rms_norm_cuda.h"
+#include "cuda/rope_cuda.h"
 #include "strata/plugin.h"
 
 #include <cstdlib>
@@ -122,6 +123,12 @@ void register_components(Registry& registry) {
       "rms_norm.fused_cuda",
       "one CUDA kernel per direction, a block per row: fp32 sum of squares, the reference's roundings; saves one float per row",
       &rms_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  // Opt-in (priority 0) until a GPU has run it.
+  registry.add(std::make_unique<ops::OperatorImpl<ops::Rope>>(
+      "rope.fused_cuda",
+      "one CUDA kernel each way, x read through its strides (the heads' transposed view), the reference's roundings: "
+      "no narrows, products, cat and zero-filled gradients",
+      &rope_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 0));
   registry.add(std::make_unique<ops::OperatorImpl<ops::AgdUpdate>>(
       "agd_update.fused_cuda", "AGD step in one CUDA kernel per parameter, the reference's operations in order (fp32)",
       &agd_update_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat}}, 10));

@@ -9,16 +9,13 @@
 
 #include "cpu/cross_entropy.h"  // cross_entropy_reference_call
 #include "cuda/cross_entropy_kernels.h"
+#include "cuda/storage_of.h"
 
 namespace strata::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-cuda::Storage storage_of(at::ScalarType type) {
-  return type == at::kFloat ? cuda::Storage::Float : type == at::kBFloat16 ? cuda::Storage::BFloat16 : cuda::Storage::Half;
-}
 
 class FusedCrossEntropyCuda : public torch::autograd::Function<FusedCrossEntropyCuda> {
  public:

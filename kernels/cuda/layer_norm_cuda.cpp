@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cuda/layer_norm_kernels.h"
+#include "cuda/storage_of.h"
 #include "strata/ops.h"
 
 namespace strata::kernels {
@@ -31,10 +32,6 @@ bool fp32_vector_on(const at::Tensor& t, const at::Tensor& x) {
 bool takes(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   return x.is_cuda() && x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) > 0 && fp32_vector_on(weight, x) &&
          (!bias || fp32_vector_on(*bias, x));
-}
-
-cuda::Storage storage_of(at::ScalarType type) {
-  return type == at::kBFloat16 ? cuda::Storage::BFloat16 : type == at::kHalf ? cuda::Storage::Half : cuda::Storage::Float;
 }
 
 class LayerNormCuda : public torch::autograd::Function<LayerNormCuda> {
