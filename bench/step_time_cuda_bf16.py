@@ -223,9 +223,12 @@ def main():
                 variants += (("strata+fused_loss+cuda_graph+linear.cublaslt_cuda", ("fused_loss", "cuda_graph", bgrad), {}),
                              ("strata+fused_loss+cuda_graph+linear.cublaslt_cuda+layer_norm.autocast_out_cuda",
                               ("fused_loss", "cuda_graph", both), {}))
-        if device == "cuda" and kind == "llama":  # q and k rotated in one kernel each way (opt-in: kernels/README.md)
+        if device == "cuda" and kind == "llama":  # q and k rotated in one kernel each way, norms out in bf16 (opt-in)
             rope = ("module_replace", {"rope": '"rope.fused_cuda"'})
-            variants += (("strata+fused_loss+cuda_graph+rope.fused_cuda", ("fused_loss", "cuda_graph", rope), {}),)
+            rope_rms = ("module_replace", {"rope": '"rope.fused_cuda"', "rms_norm": '"rms_norm.autocast_out_cuda"'})
+            variants += (("strata+fused_loss+cuda_graph+rope.fused_cuda", ("fused_loss", "cuda_graph", rope), {}),
+                         ("strata+fused_loss+cuda_graph+rope.fused_cuda+rms_norm.autocast_out_cuda",
+                          ("fused_loss", "cuda_graph", rope_rms), {}))
         if args.variants:
             wanted = args.variants.split(",")
             unknown = [w for w in wanted if w not in {name for name, _, _ in variants}]

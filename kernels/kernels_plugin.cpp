@@ -123,6 +123,12 @@ void register_components(Registry& registry) {
       "rms_norm.fused_cuda",
       "one CUDA kernel per direction, a block per row: fp32 sum of squares, the reference's roundings; saves one float per row",
       &rms_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  // Opt-in (priority 0): not yet run on a GPU, and not the reference's dtype contract under autocast.
+  registry.add(std::make_unique<ops::OperatorImpl<ops::RmsNorm>>(
+      "rms_norm.autocast_out_cuda",
+      "rms_norm.fused_cuda's kernels with fp32 x and weight under autocast: the output in autocast's bf16/fp16 (rounded "
+      "once) and dy read in it; for norms that feed Linears",
+      &rms_norm_autocast_out_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 0));
   // Opt-in (priority 0) until a GPU has run it.
   registry.add(std::make_unique<ops::OperatorImpl<ops::Rope>>(
       "rope.fused_cuda",

@@ -119,7 +119,7 @@ struct CpuKernels {
 
 at::Tensor rms_norm_fused_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (!rms_norm_fused_takes(x, weight, c10::DeviceType::CPU)) return rms_norm_reference_call(x, weight, eps);
-  return RmsNormFunction<CpuKernels>::apply(x, weight, eps);
+  return RmsNormFunction<CpuKernels>::apply(x, weight, eps, kPromotedOutput);
 }
 
 }  // namespace strata::kernels

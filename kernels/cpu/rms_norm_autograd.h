@@ -32,17 +32,26 @@ inline at::Tensor rms_norm_reference_call(const at::Tensor& x, const at::Tensor&
   return reference.fn()(x, weight, eps);
 }
 
+// RmsNormFunction's out_dtype: the reference's promotion of x's and the weight's dtypes.
+constexpr int64_t kPromotedOutput = -1;
+
 template <class Kernels>
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction<Kernels>> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight, double eps) {
+  // out_dtype: kPromotedOutput, or (rms_norm.autocast_out_cuda, fp32 x and weight) autocast's
+  // 16-bit ScalarType as an integer.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight, double eps,
+                            int64_t out_dtype) {
     const at::Tensor x = input.contiguous(), w = weight.contiguous();
     const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
     // The reference's w * n promotes: fp32 with an fp32 weight, else x's dtype.
-    at::Tensor y = at::empty(x.sizes(), x.options().dtype(at::promote_types(x.scalar_type(), w.scalar_type())));
+    const at::ScalarType out = out_dtype == kPromotedOutput ? at::promote_types(x.scalar_type(), w.scalar_type())
+                                                            : static_cast<at::ScalarType>(out_dtype);
+    at::Tensor y = at::empty(x.sizes(), x.options().dtype(out));
     at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
     Kernels::forward(x, w, y, rstd, eps);
     ctx->save_for_backward({x, w, rstd});
+    ctx->saved_data["out_dtype"] = static_cast<int64_t>(out);
     return y;
   }
 
@@ -50,11 +59,11 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction<Kernels
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &rstd = saved[2];
     const int64_t dim = x.size(-1), rows = dim > 0 ? x.numel() / dim : 0;
-    const at::Tensor dy = grads[0].to(at::promote_types(x.scalar_type(), w.scalar_type())).contiguous();
+    const at::Tensor dy = grads[0].to(static_cast<at::ScalarType>(ctx->saved_data["out_dtype"].toInt())).contiguous();
     at::Tensor dx = at::empty_like(x);
     at::Tensor partial = at::zeros({Kernels::backward_groups(rows), dim}, x.options().dtype(at::kFloat));
     Kernels::backward(x, w, rstd, dy, dx, partial);
-    return {dx, partial.sum(0).to(w.scalar_type()), at::Tensor()};
+    return {dx, partial.sum(0).to(w.scalar_type()), at::Tensor(), at::Tensor()};
   }
 };
 

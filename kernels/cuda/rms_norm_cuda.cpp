@@ -3,18 +3,16 @@
 #include "cuda/rms_norm_cuda.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "cpu/rms_norm_autograd.h"
 #include "cuda/rms_norm_kernels.h"
+#include "cuda/storage_of.h"
 
 namespace strata::kernels {
 namespace {
-
-cuda::Storage storage_of(at::ScalarType type) {
-  return type == at::kFloat ? cuda::Storage::Float : type == at::kBFloat16 ? cuda::Storage::BFloat16 : cuda::Storage::Half;
-}
 
 void check_launch(int error, const char* what) { TORCH_CHECK(error == 0, "rms_norm: CUDA kernel launch failed in ", what, " (cudaError ", error, ")"); }
 
@@ -24,7 +22,8 @@ struct CudaKernels {
   static void forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, const at::Tensor& rstd, double eps) {
     const c10::cuda::CUDAGuard guard(x.device());
     const int64_t dim = x.size(-1), rows = dim > 0 ? x.numel() / dim : 0;
-    check_launch(cuda::rms_norm_forward(storage_of(x.scalar_type()), storage_of(w.scalar_type()), x.const_data_ptr(), w.const_data_ptr(),
+    check_launch(cuda::rms_norm_forward(storage_of(x.scalar_type()), storage_of(w.scalar_type()), storage_of(y.scalar_type()),
+                                        x.const_data_ptr(), w.const_data_ptr(),
                                         y.mutable_data_ptr(), rstd.mutable_data_ptr<float>(), rows, dim, eps, current_stream()),
                  "forward");
   }
@@ -33,7 +32,8 @@ struct CudaKernels {
                        const at::Tensor& partial) {
     const c10::cuda::CUDAGuard guard(x.device());
     const int64_t dim = x.size(-1), rows = dim > 0 ? x.numel() / dim : 0;
-    check_launch(cuda::rms_norm_backward(storage_of(x.scalar_type()), storage_of(w.scalar_type()), x.const_data_ptr(), w.const_data_ptr(),
+    check_launch(cuda::rms_norm_backward(storage_of(x.scalar_type()), storage_of(w.scalar_type()), storage_of(dy.scalar_type()),
+                                         x.const_data_ptr(), w.const_data_ptr(),
                                          rstd.const_data_ptr<float>(), dy.const_data_ptr(), dx.mutable_data_ptr(),
                                          partial.mutable_data_ptr<float>(), rows, dim, current_stream()),
                  "backward");
@@ -44,7 +44,16 @@ struct CudaKernels {
 
 at::Tensor rms_norm_fused_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (!rms_norm_fused_takes(x, weight, c10::DeviceType::CUDA)) return rms_norm_reference_call(x, weight, eps);
-  return RmsNormFunction<CudaKernels>::apply(x, weight, eps);
+  return RmsNormFunction<CudaKernels>::apply(x, weight, eps, kPromotedOutput);
+}
+
+at::Tensor rms_norm_autocast_out_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const bool autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
+  const at::ScalarType out = autocast ? at::autocast::get_autocast_dtype(c10::DeviceType::CUDA) : at::kFloat;
+  if (!autocast || (out != at::kBFloat16 && out != at::kHalf) || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat ||
+      !rms_norm_fused_takes(x, weight, c10::DeviceType::CUDA))
+    return rms_norm_fused_cuda(x, weight, eps);
+  return RmsNormFunction<CudaKernels>::apply(x, weight, eps, static_cast<int64_t>(out));
 }
 
 }  // namespace strata::kernels

@@ -14,4 +14,11 @@ namespace strata::kernels {
 // What the operator implementation "rms_norm.fused_cuda" runs.
 at::Tensor rms_norm_fused_cuda(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// "rms_norm.autocast_out_cuda" (opt-in, not yet run on a GPU): under CUDA autocast to bf16 or
+// fp16 with fp32 x and weight (a Llama's residual stream and norms under amp), the same kernels
+// with the output stored in autocast's dtype, rounded once, and dy read in it: the cast after the
+// norm and the one before its backward go, with the same values (layer_norm.autocast_out_cuda's
+// reasoning, kernels/README.md). Otherwise as rms_norm_fused_cuda.
+at::Tensor rms_norm_autocast_out_cuda(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 }  // namespace strata::kernels

@@ -21,7 +21,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// T: x's storage, W: the weight's (T or float), O: the output's (float if W is, else T).
+// T: x's storage, W: the weight's (T or float), O: the output's (float if W is, else T; or a
+// 16-bit type with fp32 T and W).
 template <class T, class W, class O>
 __global__ void forward_kernel(const T* x, const W* w, O* y, float* rstd, int64_t rows, int64_t dim, float eps) {
   __shared__ float shared[kThreads / 32];
@@ -65,12 +66,17 @@ __global__ void backward_kernel(const T* x, const W* w, const float* rstd, const
 
 unsigned forward_blocks(int64_t rows) { return static_cast<unsigned>(rows < 65536 ? (rows < 1 ? 1 : rows) : 65536); }
 
-// Calls f with null pointers of x's, the weight's and the output's storage types.
+// Calls f with null pointers of x's, the weight's and the output's storage types. The output is
+// fp32 with an fp32 weight, else x's type (ATen's promotion), or with fp32 x and weight a 16-bit
+// out_type (rms_norm.autocast_out_cuda: autocast's dtype, rounded once).
 template <class F>
-void with_types(Storage x_type, Storage weight_type, F f) {
+void with_types(Storage x_type, Storage weight_type, Storage out_type, F f) {
   const bool float_weight = weight_type == Storage::Float;
   switch (x_type) {
-    case Storage::Float: return f(static_cast<float*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+    case Storage::Float:
+      if (out_type == Storage::BFloat16) return f(static_cast<float*>(nullptr), static_cast<float*>(nullptr), static_cast<__nv_bfloat16*>(nullptr));
+      if (out_type == Storage::Half) return f(static_cast<float*>(nullptr), static_cast<float*>(nullptr), static_cast<__half*>(nullptr));
+      return f(static_cast<float*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
     case Storage::BFloat16:
       if (float_weight) return f(static_cast<__nv_bfloat16*>(nullptr), static_cast<float*>(nullptr), static_cast<float*>(nullptr));
       return f(static_cast<__nv_bfloat16*>(nullptr), static_cast<__nv_bfloat16*>(nullptr), static_cast<__nv_bfloat16*>(nullptr));
@@ -82,10 +88,10 @@ void with_types(Storage x_type, Storage weight_type, F f) {
 
 }  // namespace
 
-int rms_norm_forward(Storage x_type, Storage weight_type, const void* x, const void* weight, void* y, float* rstd, int64_t rows,
-                     int64_t dim, double eps, void* stream) {
+int rms_norm_forward(Storage x_type, Storage weight_type, Storage out_type, const void* x, const void* weight, void* y, float* rstd,
+                     int64_t rows, int64_t dim, double eps, void* stream) {
   if (rows == 0 || dim == 0) return 0;
-  with_types(x_type, weight_type, [&](auto* t, auto* wt, auto* ot) {
+  with_types(x_type, weight_type, out_type, [&](auto* t, auto* wt, auto* ot) {
     using T = std::remove_pointer_t<decltype(t)>;
     using W = std::remove_pointer_t<decltype(wt)>;
     using O = std::remove_pointer_t<decltype(ot)>;
@@ -100,10 +106,10 @@ int64_t rms_norm_backward_groups(int64_t rows) {
   return rows < groups ? (rows < 1 ? 1 : rows) : groups;
 }
 
-int rms_norm_backward(Storage x_type, Storage weight_type, const void* x, const void* weight, const float* rstd, const void* dy,
-                      void* dx, float* dweight_partial, int64_t rows, int64_t dim, void* stream) {
+int rms_norm_backward(Storage x_type, Storage weight_type, Storage out_type, const void* x, const void* weight, const float* rstd,
+                      const void* dy, void* dx, float* dweight_partial, int64_t rows, int64_t dim, void* stream) {
   if (rows == 0 || dim == 0) return 0;
-  with_types(x_type, weight_type, [&](auto* t, auto* wt, auto* ot) {
+  with_types(x_type, weight_type, out_type, [&](auto* t, auto* wt, auto* ot) {
     using T = std::remove_pointer_t<decltype(t)>;
     using W = std::remove_pointer_t<decltype(wt)>;
     using O = std::remove_pointer_t<decltype(ot)>;

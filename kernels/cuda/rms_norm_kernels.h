@@ -14,14 +14,16 @@
 
 namespace strata::kernels::cuda {
 
-// x: rows x dim of `x_type`; weight: dim of `weight_type` (x_type or Float); y: rows x dim of the
-// output type; rstd: rows floats, kept for the backward.
-int rms_norm_forward(Storage x_type, Storage weight_type, const void* x, const void* weight, void* y, float* rstd, int64_t rows,
-                     int64_t dim, double eps, void* stream);
+// x: rows x dim of `x_type`; weight: dim of `weight_type` (x_type or Float); y: rows x dim of
+// `out_type` (O above; or bf16/half with fp32 x and weight: autocast's dtype, rounded once); rstd:
+// rows floats, kept for the backward.
+int rms_norm_forward(Storage x_type, Storage weight_type, Storage out_type, const void* x, const void* weight, void* y, float* rstd,
+                     int64_t rows, int64_t dim, double eps, void* stream);
 // The number of row groups the backward splits the rows into: dweight_partial holds that many
 // rows of dim floats, summed by the caller.
 int64_t rms_norm_backward_groups(int64_t rows);
-int rms_norm_backward(Storage x_type, Storage weight_type, const void* x, const void* weight, const float* rstd, const void* dy,
-                      void* dx, float* dweight_partial, int64_t rows, int64_t dim, void* stream);
+// dy: rows x dim of out_type (the forward's output type).
+int rms_norm_backward(Storage x_type, Storage weight_type, Storage out_type, const void* x, const void* weight, const float* rstd,
+                      const void* dy, void* dx, float* dweight_partial, int64_t rows, int64_t dim, void* stream);
 
 }  // namespace strata::kernels::cuda

@@ -1,8 +1,13 @@
 // rms_norm.fused_cuda (kernels/cuda/rms_norm_kernels.cu) on a GPU against core's
 // rms_norm.reference on the same GPU (tests/rms_norm_cases.h): rows 1 to 3000 (more rows than the
 // backward's row groups), widths that do and do not fill a block (1, 7, 256, 1000, 4096); a 3-D
-// input and a weight dtype the kernel does not take (served by the reference). Skips without a
+// input and a weight dtype the kernel does not take (served by the reference);
+// rms_norm.autocast_out_cuda's 16-bit output and dy against the fp32 kernel's. Skips without a
 // CUDA device (or a build without nvcc).
+#include <string>
+#include <utility>
+
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include "cuda/rms_norm_cuda.h"
@@ -21,6 +26,31 @@ TEST(RmsNormCuda, MatchesTheReference) {
 TEST(RmsNormCuda, ThreeDimensionalInputAndAWeightItDoesNotTake) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   testing::expect_rms_norm_3d_and_fallback(kernels::rms_norm_fused_cuda, at::kCUDA);
+}
+
+// rms_norm.autocast_out_cuda: under autocast, fp32 x and weight, the fp32 kernel's output rounded
+// to bf16 or fp16 once, and from a 16-bit dy the gradients the fp32 kernel gives from the same
+// values in fp32: bit for bit, as the cast after the norm and its backward gave them.
+TEST(RmsNormCuda, AutocastOutputIsTheCastOfTheFp32Output) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const auto on = at::TensorOptions().device(at::kCUDA);
+  for (const at::ScalarType half : {at::kBFloat16, at::kHalf})
+    for (const auto& [rows, dim] : {std::pair<int64_t, int64_t>{8192, 2048}, {33, 256}, {5, 7}}) {
+      SCOPED_TRACE(std::string(c10::toString(half)) + " " + std::to_string(rows) + " x " + std::to_string(dim));
+      at::manual_seed(rows + dim);
+      const at::Tensor x = at::randn({rows, dim}, on) * 2, w = at::rand({dim}, on) + 0.5;
+      const at::Tensor dy = (at::randn({rows, dim}, on) * 3).to(half);
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, half);
+      const testing::RmsNormResult ours = testing::run_rms_norm(kernels::rms_norm_autocast_out_cuda, x, w, dy);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+      const testing::RmsNormResult fp32 = testing::run_rms_norm(kernels::rms_norm_fused_cuda, x, w, dy.to(at::kFloat));
+      EXPECT_EQ(ours.y.scalar_type(), half);
+      EXPECT_TRUE(at::equal(ours.y, fp32.y.to(half))) << "y";
+      EXPECT_TRUE(at::equal(ours.dx, fp32.dx)) << "dx";
+      EXPECT_TRUE(at::equal(ours.dw, fp32.dw)) << "dw";
+    }
 }
 
 #else

@@ -3,7 +3,8 @@
 // on a GPU where cuBLASLt offers no algorithm), against at::linear: the forward and all three
 // gradients bit for bit, 2-D and 3-D inputs, frozen inputs. And that the kernels plugin registers
 // it opt-in (priority 0), so that nothing selects it unless a strategy pins it (and
-// layer_norm.autocast_out_cuda and rope.fused_cuda, also written without a GPU). The cuBLASLt GEMM
+// layer_norm.autocast_out_cuda, rms_norm.autocast_out_cuda and rope.fused_cuda, also written
+// without a GPU). The cuBLASLt GEMM
 // itself runs on a GPU only (tests/gpu/linear_cublaslt_cuda_test.cpp).
 #include <algorithm>
 #include <string>
@@ -61,7 +62,8 @@ TEST(LinearCublasLt, RegisteredOptInSoNothingSelectsItUnpinned) {
   PluginLoader(registry).load_search_path({STRATA_KERNELS_PLUGIN});
   OperatorTable::global().install(registry);
   for (const auto& [op, name] : {std::pair<std::string, std::string>{"linear", "linear.cublaslt_cuda"},
-                                 {"layer_norm", "layer_norm.autocast_out_cuda"}, {"rope", "rope.fused_cuda"}}) {
+                                 {"layer_norm", "layer_norm.autocast_out_cuda"}, {"rms_norm", "rms_norm.autocast_out_cuda"},
+                                 {"rope", "rope.fused_cuda"}}) {
     SCOPED_TRACE(name);
     const auto impls = ops::implementations(op);
     const auto it = std::find_if(impls.begin(), impls.end(), [&](const auto* i) { return i->name() == name; });
