@@ -1,7 +1,5 @@
 #include "fsdp_hybrid.h"
 
-#include <algorithm>
-
 namespace strata::fsdp {
 
 int64_t effective_shard_size(int64_t shard_size, int64_t data) { return shard_size == 0 ? data : shard_size; }
@@ -20,13 +18,6 @@ std::vector<int> replica_group(int64_t shard_size, int64_t data, int64_t data_ra
   return ranks;
 }
 
-std::string expert_problem(int64_t shard_size, int64_t data, int64_t experts) {
-  const int64_t s = effective_shard_size(shard_size, data);
-  if (experts <= 1 || s % experts == 0 || experts % s == 0) return {};
-  return "pass 'fsdp': shard_size = " + std::to_string(s) + " and the expert size " + std::to_string(experts) +
-         " do not divide one another (a shard group would hold parts of two expert groups)";
-}
-
 int64_t expert_shard_size(int64_t shard_size, int64_t data, int64_t experts) {
   const int64_t s = effective_shard_size(shard_size, data);
   return s % experts == 0 ? s / experts : 1;
@@ -38,9 +29,13 @@ std::vector<int> expert_shard_group(int64_t shard_size, int64_t data, int64_t ex
   return shard_group(expert_shard_size(shard_size, data, experts), data / experts, expert_data_rank);
 }
 
+bool experts_whole(int64_t shard_size, int64_t data, int64_t experts) {
+  return effective_shard_size(shard_size, data) % experts != 0;
+}
+
 int64_t expert_pieces_group(int64_t shard_size, int64_t data, int64_t experts) {
   const int64_t s = effective_shard_size(shard_size, data);
-  return std::max(s, experts);
+  return experts_whole(shard_size, data, experts) ? experts : s;
 }
 
 std::string describe_groups(int64_t shard_size, int64_t data) {

@@ -41,19 +41,21 @@ int64_t effective_shard_size(int64_t shard_size, int64_t data);
 std::vector<int> shard_group(int64_t shard_size, int64_t data, int64_t data_rank);
 std::vector<int> replica_group(int64_t shard_size, int64_t data, int64_t data_rank);
 
-// Why shard groups of `shard_size` cannot go with expert parallel of size `experts` (one must
-// divide the other), or empty.
-std::string expert_problem(int64_t shard_size, int64_t data, int64_t experts);
-
-// How many ranks of a shard group hold the same experts: S/E, or 1 when S | E.
+// How many ranks of a shard group hold the same experts: S/E when E | S, else 1.
 int64_t expert_shard_size(int64_t shard_size, int64_t data, int64_t experts);
+
+// Whether split experts are kept whole and averaged over their expert-data group (the D/E data
+// ranks holding them) rather than sharded within the shard group: when E does not divide S, that
+// is when S | E (no two ranks of a shard group hold the same experts) and when neither divides
+// the other (a shard group holds some experts twice and others once: pieces of unequal groups).
+bool experts_whole(int64_t shard_size, int64_t data, int64_t experts);
 
 // The ranks of `expert_data_rank`'s expert shard group, numbered within its expert-data group (the
 // D/E data ranks holding its experts, in data order).
 std::vector<int> expert_shard_group(int64_t shard_size, int64_t data, int64_t experts, int64_t expert_data_rank);
 
 // The contiguous data ranks within which split-expert pieces are disjoint (and equal across such
-// groups): S when E | S, E when S | E.
+// groups): S when E | S, else E (experts whole: every E consecutive data ranks hold each expert once).
 int64_t expert_pieces_group(int64_t shard_size, int64_t data, int64_t experts);
 
 // "shard groups (data ranks) {0,1} {2,3}; replica groups {0,2} {1,3}" for `strata plan`.

@@ -252,11 +252,6 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     return {};
   }
 
-  std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
-    const bool experts = std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "expert_parallel") != facts.enabled_passes.end();
-    return experts ? expert_problem(config.get_int("shard_size"), facts.mesh.data, facts.mesh.expert) : std::string();
-  }
-
   // Model states all sharded (16/d bytes per fp32 AdamW parameter) plus what is gathered at once:
   // the root unit (embeddings, head, final norm) and up to limit_all_gathers layers, with their
   // gradients before the reduce-scatter. Parameters are all-gathered for forward and again for
@@ -328,17 +323,18 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     }
     Communicator& comm = shard_comm ? *shard_comm : data_comm;
     // Split experts likewise: sharded within the shard group over the ranks holding the same
-    // experts and replicated over the same replica group when E divides S; kept whole and averaged
-    // over the expert-data group when S divides E (fsdp_hybrid.h).
+    // experts and replicated over the same replica group when E divides S; otherwise kept whole and
+    // averaged over the expert-data group (fsdp_hybrid.h: experts_whole).
     const int64_t expert_size = job.topology->size(Dim::Expert);
     std::shared_ptr<Communicator> expert_shard_comm;
     if (shard_comm && expert_size > 1)
       expert_shard_comm = expert_comm.split(expert_shard_group(shard_ranks, data, expert_size, expert_comm.rank()));
     Communicator& experts_over = !shard_comm ? expert_comm : expert_shard_comm ? *expert_shard_comm : comm;
-    // Pieces disjoint within groups wider than a shard group (S | E) are averaged over the whole
-    // expert-data group; otherwise over the dense units' replica group.
+    // Whole experts are averaged over the whole expert-data group; sharded ones over the dense
+    // units' replica group.
     const int64_t expert_pieces = expert_pieces_group(shard_ranks, data, expert_size);
-    Communicator* expert_replicas = replica_comm && expert_pieces > shard_ranks ? &expert_comm : replica_comm.get();
+    Communicator* expert_replicas =
+        replica_comm && expert_size > 1 && experts_whole(shard_ranks, data, expert_size) ? &expert_comm : replica_comm.get();
     auto* keeper = dynamic_cast<ShardKeeper*>(job.build_keeper.get());
     if (config.get_bool("sync_module_states")) {
       // After a sharded build the ranks drew the same values from the same generators: what they
