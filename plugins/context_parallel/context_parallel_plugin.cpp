@@ -14,9 +14,8 @@
 //                   gradient is that of its tokens' mean)
 //   evaluate        wrapped: the validation loss averaged over the context group
 //   statistics      layers that compute a statistic over the window's tokens (a mixture of
-//                   experts' balance loss, nn::SequenceStatisticsLayer) get the context group;
-//                   capacity-limited routing (a token's place in its expert's queue over the
-//                   whole window) is refused
+//                   experts' balance loss and capacity, nn::SequenceStatisticsLayer) get the
+//                   context group
 #include <numeric>
 #include <sstream>
 
@@ -99,9 +98,6 @@ class ContextParallelPass final : public Pass {
   std::string size_problem(const Config& config, const Config& model, const MeshSizes& mesh) const override {
     if (mesh.context < 2) return "pass 'context_parallel' needs [parallel] context >= 2 (it is " + std::to_string(mesh.context) + ")";
     if (!model.has("seq_len")) return "pass 'context_parallel' splits [model] seq_len, which this model does not declare";
-    if (model.has("capacity_factor") && model.get_float("capacity_factor") > 0)
-      return "pass 'context_parallel' does not split capacity-limited routing ([model] capacity_factor " +
-             std::to_string(model.get_float("capacity_factor")) + "): an expert's queue spans the whole window; use capacity_factor = 0";
     const SequenceSplit split = split_of(config, model.has("seq_len") ? model.get_int("seq_len") : 0, static_cast<int>(mesh.context));
     const int64_t pieces = (split.zigzag ? 2 : 1) * mesh.context;
     if (split.window % pieces != 0)

@@ -157,6 +157,31 @@ MoeLayer::MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden,
   }
 }
 
+at::Tensor MoeLayer::queue_places(const at::Tensor& expert, int64_t batch, int64_t tokens_per_sequence) const {
+  const int64_t n_experts = settings_.experts;
+  const auto places_in_order = [&](const at::Tensor& e) {
+    const at::Tensor one_hot = at::one_hot(e, n_experts);
+    return (one_hot.cumsum(0) * one_hot).sum(1) - 1;
+  };
+  if (!context_group_ || context_group_->size() <= 1) return places_in_order(expert);
+  const int ranks = context_group_->size();
+  const int64_t n = batch * tokens_per_sequence, assignments = expert.size(0);
+  const nn::SequenceLayout& sequence = nn::current_sequence();
+  const int64_t window = sequence.window > 0 ? sequence.window : tokens_per_sequence * ranks;
+  // One process's order: choice, then sequence, then window position.
+  const at::Tensor local = at::arange(assignments, expert.options());
+  const at::Tensor token = local.remainder(n), position = sequence.index(tokens_per_sequence, expert.device());
+  const at::Tensor key = local.div(n, "floor") * (batch * window) + token.div(tokens_per_sequence, "floor") * window +
+                         position.index_select(0, token.remainder(tokens_per_sequence));
+  at::Tensor keys = at::empty({ranks * assignments}, key.options()), experts = at::empty({ranks * assignments}, expert.options());
+  context_group_->all_gather(keys, key.contiguous())->wait();
+  context_group_->all_gather(experts, expert.contiguous())->wait();
+  const at::Tensor order = std::get<1>(keys.sort());
+  at::Tensor places = at::empty_like(keys);
+  places.index_put_({order}, places_in_order(experts.index_select(0, order)));
+  return places.narrow(0, context_group_->rank() * assignments, assignments);
+}
+
 at::Tensor MoeLayer::forward(const at::Tensor& x) {
   const int64_t n_experts = settings_.experts, k = settings_.top_k;
   const at::Tensor tokens = (tensor_group_ ? own_tokens_gradient(x, *tensor_group_) : x).reshape({-1, x.size(-1)});
@@ -179,10 +204,10 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   const at::Tensor selections = at::bincount(expert, {}, n_experts);  // before capacity: the balance loss's f
   int64_t dropped = 0;
   if (settings_.capacity_factor > 0) {
-    const auto capacity = static_cast<int64_t>(std::ceil(settings_.capacity_factor * static_cast<double>(k * n) / static_cast<double>(n_experts)));
-    // Each assignment's place in its expert's queue, in choice-major order.
-    const at::Tensor one_hot = at::one_hot(expert, n_experts);
-    const at::Tensor place = (one_hot.cumsum(0) * one_hot).sum(1) - 1;
+    const int64_t window_ranks = context_group_ ? context_group_->size() : 1;  // capacity over the whole window
+    const auto capacity = static_cast<int64_t>(
+        std::ceil(settings_.capacity_factor * static_cast<double>(k * n * window_ranks) / static_cast<double>(n_experts)));
+    const at::Tensor place = queue_places(expert, x.size(0), n / x.size(0));
     const at::Tensor kept = place.lt(capacity).nonzero().squeeze(1);
     dropped = expert.size(0) - kept.size(0);
     expert = expert.index_select(0, kept), token = token.index_select(0, kept), weight = weight.index_select(0, kept);

@@ -20,7 +20,10 @@
 // each holding N of the window's c N tokens) f counts the whole window (selections summed over
 // the context group) and P stays this rank's mean: each rank's L_aux is then the part of the
 // window's whose average over the context ranks (what their gradients get) is the window's
-// L_aux, value and gradient. The z-loss is a mean over tokens and needs nothing. The reported loss stays the
+// L_aux, value and gradient. Capacity counts the whole window too: C = ceil(c k cN / E), each
+// assignment's place in its expert's queue ranked over every context rank's assignments (their
+// choice, sequence and window position gathered), so the same tokens are dropped as by one
+// process. The z-loss is a mean over tokens and needs nothing. The reported loss stays the
 // language-model loss; moe_aux_loss and moe_z_loss go to the metrics with the expert loads.
 //
 // balance = "bias" (DeepSeek-V3's auxiliary-loss-free balancing): a per-expert bias b (a buffer,
@@ -149,6 +152,11 @@ class MoeLayer final : public torch::nn::Module,
   // The experts' outputs for rows sorted by (global) expert, group_sizes per expert: computed
   // here, or by the ranks holding them under expert parallel.
   at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes);
+  // Each choice-major assignment's place in its expert's queue over the micro-batch's window:
+  // `expert` [k B T] for this rank's B x T tokens. Under context parallel the queue spans every
+  // rank's tokens: the assignments' keys (choice, sequence, window position) are gathered over
+  // the context group and ranked together, as one process ranks them.
+  at::Tensor queue_places(const at::Tensor& expert, int64_t batch, int64_t tokens_per_sequence) const;
   // The balance and z losses of the training forwards since the last device report, summed in
   // fp64 on the device.
   struct DeviceCounts {
