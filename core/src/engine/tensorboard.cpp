@@ -70,7 +70,9 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir, double fl
   std::filesystem::create_directories(dir, ec);
   char host[256] = "localhost";
   gethostname(host, sizeof host - 1);
-  path_ = dir / ("events.out.tfevents." + std::to_string(static_cast<int64_t>(wall_time())) + "." + host);
+  // One file per start of the run: a resume (or a supervisor's restart) within the same second
+  // as the start before it gets a name of its own from its process id.
+  path_ = dir / ("events.out.tfevents." + std::to_string(static_cast<int64_t>(wall_time())) + "." + host + "." + std::to_string(getpid()));
   out_.open(path_, std::ios::binary | std::ios::app);
   if (!out_) throw UserError("[job] tensorboard: cannot write " + path_.string());
   std::string event;  // Event { wall_time = 1; step = 2; file_version = 3 }
