@@ -3,11 +3,11 @@
 #include "cuda/layer_norm_cuda.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "cuda/autocast_half.h"
 #include "cuda/layer_norm_kernels.h"
 #include "cuda/storage_of.h"
 #include "strata/ops.h"
@@ -88,10 +88,9 @@ at::Tensor layer_norm_fused_cuda(const at::Tensor& x, const at::Tensor& weight, 
 }
 
 at::Tensor layer_norm_autocast_out_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps) {
-  const bool autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
-  const at::ScalarType out = autocast ? at::autocast::get_autocast_dtype(c10::DeviceType::CUDA) : at::kFloat;
-  if (!autocast || (out != at::kBFloat16 && out != at::kHalf) || !takes(x, weight, bias)) return layer_norm_fused_cuda(x, weight, bias, eps);
-  return LayerNormCuda::apply(x, weight, bias ? *bias : at::empty({0}, weight.options().requires_grad(false)), eps, out);
+  const std::optional<at::ScalarType> out = cuda_autocast_half_type();
+  if (!out || !takes(x, weight, bias)) return layer_norm_fused_cuda(x, weight, bias, eps);
+  return LayerNormCuda::apply(x, weight, bias ? *bias : at::empty({0}, weight.options().requires_grad(false)), eps, *out);
 }
 
 }  // namespace strata::kernels

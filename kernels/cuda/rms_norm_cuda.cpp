@@ -3,11 +3,11 @@
 #include "cuda/rms_norm_cuda.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "cpu/rms_norm_autograd.h"
+#include "cuda/autocast_half.h"
 #include "cuda/rms_norm_kernels.h"
 #include "cuda/storage_of.h"
 
@@ -48,12 +48,10 @@ at::Tensor rms_norm_fused_cuda(const at::Tensor& x, const at::Tensor& weight, do
 }
 
 at::Tensor rms_norm_autocast_out_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const bool autocast = at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
-  const at::ScalarType out = autocast ? at::autocast::get_autocast_dtype(c10::DeviceType::CUDA) : at::kFloat;
-  if (!autocast || (out != at::kBFloat16 && out != at::kHalf) || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat ||
-      !rms_norm_fused_takes(x, weight, c10::DeviceType::CUDA))
+  const std::optional<at::ScalarType> out = cuda_autocast_half_type();
+  if (!out || x.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat || !rms_norm_fused_takes(x, weight, c10::DeviceType::CUDA))
     return rms_norm_fused_cuda(x, weight, eps);
-  return RmsNormFunction<CudaKernels>::apply(x, weight, eps, static_cast<int64_t>(out));
+  return RmsNormFunction<CudaKernels>::apply(x, weight, eps, static_cast<int64_t>(*out));
 }
 
 }  // namespace strata::kernels

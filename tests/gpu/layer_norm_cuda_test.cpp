@@ -9,11 +9,11 @@
 #include <tuple>
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "../elementwise_error.h"
+#include "autocast_scope.h"
 #include "cuda/layer_norm_cuda.h"
 #include "strata/core/operator_table.h"
 
@@ -93,13 +93,12 @@ TEST(LayerNormCuda, AutocastOutputIsTheCastOfTheFp32Output) {
       at::manual_seed(rows + dim);
       const at::Tensor x = at::randn({rows, dim}, on) * 2 + 0.5, w = at::rand({dim}, on) + 0.5, b = at::randn({dim}, on);
       const at::Tensor dy = (at::randn({rows, dim}, on) * 3).to(half);
-      Result ours, fp32;
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, half);
-      ours = run(kernels::layer_norm_autocast_out_cuda, x, w, b, dy);
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-      fp32 = run(kernels::layer_norm_fused_cuda, x, w, b, dy.to(at::kFloat));
+      Result ours;
+      {
+        const testing::CudaAutocast autocast(half);
+        ours = run(kernels::layer_norm_autocast_out_cuda, x, w, b, dy);
+      }
+      const Result fp32 = run(kernels::layer_norm_fused_cuda, x, w, b, dy.to(at::kFloat));
       EXPECT_EQ(ours.y.scalar_type(), half);
       EXPECT_TRUE(at::equal(ours.y, fp32.y.to(half))) << "y";
       EXPECT_TRUE(at::equal(ours.dx, fp32.dx)) << "dx";

@@ -6,12 +6,12 @@
 // a scaled incoming gradient. Skips without a
 // CUDA device.
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include "cpu/linear_cross_entropy.h"
 #include "cuda/linear_cross_entropy_cuda.h"
 #include "strata/core/operator_table.h"
+#include "autocast_scope.h"
 
 namespace strata {
 namespace {
@@ -81,12 +81,8 @@ TEST(LinearCrossEntropyCuda, UnderAutocastMultipliesInItsDtype) {
   const at::Tensor t = at::randint(50257, {3000}, opts.dtype(at::kLong));
   auto under_autocast = [](auto fn) {
     return [fn](auto&&... a) {
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      at::Tensor loss = fn(a...);
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-      return loss;
+      const testing::CudaAutocast autocast(at::kBFloat16);
+      return fn(a...);
     };
   };
   const Result expected = run(under_autocast(ref.fn()), h, w, at::Tensor(), t);

@@ -8,11 +8,11 @@
 #include <tuple>
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "../elementwise_error.h"
+#include "autocast_scope.h"
 
 #ifdef STRATA_HAVE_CUDA_KERNELS
 #include "cuda/cublaslt_weight_gradient.h"
@@ -76,12 +76,9 @@ TEST(LinearCublasLtCuda, ThreeDimensionalInputUnderAutocastWithFp32Weights) {
   const at::Tensor dy = at::randn({4, 256, 2304}, on);
   Result ours, theirs;
   {
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    const testing::CudaAutocast autocast(at::kBFloat16);
     ours = run(kernels::linear_cublaslt_cuda, x, w, b, dy);
     theirs = run(reference_linear, x, w, b, dy);
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
   }
   EXPECT_EQ(ours.y.scalar_type(), at::kBFloat16);
   EXPECT_EQ(ours.y.sizes(), theirs.y.sizes());

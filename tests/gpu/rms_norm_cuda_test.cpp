@@ -7,11 +7,11 @@
 #include <string>
 #include <utility>
 
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include "cuda/rms_norm_cuda.h"
 #include "../rms_norm_cases.h"
+#include "autocast_scope.h"
 
 namespace strata {
 namespace {
@@ -40,11 +40,11 @@ TEST(RmsNormCuda, AutocastOutputIsTheCastOfTheFp32Output) {
       at::manual_seed(rows + dim);
       const at::Tensor x = at::randn({rows, dim}, on) * 2, w = at::rand({dim}, on) + 0.5;
       const at::Tensor dy = (at::randn({rows, dim}, on) * 3).to(half);
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, half);
-      const testing::RmsNormResult ours = testing::run_rms_norm(kernels::rms_norm_autocast_out_cuda, x, w, dy);
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
+      testing::RmsNormResult ours;
+      {
+        const testing::CudaAutocast autocast(half);
+        ours = testing::run_rms_norm(kernels::rms_norm_autocast_out_cuda, x, w, dy);
+      }
       const testing::RmsNormResult fp32 = testing::run_rms_norm(kernels::rms_norm_fused_cuda, x, w, dy.to(at::kFloat));
       EXPECT_EQ(ours.y.scalar_type(), half);
       EXPECT_TRUE(at::equal(ours.y, fp32.y.to(half))) << "y";
