@@ -2,10 +2,11 @@
 // bf16 while parameters, gradients and optimizer state stay fp32 (the master weights). fp16
 // gradients are protected by a dynamic loss scaler: backward runs on loss x scale, gradients are
 // unscaled before clipping, a step with any non-finite gradient is skipped and the scale backs
-// off, and after growth_interval clean steps it grows. bf16 needs no scaling; it can skip
-// non-finite steps on request. The gradient-sync pass reduces gradients in reduce_dtype, and
-// fsdp gathers full parameters in the compute dtype (gather_dtype) so that only the shards it
-// keeps for the optimizer are fp32. Evaluation runs under the same autocast. precast_weights
+// off, and after growth_interval clean steps it grows, all of it on the device (no step reads the
+// scaler on the host; Scaler below). bf16 needs no scaling; it can skip non-finite steps on
+// request. The gradient-sync pass reduces gradients in reduce_dtype, and fsdp gathers full
+// parameters in the compute dtype (gather_dtype) so that only the shards it keeps for the
+// optimizer are fp32. Evaluation runs under the same autocast. precast_weights
 // casts each block's Linear parameters together (weight_precast.h).
 #include <algorithm>
 
@@ -19,37 +20,44 @@
 namespace strata::amp {
 namespace {
 
-// The scaler's state, checkpointed as amp/scale, amp/growth_tracker, amp/skipped_steps.
+// The scaler's state, on the job's device so that no step reads it on the host (the GPU's queue
+// would drain), checkpointed as amp/scale (fp64), amp/growth_tracker and amp/skipped_steps
+// (int64). The scale is the step program's device loss scale (StepProgram::set_device_loss_scale),
+// which every backward multiplies in, and the non-finite flag its skip flag (add_skip_flag): the
+// optimizer skips the update on the device (GatedOptimizer), and the scale backs off or grows
+// there, with the rule of torch.amp.GradScaler's _amp_update_scale_.
 class Scaler final : public Stateful {
  public:
-  explicit Scaler(double init_scale) : scale(init_scale) {}
+  Scaler(double init_scale, c10::Device device)
+      : scale(at::full({}, init_scale, at::TensorOptions().dtype(at::kDouble).device(device))),
+        growth_tracker(at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device))),
+        skipped_steps(at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device))),
+        found_nonfinite(at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device))) {}
 
   NamedTensors save() const override {
-    return {{"scale", at::tensor(scale, at::kDouble)},
-            {"growth_tracker", at::tensor(growth_tracker, at::kLong)},
-            {"skipped_steps", at::tensor(skipped_steps, at::kLong)}};
+    return {{"scale", scale.clone()}, {"growth_tracker", growth_tracker.clone()}, {"skipped_steps", skipped_steps.clone()}};
   }
 
-  // Every data rank takes the same skip and scale decisions (the non-finite check is reduced).
+  // Every rank takes the same skip and scale decisions (the non-finite check is reduced).
   bool same_on_data_ranks() const override { return true; }
 
   void load(const NamedTensors& tensors) override {
+    at::NoGradGuard no_grad;
     for (const auto& [name, t] : tensors) {
-      if (name == "scale") scale = t.item<double>();
-      else if (name == "growth_tracker") growth_tracker = t.item<int64_t>();
-      else if (name == "skipped_steps") skipped_steps = t.item<int64_t>();
+      if (name == "scale") scale.copy_(t.reshape({}));
+      else if (name == "growth_tracker") growth_tracker.copy_(t.reshape({}));
+      else if (name == "skipped_steps") skipped_steps.copy_(t.reshape({}));
     }
   }
 
-  double scale;
-  int64_t growth_tracker = 0;
-  int64_t skipped_steps = 0;
-  // Within one step (not saved): the step, the scale its backward passes used, and whether any
-  // of them had a non-finite gradient. A pass that runs the gradients twice (WSAM) calls the
-  // wrapper twice; the scale still updates once per step.
+  at::Tensor scale;           // fp64; the next step's loss scale (1 for bf16)
+  at::Tensor growth_tracker;  // clean steps since the scale last changed
+  at::Tensor skipped_steps;
+  // Within one step (not saved): 1 where any of its gradients, on any rank, was not finite. A
+  // pass that runs the gradients twice (WSAM) calls the wrapper twice; the flag gathers both and
+  // the scale updates once per step.
+  at::Tensor found_nonfinite;
   int64_t step = -1;
-  double step_scale = 1.0;
-  bool found_nonfinite = false;
 };
 
 struct Settings {
@@ -60,18 +68,32 @@ struct Settings {
   int64_t growth_interval;
 };
 
-// Unscales the gradients in place and tells whether any of them, on any data-parallel rank, is
-// not finite (every rank must take the same decision).
-bool unscale_and_check(const Job& job, double inv_scale) {
+// Unscales the gradients in place and sets the flag where any of them, on any rank, is not finite,
+// all on the device: ATen's fused check-and-unscale, then an all-reduce of the flag over the whole
+// mesh. Every rank must take the same decision: data ranks hold replicas, and pipeline stages,
+// tensor and expert ranks hold parts of one model whose step is taken whole or not at all.
+void unscale_and_check(const Job& job, Scaler& scaler) {
   at::NoGradGuard no_grad;
-  at::Tensor bad = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(job.device()));
-  for (auto& [g, placement] : job.local_gradients()) {
-    if (!g.defined()) continue;
-    if (inv_scale != 1.0) g.mul_(inv_scale);
-    bad.add_(at::logical_not(at::isfinite(g)).any().to(at::kFloat));
-  }
-  job.topology->group(Dim::Data).all_reduce(bad, ReduceOp::Max)->wait();
-  return bad.item<float>() > 0;
+  std::vector<at::Tensor> grads;
+  for (auto& [g, placement] : job.local_gradients())
+    if (g.defined()) grads.push_back(g);
+  const at::Tensor inv_scale = scaler.scale.reciprocal().to(at::kFloat).reshape({1});
+  if (!grads.empty()) at::_amp_foreach_non_finite_check_and_unscale_(grads, scaler.found_nonfinite, inv_scale);
+  job.topology->world().all_reduce(scaler.found_nonfinite, ReduceOp::Max)->wait();
+}
+
+// After the update: counts a skipped step, and (fp16) backs the scale off after it or grows it
+// after growth_interval clean steps, on the device.
+void update_scale(Scaler& scaler, const Settings& settings) {
+  at::NoGradGuard no_grad;
+  const at::Tensor skipped = scaler.found_nonfinite.reshape({}).ne(0);
+  scaler.skipped_steps.add_(skipped.to(at::kLong));
+  if (!settings.scaling) return;
+  const at::Tensor counted = at::where(skipped, at::zeros_like(scaler.growth_tracker), scaler.growth_tracker + 1);
+  const at::Tensor grow = counted.eq(settings.growth_interval);
+  scaler.scale.copy_(at::where(skipped, scaler.scale * settings.backoff_factor,
+                               at::where(grow, scaler.scale * settings.growth_factor, scaler.scale)));
+  scaler.growth_tracker.copy_(at::where(grow, at::zeros_like(counted), counted));
 }
 
 at::ScalarType dtype_named(const std::string& name) {
@@ -105,14 +127,14 @@ class AmpPass final : public Pass {
       diagnostics.error(section, "pass 'amp' backoff_factor must be strictly between 0 and 1");
   }
 
-  // The cuda_graph pass records the gradients stage, this pass's wrapper inside it; the
-  // non-finite check reads its result on the host there, which a recording cannot (fp16's is
-  // refused by cuda_graph itself, from the compute dtype).
+  // The cuda_graph pass records the gradients stage, this pass's wrapper inside it. The
+  // non-finite check stays on the device now, but no GPU has replayed it in a graph yet (fp16's
+  // is refused by cuda_graph itself, from the compute dtype).
   std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
     const auto& passes = facts.enabled_passes;
     if (config.get_bool("skip_if_nonfinite") && std::find(passes.begin(), passes.end(), "cuda_graph") != passes.end())
-      return "pass 'amp': skip_if_nonfinite reads the gradients' non-finite check on the host in every step, which pass "
-             "'cuda_graph' cannot record; set skip_if_nonfinite = false";
+      return "pass 'amp': skip_if_nonfinite's non-finite check has not been run inside pass 'cuda_graph''s recorded step "
+             "on a GPU yet; set skip_if_nonfinite = false";
     return {};
   }
 
@@ -149,7 +171,7 @@ class AmpPass final : public Pass {
                             config.get_float("backoff_factor"),
                             config.get_int("growth_interval")};
     const c10::DeviceType device = job.device().type();
-    auto scaler = std::make_shared<Scaler>(fp16 ? config.get_float("init_scale") : 1.0);
+    auto scaler = std::make_shared<Scaler>(fp16 ? config.get_float("init_scale") : 1.0, job.device());
     job.register_state("amp", scaler);
     job.reduce_dtype = dtype_named(config.get_string("reduce_dtype"));
     if (config.get_string("gather_dtype") == "compute") job.gather_dtype = settings.dtype;
@@ -169,31 +191,24 @@ class AmpPass final : public Pass {
     job.add_hook(HookPoint::AfterEvaluate, autocast_off);
     if (config.get_bool("precast_weights")) install_weight_precast(job, settings.dtype);
 
-    // Each computation of the gradients: backward on the scaled loss, then gradients unscaled
-    // and checked before anything (clipping, WSAM) reads them.
-    job.program.wrap(Stage::Gradients, [&job, scaler, settings](StepContext& context, const StageFn& inner) {
-      if (scaler->step != context.step) scaler->step = context.step, scaler->step_scale = scaler->scale, scaler->found_nonfinite = false;
-      const double scale = scaler->step_scale;
-      context.loss_scale = scale;
-      inner(context);
-      context.loss_scale = 1.0;
-      if (settings.check_nonfinite && unscale_and_check(job, 1.0 / scale)) scaler->found_nonfinite = true;
-      if (scaler->found_nonfinite) context.skip_step = true;
-    });
-    // Once per step: the scale backs off after a non-finite step and grows after clean ones.
-    job.add_hook(HookPoint::AfterStep, [scaler, settings](StepContext& context) {
-      const bool skipped = scaler->found_nonfinite;
-      const double scale = scaler->step_scale;
-      if (skipped) {
-        ++scaler->skipped_steps;
-        if (settings.scaling) scaler->scale = scale * settings.backoff_factor, scaler->growth_tracker = 0;
-      } else if (settings.scaling && ++scaler->growth_tracker == settings.growth_interval) {
-        scaler->scale = scale * settings.growth_factor;
-        scaler->growth_tracker = 0;
-      }
-      if (settings.scaling) context.metrics.emplace_back("amp_loss_scale", scale);
-      context.metrics.emplace_back("amp_skipped", skipped ? 1.0 : 0.0);
-      context.metrics.emplace_back("amp_skipped_steps", static_cast<double>(scaler->skipped_steps));
+    // Backward runs on the scaled loss; each computation of the gradients is then unscaled and
+    // checked before anything (clipping, WSAM) reads them, and the update is skipped on the
+    // device where the check failed.
+    if (settings.scaling) job.program.set_device_loss_scale(scaler->scale);
+    if (settings.check_nonfinite) {
+      job.program.add_skip_flag(scaler->found_nonfinite);
+      job.program.wrap(Stage::Gradients, [&job, scaler](StepContext& context, const StageFn& inner) {
+        if (scaler->step != context.step) scaler->step = context.step, scaler->found_nonfinite.zero_();
+        inner(context);
+        unscale_and_check(job, *scaler);
+      });
+    }
+    // Once per step, after the update; the figures stay on the device until a step records them.
+    job.add_hook(HookPoint::AfterStep, [&job, scaler, settings](StepContext&) {
+      if (settings.scaling) job.program.report_device_figure("amp_loss_scale", scaler->scale.clone());
+      job.program.report_device_figure("amp_skipped", scaler->found_nonfinite.clone());
+      update_scale(*scaler, settings);
+      job.program.report_device_figure("amp_skipped_steps", scaler->skipped_steps.clone());
     });
   }
 };

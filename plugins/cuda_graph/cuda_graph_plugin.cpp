@@ -15,7 +15,8 @@
 // every step, and they are a few multi-tensor launches.
 //
 // What a replay cannot do is refused at plan time: anything that reads the device on the host
-// mid-step (amp fp16's overflow check, the mixture-of-experts router's group sizes), host
+// mid-step (the mixture-of-experts router's group sizes), amp fp16's scaler (on the device, but
+// never replayed on a GPU yet), host
 // randomness per step (dropout masks are seeded per step), collectives (one process only) and
 // shapes that change. A step that still waits for the device fails its capture with a clear
 // line. Host-side figures counted during the gradients (amp_precast_tensors) count the captured
@@ -98,8 +99,8 @@ class CudaGraphPass final : public Pass {
       return "pass 'cuda_graph': runs on one process (the mesh has " + std::to_string(m.data * m.tensor * m.pipeline * m.context) +
              " ranks); its collectives are not recorded";
     if (facts.compute_dtype == c10::ScalarType::Half && enabled(facts, "amp"))
-      return "pass 'cuda_graph': amp fp16's loss scaler reads its overflow check on the host in every step, which a replay "
-             "cannot; use amp dtype = \"bf16\"";
+      return "pass 'cuda_graph': amp fp16's loss scaler (its check on the device) has not been replayed in a graph on a GPU "
+             "yet; use amp dtype = \"bf16\"";
     if (facts.model.has("dropout") && facts.model.get_float("dropout") > 0)
       return "pass 'cuda_graph': [model] dropout = " + c10::str(facts.model.get_float("dropout")) +
              " draws masks seeded per step on the host, which a replay would repeat; set dropout = 0";

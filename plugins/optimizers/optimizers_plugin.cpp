@@ -1,6 +1,7 @@
 // AdamW and SGD with momentum, with PyTorch's update rules (torch.optim.AdamW / SGD), so runs can
 // be compared with PyTorch step for step.
 #include <cmath>
+#include <cstdlib>
 #include <map>
 
 #include <ATen/ATen.h>
@@ -29,7 +30,16 @@ class PerParameterState {
   NamedTensors named_;
 };
 
-class AdamW final : public Optimizer {
+// Gated steps (amp's fp16 non-finite check, strata/optimizer.h's GatedOptimizer): on the CPU the
+// flag is host memory and is branched on. On a CUDA device the update is ATen's fused AdamW (the
+// kernel adamw_update.fused_cuda runs) with the flag as its found_inf, which leaves every tensor
+// as it was where the flag is set; the step t then lives on the device too, counted up only where
+// the update was taken, as torch.optim.AdamW(fused=True) does under a GradScaler. From the first
+// such step the checkpointed "step" is that device count (state_tensors() names it; a save reads
+// it, a load writes it), so no step reads it. STRATA_GATE_ON_DEVICE=1 takes the device path on
+// the CPU too (ATen's fused AdamW has a CPU kernel): how CI, which has no GPU, runs that path's
+// skips, step counts and checkpoints.
+class AdamW final : public Optimizer, public GatedOptimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, const Config& c)
       : groups_(std::move(groups)),
@@ -46,13 +56,54 @@ class AdamW final : public Optimizer {
   // CPU tensors in one pass each and CUDA tensors in multi-tensor launches.
   void step(double lr) override {
     at::NoGradGuard no_grad;
+    take_device_step();
     step_ += 1;
     ops::AdamwHyper h{lr, beta1_, beta2_, eps_, 0.0, step_.item<int64_t>()};
+    for_each_kind([&](Lists& lists, double weight_decay) {
+      h.weight_decay = weight_decay;
+      ops::adamw_update(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs, h);
+    });
+  }
+
+  void step_unless(double lr, const at::Tensor& skip) override {
+    static const bool forced = [] {
+      const char* value = std::getenv("STRATA_GATE_ON_DEVICE");
+      return value != nullptr && std::string(value) == "1";
+    }();
+    if (skip.is_cpu() && !forced) {
+      if (skip.item<double>() == 0) step(lr);
+      return;
+    }
+    at::NoGradGuard no_grad;
+    // ATen's kernel skips where found_inf is exactly 1, and reads t as a float.
+    const at::Tensor found_inf = skip.ne(0).to(at::kFloat);
+    if (!device_step_.defined()) device_step_ = at::full({}, step_.item<int64_t>(), found_inf.options().dtype(at::kLong));
+    const at::Tensor t = (device_step_ + 1).to(at::kFloat);
+    for_each_kind([&](Lists& lists, double weight_decay) {
+      TORCH_CHECK(lists.params.front().device() == found_inf.device(),
+                  "adamw: a gated step's flag is on ", found_inf.device(), ", parameters on ", lists.params.front().device());
+      const std::vector<at::Tensor> steps(lists.params.size(), t);  // ATen reads steps[i] for tensor i
+      at::_fused_adamw_(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs, {}, steps, lr, beta1_, beta2_,
+                        weight_decay, eps_, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+    });
+    device_step_.add_(found_inf.eq(0).to(at::kLong));
+  }
+
+  NamedTensors state_tensors() override {
+    NamedTensors out{{"step", device_step_.defined() ? device_step_ : step_}};
+    out.insert(out.end(), state_.named().begin(), state_.named().end());
+    return out;
+  }
+
+ private:
+  struct Lists {
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  };
+  // `update` once per group and (device, dtype) of its parameters that have a gradient.
+  template <class Update>
+  void for_each_kind(Update update) {
     size_t index = 0;
     for (auto& g : groups_) {
-      struct Lists {
-        std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
-      };
       std::map<std::pair<std::string, c10::ScalarType>, Lists> by_kind;  // device as text: c10::Device has no order
       for (auto& p : g.params) {
         auto& s = state_.of(index++);
@@ -60,21 +111,22 @@ class AdamW final : public Optimizer {
         Lists& lists = by_kind[{p.device().str(), p.scalar_type()}];
         lists.params.push_back(p), lists.grads.push_back(p.grad()), lists.exp_avgs.push_back(s[0]), lists.exp_avg_sqs.push_back(s[1]);
       }
-      h.weight_decay = g.weight_decay;
-      for (auto& [kind, lists] : by_kind) ops::adamw_update(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs, h);
+      for (auto& [kind, lists] : by_kind) update(lists, g.weight_decay);
     }
   }
 
-  NamedTensors state_tensors() override {
-    NamedTensors out{{"step", step_}};
-    out.insert(out.end(), state_.named().begin(), state_.named().end());
-    return out;
+  // An ungated step after gated ones on a device (not within one run): the device's count back
+  // into the host's step (one counted read), which is the count again from here on.
+  void take_device_step() {
+    if (!device_step_.defined()) return;
+    step_.fill_(static_cast<int64_t>(read_on_host({device_step_})[0]));
+    device_step_ = at::Tensor();
   }
 
- private:
   std::vector<ParamGroup> groups_;
   double beta1_, beta2_, eps_;
-  at::Tensor step_;
+  at::Tensor step_;         // updates taken (checkpointed until gated steps run on a device)
+  at::Tensor device_step_;  // from the first gated step on a device: updates taken, there (checkpointed)
   PerParameterState state_;
 };
 

@@ -174,7 +174,9 @@ void StageRuntime::run_step(StepContext& context) {
           const double weight = context.loss_scale / static_cast<double>(count);
           const nn::LossGradientScale auxiliary_losses(weight);  // the micro-batch's weight on every stage
           if (last_stage(a.chunk)) {
-            (f.output * weight).backward();
+            at::Tensor scaled = f.output * weight;
+            if (const at::Tensor scale = job_.program.device_loss_scale(); scale.defined()) scaled = scaled * scale;
+            scaled.backward();
           } else {
             const auto grad_key = std::make_pair(-1 - a.micro, a.chunk);
             torch::autograd::backward({f.output}, {received_.at(grad_key)});

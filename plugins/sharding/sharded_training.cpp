@@ -22,8 +22,9 @@ std::map<std::string, Piece> pieces_by_name(const Units& units) {
 }
 
 // The base optimizer updates this rank's pieces (views of its chunks) in place; the units then
-// all-gather what changed.
-class ShardedOptimizer final : public Optimizer {
+// all-gather what changed. A gated step goes to the base optimizer as one (read here if the base
+// cannot gate); the units gather after it either way, unchanged pieces where it was skipped.
+class ShardedOptimizer final : public Optimizer, public GatedOptimizer {
  public:
   ShardedOptimizer(std::unique_ptr<Optimizer> inner, std::map<std::string, Piece> pieces, Units units)
       : inner_(std::move(inner)), pieces_(std::move(pieces)), units_(std::move(units)) {}
@@ -31,6 +32,15 @@ class ShardedOptimizer final : public Optimizer {
   void step(double lr) override {
     inner_->step(lr);
     refresh_all(units_);
+  }
+
+  void step_unless(double lr, const at::Tensor& skip) override {
+    if (auto* gated = dynamic_cast<GatedOptimizer*>(inner_.get())) {
+      gated->step_unless(lr, skip);
+      refresh_all(units_);
+    } else if (read_on_host({skip})[0] == 0) {
+      step(lr);
+    }
   }
 
   NamedTensors state_tensors() override { return inner_->state_tensors(); }

@@ -119,8 +119,11 @@ class Wsam {
   }
 
   // The decoupled sharpness step after the base optimizer's: w <- w - lr * alpha * (g~ - g).
+  // A step skipped on the device (amp's flag) is read here: WSAM's step follows the base
+  // optimizer's only where that one was taken.
   void after_step(const StepContext& context) {
-    if (!context.skip_step && !sharpness_.empty()) {
+    const at::Tensor skip = job_.program.skip_flag();
+    if (!context.skip_step && !sharpness_.empty() && !(skip.defined() && read_on_host({skip})[0] != 0)) {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < params_.size(); ++i) params_[i].sub_(sharpness_[i], context.lr * settings_.alpha);
       propagate();

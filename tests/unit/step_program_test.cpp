@@ -1,10 +1,14 @@
 // The step program and pass claims: plan-time checks of dimensions and stage owners, run-time
 // refusal of undeclared stages, wrapper order, and flattened mesh groups.
+#include <optional>
+
 #include <gtest/gtest.h>
+#include <ATen/ATen.h>
 
 #include "strata/core/pass_manager.h"
 #include "strata/core/step_plan.h"
 #include "strata/job.h"
+#include "strata/nn.h"
 #include "test_registry.h"
 
 namespace strata {
@@ -116,6 +120,45 @@ TEST(StepProgram, SecondOwnerIsRefused) {
   program.end_pass();
   program.begin_pass("b", owns);
   EXPECT_THROW(program.own(Stage::ForwardBackward, [](StepContext&) {}), std::logic_error);
+}
+
+// ABI 1.4: amp's fp16 scaler hands core a scale and a skip flag that stay on the device.
+TEST(StepProgram, DeviceLossScaleReachesAuxiliaryLossesAndGoesWithTheProgram) {
+  at::Tensor p = at::randn({5}, at::kFloat).requires_grad_();
+  auto grad_of = [&](std::optional<double> device_scale) {
+    StepProgram program;
+    if (device_scale) program.set_device_loss_scale(at::full({}, *device_scale, at::kDouble));
+    const at::Tensor out = p * 3.0, aux = (p * p).sum();
+    {
+      const nn::LossGradientScale weight(0.5);
+      at::Tensor root = nn::add_auxiliary_loss(out, aux).sum() * 0.5;
+      if (const at::Tensor scale = program.device_loss_scale(); scale.defined()) root = root * scale;
+      root.backward();
+    }
+    at::Tensor g = p.grad().clone();
+    p.mutable_grad() = at::Tensor();
+    return g;
+  };
+  const at::Tensor plain = grad_of(std::nullopt), scaled = grad_of(1024.0);
+  EXPECT_TRUE(scaled.equal(plain * 1024)) << "the auxiliary loss's gradient is scaled like the main loss's";
+  EXPECT_TRUE(grad_of(std::nullopt).equal(plain)) << "a program's scale leaves with the program";
+}
+
+TEST(StepProgram, SkipFlagsCombineOnTheDeviceAndReadsAreCounted) {
+  StepProgram program;
+  EXPECT_FALSE(program.skip_flag().defined());
+  const at::Tensor first = at::zeros({1}, at::kFloat), second = at::zeros({}, at::kLong);
+  program.add_skip_flag(first);
+  EXPECT_TRUE(program.skip_flag().is_same(first.reshape({})) || program.skip_flag().data_ptr() == first.data_ptr())
+      << "one flag is handed on as it is";
+  program.add_skip_flag(second);
+  const int64_t reads = host_read_count();
+  EXPECT_EQ(read_on_host({program.skip_flag()})[0], 0.0);
+  second.fill_(3);  // set in place by its owner, as amp sets its flag each step
+  EXPECT_EQ(read_on_host({program.skip_flag()})[0], 1.0);
+  EXPECT_EQ(host_read_count() - reads, 2);
+  EXPECT_THROW(program.add_skip_flag(at::zeros({2})), std::logic_error);
+  EXPECT_THROW(program.set_device_loss_scale(at::ones({}, at::kLong)), std::logic_error);
 }
 
 TEST(Mesh, FlattenedGroupsAndNeighbours) {

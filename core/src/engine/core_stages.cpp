@@ -89,7 +89,7 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
   // Dropout masks keyed by (step, micro-batch, data rank, block): a pipeline's stages draw them alike.
   const auto seed = static_cast<uint64_t>(job.job_config().get_int("seed"));
   program.provide(Stage::ForwardBackward, core_stage_description(Stage::ForwardBackward),
-                  [&job, batch_loss, seed, dp_rank](StepContext& context) {
+                  [&job, batch_loss, seed, dp_rank, &program](StepContext& context) {
                     // Summed where the losses live and left there: the trainer reads it with the
                     // step's other figures at its end (on a GPU a read here would wait for the
                     // backward). fp64, as the host's sum was, so the logged loss is unchanged.
@@ -105,7 +105,9 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
                       job.run_hooks(HookPoint::BeforeBackward, context);
                       const double weight = context.loss_scale / static_cast<double>(count);
                       const nn::LossGradientScale auxiliary_losses(weight);
-                      (context.loss * weight).backward();
+                      at::Tensor scaled = context.loss * weight;
+                      if (const at::Tensor scale = program.device_loss_scale(); scale.defined()) scaled = scaled * scale;
+                      scaled.backward();
                       job.run_hooks(HookPoint::AfterBackward, context);
                       context.last_backward = false;
                       loss_sum += context.loss.detach().to(loss_sum.device(), at::kDouble);
@@ -118,8 +120,13 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
                     // Every piece counted once over the mesh, whatever its placement.
                     context.grad_norm = clip_gradient_norm(job.local_gradients(), max_norm, job.topology.get(), job.device());
                   });
-  program.provide(Stage::OptimizerStep, core_stage_description(Stage::OptimizerStep), [&optimizer](StepContext& context) {
-    if (!context.skip_step) optimizer->step(context.lr);
+  program.provide(Stage::OptimizerStep, core_stage_description(Stage::OptimizerStep), [&optimizer, &program](StepContext& context) {
+    if (context.skip_step) return;
+    const at::Tensor skip = program.skip_flag();
+    if (!skip.defined()) return optimizer->step(context.lr);
+    // A pass's flag on the device: a gated optimizer decides there; any other needs it here.
+    if (auto* gated = dynamic_cast<GatedOptimizer*>(optimizer.get())) return gated->step_unless(context.lr, skip);
+    if (read_on_host({skip})[0] == 0) optimizer->step(context.lr);
   });
   program.provide(Stage::Evaluate, core_stage_description(Stage::Evaluate),
                   [&job, batch_loss](StepContext& context) {

@@ -183,14 +183,19 @@ void Console::finish() {
   std::cout << std::flush;
 }
 
+}  // namespace strata::engine
+
+// The plugin API's counted read (strata/step_program.h).
+namespace strata {
+
 namespace {
-std::atomic<int64_t> host_read_count{0};
+std::atomic<int64_t> host_reads{0};
 }
 
-int64_t host_reads() { return host_read_count.load(); }
+int64_t host_read_count() { return host_reads.load(); }
 
 std::vector<double> read_on_host(const std::vector<at::Tensor>& values) {
-  host_read_count.fetch_add(1);
+  host_reads.fetch_add(1);
   std::vector<at::Tensor> parts;
   c10::Device device = at::kCPU;
   for (const auto& v : values) {
@@ -203,4 +208,4 @@ std::vector<double> read_on_host(const std::vector<at::Tensor>& values) {
   return {data, data + all.numel()};
 }
 
-}  // namespace strata::engine
+}  // namespace strata

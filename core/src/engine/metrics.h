@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "strata/core/trainer.h"
+#include "strata/step_program.h"
 
 namespace strata::engine {
 
@@ -60,11 +61,10 @@ std::string format_number(double value);  // %.17g: exact round trip
 // communication comes twice) are summed, as a model's per-module figures are.
 std::vector<std::pair<std::string, double>> summed_by_name(const std::vector<std::pair<std::string, double>>& figures);
 
-// The elements of `values` (0-dim or 1-dim; undefined reads as 0), in order, as doubles, copied
-// to the host together. On a GPU each read waits for the device's queue to drain, so the step
-// loop reads nothing except on steps that log, evaluate or checkpoint (Trainer::Impl::advance),
-// and core reads every figure through this function, which counts its calls (host_reads).
-std::vector<double> read_on_host(const std::vector<at::Tensor>& values);
-int64_t host_reads();  // calls of read_on_host in this process so far
+// Figures come to the host through strata::read_on_host (strata/step_program.h), which counts
+// its calls: the step loop reads only on steps that log, evaluate or checkpoint
+// (Trainer::Impl::advance).
+using strata::host_read_count;
+using strata::read_on_host;
 
 }  // namespace strata::engine

@@ -287,7 +287,7 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
     }
     at::Tensor outcomes = at::tensor(agreement, at::kLong).to(device);
     topology->world().all_reduce(outcomes, ReduceOp::Sum)->wait();
-    const std::vector<double> counts = engine::read_on_host({outcomes});
+    const std::vector<double> counts = read_on_host({outcomes});
     if (counts[0] == 0) {
       if (outcome == FlashWrite::Written && inject_fault(env.rank, at_step, "snapshot_done")) flash->damage_newest();
       snapshot_skipped = counts[1] > 0;
@@ -350,7 +350,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
     if (flash) flash->wait();
   });
   const auto started = std::chrono::steady_clock::now();
-  const int64_t reads_before = engine::host_reads();
+  const int64_t reads_before = host_read_count();
   if (unread.empty()) unread_since = started;
   for (auto& p : params) p.mutable_grad() = at::Tensor();
   StepContext context;
@@ -382,7 +382,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   done.grad_norm = context.grad_norm;
   done.memory = {memory.params, memory.grads, memory.optimizer, memory.peak, memory.device_peak};
   done.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  done.host_reads = engine::host_reads() - reads_before;
+  done.host_reads = host_read_count() - reads_before;
   step = at_step;
 
   const int64_t eval_every = job_cfg.get_int("eval_every"), checkpoint_every = job_cfg.get_int("checkpoint_every");
@@ -452,9 +452,9 @@ void Trainer::Impl::read_unread(bool across_ranks) {
     topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
     values.push_back(memory_max);
   }
-  const int64_t reads_before = engine::host_reads();
-  const std::vector<double> figures = engine::read_on_host(values);
-  const int64_t this_read = engine::host_reads() - reads_before;  // counted on the newest step
+  const int64_t reads_before = host_read_count();
+  const std::vector<double> figures = read_on_host(values);
+  const int64_t this_read = host_read_count() - reads_before;  // counted on the newest step
   const size_t n = unread.size();
   auto next = figures.begin() + static_cast<std::ptrdiff_t>(2 * n);  // the device figures, then the memory figures
   for (auto& u : unread)

@@ -95,7 +95,7 @@ struct Trainer::Impl {
     std::vector<std::pair<std::string, at::Tensor>> device_figures;  // StepProgram::report_device_figure's
     std::array<double, 5> memory{};  // this rank's engine::MemoryFigures, in their order
     double host_ms = 0;
-    int64_t host_reads = 0;  // engine::read_on_host calls during the step
+    int64_t host_reads = 0;  // read_on_host calls during the step
   };
   std::vector<UnreadStep> unread;
   std::chrono::steady_clock::time_point unread_since;  // when the first unread step started

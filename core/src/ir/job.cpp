@@ -20,6 +20,7 @@ TokenDataset::~TokenDataset() = default;
 bool TokenDataset::read_in_order() const { return false; }
 DatasetFactory::~DatasetFactory() = default;
 Optimizer::~Optimizer() = default;
+GatedOptimizer::~GatedOptimizer() = default;
 OptimizerFactory::~OptimizerFactory() = default;
 ModelFactory::~ModelFactory() = default;
 

@@ -1,5 +1,7 @@
 #include "strata/nn.h"
 
+#include "device_loss_scale.h"
+
 #include "strata/core/expert_split.h"
 #include "strata/core/process_memory.h"
 #include "initial_draws.h"
@@ -117,13 +119,16 @@ void WeightGradientQueue::run_all() {
 
 namespace {
 std::atomic<double> loss_gradient_scale{1.0};
+at::Tensor device_loss_scale;  // device_loss_scale.h; set between steps, read during backward
 
 // Identity on `output`; backward also sends LossGradientScale::current() into `loss`.
 class AuxiliaryLoss : public torch::autograd::Function<AuxiliaryLoss> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& output, const at::Tensor&) { return output; }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list grads) {
-    return {grads[0], at::scalar_tensor(LossGradientScale::current(), grads[0].options().dtype(at::kFloat))};
+    at::Tensor weight = at::scalar_tensor(LossGradientScale::current(), grads[0].options().dtype(at::kFloat));
+    if (device_loss_scale.defined()) weight = weight * device_loss_scale.to(weight.device(), at::kFloat);
+    return {grads[0], weight};
   }
 };
 }  // namespace
@@ -132,6 +137,11 @@ at::Tensor add_auxiliary_loss(const at::Tensor& output, const at::Tensor& loss) 
   if (loss.numel() != 1) throw std::invalid_argument("add_auxiliary_loss: the loss must be a scalar, not " + c10::str(loss.sizes()));
   if (!at::GradMode::is_enabled() || !loss.requires_grad()) return output;
   return AuxiliaryLoss::apply(output, loss.reshape({}).to(at::kFloat));
+}
+
+void set_device_loss_scale(const at::Tensor& scale) { device_loss_scale = scale; }
+void forget_device_loss_scale(const at::Tensor& scale) {
+  if (device_loss_scale.defined() && device_loss_scale.is_same(scale)) device_loss_scale = at::Tensor();
 }
 
 LossGradientScale::LossGradientScale(double scale) : previous_(loss_gradient_scale.exchange(scale)) {}

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include "device_loss_scale.h"
+
 namespace strata {
 
 namespace {
@@ -27,13 +29,17 @@ struct detail::StepProgramState {
   std::string applying;
   Claims applying_claims;
   std::vector<std::pair<std::string, at::Tensor>> device_figures;  // of the step running
+  at::Tensor device_loss_scale;
+  std::vector<at::Tensor> skip_flags;
 
   Slot& slot(Stage stage) { return slots[stage]; }
   void require_claim(Stage stage, StageUse use) const;
 };
 
 StepProgram::StepProgram() : state_(std::make_unique<detail::StepProgramState>()) {}
-StepProgram::~StepProgram() = default;
+StepProgram::~StepProgram() {
+  if (state_ && state_->device_loss_scale.defined()) nn::forget_device_loss_scale(state_->device_loss_scale);
+}
 StepProgram::StepProgram(StepProgram&&) noexcept = default;
 StepProgram& StepProgram::operator=(StepProgram&&) noexcept = default;
 
@@ -93,6 +99,28 @@ void StepProgram::report_device_figure(std::string name, at::Tensor value) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> StepProgram::take_device_figures() { return std::exchange(state_->device_figures, {}); }
+
+void StepProgram::set_device_loss_scale(at::Tensor scale) {
+  if (!scale.defined() || scale.numel() != 1 || !at::isFloatingType(scale.scalar_type()))
+    throw std::logic_error("set_device_loss_scale: the scale must be a floating-point tensor of one element");
+  state_->device_loss_scale = scale.detach().reshape({});
+  nn::set_device_loss_scale(state_->device_loss_scale);  // auxiliary losses' backward multiplies it in
+}
+
+at::Tensor StepProgram::device_loss_scale() const { return state_->device_loss_scale; }
+
+void StepProgram::add_skip_flag(at::Tensor flag) {
+  if (!flag.defined() || flag.numel() != 1) throw std::logic_error("add_skip_flag: the flag must be a tensor of one element");
+  state_->skip_flags.push_back(flag.detach().reshape({}));
+}
+
+at::Tensor StepProgram::skip_flag() const {
+  const auto& flags = state_->skip_flags;
+  if (flags.size() <= 1) return flags.empty() ? at::Tensor() : flags.front();
+  at::Tensor any = flags.front().ne(0);
+  for (size_t i = 1; i < flags.size(); ++i) any = any.logical_or(flags[i].ne(0));
+  return any.to(at::kFloat);
+}
 
 void StepProgram::begin_pass(std::string name, Claims claims) {
   state_->applying = std::move(name);

@@ -36,6 +36,18 @@ class STRATA_API Optimizer {
   virtual Placements state_placements() { return {}; }
 };
 
+// ABI 1.4. An optimizer that can gate its update on a flag on the device, found by dynamic_cast:
+// step_unless(lr, skip) is step(lr) where the one-element tensor `skip` is 0 and changes nothing
+// (parameters, state, step counts) where it is nonzero, without the host reading `skip` on a
+// device (a flag in host memory, on the CPU, may be branched on). Core calls it instead of step()
+// when a pass registered a skip flag (StepProgram::add_skip_flag): amp's fp16 non-finite check
+// then never drains the GPU's queue.
+class STRATA_API GatedOptimizer {
+ public:
+  virtual ~GatedOptimizer();
+  virtual void step_unless(double lr, const at::Tensor& skip) = 0;
+};
+
 // The rule that places optimizer state which follows its parameters: a state tensor named
 // "<parameter>.<slot>" and shaped like that parameter as `params` holds it (a piece, for a
 // sharding pass) is placed as the parameter is in `placements`; the rest (step counters) are

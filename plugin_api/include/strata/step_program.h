@@ -65,6 +65,14 @@ struct StepContext {
   std::vector<std::pair<std::string, double>> metrics;
 };
 
+// ABI 1.4. The one way figures come from the device to the host: the elements of `values` (0-dim
+// or 1-dim; undefined reads as 0), in order, as doubles, copied together. On a GPU each call waits
+// for the device's queue to drain, so core calls it only on steps that record figures. Every call
+// is counted (host_read_count), the count each metrics.jsonl line carries as host_reads; a pass
+// that must read a device value during a step reads it here, so the count stays true.
+STRATA_API std::vector<double> read_on_host(const std::vector<at::Tensor>& values);
+STRATA_API int64_t host_read_count();  // calls of read_on_host in this process so far
+
 using StepHook = std::function<void(StepContext&)>;
 using StageFn = std::function<void(StepContext&)>;
 // A wrapper receives the context and the stage as it was before the wrapper was added.
@@ -99,6 +107,23 @@ class STRATA_API StepProgram {
   void report_device_figure(std::string name, at::Tensor value);
   // Core: the device figures reported since the last call, in order.
   std::vector<std::pair<std::string, at::Tensor>> take_device_figures();
+
+  // ABI 1.4. A loss scale kept on the job's device (amp's fp16 scaler), so that the host never
+  // reads it: a 0-dim float tensor, registered once when the pass applies and updated in place
+  // by its owner between steps. Every backward of a step runs on loss * StepContext::loss_scale
+  // * this tensor, auxiliary losses (nn::add_auxiliary_loss) included. Undefined: none.
+  void set_device_loss_scale(at::Tensor scale);
+  at::Tensor device_loss_scale() const;
+  // ABI 1.4. A flag on the job's device (one element; nonzero skips): the step's optimizer update
+  // is skipped where it is set, decided on the device. Registered once; its owner sets it in
+  // every step before the update (amp: the gradients' non-finite check). Core hands it to an
+  // optimizer that is a GatedOptimizer (strata/optimizer.h); for any other optimizer core reads
+  // it on the host (one counted read_on_host). It keeps its value until the owner's next step,
+  // so an AfterStep hook may consult it too.
+  void add_skip_flag(at::Tensor flag);
+  // The registered flags as one (the flag itself when there is one, else 1 where any is
+  // nonzero); undefined when none is registered.
+  at::Tensor skip_flag() const;
 
   // Who provides each stage ("core: ..." or the owning pass) and its wrappers, innermost first.
   std::string provider(Stage stage) const;
