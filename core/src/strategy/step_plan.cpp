@@ -13,7 +13,7 @@ const char* core_stage_description(Stage stage) {
     case Stage::ForwardBackward: return "micro-batches in sequence: forward, loss, backward each";
     case Stage::SyncGradients: return "nothing (gradients are local)";
     case Stage::ClipGradients: return "global 2-norm of the gradients, clipped to [optimizer] grad_clip";
-    case Stage::OptimizerStep: return "the [optimizer] update, unless a hook set skip_step";
+    case Stage::OptimizerStep: return "the [optimizer] update, unless a hook set skip_step or a pass's device flag says skip";
     case Stage::Evaluate: return "validation batches through the training forward and loss, without gradients";
   }
   return "?";
