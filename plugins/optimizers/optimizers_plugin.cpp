@@ -30,15 +30,24 @@ class PerParameterState {
   NamedTensors named_;
 };
 
+// A gated step's flag in host memory (the CPU) is branched on; one on a device is not read.
+// STRATA_GATE_ON_DEVICE=1 takes the device path on the CPU too: how CI, which has no GPU, runs it.
+bool gate_on_host(const at::Tensor& skip) {
+  static const bool forced = [] {
+    const char* value = std::getenv("STRATA_GATE_ON_DEVICE");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return skip.is_cpu() && !forced;
+}
+
 // Gated steps (amp's fp16 non-finite check, strata/optimizer.h's GatedOptimizer): on the CPU the
 // flag is host memory and is branched on. On a CUDA device the update is ATen's fused AdamW (the
 // kernel adamw_update.fused_cuda runs) with the flag as its found_inf, which leaves every tensor
 // as it was where the flag is set; the step t then lives on the device too, counted up only where
 // the update was taken, as torch.optim.AdamW(fused=True) does under a GradScaler. From the first
 // such step the checkpointed "step" is that device count (state_tensors() names it; a save reads
-// it, a load writes it), so no step reads it. STRATA_GATE_ON_DEVICE=1 takes the device path on
-// the CPU too (ATen's fused AdamW has a CPU kernel): how CI, which has no GPU, runs that path's
-// skips, step counts and checkpoints.
+// it, a load writes it), so no step reads it. Forced on the CPU (gate_on_host), the device path
+// runs ATen's fused AdamW's CPU kernel: CI runs that path's skips, step counts and checkpoints.
 class AdamW final : public Optimizer, public GatedOptimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, const Config& c)
@@ -66,11 +75,7 @@ class AdamW final : public Optimizer, public GatedOptimizer {
   }
 
   void step_unless(double lr, const at::Tensor& skip) override {
-    static const bool forced = [] {
-      const char* value = std::getenv("STRATA_GATE_ON_DEVICE");
-      return value != nullptr && std::string(value) == "1";
-    }();
-    if (skip.is_cpu() && !forced) {
+    if (gate_on_host(skip)) {
       if (skip.item<double>() == 0) step(lr);
       return;
     }
@@ -130,7 +135,10 @@ class AdamW final : public Optimizer, public GatedOptimizer {
   PerParameterState state_;
 };
 
-class Sgd final : public Optimizer {
+// A gated step on a device computes the update out of place and keeps the old values where the
+// flag is set (at::where: a non-finite gradient never reaches a kept value); where it is not, the
+// values are those of step(), bit for bit (the same operations).
+class Sgd final : public Optimizer, public GatedOptimizer {
  public:
   Sgd(std::vector<ParamGroup> groups, const Config& c)
       : groups_(std::move(groups)), momentum_(c.get_float("momentum")), nesterov_(c.get_bool("nesterov")) {
@@ -141,8 +149,21 @@ class Sgd final : public Optimizer {
       for (size_t i = 0; i < g.params.size(); ++i) state_.add(g.names[i], g.params[i], slots);
   }
 
-  void step(double lr) override {
+  void step(double lr) override { update(lr, at::Tensor()); }
+
+  void step_unless(double lr, const at::Tensor& skip) override {
+    if (!gate_on_host(skip)) return update(lr, skip.ne(0).reshape({}));
+    if (skip.item<double>() == 0) step(lr);
+  }
+
+  NamedTensors state_tensors() override { return state_.named(); }
+
+ private:
+  // One step; with `skipped` (a bool on the parameters' device) the old values are kept where it
+  // is true.
+  void update(double lr, const at::Tensor& skipped) {
     at::NoGradGuard no_grad;
+    const bool gated = skipped.defined();
     size_t index = 0;
     for (auto& g : groups_)
       for (auto& p : g.params) {
@@ -152,16 +173,15 @@ class Sgd final : public Optimizer {
         if (momentum_ != 0) {
           // The buffer starts at zero, so the first step leaves it equal to d, as PyTorch's does.
           at::Tensor& buffer = slots[0];
-          buffer.mul_(momentum_).add_(d);
-          d = nesterov_ ? d + momentum_ * buffer : buffer;
+          const at::Tensor next = gated ? buffer.mul(momentum_).add_(d) : buffer.mul_(momentum_).add_(d);
+          if (gated) buffer.copy_(at::where(skipped, buffer, next));
+          d = nesterov_ ? d + momentum_ * next : next;
         }
-        p.add_(d, -lr);
+        if (gated) p.copy_(at::where(skipped, p, p.add(d, -lr)));
+        else p.add_(d, -lr);
       }
   }
 
-  NamedTensors state_tensors() override { return state_.named(); }
-
- private:
   std::vector<ParamGroup> groups_;
   double momentum_;
   bool nesterov_;
