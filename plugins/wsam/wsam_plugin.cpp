@@ -118,14 +118,19 @@ class Wsam {
     }
   }
 
-  // The decoupled sharpness step after the base optimizer's: w <- w - lr * alpha * (g~ - g).
-  // A step skipped on the device (amp's flag) is read here: WSAM's step follows the base
-  // optimizer's only where that one was taken.
+  // The decoupled sharpness step after the base optimizer's: w <- w - lr * alpha * (g~ - g). It
+  // follows the base optimizer's step only where that one was taken: where a pass's flag on the
+  // device (amp's) skipped it, the weights are kept there (at::where; nothing is read).
   void after_step(const StepContext& context) {
-    const at::Tensor skip = job_.program.skip_flag();
-    if (!context.skip_step && !sharpness_.empty() && !(skip.defined() && read_on_host({skip})[0] != 0)) {
+    if (!context.skip_step && !sharpness_.empty()) {
       at::NoGradGuard no_grad;
-      for (size_t i = 0; i < params_.size(); ++i) params_[i].sub_(sharpness_[i], context.lr * settings_.alpha);
+      const at::Tensor flag = job_.program.skip_flag();
+      const at::Tensor skipped = flag.defined() ? flag.ne(0).reshape({}) : at::Tensor();
+      for (size_t i = 0; i < params_.size(); ++i) {
+        const double scale = context.lr * settings_.alpha;
+        if (skipped.defined()) params_[i].copy_(at::where(skipped, params_[i], params_[i].sub(sharpness_[i], scale)));
+        else params_[i].sub_(sharpness_[i], scale);
+      }
       propagate();
     }
     sharpness_.clear();
