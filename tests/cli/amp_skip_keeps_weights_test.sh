@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # amp_skip_keeps_weights_test.sh STRATA PYTHON INJECT_PLUGIN_DIR STRATEGY WORKDIR [RUN_ARGS...]
-# One process, amp fp16: the inject_nonfinite test pass makes a gradient element infinite at step
-# 2, with a checkpoint after every step. Requires: the checkpoints of steps 1 and 2 hold the same
+# amp fp16: the inject_nonfinite test pass makes a gradient element infinite at step 2 on data rank
+# 0 (and only on pipeline stage INJECT_PIPELINE_RANK, if set), with a checkpoint after every step. Requires: the checkpoints of steps 1 and 2 hold the same
 # model and optimizer tensors (everything that steps, WSAM's decoupled step included, kept its
 # values) and step 3's differ (training went on).
 set -euo pipefail
 strata=$1 python=$2 plugins=$3 strategy=$4 work=$5
 shift 5
 rm -rf "$work" && mkdir -p "$work"
-{ cat "$strategy"; printf '\n[[pass]]\nname = "inject_nonfinite"\nstep = 2\nrank = 0\n'; } > "$work/strategy.toml"
+{ cat "$strategy"; printf '\n[[pass]]\nname = "inject_nonfinite"\nstep = 2\nrank = 0\npipeline_rank = %s\n' "${INJECT_PIPELINE_RANK:--1}"; } \
+  > "$work/strategy.toml"
 STRATA_PLUGIN_PATH=$plugins "$strata" run "$work/strategy.toml" --out "$work/run" --set 'pass.amp.dtype="fp16"' \
   --set job.steps=3 --set job.eval_every=0 --set job.checkpoint_every=1 --set job.keep_checkpoints=3 "$@" \
   > "$work/run.log" 2>&1 || { cat "$work/run.log"; exit 1; }

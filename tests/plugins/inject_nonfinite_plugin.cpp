@@ -1,5 +1,5 @@
 // Test plugin: after the gradients of one step are computed (and reduced), makes one gradient
-// element on one data-parallel rank infinite, as an fp16 overflow would, so tests can check that
+// element on one data-parallel rank (and, if given, one pipeline stage) infinite, as an fp16 overflow would, so tests can check that
 // amp skips exactly that step on every rank.
 #include <limits>
 
@@ -17,15 +17,17 @@ class InjectNonfinite final : public Pass {
       : Pass({ComponentKind::Pass, "inject_nonfinite", "Test only: an infinite gradient element at one step",
               Schema()
                   .integer("step", 1, "Optimizer step whose gradient is made infinite", at_least(1))
-                  .integer("rank", 0, "Data-parallel rank that gets it", at_least(0))},
+                  .integer("rank", 0, "Data-parallel rank that gets it", at_least(0))
+                  .integer("pipeline_rank", -1, "Pipeline rank (stage) that gets it; -1: every stage", at_least(-1))},
              // Before amp, so amp's check sees the injected value.
              {Phase::Topology, {}, {}, {}, {}}, {{}, {{Stage::Gradients, StageUse::Wrap}}}) {}
 
   void apply(Job& job, const Config& config) const override {
-    const int64_t step = config.get_int("step"), rank = config.get_int("rank");
-    job.program.wrap(Stage::Gradients, [&job, step, rank](StepContext& context, const StageFn& inner) {
+    const int64_t step = config.get_int("step"), rank = config.get_int("rank"), stage = config.get_int("pipeline_rank");
+    job.program.wrap(Stage::Gradients, [&job, step, rank, stage](StepContext& context, const StageFn& inner) {
       inner(context);
-      if (context.step == step && job.topology->rank_in(Dim::Data) == rank)
+      if (context.step == step && job.topology->rank_in(Dim::Data) == rank &&
+          (stage < 0 || job.topology->rank_in(Dim::Pipeline) == stage))
         for (auto& [g, placement] : job.local_gradients())
           if (g.defined() && g.numel() > 0) {
             at::NoGradGuard no_grad;
