@@ -204,7 +204,13 @@ class AmpPass final : public Pass {
       });
     }
     // Once per step, after the update; the figures stay on the device until a step records them.
-    job.add_hook(HookPoint::AfterStep, [&job, scaler, settings](StepContext&) {
+    // Without the check (bf16's default) nothing changes: no kernel runs.
+    job.add_hook(HookPoint::AfterStep, [&job, scaler, settings](StepContext& context) {
+      if (!settings.check_nonfinite) {
+        context.metrics.emplace_back("amp_skipped", 0.0);
+        job.program.report_device_figure("amp_skipped_steps", scaler->skipped_steps);  // constant in this run
+        return;
+      }
       if (settings.scaling) job.program.report_device_figure("amp_loss_scale", scaler->scale.clone());
       job.program.report_device_figure("amp_skipped", scaler->found_nonfinite.clone());
       update_scale(*scaler, settings);
