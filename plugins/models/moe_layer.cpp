@@ -150,7 +150,6 @@ MoeLayer::MoeLayer(const MoeSettings& settings, int64_t d_model, int64_t hidden,
   routed_experts = register_module("experts", std::make_shared<GroupedExperts>(settings.experts, d_model, hidden, shard));
   if (settings.shared_experts > 0)
     shared_experts = register_module("shared_experts", std::make_shared<llama::Mlp>(d_model, settings.shared_experts * hidden, shard));
-  counts_.tokens.assign(static_cast<size_t>(settings.experts), 0.0);
   if (settings.bias_balance) {
     expert_bias = register_buffer("expert_bias", at::zeros({settings.experts}, at::kFloat));
     step_selections_ = at::zeros({settings.experts}, at::kLong);
@@ -215,7 +214,7 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   // Sorted by expert, stably: an expert's rows keep the choice-major order.
   const at::Tensor order = std::get<1>(expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
   const at::Tensor sorted_token = token.index_select(0, order);
-  const at::Tensor sizes_tensor = at::bincount(expert, {}, n_experts).cpu();
+  const at::Tensor sizes_on_device = at::bincount(expert, {}, n_experts), sizes_tensor = sizes_on_device.cpu();
   const std::vector<int64_t> group_sizes(sizes_tensor.data_ptr<int64_t>(), sizes_tensor.data_ptr<int64_t>() + n_experts);
 
   at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes);
@@ -245,9 +244,11 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   if (objective.defined()) out = nn::add_auxiliary_loss(out, objective);
 
   if (at::GradMode::is_enabled()) {  // a training forward, or the recomputation of one
-    for (int64_t e = 0; e < n_experts; ++e) counts_.tokens[static_cast<size_t>(e)] += static_cast<double>(group_sizes[static_cast<size_t>(e)]);
-    counts_.dropped += static_cast<double>(dropped);
-    counts_.routed += static_cast<double>(k * n);
+    at::Tensor& assignments = device_counts_.assignments;
+    if (!assignments.defined()) assignments = at::zeros({2 + n_experts}, sizes_on_device.options().dtype(at::kDouble));
+    assignments.narrow(0, 0, 1).add_(static_cast<double>(dropped));  // host numbers as kernel arguments: no copy
+    assignments.narrow(0, 1, 1).add_(static_cast<double>(k * n));
+    assignments.narrow(0, 2, n_experts).add_(sizes_on_device);
     ++counts_.forwards;
     const at::Tensor aux_sum = aux.detach().to(at::kDouble), z_sum = z.detach().to(at::kDouble);
     device_counts_.aux = device_counts_.aux.defined() ? device_counts_.aux + aux_sum : aux_sum;
@@ -262,6 +263,9 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
 }
 
 void MoeLayer::after_optimizer_step(Communicator& token_ranks) {
+  // The step's assignments over every rank's tokens, on the device (read when figures are).
+  if (device_counts_.assignments.defined() && token_ranks.size() > 1)
+    token_ranks.all_reduce(device_counts_.assignments, ReduceOp::Sum)->wait();
   if (!expert_bias.defined()) return;
   // Selections of every rank's tokens this step (exact integers, so every rank moves alike and
   // as one process over the whole batch would), then b_i += gamma sign(mean - load_i).
@@ -330,19 +334,20 @@ void MoeLayer::report_device_metrics(std::vector<std::pair<std::string, at::Tens
   const double share = 1.0 / static_cast<double>(settings_.moe_layers), forwards = static_cast<double>(device_counts_.forwards);
   out.emplace_back("moe_aux_loss", device_counts_.aux / forwards * share);
   out.emplace_back("moe_z_loss", device_counts_.z / forwards * share);
+  if (const at::Tensor& a = device_counts_.assignments; a.defined()) {
+    out.emplace_back("moe_dropped_fraction", a[0] / a[1] * share);
+    for (int64_t e = 0; e + 2 < a.size(0); ++e) out.emplace_back("moe_tokens_e" + std::to_string(e), a[2 + e]);
+  }
   device_counts_ = DeviceCounts{};
 }
 
 void MoeLayer::report_metrics(std::vector<std::pair<std::string, double>>& out) {
   if (counts_.forwards == 0) return;
-  // Means over micro-batches; the per-layer share makes the model's sum a mean over MoE layers.
-  const double share = 1.0 / static_cast<double>(settings_.moe_layers), forwards = static_cast<double>(counts_.forwards);
-  out.emplace_back("moe_dropped_fraction", counts_.dropped / counts_.routed * share);
-  for (size_t e = 0; e < counts_.tokens.size(); ++e) out.emplace_back("moe_tokens_e" + std::to_string(e), counts_.tokens[e]);
+  // The per-layer share makes the model's sum a mean over MoE layers.
+  const double share = 1.0 / static_cast<double>(settings_.moe_layers);
   if (expert_group_ && expert_group_->size() > 1) out.emplace_back("moe_all_to_all_bytes", counts_.exchanged_bytes);
   if (counts_.bias_updates > 0) out.emplace_back("moe_max_load_ratio", counts_.max_load / static_cast<double>(counts_.bias_updates) * share);
   counts_ = Counts{};
-  counts_.tokens.assign(static_cast<size_t>(settings_.experts), 0.0);
 }
 
 }  // namespace strata::models

@@ -142,8 +142,6 @@ class MoeLayer final : public torch::nn::Module,
   // Figures of the training forwards since the last report (recomputations count, the forwards
   // they replace ran without gradients and do not).
   struct Counts {
-    std::vector<double> tokens;  // per expert, kept assignments
-    double dropped = 0, routed = 0;
     double exchanged_bytes = 0;  // expert parallel: sent to other ranks, forward and backward
     double max_load = 0;  // balance = "bias": the busiest expert's load over the mean, summed over updates
     int64_t bias_updates = 0;
@@ -158,9 +156,11 @@ class MoeLayer final : public torch::nn::Module,
   // the context group and ranked together, as one process ranks them.
   at::Tensor queue_places(const at::Tensor& expert, int64_t batch, int64_t tokens_per_sequence) const;
   // The balance and z losses of the training forwards since the last device report, summed in
-  // fp64 on the device.
+  // fp64 on the device, and their assignments: [dropped, routed, kept per expert...], summed over
+  // every rank's tokens after the step (after_optimizer_step), so the figures are the whole
+  // batch's, as one process counts them.
   struct DeviceCounts {
-    at::Tensor aux, z;
+    at::Tensor aux, z, assignments;
     int64_t forwards = 0;
   };
   MoeSettings settings_;

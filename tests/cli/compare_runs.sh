@@ -7,6 +7,7 @@
 # metrics.jsonl must also match that extended regex (to show that B really used its option);
 # with B_LOG_MATCH set, every rank log of run B must hold a line matching that one.
 # With GRAD_NORM_STEPS=K, the gradient norms of the first K steps are compared as the losses are.
+# With SAME_FIELDS="NAME...", those figures must be equal in every step (tolerance 0).
 # With B_LAUNCHER set (a command, e.g. "torchrun --nproc-per-node 2 --no-python"), run B is
 # started by it instead of directly. With CONCURRENT set, both runs (single-process, no launcher)
 # start at once with one thread each.
@@ -45,6 +46,9 @@ differ=()
 if [[ -n ${GRAD_NORM_STEPS:-} ]]; then
   "$same" --field grad_norm --first "$GRAD_NORM_STEPS" "A vs B" "$tolerance" 1 "$work/a" "$work/b"
 fi
+for field in ${SAME_FIELDS:-}; do  # figures that must be equal in every step (counts over the whole batch)
+  "$same" --field "$field" "A vs B" 0 1 "$work/a" "$work/b"
+done
 if [[ -n ${B_METRICS_MATCH:-} ]]; then
   bad=$(grep -cvE -- "$B_METRICS_MATCH" "$work/b/metrics.jsonl" || true)
   [[ $bad == 0 ]] || { echo "$bad lines of run B's metrics.jsonl do not match $B_METRICS_MATCH"; exit 1; }
