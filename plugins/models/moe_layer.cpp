@@ -201,21 +201,30 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   at::Tensor token = at::arange(n, expert.options()).repeat({k});
   at::Tensor weight = top_weights.t().reshape(-1);
   const at::Tensor selections = at::bincount(expert, {}, n_experts);  // before capacity: the balance loss's f
-  int64_t dropped = 0;
+  at::Tensor keep;  // with a capacity: the assignments that stay
   if (settings_.capacity_factor > 0) {
     const int64_t window_ranks = context_group_ ? context_group_->size() : 1;  // capacity over the whole window
     const auto capacity = static_cast<int64_t>(
         std::ceil(settings_.capacity_factor * static_cast<double>(k * n * window_ranks) / static_cast<double>(n_experts)));
-    const at::Tensor place = queue_places(expert, x.size(0), n / x.size(0));
-    const at::Tensor kept = place.lt(capacity).nonzero().squeeze(1);
-    dropped = expert.size(0) - kept.size(0);
+    keep = queue_places(expert, x.size(0), n / x.size(0)).lt(capacity);
+  }
+  // The rows each expert takes, which the grouped GEMM and the all-to-all need on the host: the
+  // forward's one read (read_on_host, counted), and it also says how many assignments stay.
+  const at::Tensor sizes_on_device =
+      keep.defined() ? at::bincount(expert, keep.to(at::kDouble), n_experts) : at::bincount(expert, {}, n_experts);
+  const std::vector<double> sizes = read_on_host({sizes_on_device});
+  const std::vector<int64_t> group_sizes(sizes.begin(), sizes.end());
+  int64_t dropped = 0;
+  if (keep.defined()) {
+    int64_t kept_count = 0;
+    for (int64_t size : group_sizes) kept_count += size;
+    dropped = expert.size(0) - kept_count;
+    const at::Tensor kept = at::nonzero_static(keep, kept_count).squeeze(1);  // its size known: no second wait
     expert = expert.index_select(0, kept), token = token.index_select(0, kept), weight = weight.index_select(0, kept);
   }
   // Sorted by expert, stably: an expert's rows keep the choice-major order.
   const at::Tensor order = std::get<1>(expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
   const at::Tensor sorted_token = token.index_select(0, order);
-  const at::Tensor sizes_on_device = at::bincount(expert, {}, n_experts), sizes_tensor = sizes_on_device.cpu();
-  const std::vector<int64_t> group_sizes(sizes_tensor.data_ptr<int64_t>(), sizes_tensor.data_ptr<int64_t>() + n_experts);
 
   at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes);
   // Under sequence parallel with split experts the routed rows are this tensor rank's addends
@@ -273,8 +282,9 @@ void MoeLayer::after_optimizer_step(Communicator& token_ranks) {
   if (token_ranks.size() > 1) token_ranks.all_reduce(load, ReduceOp::Sum)->wait();
   step_selections_.zero_();
   const at::Tensor mean = load.mean();
-  if (load.sum().item<double>() == 0) return;  // no training forward this step
-  counts_.max_load += (load.max() / mean).item<double>();
+  const std::vector<double> figures = read_on_host({load.sum(), load.max() / mean});  // counted, as every read
+  if (figures[0] == 0) return;  // no training forward this step
+  counts_.max_load += figures[1];
   ++counts_.bias_updates;
   at::NoGradGuard no_grad;
   expert_bias.add_((mean - load).sign().to(expert_bias.scalar_type()), settings_.bias_update_rate);
@@ -296,8 +306,8 @@ at::Tensor MoeLayer::run_experts(const at::Tensor& rows, const std::vector<int64
   const at::Tensor sizes = at::tensor(group_sizes, at::kLong).to(rows.device());
   at::Tensor received_sizes = at::empty_like(sizes);
   group.all_to_all(received_sizes, sizes, {}, {})->wait();
-  received_sizes = received_sizes.cpu().view({ranks, local});
-  const auto* counts = received_sizes.data_ptr<int64_t>();
+  const std::vector<double> received_counts = read_on_host({received_sizes});  // counted, as every read
+  const std::vector<int64_t> counts(received_counts.begin(), received_counts.end());  // [source, local expert]
   std::vector<int64_t> recv_rows(static_cast<size_t>(ranks), 0);
   for (int64_t r = 0; r < ranks; ++r)
     for (int64_t l = 0; l < local; ++l) recv_rows[static_cast<size_t>(r)] += counts[r * local + l];

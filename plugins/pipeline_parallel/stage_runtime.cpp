@@ -76,10 +76,10 @@ at::Tensor StageRuntime::receive(int peer, int header_tag, int tag, double& wait
   const auto start = Clock::now();
   at::Tensor h = at::empty({2 + kMaxDims}, at::TensorOptions().dtype(at::kLong).device(job_.device()));
   group_.recv(h, peer, header_tag)->wait();
-  h = h.cpu();
-  const auto* v = h.data_ptr<int64_t>();
-  std::vector<int64_t> sizes(v + 2, v + 2 + v[1]);
-  at::Tensor body = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(v[0])).device(job_.device()));
+  const std::vector<double> header = read_on_host({h});  // the body's dtype and shape; counted, as every read
+  std::vector<int64_t> sizes(header.begin() + 2, header.begin() + 2 + static_cast<int64_t>(header[1]));
+  const auto dtype = static_cast<at::ScalarType>(static_cast<int>(header[0]));
+  at::Tensor body = at::empty(sizes, at::TensorOptions().dtype(dtype).device(job_.device()));
   group_.recv(body, peer, tag)->wait();
   waited_ms += ms_since(start);
   return body;
