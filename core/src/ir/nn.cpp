@@ -119,7 +119,9 @@ void WeightGradientQueue::run_all() {
 
 namespace {
 std::atomic<double> loss_gradient_scale{1.0};
-at::Tensor device_loss_scale;  // device_loss_scale.h; set between steps, read during backward
+// device_loss_scale.h's; set between steps, read during backward. Never destroyed: a CUDA tensor
+// must not be freed by a static destructor after the CUDA runtime may have gone.
+at::Tensor& device_loss_scale = *new at::Tensor();
 
 // Identity on `output`; backward also sends LossGradientScale::current() into `loss`.
 class AuxiliaryLoss : public torch::autograd::Function<AuxiliaryLoss> {
