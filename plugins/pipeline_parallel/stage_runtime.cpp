@@ -11,7 +11,8 @@
 namespace strata::pipeline {
 
 namespace {
-// Message tags: a header (dtype and shape) then the tensor, per micro-batch and chunk.
+// Message tags: a header (dtype and shape) then the tensor, per micro-batch and chunk; the header
+// only the first time (StageRuntime::MessageLayout).
 // Each kind has 5000 tags; a micro-batch and chunk picks one (tags repeat only 5000 apart, and
 // messages with equal tags between two ranks match in order anyway).
 // The tied weight and its gradient go with headers too: the two stages may hold it in different
@@ -47,39 +48,60 @@ void StageRuntime::install_tied_weight_hooks() {
     job_.model->add_post_forward_hook(tied_->owner_block, [this, last_rank](nn::Block&, const at::Tensor&) {
       if (!send_tied_weight_) return;
       send_tied_weight_ = false;
-      send(tied_->parameter.detach().clone(), last_rank, kTiedWeightHeader, kTiedWeight);
+      send(tied_->parameter.detach().clone(), last_rank, kTiedWeightHeader, kTiedWeight, at::Tensor());
     });
   if (tied_->copy.defined())
     job_.model->add_pre_forward_hook(tied_->reader_block, [this](nn::Block&, const at::Tensor&) {
       if (!receive_tied_weight_) return;
       receive_tied_weight_ = false;
       double waited_ms = 0;
-      const at::Tensor weight = receive(0, kTiedWeightHeader, kTiedWeight, waited_ms);
+      const at::Tensor weight = receive(0, kTiedWeightHeader, kTiedWeight, at::Tensor(), waited_ms);
       at::NoGradGuard no_grad;
       tied_->copy.copy_(weight);  // in the copy's own dtype
     });
 }
 
-void StageRuntime::send(const at::Tensor& tensor, int peer, int header_tag, int tag) {
-  std::vector<int64_t> header(2 + kMaxDims, 0);
-  header[0] = static_cast<int64_t>(tensor.scalar_type());
-  header[1] = tensor.dim();
-  for (int64_t d = 0; d < tensor.dim(); ++d) header[static_cast<size_t>(2 + d)] = tensor.size(d);
-  const at::Tensor h = at::tensor(header, at::kLong).to(job_.device());
+StageRuntime::MessageKey StageRuntime::message_key(int header_tag, const at::Tensor& batch) const {
+  return {evaluating_, header_tag, batch.defined() ? batch.sizes().vec() : std::vector<int64_t>{}};
+}
+
+void StageRuntime::send(const at::Tensor& tensor, int peer, int header_tag, int tag, const at::Tensor& batch) {
   const at::Tensor body = tensor.detach().contiguous();
   auto& sends = header_tag < kActivation ? activation_sends_ : other_sends_;
-  sends.emplace_back(group_.send(h, peer, header_tag), h);
+  const MessageKey key = message_key(header_tag, batch);
+  if (const auto known = sent_layouts_.find(key); known != sent_layouts_.end()) {
+    // The receiver expects the layout it was told: a model whose messages change shape for the
+    // same micro-batch shape would make it receive the wrong bytes, so it stops here.
+    if (known->second.dtype != body.scalar_type() || known->second.sizes != body.sizes().vec())
+      throw std::logic_error("pipeline: a message across stages (tag " + std::to_string(header_tag) + ") changed its dtype or shape from " +
+                             std::string(c10::toString(known->second.dtype)) + " " + c10::str(known->second.sizes) + " to " +
+                             std::string(c10::toString(body.scalar_type())) + " " + c10::str(body.sizes()) +
+                             " for the same micro-batch shape; stage outputs must depend on the micro-batch's shape alone");
+  } else {
+    std::vector<int64_t> header(2 + kMaxDims, 0);
+    header[0] = static_cast<int64_t>(body.scalar_type());
+    header[1] = body.dim();
+    for (int64_t d = 0; d < body.dim(); ++d) header[static_cast<size_t>(2 + d)] = body.size(d);
+    const at::Tensor h = at::tensor(header, at::kLong).to(job_.device());
+    sends.emplace_back(group_.send(h, peer, header_tag), h);
+    sent_layouts_[key] = {body.scalar_type(), body.sizes().vec()};
+  }
   sends.emplace_back(group_.send(body, peer, tag), body);
 }
 
-at::Tensor StageRuntime::receive(int peer, int header_tag, int tag, double& waited_ms) {
+at::Tensor StageRuntime::receive(int peer, int header_tag, int tag, const at::Tensor& batch, double& waited_ms) {
   const auto start = Clock::now();
-  at::Tensor h = at::empty({2 + kMaxDims}, at::TensorOptions().dtype(at::kLong).device(job_.device()));
-  group_.recv(h, peer, header_tag)->wait();
-  const std::vector<double> header = read_on_host({h});  // the body's dtype and shape; counted, as every read
-  std::vector<int64_t> sizes(header.begin() + 2, header.begin() + 2 + static_cast<int64_t>(header[1]));
-  const auto dtype = static_cast<at::ScalarType>(static_cast<int>(header[0]));
-  at::Tensor body = at::empty(sizes, at::TensorOptions().dtype(dtype).device(job_.device()));
+  const MessageKey key = message_key(header_tag, batch);
+  auto known = received_layouts_.find(key);
+  if (known == received_layouts_.end()) {
+    at::Tensor h = at::empty({2 + kMaxDims}, at::TensorOptions().dtype(at::kLong).device(job_.device()));
+    group_.recv(h, peer, header_tag)->wait();
+    const std::vector<double> header = read_on_host({h});  // the body's dtype and shape; counted, as every read
+    MessageLayout layout{static_cast<at::ScalarType>(static_cast<int>(header[0])),
+                         std::vector<int64_t>(header.begin() + 2, header.begin() + 2 + static_cast<int64_t>(header[1]))};
+    known = received_layouts_.emplace(key, std::move(layout)).first;
+  }
+  at::Tensor body = at::empty(known->second.sizes, at::TensorOptions().dtype(known->second.dtype).device(job_.device()));
   group_.recv(body, peer, tag)->wait();
   waited_ms += ms_since(start);
   return body;
@@ -127,19 +149,21 @@ void StageRuntime::run_step(StepContext& context) {
     const int stage = stage_of(a.chunk);
     const int prev_rank = (stage - 1 + p) % p, next_rank = (stage + 1) % p;
     const auto key = std::make_pair(a.micro, a.chunk);
+    const at::Tensor& batch = context.batches[static_cast<size_t>(a.micro)];
     context.micro = a.micro;
     switch (a.kind) {
       case ActionKind::RecvActivation:
-        received_[key] = receive(prev_rank, tag(kActivationHeader, a.micro, stage), tag(kActivation, a.micro, stage), waited_ms);
+        received_[key] = receive(prev_rank, tag(kActivationHeader, a.micro, stage), tag(kActivation, a.micro, stage), batch, waited_ms);
         break;
       case ActionKind::RecvGradient:
-        received_[{-1 - a.micro, a.chunk}] = receive(next_rank, tag(kGradientHeader, a.micro, stage + 1), tag(kGradient, a.micro, stage + 1), waited_ms);
+        received_[{-1 - a.micro, a.chunk}] =
+            receive(next_rank, tag(kGradientHeader, a.micro, stage + 1), tag(kGradient, a.micro, stage + 1), batch, waited_ms);
         break;
       case ActionKind::SendActivation:
-        send(in_flight_.at(key).output, next_rank, tag(kActivationHeader, a.micro, stage + 1), tag(kActivation, a.micro, stage + 1));
+        send(in_flight_.at(key).output, next_rank, tag(kActivationHeader, a.micro, stage + 1), tag(kActivation, a.micro, stage + 1), batch);
         break;
       case ActionKind::SendGradient:
-        send(in_flight_.at(key).input.grad(), prev_rank, tag(kGradientHeader, a.micro, stage), tag(kGradient, a.micro, stage));
+        send(in_flight_.at(key).input.grad(), prev_rank, tag(kGradientHeader, a.micro, stage), tag(kGradient, a.micro, stage), batch);
         in_flight_.erase(key);
         break;
       case ActionKind::Forward: {
@@ -149,7 +173,7 @@ void StageRuntime::run_step(StepContext& context) {
           received_.erase(key);
         }
         job_.run_hooks(HookPoint::BeforeForward, context);
-        at::Tensor output = forward_chunk(a.chunk, input, context.batches[static_cast<size_t>(a.micro)], &context);
+        at::Tensor output = forward_chunk(a.chunk, input, batch, &context);
         job_.run_hooks(HookPoint::AfterForward, context);
         if (last_stage(a.chunk)) loss_sum += output.detach().to(loss_sum.device(), at::kDouble);
         in_flight_[key] = {input, output};
@@ -158,7 +182,7 @@ void StageRuntime::run_step(StepContext& context) {
       case ActionKind::Backward:
       case ActionKind::BackwardInput: {
         if (static_cast<long>(i) == tied_gradient_receive_before_) {
-          const at::Tensor grad = receive(p - 1, kTiedGradientHeader, kTiedGradient, waited_ms).to(tied_->parameter.scalar_type());
+          const at::Tensor grad = receive(p - 1, kTiedGradientHeader, kTiedGradient, at::Tensor(), waited_ms).to(tied_->parameter.scalar_type());
           at::NoGradGuard no_grad;
           if (tied_->parameter.grad().defined())
             tied_->parameter.mutable_grad().add_(grad);
@@ -189,7 +213,8 @@ void StageRuntime::run_step(StepContext& context) {
         if (stage == 0) in_flight_.erase(key);
         // The activation sent for this micro-batch has been consumed: its gradient came back.
         if (static_cast<long>(i) == tied_gradient_send_after_) {
-          send(tied_->copy.grad().defined() ? tied_->copy.grad().clone() : at::zeros_like(tied_->copy), 0, kTiedGradientHeader, kTiedGradient);
+          send(tied_->copy.grad().defined() ? tied_->copy.grad().clone() : at::zeros_like(tied_->copy), 0, kTiedGradientHeader, kTiedGradient,
+               at::Tensor());
         }
         break;
       }
@@ -259,24 +284,26 @@ void StageRuntime::evaluate(StepContext& context) {
   send_tied_weight_ = tied_ && tied_->parameter.defined();
   receive_tied_weight_ = tied_ && tied_->copy.defined();
   double total = 0, waited_ms = 0;
+  evaluating_ = true;
   for (int64_t b = 0; b < batches; ++b) {
     const at::Tensor batch = job_.validation_batch(b);
     for (int c = 0; c < layout_.shape.chunks; ++c) {
       const int stage = stage_of(c);
       const int micro = static_cast<int>(b % 1000);
       at::Tensor input;
-      if (stage > 0) input = receive((stage - 1 + p) % p, tag(kActivationHeader, micro, stage), tag(kActivation, micro, stage), waited_ms);
+      if (stage > 0) input = receive((stage - 1 + p) % p, tag(kActivationHeader, micro, stage), tag(kActivation, micro, stage), batch, waited_ms);
       const at::Tensor out = forward_chunk(c, input, batch, nullptr);
       if (last_stage(c))
         total += out.item<double>();
       else
-        send(out, (stage + 1) % p, tag(kActivationHeader, micro, stage + 1), tag(kActivation, micro, stage + 1));
+        send(out, (stage + 1) % p, tag(kActivationHeader, micro, stage + 1), tag(kActivation, micro, stage + 1), batch);
     }
     for (auto& [work, tensor] : activation_sends_) work->wait();
     activation_sends_.clear();
   }
   for (auto& [work, tensor] : other_sends_) work->wait();
   other_sends_.clear();
+  evaluating_ = false;
   // The last stage has the loss; every rank reports it.
   at::Tensor loss = at::tensor(last_stage(layout_.shape.chunks - 1) ? total / static_cast<double>(batches) : 0.0, at::kDouble).to(job_.device());
   group_.all_reduce(loss, ReduceOp::Sum)->wait();

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -56,8 +57,20 @@ class StageRuntime {
   // boundary - 1): the same on both sides.
   int tag(int base, int micro, int boundary) const { return base + (micro * layout_.shape.virtual_stages() + boundary) % 5000; }
 
-  at::Tensor receive(int peer, int header_tag, int tag, double& waited_ms);
-  void send(const at::Tensor& tensor, int peer, int header_tag, int tag);
+  // A message's body goes with a header (its dtype and shape) only the first time its kind of
+  // message crosses for a micro-batch of that shape: the receiver reads the header on the host
+  // (a wait for the device on a GPU) and keeps the layout; later ones reuse it, so a step reads
+  // nothing. Both sides key the layout by the same things: the phase, the header tag and the
+  // micro-batch's shape (every stage holds the micro-batch). `batch` is undefined for the tied
+  // weight and its gradient, whose layout is fixed for the run.
+  struct MessageLayout {
+    at::ScalarType dtype;
+    std::vector<int64_t> sizes;
+  };
+  using MessageKey = std::tuple<bool, int, std::vector<int64_t>>;  // evaluating, header tag, micro-batch shape
+  MessageKey message_key(int header_tag, const at::Tensor& batch) const;
+  at::Tensor receive(int peer, int header_tag, int tag, const at::Tensor& batch, double& waited_ms);
+  void send(const at::Tensor& tensor, int peer, int header_tag, int tag, const at::Tensor& batch);
   at::Tensor forward_chunk(int chunk, const at::Tensor& input, const at::Tensor& batch, StepContext* context);
   void open_sync_window_after_split_backward(StepContext& context);
 
@@ -71,6 +84,8 @@ class StageRuntime {
   std::map<std::pair<int, int>, nn::WeightGradientQueue> weight_gradients_;
   std::vector<std::pair<WorkPtr, at::Tensor>> activation_sends_, other_sends_;
   bool send_tied_weight_ = false, receive_tied_weight_ = false;
+  bool evaluating_ = false;  // in evaluate(): its messages have their own layouts
+  std::map<MessageKey, MessageLayout> sent_layouts_, received_layouts_;
   long last_backward_index_ = -1, tied_gradient_send_after_ = -1, tied_gradient_receive_before_ = -1;
   // Busy and total time of the schedule's runs in this step (report_idle).
   double step_busy_ms_ = 0, step_total_ms_ = 0;
