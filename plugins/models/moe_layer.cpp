@@ -272,9 +272,19 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
 }
 
 void MoeLayer::after_optimizer_step(Communicator& token_ranks) {
-  // The step's assignments over every rank's tokens, on the device (read when figures are).
-  if (device_counts_.assignments.defined() && token_ranks.size() > 1)
-    token_ranks.all_reduce(device_counts_.assignments, ReduceOp::Sum)->wait();
+  // The step's figures over every rank's tokens, on the device (read when figures are), in one
+  // all-reduce: the assignments summed, the balance and z losses averaged (every rank ran as many
+  // micro-batches, so the mean of the ranks' means is one process's mean over the whole batch).
+  DeviceCounts& c = device_counts_;
+  if (c.forwards > 0 && token_ranks.size() > 1) {
+    std::vector<at::Tensor> parts{c.aux.reshape({1}), c.z.reshape({1})};
+    if (c.assignments.defined()) parts.push_back(c.assignments);
+    at::Tensor all = at::cat(parts);
+    token_ranks.all_reduce(all, ReduceOp::Sum)->wait();
+    const double ranks = static_cast<double>(token_ranks.size());
+    c.aux = all[0] / ranks, c.z = all[1] / ranks;
+    if (c.assignments.defined()) c.assignments = all.narrow(0, 2, c.assignments.size(0));
+  }
   if (!expert_bias.defined()) return;
   // Selections of every rank's tokens this step (exact integers, so every rank moves alike and
   // as one process over the whole batch would), then b_i += gamma sign(mean - load_i).

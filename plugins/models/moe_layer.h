@@ -124,7 +124,8 @@ class MoeLayer final : public torch::nn::Module,
   void report_device_metrics(std::vector<std::pair<std::string, at::Tensor>>& out) override;
   int64_t experts() const override { return settings_.experts; }
   void split_experts(Communicator& group) override;
-  // balance = "bias": moves expert_bias by the step's loads over `token_ranks` (see above).
+  // Sums the step's figures over `token_ranks` (the balance and z losses averaged); with
+  // balance = "bias", moves expert_bias by the step's loads over them (see above).
   void after_optimizer_step(Communicator& token_ranks) override;
   // Context parallel: the balance loss's f (selections over tokens) counts the whole window.
   void split_sequence(Communicator& context_group) override { context_group_ = &context_group; }
@@ -156,9 +157,9 @@ class MoeLayer final : public torch::nn::Module,
   // the context group and ranked together, as one process ranks them.
   at::Tensor queue_places(const at::Tensor& expert, int64_t batch, int64_t tokens_per_sequence) const;
   // The balance and z losses of the training forwards since the last device report, summed in
-  // fp64 on the device, and their assignments: [dropped, routed, kept per expert...], summed over
-  // every rank's tokens after the step (after_optimizer_step), so the figures are the whole
-  // batch's, as one process counts them.
+  // fp64 on the device, and their assignments: [dropped, routed, kept per expert...]; after the
+  // step (after_optimizer_step) the assignments are summed and the losses averaged over every
+  // rank's tokens, so the figures are the whole batch's, as one process counts them.
   struct DeviceCounts {
     at::Tensor aux, z, assignments;
     int64_t forwards = 0;

@@ -42,13 +42,13 @@ struct ProgramLoss {
   at::Tensor operator()(const at::Tensor& logits, const at::Tensor& targets) const { return loss(logits, targets); }
 };
 
-// The model's figures that are still on the device (nn::ReportsDeviceMetrics) join the step's
-// device figures: read with its loss, only when the step is recorded.
-void report_device_metrics(const nn::Model& model, StepProgram& program) {
-  std::vector<std::pair<std::string, at::Tensor>> figures;
+// The model's figures that are still on the device (nn::ReportsDeviceMetrics): read with the
+// step's loss, only when the step is recorded.
+engine::StageFigures::Figures model_device_figures(const nn::Model& model) {
+  engine::StageFigures::Figures figures;
   for (const auto& module : model.modules(/*include_self=*/false))
     if (auto* reporter = dynamic_cast<nn::ReportsDeviceMetrics*>(module.get())) reporter->report_device_metrics(figures);
-  for (const auto& [name, value] : figures) program.report_device_figure(name, value);
+  return figures;
 }
 
 }  // namespace
@@ -231,6 +231,7 @@ void Trainer::Impl::prepare_loop() {
   console.emplace(steps, plan.job.get_int("log_every"), job->model->training_flops_per_token(), peak_flops_all_devices_tflops,
                   /*to_stdout=*/leader);
   if (!peak.why.empty()) console->message(peak.why);
+  if (topology->size(Dim::Pipeline) > 1) stage_figures.emplace(topology->group(Dim::Pipeline), device);
   const int64_t flash_every = plan.job.get_int("flash_every");
   const char* flash_env = std::getenv("STRATA_FLASH_DIR");
   if (flash_every > 0 && flash_env) flash_dir = flash_node_store(flash_env, env.node), flash.emplace(flash_dir, env.rank);
@@ -368,8 +369,18 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   job.program.run(Stage::OptimizerStep, context);
   job.run_hooks(HookPoint::AfterStep, context);
   job.model->after_optimizer_step(topology->group({Dim::Data, Dim::Context}));
-  job.model->collect_metrics(context.metrics);
-  report_device_metrics(*job.model, job.program);
+  // The model's figures: its modules' on this rank; with a pipeline, summed over the stages when
+  // the step is read (engine/stage_figures.h).
+  std::vector<std::pair<std::string, double>> model_metrics;
+  job.model->collect_metrics(model_metrics);
+  engine::StageFigures::Figures model_figures = model_device_figures(*job.model);
+  if (stage_figures) {
+    for (const auto& [name, value] : model_metrics) model_figures.emplace_back(name, at::scalar_tensor(value, at::kDouble));
+  } else {
+    context.metrics.insert(context.metrics.end(), model_metrics.begin(), model_metrics.end());
+    for (const auto& [name, value] : model_figures) job.program.report_device_figure(name, value);
+    model_figures.clear();
+  }
   progress->beat(at_step, StepPhase::Updated);
 
   UnreadStep& done = unread.emplace_back();
@@ -378,6 +389,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   done.record.tokens = global_batch * seq_len;
   done.record.extra = context.metrics;  // summed by name when read (read_unread)
   done.device_figures = job.program.take_device_figures();
+  done.model_figures = std::move(model_figures);
   done.loss = job.reduce_loss(context.local_loss);
   done.grad_norm = context.grad_norm;
   done.memory = {memory.params, memory.grads, memory.optimizer, memory.peak, memory.device_peak};
@@ -440,6 +452,17 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
 // rank's own.
 void Trainer::Impl::read_unread(bool across_ranks) {
   if (unread.empty()) return;
+  // The model's figures are summed over the pipeline's stages where every rank is here; otherwise
+  // (a failure) this rank's own are read with its other figures.
+  const bool stages_summed = stage_figures && across_ranks;
+  std::vector<engine::StageFigures::Figures> model_figures;
+  for (auto& u : unread) {
+    if (stages_summed)
+      model_figures.push_back(std::move(u.model_figures));
+    else
+      u.device_figures.insert(u.device_figures.end(), u.model_figures.begin(), u.model_figures.end());
+    u.model_figures.clear();
+  }
   std::vector<at::Tensor> values;
   std::vector<double> memory;
   for (const auto& u : unread) values.push_back(u.loss), values.push_back(u.grad_norm);
@@ -453,13 +476,19 @@ void Trainer::Impl::read_unread(bool across_ranks) {
     values.push_back(memory_max);
   }
   const int64_t reads_before = host_read_count();
+  at::Tensor stage_sums;
+  if (stages_summed) values.push_back(stage_sums = stage_figures->reduce(model_figures));
   const std::vector<double> figures = read_on_host(values);
-  const int64_t this_read = host_read_count() - reads_before;  // counted on the newest step
   const size_t n = unread.size();
-  auto next = figures.begin() + static_cast<std::ptrdiff_t>(2 * n);  // the device figures, then the memory figures
+  auto next = figures.begin() + static_cast<std::ptrdiff_t>(2 * n);  // the device figures, the memory figures, the stage sums
   for (auto& u : unread)
     for (const auto& [name, value] : u.device_figures) u.record.extra.emplace_back(name, *next++);
-  if (memory_agreed) memory.assign(next, figures.end());
+  if (memory_agreed) memory.assign(next, next + static_cast<std::ptrdiff_t>(memory.size())), next += static_cast<std::ptrdiff_t>(memory.size());
+  if (stages_summed) {
+    const std::vector<engine::StageFigures::Named> summed = stage_figures->decode(std::vector<double>(next, figures.end()), model_figures);
+    for (size_t i = 0; i < n; ++i) unread[i].record.extra.insert(unread[i].record.extra.end(), summed[i].begin(), summed[i].end());
+  }
+  const int64_t this_read = host_read_count() - reads_before;  // counted on the newest step
   const double mean_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - unread_since).count() /
                          static_cast<double>(n);
   const char* memory_names[] = {"mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_peak_bytes", "mem_device_peak_bytes"};

@@ -16,6 +16,7 @@
 #include "sampler.h"
 #include "schedule.h"
 #include "snapshot_replicas.h"
+#include "stage_figures.h"
 #include "strata/core/flash_checkpoint.h"
 #include "strata/core/launch_env.h"
 #include "strata/core/progress.h"
@@ -93,11 +94,13 @@ struct Trainer::Impl {
     StepRecord record;
     at::Tensor loss, grad_norm;  // where the step left them
     std::vector<std::pair<std::string, at::Tensor>> device_figures;  // StepProgram::report_device_figure's
+    engine::StageFigures::Figures model_figures;  // with a pipeline: the model's, summed over the stages when read
     std::array<double, 5> memory{};  // this rank's engine::MemoryFigures, in their order
     double host_ms = 0;
     int64_t host_reads = 0;  // read_on_host calls during the step
   };
   std::vector<UnreadStep> unread;
+  std::optional<engine::StageFigures> stage_figures;  // with a pipeline (engine/stage_figures.h)
   std::chrono::steady_clock::time_point unread_since;  // when the first unread step started
 
   // Built in these steps, in this order (trainer.cpp).

@@ -368,7 +368,9 @@ class STRATA_API UnkeyedRandomness {
 
 // A module that keeps per-step figures (a router's expert loads): report_metrics appends
 // name/value pairs for the training micro-batches since its last call, on this rank and its
-// blocks, and starts counting again. Several modules may report one name: the model sums them.
+// blocks, and starts counting again. Several modules may report one name: the model sums them,
+// and under a pipeline core sums them over the stages too (each holds some of the modules), so a
+// figure must be a sum over modules (a mean is reported as each module's share of it).
 class STRATA_API ReportsMetrics {
  public:
   virtual ~ReportsMetrics();
