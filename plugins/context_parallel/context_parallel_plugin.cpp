@@ -191,7 +191,7 @@ class ContextParallelPass final : public Pass {
       inner_stage(context);
       at::Tensor loss = at::tensor(context.val_loss, at::kDouble).to(job.device());
       group.all_reduce(loss, ReduceOp::Avg)->wait();
-      context.val_loss = loss.item<double>();
+      context.val_loss = read_on_host({loss})[0];  // counted, as every read
     });
     auto last = std::make_shared<std::pair<int64_t, int64_t>>(dist::traffic().all_to_all, attention->ring_bytes());
     job.add_hook(HookPoint::AfterStep, [last, attention](StepContext& context) {

@@ -283,7 +283,8 @@ void StageRuntime::evaluate(StepContext& context) {
   const int64_t batches = job_.job_config().get_int("eval_batches");
   send_tied_weight_ = tied_ && tied_->parameter.defined();
   receive_tied_weight_ = tied_ && tied_->copy.defined();
-  double total = 0, waited_ms = 0;
+  double waited_ms = 0;
+  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(job_.device()));  // the last stage's, summed where they are
   evaluating_ = true;
   for (int64_t b = 0; b < batches; ++b) {
     const at::Tensor batch = job_.validation_batch(b);
@@ -294,7 +295,7 @@ void StageRuntime::evaluate(StepContext& context) {
       if (stage > 0) input = receive((stage - 1 + p) % p, tag(kActivationHeader, micro, stage), tag(kActivation, micro, stage), batch, waited_ms);
       const at::Tensor out = forward_chunk(c, input, batch, nullptr);
       if (last_stage(c))
-        total += out.item<double>();
+        total += out.detach().to(total.device(), at::kDouble);
       else
         send(out, (stage + 1) % p, tag(kActivationHeader, micro, stage + 1), tag(kActivation, micro, stage + 1), batch);
     }
@@ -305,9 +306,9 @@ void StageRuntime::evaluate(StepContext& context) {
   other_sends_.clear();
   evaluating_ = false;
   // The last stage has the loss; every rank reports it.
-  at::Tensor loss = at::tensor(last_stage(layout_.shape.chunks - 1) ? total / static_cast<double>(batches) : 0.0, at::kDouble).to(job_.device());
+  at::Tensor loss = last_stage(layout_.shape.chunks - 1) ? total / static_cast<double>(batches) : at::zeros_like(total);
   group_.all_reduce(loss, ReduceOp::Sum)->wait();
-  context.val_loss = loss.item<double>();
+  context.val_loss = read_on_host({loss})[0];  // counted, as every read
 }
 
 }  // namespace strata::pipeline

@@ -130,10 +130,14 @@ void provide_core_step(Job& job, BatchSampler& sampler, const std::unique_ptr<Op
   });
   program.provide(Stage::Evaluate, core_stage_description(Stage::Evaluate),
                   [&job, batch_loss](StepContext& context) {
-                    double total = 0;
+                    // Summed where the losses are (fp64, as a host sum would), then one counted read.
+                    at::Tensor total;
                     const int64_t batches = job.job_config().get_int("eval_batches");
-                    for (int64_t b = 0; b < batches; ++b) total += batch_loss(job.validation_batch(b)).item<double>();
-                    context.val_loss = total / static_cast<double>(batches);
+                    for (int64_t b = 0; b < batches; ++b) {
+                      const at::Tensor loss = batch_loss(job.validation_batch(b)).detach().to(at::kDouble);
+                      total = total.defined() ? total + loss : loss;
+                    }
+                    context.val_loss = read_on_host({total})[0] / static_cast<double>(batches);
                   });
 }
 

@@ -421,7 +421,10 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   }
   if (eval_due) {
     progress->beat(at_step, StepPhase::Evaluating);
+    const int64_t reads_before_evaluation = host_read_count();
     record.val_loss = evaluate(at_step);
+    for (auto& [name, value] : record.extra)  // the evaluation's reads count in its step's
+      if (name == "host_reads") value += static_cast<double>(host_read_count() - reads_before_evaluation);
   }
   if (save_due) {
     progress->beat(at_step, StepPhase::Checkpointing);
