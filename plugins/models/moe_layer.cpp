@@ -19,6 +19,13 @@ at::Tensor own_tokens_gradient(const at::Tensor& x, const Communicator& tensor_g
                   x.narrow(kTokenDim, start + share, tokens - start - share).detach()},
                  kTokenDim);
 }
+
+// How many of `expert`'s entries name each expert (counting only those `keep` holds, if given), on
+// the device. Not at::bincount: on a GPU it reads its input's minimum and maximum on the host.
+at::Tensor count_per_expert(const at::Tensor& expert, int64_t n_experts, const at::Tensor& keep = at::Tensor()) {
+  const at::Tensor ones = keep.defined() ? keep.to(at::kLong) : at::ones_like(expert, expert.options().dtype(at::kLong));
+  return at::zeros({n_experts}, ones.options()).scatter_add_(0, expert, ones);
+}
 }  // namespace
 
 Schema& add_moe_keys(Schema& schema) {
@@ -200,7 +207,7 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   at::Tensor expert = top_experts.t().reshape(-1);
   at::Tensor token = at::arange(n, expert.options()).repeat({k});
   at::Tensor weight = top_weights.t().reshape(-1);
-  const at::Tensor selections = at::bincount(expert, {}, n_experts);  // before capacity: the balance loss's f
+  const at::Tensor selections = count_per_expert(expert, n_experts);  // before capacity: the balance loss's f
   at::Tensor keep;  // with a capacity: the assignments that stay
   if (settings_.capacity_factor > 0) {
     const int64_t window_ranks = context_group_ ? context_group_->size() : 1;  // capacity over the whole window
@@ -210,8 +217,7 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   }
   // The rows each expert takes, which the grouped GEMM and the all-to-all need on the host: the
   // forward's one read (read_on_host, counted), and it also says how many assignments stay.
-  const at::Tensor sizes_on_device =
-      keep.defined() ? at::bincount(expert, keep.to(at::kDouble), n_experts) : at::bincount(expert, {}, n_experts);
+  const at::Tensor sizes_on_device = keep.defined() ? count_per_expert(expert, n_experts, keep) : selections;
   const std::vector<double> sizes = read_on_host({sizes_on_device});
   const std::vector<int64_t> group_sizes(sizes.begin(), sizes.end());
   int64_t dropped = 0;
