@@ -37,6 +37,11 @@ Schema& add_moe_keys(Schema& schema) {
       .real("capacity_factor", 0.0,
             "Tokens an expert takes per micro-batch: ceil(factor x top_k x tokens / n_experts), the rest dropped; 0 = dropless",
             between(0, 1 << 10))
+      .string("expert_rows", "auto",
+              "With capacity_factor > 0, how the kept rows reach the experts: \"padded\" (every expert C rows, empty ones zero: "
+              "static shapes, nothing read to the host in a step, equal all-to-all splits under expert parallel), \"packed\" "
+              "(only the kept rows: fewer FLOPs, their counts read each forward) or \"auto\" (padded on a GPU, packed on the CPU)",
+              {"auto", "padded", "packed"})
       .real("router_aux_loss_coef", 0.001, "Weight of the load-balancing loss (Switch Transformer's, mean over MoE layers)",
             between(0, 1e6))
       .real("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE's, mean over MoE layers)", between(0, 1e6))
@@ -56,6 +61,9 @@ void validate_moe(const Config& config, const SourcePos& section, Diagnostics& d
   if (config.get_int("moe_every") > config.get_int("n_layer"))
     diagnostics.error(section, "[model] moe_every (" + std::to_string(config.get_int("moe_every")) + ") exceeds n_layer (" +
                                    std::to_string(config.get_int("n_layer")) + "): the model would have no MoE block");
+  if (config.get_string("expert_rows") == "padded" && config.get_float("capacity_factor") == 0)
+    diagnostics.error(config.entry("expert_rows").pos,
+                      "[model] expert_rows = \"padded\" needs a capacity_factor > 0 (dropless routing has no capacity to pad to)");
   // A saved strategy.toml states every key, defaults included: only a rate other than the
   // default is a choice that nothing would honour.
   if (config.get_string("balance") != "bias" && config.get_float("bias_update_rate") != kDefaultBiasUpdateRate)
@@ -135,6 +143,7 @@ MoeSettings MoeSettings::from(const Config& c) {
   MoeSettings s;
   s.experts = c.get_int("n_experts"), s.top_k = c.get_int("top_k"), s.shared_experts = c.get_int("shared_experts");
   s.capacity_factor = c.get_float("capacity_factor");
+  s.expert_rows = c.get_string("expert_rows");
   s.aux_loss_coef = c.get_float("router_aux_loss_coef"), s.z_loss_coef = c.get_float("router_z_loss_coef");
   s.moe_layers = moe_layer_count(c);
   s.bias_balance = c.get_string("balance") == "bias", s.bias_update_rate = c.get_float("bias_update_rate");
@@ -208,40 +217,56 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   at::Tensor token = at::arange(n, expert.options()).repeat({k});
   at::Tensor weight = top_weights.t().reshape(-1);
   const at::Tensor selections = count_per_expert(expert, n_experts);  // before capacity: the balance loss's f
-  at::Tensor keep;  // with a capacity: the assignments that stay
+  at::Tensor keep, places;  // with a capacity: the assignments that stay, and each one's place in its expert's queue
+  int64_t capacity = 0;
   if (settings_.capacity_factor > 0) {
     const int64_t window_ranks = context_group_ ? context_group_->size() : 1;  // capacity over the whole window
-    const auto capacity = static_cast<int64_t>(
+    capacity = static_cast<int64_t>(
         std::ceil(settings_.capacity_factor * static_cast<double>(k * n * window_ranks) / static_cast<double>(n_experts)));
-    keep = queue_places(expert, x.size(0), n / x.size(0)).lt(capacity);
+    places = queue_places(expert, x.size(0), n / x.size(0));
+    keep = places.lt(capacity);
   }
-  // The rows each expert takes, which the grouped GEMM and the all-to-all need on the host: the
-  // forward's one read (read_on_host, counted), and it also says how many assignments stay.
   const at::Tensor sizes_on_device = keep.defined() ? count_per_expert(expert, n_experts, keep) : selections;
-  const std::vector<double> sizes = read_on_host({sizes_on_device});
-  const std::vector<int64_t> group_sizes(sizes.begin(), sizes.end());
-  int64_t dropped = 0;
-  if (keep.defined()) {
-    int64_t kept_count = 0;
-    for (int64_t size : group_sizes) kept_count += size;
-    dropped = expert.size(0) - kept_count;
-    const at::Tensor kept = at::nonzero_static(keep, kept_count).squeeze(1);  // its size known: no second wait
-    expert = expert.index_select(0, kept), token = token.index_select(0, kept), weight = weight.index_select(0, kept);
-  }
-  // Sorted by expert, stably: an expert's rows keep the choice-major order.
-  const at::Tensor order = std::get<1>(expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const at::Tensor sorted_token = token.index_select(0, order);
-
-  at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes);
   // Under sequence parallel with split experts the routed rows are this tensor rank's addends
   // (tensor_parallel leaves the Row experts' outputs partial: nn::SumsRowSplitOutputs): the
   // weighted sum is summed by the reduce-scatter below, and each routing weight's gradient, a
   // dot product with the partial row, is summed over the tensor ranks (copy_to_group), so the
   // router's gradient is whole and alike on every rank as before.
-  at::Tensor routing = weight.index_select(0, order).unsqueeze(1);
-  if (partial_experts()) routing = dist::copy_to_group(routing, *tensor_group_);
-  routed = routed * routing.to(routed.scalar_type());
-  at::Tensor out = at::zeros_like(tokens).index_add(0, sorted_token, routed.to(tokens.scalar_type()));
+  const auto weighted = [&](at::Tensor routed, const at::Tensor& routing_weight) {
+    at::Tensor routing = routing_weight.unsqueeze(1);
+    if (partial_experts()) routing = dist::copy_to_group(routing, *tensor_group_);
+    return (routed * routing.to(routed.scalar_type())).to(tokens.scalar_type());
+  };
+  at::Tensor out, dropped;  // dropped: a device count, or undefined for none
+  if (keep.defined() && pads_to_capacity(tokens)) {
+    // Every expert's C slots, an assignment at its place in its expert's queue and the dropped
+    // ones at a spare slot past the end: static shapes, nothing read. The spare row is not
+    // computed; it reads as zeros, so a dropped assignment adds nothing.
+    const int64_t slots = n_experts * capacity;
+    const at::Tensor slot = at::where(keep, expert * capacity + places, at::full_like(expert, slots));
+    const at::Tensor rows = at::zeros({slots + 1, tokens.size(1)}, tokens.options()).index_copy(0, slot, tokens.index_select(0, token));
+    const at::Tensor computed = run_padded_experts(rows.narrow(0, 0, slots), capacity);
+    const at::Tensor with_spare = at::cat({computed, at::zeros({1, computed.size(1)}, computed.options())});
+    out = at::zeros_like(tokens).index_add(0, token, weighted(with_spare.index_select(0, slot), weight));
+    dropped = expert.size(0) - sizes_on_device.sum();
+  } else {
+    // The rows each expert takes, which the grouped GEMM and the all-to-all need on the host: the
+    // forward's one read (read_on_host, counted), and it also says how many assignments stay.
+    const std::vector<double> sizes = read_on_host({sizes_on_device});
+    const std::vector<int64_t> group_sizes(sizes.begin(), sizes.end());
+    if (keep.defined()) {
+      int64_t kept_count = 0;
+      for (int64_t size : group_sizes) kept_count += size;
+      dropped = at::scalar_tensor(static_cast<double>(expert.size(0) - kept_count), sizes_on_device.options().dtype(at::kDouble));
+      const at::Tensor kept = at::nonzero_static(keep, kept_count).squeeze(1);  // its size known: no second wait
+      expert = expert.index_select(0, kept), token = token.index_select(0, kept), weight = weight.index_select(0, kept);
+    }
+    // Sorted by expert, stably: an expert's rows keep the choice-major order.
+    const at::Tensor order = std::get<1>(expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+    const at::Tensor sorted_token = token.index_select(0, order);
+    const at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes);
+    out = at::zeros_like(tokens).index_add(0, sorted_token, weighted(routed, weight.index_select(0, order)));
+  }
 
   // Switch's balance loss and the z-loss, each this layer's share of the mean over MoE layers.
   at::Tensor window_selections = selections.to(at::kFloat);
@@ -261,7 +286,7 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   if (at::GradMode::is_enabled()) {  // a training forward, or the recomputation of one
     at::Tensor& assignments = device_counts_.assignments;
     if (!assignments.defined()) assignments = at::zeros({2 + n_experts}, sizes_on_device.options().dtype(at::kDouble));
-    assignments.narrow(0, 0, 1).add_(static_cast<double>(dropped));  // host numbers as kernel arguments: no copy
+    if (dropped.defined()) assignments.narrow(0, 0, 1).add_(dropped.to(assignments.device()));
     assignments.narrow(0, 1, 1).add_(static_cast<double>(k * n));
     assignments.narrow(0, 2, n_experts).add_(sizes_on_device);
     ++counts_.forwards;
@@ -310,6 +335,31 @@ void MoeLayer::split_experts(Communicator& group) {
   const nn::TensorShard shard{group.size(), group.rank()};
   for (auto* layer : {routed_experts->gate_proj.get(), routed_experts->up_proj.get(), routed_experts->down_proj.get()}) layer->keep_groups(shard);
   expert_group_ = &group;
+}
+
+bool MoeLayer::pads_to_capacity(const at::Tensor& tokens) const {
+  return settings_.expert_rows == "padded" || (settings_.expert_rows == "auto" && tokens.is_cuda());
+}
+
+at::Tensor MoeLayer::run_padded_experts(const at::Tensor& rows, int64_t capacity) {
+  const int64_t n_experts = settings_.experts;
+  if (!expert_group_ || expert_group_->size() == 1)
+    return routed_experts->forward(rows, std::vector<int64_t>(static_cast<size_t>(n_experts), capacity));
+  // Rank r's experts are rows [r L C, (r+1) L C): every split is L C rows, known to every rank.
+  Communicator& group = *expert_group_;
+  const int64_t ranks = group.size(), local = n_experts / ranks, d = rows.size(1);
+  const std::vector<int64_t> splits(static_cast<size_t>(ranks), local * capacity);
+  if (at::GradMode::is_enabled())  // dispatch and combine, forward and backward: the padded rows travel too
+    counts_.exchanged_bytes += 4.0 * static_cast<double>((ranks - 1) * local * capacity * d * rows.element_size());
+  const at::Tensor received = nn::all_to_all_rows(group, rows, splits, splits);  // [source, local expert, C] rows
+  // 1/P on the experts' output gradient (so on their weight gradients), P back on their input's.
+  const double parts = static_cast<double>(ranks);
+  const at::Tensor grouped = nn::scale_gradient(received.view({ranks, local, capacity, d}).transpose(0, 1).reshape({-1, d}), parts);
+  at::Tensor computed = routed_experts->forward(grouped, std::vector<int64_t>(static_cast<size_t>(local), ranks * capacity));
+  computed = nn::scale_gradient(computed, 1.0 / parts);
+  const int64_t out_d = computed.size(1);
+  const at::Tensor back = computed.view({local, ranks, capacity, out_d}).transpose(0, 1).reshape({-1, out_d});
+  return nn::all_to_all_rows(group, back, splits, splits);
 }
 
 at::Tensor MoeLayer::run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes) {

@@ -38,6 +38,24 @@ TEST(GroupedMm, EachGroupIsItsRowsTimesItsMatrixWithGradients) {
   EXPECT_EQ(grads[1][1].abs().max().item<double>(), 0.0) << "a group without rows has a zero gradient";
 }
 
+// Groups of one size (experts padded to their capacity) take the reference's batched product.
+TEST(GroupedMm, EqualGroupsAreOneBatchedProductWithGradients) {
+  at::manual_seed(4);
+  const std::vector<int64_t> sizes{4, 4, 4};
+  at::Tensor x = at::randn({12, 7}, at::kDouble).requires_grad_();
+  at::Tensor w = at::randn({3, 6, 7}, at::kDouble).requires_grad_();
+  at::Tensor y = ops::grouped_mm(x, w, sizes);
+  std::vector<at::Tensor> parts;
+  for (int64_t g = 0; g < 3; ++g) parts.push_back(x.narrow(0, 4 * g, 4).mm(w[g].t()));
+  at::Tensor ref = at::cat(parts);
+  expect_close(y, ref, 1e-12, "output");
+  const at::Tensor dy = at::randn_like(y);
+  const auto grads = torch::autograd::grad({y}, {x, w}, {dy});
+  const auto ref_grads = torch::autograd::grad({ref}, {x, w}, {dy});
+  expect_close(grads[0], ref_grads[0], 1e-12, "dx");
+  expect_close(grads[1], ref_grads[1], 1e-12, "dw");
+}
+
 TEST(AuxiliaryLoss, BackwardAddsTheLossWithTheMicroBatchWeight) {
   at::Tensor p = at::randn({5}, at::kDouble).requires_grad_();
   const double scale = 0.25;  // e.g. loss scale 1 over 4 micro-batches

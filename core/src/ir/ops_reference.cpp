@@ -1,4 +1,5 @@
 // Reference implementations of every operator: ATen compositions, autograd-correct, any device.
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -106,6 +107,10 @@ at::Tensor grouped_mm_reference(const at::Tensor& x, const at::Tensor& weight, a
   if (x.dim() != 2 || weight.dim() != 3 || weight.size(0) != static_cast<int64_t>(group_sizes.size()) || x.size(1) != weight.size(2))
     throw std::invalid_argument("grouped_mm: x [M, in] and weight [G, out, in] with G group sizes, not " + c10::str(x.sizes()) + ", " +
                                 c10::str(weight.sizes()) + " and " + std::to_string(group_sizes.size()) + " sizes");
+  // Groups of one size (an MoE layer's experts padded to their capacity): one batched product.
+  const int64_t groups = weight.size(0);
+  if (groups > 0 && group_sizes[0] > 0 && std::all_of(group_sizes.begin(), group_sizes.end(), [&](int64_t n) { return n == group_sizes[0]; }))
+    return at::bmm(x.reshape({groups, group_sizes[0], x.size(1)}), weight.transpose(1, 2)).reshape({x.size(0), weight.size(1)});
   // split and cat differentiate into cat and split: one copy of x's and y's gradients, not one
   // zero-filled full-size gradient per group as narrow's backward would make.
   const std::vector<at::Tensor> rows = x.split_with_sizes(group_sizes);
@@ -215,7 +220,7 @@ void OperatorTable::reset() {
            reference<ops::Gelu>("GELU, tanh approximation", gelu_reference),
            reference<ops::SwiGlu>("silu(gate) * up", swiglu_reference),
            reference<ops::Rope>("rotary embedding, rotate-half layout", rope_reference),
-           reference<ops::GroupedMm>("one at::matmul per group on its rows (split_with_sizes), results concatenated",
+           reference<ops::GroupedMm>("one at::matmul per group on its rows (split_with_sizes), results concatenated; groups of one size: one at::bmm",
                                      grouped_mm_reference),
            reference<ops::CrossEntropy>("mean cross entropy in fp32", cross_entropy_reference),
            reference<ops::LinearCrossEntropy>("at::linear, then mean cross entropy in fp32 (the [N, V] logits written out)",
