@@ -14,6 +14,13 @@ usage: python bench/moe.py [--strata build/bin/strata] [--out bench/results/moe_
    on this machine): tokens sorted by expert and one GEMM per expert on contiguous rows (what
    Strata's grouped_mm does) vs transformers' Mixtral loop (per expert: find its tokens, gather,
    compute, scatter-add).
+4. With a capacity, model.expert_rows "packed" (the kept rows, their counts read each forward) vs
+   "padded" (every expert C rows: static shapes, no read), at capacity factors 1.0 and 1.25: one
+   process's tokens/s (interleaved rounds) and host reads per step; under expert parallel at P = 2
+   the all-to-all bytes, against the padded formula 4 x E C d 4 (P - 1) / P per layer and
+   micro-batch (C = ceil(c k T / E); every slot travels, filled or not).
+
+--parts picks some of them (e.g. --parts 4 --out bench/results/moe_capacity_cpu.md).
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
@@ -128,19 +135,65 @@ def part3(rounds):
     return lines + [""]
 
 
+def part4(strata, steps, rounds):
+    lines = ["## 4. Capacity: packed vs padded expert rows", "",
+             "Mixtral as in part 1 (8 experts, top 2, micro-batch 8 x 128 tokens), capacity_factor c; one process, 1 thread.", "",
+             "| c | expert_rows | tokens/s (median of rounds) | rounds | vs packed | host reads in non-logging steps | dropped fraction |",
+             "|---|---|---|---|---|---|---|"]
+    base = ["--set", "model.ffn_hidden=256", "--set", "parallel.expert=1", "--disable", "expert_parallel", "--disable", "ddp",
+            "--set", "job.global_batch=8", "--set", "job.micro_batch=8", "--set", "job.log_every=1000"]
+    cmds = []
+    for c in (1.0, 1.25):
+        per, reads, dropped = {"packed": [], "padded": []}, {}, {}
+        for _ in range(rounds):
+            for rows_kind in per:
+                rows, cmd = run(strata, "examples/strategies/mixtral.toml", steps,
+                                base + ["--set", f"model.capacity_factor={c}", "--set", f'model.expert_rows="{rows_kind}"'])
+                per[rows_kind].append(statistics.median(r["tokens"] / r["step_ms"] * 1000 for r in rows))
+                reads[rows_kind] = statistics.median(r["host_reads"] for r in rows[:-1])  # the last step reads its figures
+                dropped[rows_kind] = rows[-1]["moe_dropped_fraction"]
+                cmds.append(cmd)
+        packed = statistics.median(per["packed"])
+        for rows_kind, t in per.items():
+            m = statistics.median(t)
+            lines.append(f"| {c} | {rows_kind} | {m:.0f} | {', '.join(f'{x:.0f}' for x in t)} | {m / packed:.3f} | "
+                         f"{reads[rows_kind]:.0f} | {dropped[rows_kind]:.3f} |")
+    lines += ["", "Command (one run): `" + " ".join(cmds[-1]) + "`", "",
+              "Expert parallel, P = 2 (2 ranks, micro-batch 2 x 128 tokens, 4 layers, d 256, fp32, 2 micro-batches a step), c = 1.0:", "",
+              "| expert_rows | all-to-all bytes/step (rank 0, median) | padded formula | ratio |", "|---|---|---|---|"]
+    p, t, k, d, layers, micro, e = 2, 2 * 128, 2, 256, 4, 2, 8
+    cap = -(-int(1.0 * k * t) // e)  # ceil(c k T / E)
+    formula = 4 * e * cap * d * 4 * (p - 1) / p * layers * micro
+    for rows_kind in ("packed", "padded"):
+        rows, cmd = run(strata, "examples/strategies/mixtral.toml", steps,
+                        ["--set", f"parallel.expert={p}", "--set", f"job.global_batch={4 * p}", "--set", "job.micro_batch=2",
+                         "--set", "model.capacity_factor=1.0", "--set", f'model.expert_rows="{rows_kind}"'], n=p)
+        measured = statistics.median(r["moe_all_to_all_bytes"] for r in rows)
+        lines.append(f"| {rows_kind} | {measured:.0f} | {formula:.0f} | {measured / formula:.3f} |")
+    lines += ["", "Command (padded): `" + " ".join(cmd) + "`", ""]
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", default="build/bin/strata")
     ap.add_argument("--out", default="bench/results/moe_cpu.md")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--parts", default="1,2,3,4")
     a = ap.parse_args()
+    parts = {int(x) for x in a.parts.split(",")}
     lines = ["# Mixture of experts on CPU", "",
-             f"Command: `python bench/moe.py --steps {a.steps} --rounds {a.rounds}`", "",
+             f"Command: `python bench/moe.py --steps {a.steps} --rounds {a.rounds} --parts {a.parts}`", "",
              f"Machine: {os.cpu_count()} cores (shared, noisy); one thread per rank.", ""]
-    lines += part1(a.strata, a.steps, a.rounds)
-    lines += part2(a.strata, a.steps)
-    lines += part3(a.rounds)
+    if 1 in parts:
+        lines += part1(a.strata, a.steps, a.rounds)
+    if 2 in parts:
+        lines += part2(a.strata, a.steps)
+    if 3 in parts:
+        lines += part3(a.rounds)
+    if 4 in parts:
+        lines += part4(a.strata, a.steps, a.rounds)
     open(a.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

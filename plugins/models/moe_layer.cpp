@@ -37,11 +37,11 @@ Schema& add_moe_keys(Schema& schema) {
       .real("capacity_factor", 0.0,
             "Tokens an expert takes per micro-batch: ceil(factor x top_k x tokens / n_experts), the rest dropped; 0 = dropless",
             between(0, 1 << 10))
-      .string("expert_rows", "auto",
-              "With capacity_factor > 0, how the kept rows reach the experts: \"padded\" (every expert C rows, empty ones zero: "
-              "static shapes, nothing read to the host in a step, equal all-to-all splits under expert parallel), \"packed\" "
-              "(only the kept rows: fewer FLOPs, their counts read each forward) or \"auto\" (padded on a GPU, packed on the CPU)",
-              {"auto", "padded", "packed"})
+      .string("expert_rows", "packed",
+              "With capacity_factor > 0, how the kept rows reach the experts: \"packed\" (only the kept rows: their counts read "
+              "to the host each forward) or \"padded\" (every expert C rows, empty ones zero: static shapes, nothing read to the "
+              "host in a step, equal all-to-all splits under expert parallel, the empty slots computed and sent too)",
+              {"packed", "padded"})
       .real("router_aux_loss_coef", 0.001, "Weight of the load-balancing loss (Switch Transformer's, mean over MoE layers)",
             between(0, 1e6))
       .real("router_z_loss_coef", 0.0, "Weight of the router z-loss (ST-MoE's, mean over MoE layers)", between(0, 1e6))
@@ -238,7 +238,7 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
     return (routed * routing.to(routed.scalar_type())).to(tokens.scalar_type());
   };
   at::Tensor out, dropped;  // dropped: a device count, or undefined for none
-  if (keep.defined() && pads_to_capacity(tokens)) {
+  if (keep.defined() && settings_.expert_rows == "padded") {
     // Every expert's C slots, an assignment at its place in its expert's queue and the dropped
     // ones at a spare slot past the end: static shapes, nothing read. The spare row is not
     // computed; it reads as zeros, so a dropped assignment adds nothing.
@@ -337,9 +337,6 @@ void MoeLayer::split_experts(Communicator& group) {
   expert_group_ = &group;
 }
 
-bool MoeLayer::pads_to_capacity(const at::Tensor& tokens) const {
-  return settings_.expert_rows == "padded" || (settings_.expert_rows == "auto" && tokens.is_cuda());
-}
 
 at::Tensor MoeLayer::run_padded_experts(const at::Tensor& rows, int64_t capacity) {
   const int64_t n_experts = settings_.experts;

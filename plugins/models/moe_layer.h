@@ -10,11 +10,11 @@
 // expert's rows stay in that order) and every projection is one ops::grouped_mm over the
 // variable-size groups: no gather per expert, no padding. Outputs come back to their tokens by
 // index_add, weighted. The group sizes are read to the host (one counted read per forward).
-// With a capacity, expert_rows = "padded" (GShard's layout; "auto" picks it on a GPU) gives every
-// expert exactly C rows instead, each kept assignment at its place in its expert's queue (the
-// same order) and zeros in the empty slots: every shape is static, so nothing is read to the host
-// and expert parallel's all-to-alls have equal splits, at the cost of computing the empty slots
-// (up to c k N rows in all, against the kept ones).
+// With a capacity, expert_rows = "padded" (GShard's layout) gives every expert exactly C rows
+// instead, each kept assignment at its place in its expert's queue (the same order) and zeros in
+// the empty slots: every shape is static, so nothing is read to the host and expert parallel's
+// all-to-alls have equal splits, at the cost of computing and sending the empty slots (E C = c k N
+// rows in all, against the kept ones).
 //
 // Auxiliary losses, per micro-batch and layer: Switch's load balancing
 // L_aux = E sum_i f_i P_i (f_i: top-k selections of expert i, before capacity, over N; P_i: mean
@@ -69,7 +69,7 @@ void require_hub_mixtral(const Config& config);
 struct MoeSettings {
   int64_t experts = 8, top_k = 2, shared_experts = 0;
   double capacity_factor = 0, aux_loss_coef = 0, z_loss_coef = 0;
-  std::string expert_rows = "auto";  // with a capacity: "padded", "packed" or "auto" (padded on a GPU)
+  std::string expert_rows = "packed";  // with a capacity: "packed" or "padded"
   int64_t moe_layers = 1;  // in the model: each layer's losses weigh 1 / moe_layers
   bool bias_balance = false;  // balance = "bias"
   double bias_update_rate = 0.001;
@@ -157,8 +157,6 @@ class MoeLayer final : public torch::nn::Module,
   // The experts' outputs for rows sorted by (global) expert, group_sizes per expert: computed
   // here, or by the ranks holding them under expert parallel.
   at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes);
-  // With a capacity: whether the experts take C rows each (expert_rows, by the tokens' device).
-  bool pads_to_capacity(const at::Tensor& tokens) const;
   // The experts' outputs for E x C rows, expert-major: computed here, or under expert parallel by
   // the ranks holding them (all-to-alls of L C rows per rank, no counts exchanged).
   at::Tensor run_padded_experts(const at::Tensor& rows, int64_t capacity);
