@@ -15,7 +15,7 @@
 // every step, and they are a few multi-tensor launches.
 //
 // What a replay cannot do is refused at plan time: anything that reads the device on the host
-// mid-step (the mixture-of-experts router's group sizes), amp fp16's scaler (on the device, but
+// mid-step or counts on the host (the mixture-of-experts layers), amp fp16's scaler (on the device, but
 // never replayed on a GPU yet), host
 // randomness per step (dropout masks are seeded per step), collectives (one process only) and
 // shapes that change. A step that still waits for the device fails its capture with a clear
@@ -105,8 +105,8 @@ class CudaGraphPass final : public Pass {
       return "pass 'cuda_graph': [model] dropout = " + c10::str(facts.model.get_float("dropout")) +
              " draws masks seeded per step on the host, which a replay would repeat; set dropout = 0";
     if (facts.model.has("n_experts") && facts.model.get_int("n_experts") > 0)
-      return "pass 'cuda_graph': the mixture-of-experts layers read their experts' group sizes on the host in every forward, "
-             "which a replay cannot";
+      return "pass 'cuda_graph': the mixture-of-experts layers count their forwards and figures on the host (and with "
+             "expert_rows = \"packed\" read their experts' group sizes in every forward), which a replay would not run";
     return {};
   }
 

@@ -252,8 +252,17 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
   } else {
     // The rows each expert takes, which the grouped GEMM and the all-to-all need on the host: the
     // forward's one read (read_on_host, counted), and it also says how many assignments stay.
-    const std::vector<double> sizes = read_on_host({sizes_on_device});
-    const std::vector<int64_t> group_sizes(sizes.begin(), sizes.end());
+    // Under expert parallel the counts every rank sends this one are exchanged first, on the
+    // device, and come in the same read.
+    const bool exchanges = expert_group_ && expert_group_->size() > 1;
+    at::Tensor received_sizes;
+    if (exchanges) {
+      received_sizes = at::empty_like(sizes_on_device);
+      expert_group_->all_to_all(received_sizes, sizes_on_device, {}, {})->wait();
+    }
+    const std::vector<double> sizes = read_on_host({sizes_on_device, received_sizes});
+    const std::vector<int64_t> group_sizes(sizes.begin(), sizes.begin() + n_experts);
+    const std::vector<int64_t> received_counts(exchanges ? sizes.begin() + n_experts : sizes.end(), sizes.end());
     if (keep.defined()) {
       int64_t kept_count = 0;
       for (int64_t size : group_sizes) kept_count += size;
@@ -264,7 +273,7 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
     // Sorted by expert, stably: an expert's rows keep the choice-major order.
     const at::Tensor order = std::get<1>(expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
     const at::Tensor sorted_token = token.index_select(0, order);
-    const at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes);
+    const at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes, received_counts);
     out = at::zeros_like(tokens).index_add(0, sorted_token, weighted(routed, weight.index_select(0, order)));
   }
 
@@ -359,18 +368,13 @@ at::Tensor MoeLayer::run_padded_experts(const at::Tensor& rows, int64_t capacity
   return nn::all_to_all_rows(group, back, splits, splits);
 }
 
-at::Tensor MoeLayer::run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes) {
+at::Tensor MoeLayer::run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes, const std::vector<int64_t>& counts) {
   if (!expert_group_ || expert_group_->size() == 1) return routed_experts->forward(rows, group_sizes);
   Communicator& group = *expert_group_;
   const int64_t ranks = group.size(), local = settings_.experts / ranks;
-  // Rows per destination, then every source's rows per local expert ([source, local expert]).
+  // Rows per destination; `counts` holds every source's rows per local expert ([source, local expert]).
   std::vector<int64_t> send_rows(static_cast<size_t>(ranks), 0);
   for (int64_t e = 0; e < settings_.experts; ++e) send_rows[static_cast<size_t>(e / local)] += group_sizes[static_cast<size_t>(e)];
-  const at::Tensor sizes = at::tensor(group_sizes, at::kLong).to(rows.device());
-  at::Tensor received_sizes = at::empty_like(sizes);
-  group.all_to_all(received_sizes, sizes, {}, {})->wait();
-  const std::vector<double> received_counts = read_on_host({received_sizes});  // counted, as every read
-  const std::vector<int64_t> counts(received_counts.begin(), received_counts.end());  // [source, local expert]
   std::vector<int64_t> recv_rows(static_cast<size_t>(ranks), 0);
   for (int64_t r = 0; r < ranks; ++r)
     for (int64_t l = 0; l < local; ++l) recv_rows[static_cast<size_t>(r)] += counts[r * local + l];

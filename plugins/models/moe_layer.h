@@ -109,9 +109,9 @@ class GroupedExperts final : public torch::nn::Module {
 // Under expert parallel (split_experts, the expert_parallel pass) rank r of the expert group of
 // P ranks keeps experts [r E/P, (r+1) E/P). Routing stays on each token's own rank; the rows
 // sorted by expert are contiguous per destination, so dispatch is one all-to-all (counts
-// exchanged first), the received rows are regrouped by local expert (from every source, in
-// source order), computed, put back, and returned by a second all-to-all (combine) before the
-// weighted sum. An expert's gradient sums over every rank's tokens; it is scaled by 1/P inside
+// exchanged first, on the device, and read with the rank's own in its one read), the received
+// rows are regrouped by local expert (from every source, in source order), computed, put back,
+// and returned by a second all-to-all (combine) before the weighted sum. An expert's gradient sums over every rank's tokens; it is scaled by 1/P inside
 // the layer so that averaging it over the ranks that hold the same experts (ddp over the
 // expert-data group) gives the single-process gradient.
 class MoeLayer final : public torch::nn::Module,
@@ -155,8 +155,9 @@ class MoeLayer final : public torch::nn::Module,
     int64_t forwards = 0;
   };
   // The experts' outputs for rows sorted by (global) expert, group_sizes per expert: computed
-  // here, or by the ranks holding them under expert parallel.
-  at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes);
+  // here, or by the ranks holding them under expert parallel, `received` being the rows each
+  // source sends this rank per local expert ([source, local expert], exchanged in forward).
+  at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& group_sizes, const std::vector<int64_t>& received);
   // The experts' outputs for E x C rows, expert-major: computed here, or under expert parallel by
   // the ranks holding them (all-to-alls of L C rows per rank, no counts exchanged).
   at::Tensor run_padded_experts(const at::Tensor& rows, int64_t capacity);
