@@ -328,14 +328,14 @@ void MoeLayer::after_optimizer_step(Communicator& token_ranks) {
   if (!expert_bias.defined()) return;
   // Selections of every rank's tokens this step (exact integers, so every rank moves alike and
   // as one process over the whole batch would), then b_i += gamma sign(mean - load_i).
+  // All on the device: the busiest expert's load over the mean joins the step's device figures.
   at::Tensor load = step_selections_.to(at::kDouble);
   if (token_ranks.size() > 1) token_ranks.all_reduce(load, ReduceOp::Sum)->wait();
   step_selections_.zero_();
-  const at::Tensor mean = load.mean();
-  const std::vector<double> figures = read_on_host({load.sum(), load.max() / mean});  // counted, as every read
-  if (figures[0] == 0) return;  // no training forward this step
-  counts_.max_load += figures[1];
-  ++counts_.bias_updates;
+  if (c.forwards == 0) return;  // no training forward this step (the same on every rank)
+  const at::Tensor mean = load.mean(), ratio = load.max() / mean;
+  c.max_load = c.max_load.defined() ? c.max_load + ratio : ratio;
+  ++c.bias_updates;
   at::NoGradGuard no_grad;
   expert_bias.add_((mean - load).sign().to(expert_bias.scalar_type()), settings_.bias_update_rate);
 }
@@ -415,15 +415,14 @@ void MoeLayer::report_device_metrics(std::vector<std::pair<std::string, at::Tens
     out.emplace_back("moe_dropped_fraction", a[0] / a[1] * share);
     for (int64_t e = 0; e + 2 < a.size(0); ++e) out.emplace_back("moe_tokens_e" + std::to_string(e), a[2 + e]);
   }
+  if (device_counts_.bias_updates > 0)
+    out.emplace_back("moe_max_load_ratio", device_counts_.max_load / static_cast<double>(device_counts_.bias_updates) * share);
   device_counts_ = DeviceCounts{};
 }
 
 void MoeLayer::report_metrics(std::vector<std::pair<std::string, double>>& out) {
   if (counts_.forwards == 0) return;
-  // The per-layer share makes the model's sum a mean over MoE layers.
-  const double share = 1.0 / static_cast<double>(settings_.moe_layers);
   if (expert_group_ && expert_group_->size() > 1) out.emplace_back("moe_all_to_all_bytes", counts_.exchanged_bytes);
-  if (counts_.bias_updates > 0) out.emplace_back("moe_max_load_ratio", counts_.max_load / static_cast<double>(counts_.bias_updates) * share);
   counts_ = Counts{};
 }
 

@@ -36,8 +36,8 @@
 // chosen experts' weights are their unbiased probabilities, renormalised. After each optimizer
 // step b_i += gamma sign(mean load - load_i), the loads being the step's top-k selections (before
 // capacity) summed over every training forward and over the data x context ranks, so every rank
-// and one process over the same batch move b alike. moe_max_load_ratio (busiest expert's load
-// over the mean) goes to the metrics.
+// and one process over the same batch move b alike, all on the device (no read). moe_max_load_ratio
+// (busiest expert's load over the mean) goes to the metrics as a device figure.
 #pragma once
 
 #include <memory>
@@ -150,8 +150,6 @@ class MoeLayer final : public torch::nn::Module,
   // they replace ran without gradients and do not).
   struct Counts {
     double exchanged_bytes = 0;  // expert parallel: sent to other ranks, forward and backward
-    double max_load = 0;  // balance = "bias": the busiest expert's load over the mean, summed over updates
-    int64_t bias_updates = 0;
     int64_t forwards = 0;
   };
   // The experts' outputs for rows sorted by (global) expert, group_sizes per expert: computed
@@ -170,9 +168,10 @@ class MoeLayer final : public torch::nn::Module,
   // fp64 on the device, and their assignments: [dropped, routed, kept per expert...]; after the
   // step (after_optimizer_step) the assignments are summed and the losses averaged over every
   // rank's tokens, so the figures are the whole batch's, as one process counts them.
+  // With balance = "bias", the busiest expert's load over the mean, summed over the bias updates.
   struct DeviceCounts {
-    at::Tensor aux, z, assignments;
-    int64_t forwards = 0;
+    at::Tensor aux, z, assignments, max_load;
+    int64_t forwards = 0, bias_updates = 0;
   };
   MoeSettings settings_;
   Counts counts_;
