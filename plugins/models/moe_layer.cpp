@@ -227,55 +227,10 @@ at::Tensor MoeLayer::forward(const at::Tensor& x) {
     keep = places.lt(capacity);
   }
   const at::Tensor sizes_on_device = keep.defined() ? count_per_expert(expert, n_experts, keep) : selections;
-  // Under sequence parallel with split experts the routed rows are this tensor rank's addends
-  // (tensor_parallel leaves the Row experts' outputs partial: nn::SumsRowSplitOutputs): the
-  // weighted sum is summed by the reduce-scatter below, and each routing weight's gradient, a
-  // dot product with the partial row, is summed over the tensor ranks (copy_to_group), so the
-  // router's gradient is whole and alike on every rank as before.
-  const auto weighted = [&](at::Tensor routed, const at::Tensor& routing_weight) {
-    at::Tensor routing = routing_weight.unsqueeze(1);
-    if (partial_experts()) routing = dist::copy_to_group(routing, *tensor_group_);
-    return (routed * routing.to(routed.scalar_type())).to(tokens.scalar_type());
-  };
-  at::Tensor out, dropped;  // dropped: a device count, or undefined for none
-  if (keep.defined() && settings_.expert_rows == "padded") {
-    // Every expert's C slots, an assignment at its place in its expert's queue and the dropped
-    // ones at a spare slot past the end: static shapes, nothing read. The spare row is not
-    // computed; it reads as zeros, so a dropped assignment adds nothing.
-    const int64_t slots = n_experts * capacity;
-    const at::Tensor slot = at::where(keep, expert * capacity + places, at::full_like(expert, slots));
-    const at::Tensor rows = at::zeros({slots + 1, tokens.size(1)}, tokens.options()).index_copy(0, slot, tokens.index_select(0, token));
-    const at::Tensor computed = run_padded_experts(rows.narrow(0, 0, slots), capacity);
-    const at::Tensor with_spare = at::cat({computed, at::zeros({1, computed.size(1)}, computed.options())});
-    out = at::zeros_like(tokens).index_add(0, token, weighted(with_spare.index_select(0, slot), weight));
-    dropped = expert.size(0) - sizes_on_device.sum();
-  } else {
-    // The rows each expert takes, which the grouped GEMM and the all-to-all need on the host: the
-    // forward's one read (read_on_host, counted), and it also says how many assignments stay.
-    // Under expert parallel the counts every rank sends this one are exchanged first, on the
-    // device, and come in the same read.
-    const bool exchanges = expert_group_ && expert_group_->size() > 1;
-    at::Tensor received_sizes;
-    if (exchanges) {
-      received_sizes = at::empty_like(sizes_on_device);
-      expert_group_->all_to_all(received_sizes, sizes_on_device, {}, {})->wait();
-    }
-    const std::vector<double> sizes = read_on_host({sizes_on_device, received_sizes});
-    const std::vector<int64_t> group_sizes(sizes.begin(), sizes.begin() + n_experts);
-    const std::vector<int64_t> received_counts(exchanges ? sizes.begin() + n_experts : sizes.end(), sizes.end());
-    if (keep.defined()) {
-      int64_t kept_count = 0;
-      for (int64_t size : group_sizes) kept_count += size;
-      dropped = at::scalar_tensor(static_cast<double>(expert.size(0) - kept_count), sizes_on_device.options().dtype(at::kDouble));
-      const at::Tensor kept = at::nonzero_static(keep, kept_count).squeeze(1);  // its size known: no second wait
-      expert = expert.index_select(0, kept), token = token.index_select(0, kept), weight = weight.index_select(0, kept);
-    }
-    // Sorted by expert, stably: an expert's rows keep the choice-major order.
-    const at::Tensor order = std::get<1>(expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-    const at::Tensor sorted_token = token.index_select(0, order);
-    const at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes, received_counts);
-    out = at::zeros_like(tokens).index_add(0, sorted_token, weighted(routed, weight.index_select(0, order)));
-  }
+  at::Tensor dropped;  // with a capacity: how many assignments were dropped, on the device
+  at::Tensor out = keep.defined() && settings_.expert_rows == "padded"
+                       ? padded_routed_output(tokens, expert, token, weight, keep, places, capacity, sizes_on_device, dropped)
+                       : packed_routed_output(tokens, expert, token, weight, keep, sizes_on_device, dropped);
 
   // Switch's balance loss and the z-loss, each this layer's share of the mean over MoE layers.
   at::Tensor window_selections = selections.to(at::kFloat);
@@ -346,6 +301,62 @@ void MoeLayer::split_experts(Communicator& group) {
   expert_group_ = &group;
 }
 
+
+// Under sequence parallel with split experts the routed rows are this tensor rank's addends
+// (tensor_parallel leaves the Row experts' outputs partial: nn::SumsRowSplitOutputs): the
+// weighted sum is summed by the reduce-scatter after the layer, and each routing weight's
+// gradient, a dot product with the partial row, is summed over the tensor ranks (copy_to_group),
+// so the router's gradient is whole and alike on every rank.
+at::Tensor MoeLayer::weighted(const at::Tensor& routed, const at::Tensor& routing_weight, at::ScalarType out_type) const {
+  at::Tensor routing = routing_weight.unsqueeze(1);
+  if (partial_experts()) routing = dist::copy_to_group(routing, *tensor_group_);
+  return (routed * routing.to(routed.scalar_type())).to(out_type);
+}
+
+at::Tensor MoeLayer::packed_routed_output(const at::Tensor& tokens, at::Tensor expert, at::Tensor token, at::Tensor weight,
+                                          const at::Tensor& keep, const at::Tensor& sizes_on_device, at::Tensor& dropped) {
+  const int64_t n_experts = settings_.experts;
+  // The rows each expert takes, which the grouped GEMM and the all-to-all need on the host: the
+  // forward's one read (read_on_host, counted), and it also says how many assignments stay.
+  // Under expert parallel the counts every rank sends this one are exchanged first, on the
+  // device, and come in the same read.
+  const bool exchanges = expert_group_ && expert_group_->size() > 1;
+  at::Tensor received_sizes;
+  if (exchanges) {
+    received_sizes = at::empty_like(sizes_on_device);
+    expert_group_->all_to_all(received_sizes, sizes_on_device, {}, {})->wait();
+  }
+  const std::vector<double> sizes = read_on_host({sizes_on_device, received_sizes});
+  const std::vector<int64_t> group_sizes(sizes.begin(), sizes.begin() + n_experts);
+  const std::vector<int64_t> received_counts(exchanges ? sizes.begin() + n_experts : sizes.end(), sizes.end());
+  if (keep.defined()) {
+    int64_t kept_count = 0;
+    for (int64_t size : group_sizes) kept_count += size;
+    dropped = at::scalar_tensor(static_cast<double>(expert.size(0) - kept_count), sizes_on_device.options().dtype(at::kDouble));
+    const at::Tensor kept = at::nonzero_static(keep, kept_count).squeeze(1);  // its size known: no second wait
+    expert = expert.index_select(0, kept), token = token.index_select(0, kept), weight = weight.index_select(0, kept);
+  }
+  // Sorted by expert, stably: an expert's rows keep the choice-major order.
+  const at::Tensor order = std::get<1>(expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const at::Tensor sorted_token = token.index_select(0, order);
+  const at::Tensor routed = run_experts(tokens.index_select(0, sorted_token), group_sizes, received_counts);
+  return at::zeros_like(tokens).index_add(0, sorted_token, weighted(routed, weight.index_select(0, order), tokens.scalar_type()));
+}
+
+at::Tensor MoeLayer::padded_routed_output(const at::Tensor& tokens, const at::Tensor& expert, const at::Tensor& token,
+                                          const at::Tensor& weight, const at::Tensor& keep, const at::Tensor& places, int64_t capacity,
+                                          const at::Tensor& sizes_on_device, at::Tensor& dropped) {
+  // Every expert's C slots, an assignment at its place in its expert's queue and the dropped ones
+  // at a spare slot past the end: static shapes, nothing read. The spare row is not computed; it
+  // reads as zeros, so a dropped assignment adds nothing.
+  const int64_t slots = settings_.experts * capacity;
+  const at::Tensor slot = at::where(keep, expert * capacity + places, at::full_like(expert, slots));
+  const at::Tensor rows = at::zeros({slots + 1, tokens.size(1)}, tokens.options()).index_copy(0, slot, tokens.index_select(0, token));
+  const at::Tensor computed = run_padded_experts(rows.narrow(0, 0, slots), capacity);
+  const at::Tensor with_spare = at::cat({computed, at::zeros({1, computed.size(1)}, computed.options())});
+  dropped = expert.size(0) - sizes_on_device.sum();
+  return at::zeros_like(tokens).index_add(0, token, weighted(with_spare.index_select(0, slot), weight, tokens.scalar_type()));
+}
 
 at::Tensor MoeLayer::run_padded_experts(const at::Tensor& rows, int64_t capacity) {
   const int64_t n_experts = settings_.experts;

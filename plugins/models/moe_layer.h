@@ -152,6 +152,17 @@ class MoeLayer final : public torch::nn::Module,
     double exchanged_bytes = 0;  // expert parallel: sent to other ranks, forward and backward
     int64_t forwards = 0;
   };
+  // The routed experts' weighted sum for each token, from its assignments (choice-major:
+  // expert, token, routing weight; with a capacity `keep` says which stay): the kept rows sorted
+  // by expert (one read of their counts), or every expert's C slots (expert_rows = "padded":
+  // `places` in their queues, no read). `dropped` is set to the dropped count with a capacity.
+  at::Tensor packed_routed_output(const at::Tensor& tokens, at::Tensor expert, at::Tensor token, at::Tensor weight,
+                                  const at::Tensor& keep, const at::Tensor& sizes_on_device, at::Tensor& dropped);
+  at::Tensor padded_routed_output(const at::Tensor& tokens, const at::Tensor& expert, const at::Tensor& token, const at::Tensor& weight,
+                                  const at::Tensor& keep, const at::Tensor& places, int64_t capacity, const at::Tensor& sizes_on_device,
+                                  at::Tensor& dropped);
+  // Routed rows times their routing weights, in `out_type` (see the .cpp for sequence parallel).
+  at::Tensor weighted(const at::Tensor& routed, const at::Tensor& routing_weight, at::ScalarType out_type) const;
   // The experts' outputs for rows sorted by (global) expert, group_sizes per expert: computed
   // here, or by the ranks holding them under expert parallel, `received` being the rows each
   // source sends this rank per local expert ([source, local expert], exchanged in forward).
