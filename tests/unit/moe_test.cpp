@@ -140,10 +140,10 @@ double metric(const std::vector<std::pair<std::string, double>>& figures, const 
   return 0;
 }
 
-void check_layer_against_reference(double capacity_factor, int64_t k) {
+void check_layer_against_reference(double capacity_factor, int64_t k, const std::string& expert_rows = "packed") {
   at::manual_seed(7);
   MoeSettings settings;
-  settings.experts = 5, settings.top_k = k, settings.capacity_factor = capacity_factor;
+  settings.experts = 5, settings.top_k = k, settings.capacity_factor = capacity_factor, settings.expert_rows = expert_rows;
   MoeLayer layer(settings, 12, 20);
   const at::Tensor x = at::randn({2, 13, 12});  // 26 tokens
   at::Tensor out = layer.forward(x);
@@ -164,6 +164,11 @@ void check_layer_against_reference(double capacity_factor, int64_t k) {
 TEST(MoeLayer, DroplessRoutingMatchesTheTokenByTokenReference) { check_layer_against_reference(0.0, 2); }
 TEST(MoeLayer, TopOneRoutingMatchesTheReference) { check_layer_against_reference(0.0, 1); }
 TEST(MoeLayer, CapacityDropsTheSameAssignmentsAsTheReference) { check_layer_against_reference(0.6, 2); }
+// Every expert padded to its capacity (static shapes): the same outputs, drops and figures.
+TEST(MoeLayer, PaddedRowsMatchTheReference) {
+  check_layer_against_reference(0.6, 2, "padded");
+  check_layer_against_reference(1.5, 1, "padded");  // a capacity above every expert's load: empty slots only
+}
 
 TEST(MoeLayer, UniformRoutingGivesBalanceLossK) {
   MoeSettings settings;
