@@ -19,14 +19,17 @@ void expect_close(const at::Tensor& a, const at::Tensor& b, double tol, const st
   EXPECT_LE(diff / scale, tol) << what << ": max difference " << diff;
 }
 
-TEST(GroupedMm, EachGroupIsItsRowsTimesItsMatrixWithGradients) {
-  at::manual_seed(3);
-  const std::vector<int64_t> sizes{3, 0, 5, 1};  // an empty group, and sizes not multiples of anything
-  at::Tensor x = at::randn({9, 7}, at::kDouble).requires_grad_();
-  at::Tensor w = at::randn({4, 6, 7}, at::kDouble).requires_grad_();
+// ops::grouped_mm of random fp64 rows against one mm per group, output and gradients; returns dw.
+at::Tensor check_grouped_mm_against_loop(const std::vector<int64_t>& sizes, uint64_t seed) {
+  at::manual_seed(seed);
+  int64_t rows = 0;
+  for (int64_t n : sizes) rows += n;
+  const auto groups = static_cast<int64_t>(sizes.size());
+  at::Tensor x = at::randn({rows, 7}, at::kDouble).requires_grad_();
+  at::Tensor w = at::randn({groups, 6, 7}, at::kDouble).requires_grad_();
   at::Tensor y = ops::grouped_mm(x, w, sizes);
   std::vector<at::Tensor> parts;
-  for (int64_t g = 0, at_row = 0; g < 4; at_row += sizes[static_cast<size_t>(g)], ++g)
+  for (int64_t g = 0, at_row = 0; g < groups; at_row += sizes[static_cast<size_t>(g)], ++g)
     parts.push_back(x.narrow(0, at_row, sizes[static_cast<size_t>(g)]).mm(w[g].t()));
   at::Tensor ref = at::cat(parts);
   expect_close(y, ref, 1e-12, "output");
@@ -35,26 +38,17 @@ TEST(GroupedMm, EachGroupIsItsRowsTimesItsMatrixWithGradients) {
   const auto ref_grads = torch::autograd::grad({ref}, {x, w}, {dy});
   expect_close(grads[0], ref_grads[0], 1e-12, "dx");
   expect_close(grads[1], ref_grads[1], 1e-12, "dw");
-  EXPECT_EQ(grads[1][1].abs().max().item<double>(), 0.0) << "a group without rows has a zero gradient";
+  return grads[1];
+}
+
+TEST(GroupedMm, EachGroupIsItsRowsTimesItsMatrixWithGradients) {
+  // An empty group, and sizes not multiples of anything.
+  const at::Tensor dw = check_grouped_mm_against_loop({3, 0, 5, 1}, 3);
+  EXPECT_EQ(dw[1].abs().max().item<double>(), 0.0) << "a group without rows has a zero gradient";
 }
 
 // Groups of one size (experts padded to their capacity) take the reference's batched product.
-TEST(GroupedMm, EqualGroupsAreOneBatchedProductWithGradients) {
-  at::manual_seed(4);
-  const std::vector<int64_t> sizes{4, 4, 4};
-  at::Tensor x = at::randn({12, 7}, at::kDouble).requires_grad_();
-  at::Tensor w = at::randn({3, 6, 7}, at::kDouble).requires_grad_();
-  at::Tensor y = ops::grouped_mm(x, w, sizes);
-  std::vector<at::Tensor> parts;
-  for (int64_t g = 0; g < 3; ++g) parts.push_back(x.narrow(0, 4 * g, 4).mm(w[g].t()));
-  at::Tensor ref = at::cat(parts);
-  expect_close(y, ref, 1e-12, "output");
-  const at::Tensor dy = at::randn_like(y);
-  const auto grads = torch::autograd::grad({y}, {x, w}, {dy});
-  const auto ref_grads = torch::autograd::grad({ref}, {x, w}, {dy});
-  expect_close(grads[0], ref_grads[0], 1e-12, "dx");
-  expect_close(grads[1], ref_grads[1], 1e-12, "dw");
-}
+TEST(GroupedMm, EqualGroupsAreOneBatchedProductWithGradients) { check_grouped_mm_against_loop({4, 4, 4}, 4); }
 
 TEST(AuxiliaryLoss, BackwardAddsTheLossWithTheMicroBatchWeight) {
   at::Tensor p = at::randn({5}, at::kDouble).requires_grad_();

@@ -479,8 +479,7 @@ void Trainer::Impl::read_unread(bool across_ranks) {
     values.push_back(memory_max);
   }
   const int64_t reads_before = host_read_count();
-  at::Tensor stage_sums;
-  if (stages_summed) values.push_back(stage_sums = stage_figures->reduce(model_figures));
+  if (stages_summed) values.push_back(stage_figures->reduce(model_figures));
   const std::vector<double> figures = read_on_host(values);
   const size_t n = unread.size();
   auto next = figures.begin() + static_cast<std::ptrdiff_t>(2 * n);  // the device figures, the memory figures, the stage sums
