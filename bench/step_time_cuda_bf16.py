@@ -220,15 +220,24 @@ def main():
                 # and the norms' outputs in bf16 (both opt-in: kernels/README.md)
                 bgrad = ("module_replace", {"linear": '"linear.cublaslt_cuda"'})
                 both = ("module_replace", {"linear": '"linear.cublaslt_cuda"', "layer_norm": '"layer_norm.autocast_out_cuda"'})
+                # and the residual adds inside the norms (add_layer_norm.fused_cuda, also opt-in)
+                all3 = ("module_replace", {"linear": '"linear.cublaslt_cuda"', "layer_norm": '"layer_norm.autocast_out_cuda"',
+                                           "add_layer_norm": '"add_layer_norm.fused_cuda"'})
                 variants += (("strata+fused_loss+cuda_graph+linear.cublaslt_cuda", ("fused_loss", "cuda_graph", bgrad), {}),
                              ("strata+fused_loss+cuda_graph+linear.cublaslt_cuda+layer_norm.autocast_out_cuda",
-                              ("fused_loss", "cuda_graph", both), {}))
+                              ("fused_loss", "cuda_graph", both), {}),
+                             ("strata+fused_loss+cuda_graph+linear.cublaslt_cuda+layer_norm.autocast_out_cuda+add_layer_norm.fused_cuda",
+                              ("fused_loss", "cuda_graph", all3), {}))
         if device == "cuda" and kind == "llama":  # q and k rotated in one kernel each way, norms out in bf16 (opt-in)
             rope = ("module_replace", {"rope": '"rope.fused_cuda"'})
             rope_rms = ("module_replace", {"rope": '"rope.fused_cuda"', "rms_norm": '"rms_norm.autocast_out_cuda"'})
+            rope_rms_add = ("module_replace", {"rope": '"rope.fused_cuda"', "rms_norm": '"rms_norm.autocast_out_cuda"',
+                                               "add_rms_norm": '"add_rms_norm.fused_cuda"'})
             variants += (("strata+fused_loss+cuda_graph+rope.fused_cuda", ("fused_loss", "cuda_graph", rope), {}),
                          ("strata+fused_loss+cuda_graph+rope.fused_cuda+rms_norm.autocast_out_cuda",
-                          ("fused_loss", "cuda_graph", rope_rms), {}))
+                          ("fused_loss", "cuda_graph", rope_rms), {}),
+                         ("strata+fused_loss+cuda_graph+rope.fused_cuda+rms_norm.autocast_out_cuda+add_rms_norm.fused_cuda",
+                          ("fused_loss", "cuda_graph", rope_rms_add), {}))
         if args.variants:
             wanted = args.variants.split(",")
             unknown = [w for w in wanted if w not in {name for name, _, _ in variants}]

@@ -129,6 +129,17 @@ void register_components(Registry& registry) {
       "rms_norm.fused_cuda's kernels with fp32 x and weight under autocast: the output in autocast's bf16/fp16 (rounded "
       "once) and dy read in it; for norms that feed Linears",
       &rms_norm_autocast_out_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 0));
+  // Opt-in (priority 0) until a GPU has run them.
+  registry.add(std::make_unique<ops::OperatorImpl<ops::AddLayerNorm>>(
+      "add_layer_norm.fused_cuda",
+      "the residual add in layer_norm.fused_cuda's forward kernel, the residual gradient added and the 16-bit branch's "
+      "gradient stored in its backward: bit for bit the add and that norm, three kernels fewer per residual step",
+      &add_layer_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 0));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::AddRmsNorm>>(
+      "add_rms_norm.fused_cuda",
+      "the residual add in rms_norm.fused_cuda's forward kernel, the residual gradient added and the 16-bit branch's "
+      "gradient stored in its backward: bit for bit the add and that norm",
+      &add_rms_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 0));
   // Opt-in (priority 0) until a GPU has run it.
   registry.add(std::make_unique<ops::OperatorImpl<ops::Rope>>(
       "rope.fused_cuda",
@@ -143,6 +154,11 @@ void register_components(Registry& registry) {
       "rms_norm.fused_cpu",
       "one pass per row forward and backward over ATen's threads: fp32 sums, the reference's roundings; saves one float per row",
       &rms_norm_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::AddRmsNorm>>(
+      "add_rms_norm.fused_cpu",
+      "the residual add inside rms_norm.fused_cpu's pass over each row, and the residual gradient added in its backward: "
+      "bit for bit the add and that norm, without the add's pass forward and the accumulation's backward",
+      &add_rms_norm_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::AdamwUpdate>>(
       "adamw_update.fused_cpu", "AdamW step in one vectorised pass over each tensor, the reference's operations in order (fp32)",
       &adamw_update_fused_cpu, ops::Support{{c10::DeviceType::CPU}, {at::kFloat}}, 10));

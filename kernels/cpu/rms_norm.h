@@ -9,9 +9,19 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "strata/ops.h"
+
 namespace strata::kernels {
 
 // What the operator implementation "rms_norm.fused_cpu" runs.
 at::Tensor rms_norm_fused_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// What "add_rms_norm.fused_cpu" runs: the pre-norm residual step (ops::AddRmsNorm) with the add in
+// the norm's pass over each row and, backward, the residual gradient added in the norm's backward;
+// bit for bit the add and rms_norm.fused_cpu. Serves only where rms_norm.fused_cpu serves the
+// norm in this block (a norm pinned elsewhere gets the add and its pin), for an fp32 residual
+// with an fp32, bf16 or half branch; other calls (16-bit sums too: slower fused on the CPU): the
+// reference.
+ops::AddNormResult add_rms_norm_fused_cpu(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
 
 }  // namespace strata::kernels

@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "strata/ops.h"
+
 namespace strata::kernels {
 
 // What the operator implementation "layer_norm.fused_cuda" runs.
@@ -25,5 +27,16 @@ at::Tensor layer_norm_fused_cuda(const at::Tensor& x, const at::Tensor& weight, 
 // layer_norm_fused_cuda. Not the reference's dtype contract (ATen's autocast runs layer_norm in
 // fp32 and returns fp32), hence opt-in: for models whose norms feed Linears.
 at::Tensor layer_norm_autocast_out_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps);
+
+// "add_layer_norm.fused_cuda" (opt-in, not yet run on a GPU): a GPT block's h = x + attn and
+// ln_2(h) in the same two kernels: the add in the forward's first read of each row (the sum
+// written out, fp32), and backward the residual path's gradient added to dx and the 16-bit
+// branch's gradient stored there too: per residual step an add forward, and an add and a cast
+// backward, are gone. Bit for bit the add and layer_norm.fused_cuda (or, where that serves the
+// norm, layer_norm.autocast_out_cuda's output dtype); it serves only where one of those two
+// serves layer_norm in the block, for an fp32 residual with an fp32/bf16/half branch of its shape
+// and fp32 weight and bias. Other calls: add_layer_norm.reference.
+ops::AddNormResult add_layer_norm_fused_cuda(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight,
+                                             const std::optional<at::Tensor>& bias, double eps);
 
 }  // namespace strata::kernels

@@ -27,13 +27,26 @@ constexpr int kThreads = 256;
 constexpr int kMaxCols = 8;
 
 // Y: the output's storage (float; bf16 or half for an output in autocast's dtype, rounded once).
-template <bool kInRegisters, class Y>
-__global__ void forward_kernel(const float* x, const float* w, const float* b, Y* y, float* mean_out, float* rstd_out, int64_t rows,
-                               int64_t dim, float eps) {
+// B: the branch's storage (add_layer_norm): with `branch` non-null the normalised row is
+// residual + branch (x is the residual), rounded once to fp32 as ATen's add, and written to
+// `sum`; the later passes of a row wider than the registers read it back from there (each thread
+// its own columns, so no barrier). With `branch` null, the norm of x.
+template <bool kInRegisters, class Y, class B>
+__global__ void forward_kernel(const float* x, const B* branch, float* sum_out, const float* w, const float* b, Y* y, float* mean_out,
+                               float* rstd_out, int64_t rows, int64_t dim, float eps) {
   __shared__ float shared[kThreads / 32];
   const float inv_dim = 1.f / static_cast<float>(dim);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float* xr = x + row * dim;
+    const float* residual = x + row * dim;
+    const B* br = branch ? branch + row * dim : nullptr;
+    float* sr = branch ? sum_out + row * dim : nullptr;
+    auto load = [&](int64_t j) {  // the row's value j, first read
+      if (!br) return residual[j];
+      const float v = __fadd_rn(residual[j], to_float(br[j]));  // never contracted into an FMA
+      sr[j] = v;
+      return v;
+    };
+    const float* xr = sr ? sr : residual;  // where later reads find the row
     Y* yr = y + row * dim;
     float v[kInRegisters ? kMaxCols : 1];
     float sum = 0;
@@ -41,11 +54,11 @@ __global__ void forward_kernel(const float* x, const float* w, const float* b, Y
 #pragma unroll
       for (int k = 0; k < kMaxCols; ++k) {
         const int64_t j = threadIdx.x + k * kThreads;
-        v[k] = j < dim ? xr[j] : 0.f;
+        v[k] = j < dim ? load(j) : 0.f;
         sum += v[k];
       }
     } else {
-      for (int64_t j = threadIdx.x; j < dim; j += kThreads) sum += xr[j];
+      for (int64_t j = threadIdx.x; j < dim; j += kThreads) sum += load(j);
     }
     const float mean = block_sum<kThreads>(sum, shared) * inv_dim;
     float squares = 0;
@@ -73,9 +86,12 @@ __global__ void forward_kernel(const float* x, const float* w, const float* b, Y
 // With rows in registers, each thread also sums its columns' dw and db over the block's rows in
 // registers and writes them once; otherwise it adds into the block's partial rows in memory.
 // D: dy's storage (float; bf16 or half where the forward's output was in autocast's dtype).
-template <bool kInRegisters, class D>
+// add_layer_norm: dx_plus (non-null) is added to dx (fp32, rounded once, as autograd's
+// accumulation of the sum's two gradients), and dx_branch (non-null) gets that sum stored as B
+// (the branch's gradient, which the add's backward would cast in a kernel of its own).
+template <bool kInRegisters, class D, class B>
 __global__ void backward_kernel(const float* x, const float* w, const float* mean_in, const float* rstd_in, const D* dy, float* dx,
-                                float* dw_partial, float* db_partial, int64_t rows, int64_t dim) {
+                                const float* dx_plus, B* dx_branch, float* dw_partial, float* db_partial, int64_t rows, int64_t dim) {
   __shared__ float2 shared[kThreads / 32];
   const float inv_dim = 1.f / static_cast<float>(dim);
   float* dw = dw_partial + blockIdx.x * dim;  // this block's group
@@ -86,6 +102,13 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
     const float* xr = x + row * dim;
     const D* dyr = dy + row * dim;
     float* dxr = dx + row * dim;
+    const float* pr = dx_plus ? dx_plus + row * dim : nullptr;
+    B* bgr = dx_branch ? dx_branch + row * dim : nullptr;
+    auto store = [&](int64_t j, float d) {
+      if (pr) d = __fadd_rn(d, pr[j]);  // never contracted into an FMA with the product before it
+      dxr[j] = d;
+      if (bgr) bgr[j] = from_float<B>(d);
+    };
     const float mean = mean_in[row], rstd = rstd_in[row];
     float2 sums{0.f, 0.f};  // sum of g = dy w, sum of g n
     if constexpr (kInRegisters) {
@@ -106,7 +129,7 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
 #pragma unroll
       for (int k = 0; k < kMaxCols; ++k) {
         const int64_t j = threadIdx.x + k * kThreads;
-        if (j < dim) dxr[j] = rstd * (g[k] - g_mean - n[k] * gn_mean);
+        if (j < dim) store(j, rstd * (g[k] - g_mean - n[k] * gn_mean));
       }
     } else {
       for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
@@ -119,7 +142,7 @@ __global__ void backward_kernel(const float* x, const float* w, const float* mea
       const float g_mean = total.x * inv_dim, gn_mean = total.y * inv_dim;
       for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
         const float n = (xr[j] - mean) * rstd;
-        dxr[j] = rstd * (to_float(dyr[j]) * w[j] - g_mean - n * gn_mean);
+        store(j, rstd * (to_float(dyr[j]) * w[j] - g_mean - n * gn_mean));
       }
     }
   }
@@ -147,17 +170,23 @@ void with_storage(Storage type, F f) {
 
 }  // namespace
 
-int layer_norm_forward(const float* x, const float* weight, const float* bias, void* y, Storage y_type, float* mean, float* rstd,
-                       int64_t rows, int64_t dim, double eps, void* stream) {
+int layer_norm_forward(const float* x, const void* branch, Storage branch_type, float* sum, const float* weight, const float* bias,
+                       void* y, Storage y_type, float* mean, float* rstd, int64_t rows, int64_t dim, double eps, void* stream) {
   if (rows == 0 || dim == 0) return 0;
   const unsigned blocks = static_cast<unsigned>(rows < 65536 ? rows : 65536);
   const auto s = static_cast<cudaStream_t>(stream);
   with_storage(y_type, [&](auto* yt) {
     using Y = std::remove_pointer_t<decltype(yt)>;
-    if (dim <= kMaxCols * kThreads)
-      forward_kernel<true, Y><<<blocks, kThreads, 0, s>>>(x, weight, bias, static_cast<Y*>(y), mean, rstd, rows, dim, static_cast<float>(eps));
-    else
-      forward_kernel<false, Y><<<blocks, kThreads, 0, s>>>(x, weight, bias, static_cast<Y*>(y), mean, rstd, rows, dim, static_cast<float>(eps));
+    with_storage(branch ? branch_type : Storage::Float, [&](auto* bt) {
+      using B = std::remove_pointer_t<decltype(bt)>;
+      const B* br = static_cast<const B*>(branch);
+      if (dim <= kMaxCols * kThreads)
+        forward_kernel<true, Y, B><<<blocks, kThreads, 0, s>>>(x, br, sum, weight, bias, static_cast<Y*>(y), mean, rstd, rows, dim,
+                                                               static_cast<float>(eps));
+      else
+        forward_kernel<false, Y, B><<<blocks, kThreads, 0, s>>>(x, br, sum, weight, bias, static_cast<Y*>(y), mean, rstd, rows, dim,
+                                                                static_cast<float>(eps));
+    });
   });
   return static_cast<int>(cudaGetLastError());
 }
@@ -168,17 +197,24 @@ int64_t layer_norm_backward_groups(int64_t rows) {
 }
 
 int layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const void* dy, Storage dy_type,
-                        float* dx, float* dweight_partial, float* dbias_partial, int64_t rows, int64_t dim, void* stream) {
+                        float* dx, const float* dx_plus, void* dx_branch, Storage branch_type, float* dweight_partial,
+                        float* dbias_partial, int64_t rows, int64_t dim, void* stream) {
   if (rows == 0 || dim == 0) return 0;
   const auto blocks = static_cast<unsigned>(layer_norm_backward_groups(rows));
   const auto s = static_cast<cudaStream_t>(stream);
   with_storage(dy_type, [&](auto* dt) {
     using D = std::remove_pointer_t<decltype(dt)>;
     const D* d = static_cast<const D*>(dy);
-    if (dim <= kMaxCols * kThreads)
-      backward_kernel<true, D><<<blocks, kThreads, 0, s>>>(x, weight, mean, rstd, d, dx, dweight_partial, dbias_partial, rows, dim);
-    else
-      backward_kernel<false, D><<<blocks, kThreads, 0, s>>>(x, weight, mean, rstd, d, dx, dweight_partial, dbias_partial, rows, dim);
+    with_storage(dx_branch ? branch_type : Storage::Float, [&](auto* bt) {
+      using B = std::remove_pointer_t<decltype(bt)>;
+      B* bg = static_cast<B*>(dx_branch);
+      if (dim <= kMaxCols * kThreads)
+        backward_kernel<true, D, B><<<blocks, kThreads, 0, s>>>(x, weight, mean, rstd, d, dx, dx_plus, bg, dweight_partial, dbias_partial,
+                                                                rows, dim);
+      else
+        backward_kernel<false, D, B><<<blocks, kThreads, 0, s>>>(x, weight, mean, rstd, d, dx, dx_plus, bg, dweight_partial, dbias_partial,
+                                                                 rows, dim);
+    });
   });
   return static_cast<int>(cudaGetLastError());
 }

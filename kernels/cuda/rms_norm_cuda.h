@@ -9,6 +9,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "strata/ops.h"
+
 namespace strata::kernels {
 
 // What the operator implementation "rms_norm.fused_cuda" runs.
@@ -20,5 +22,13 @@ at::Tensor rms_norm_fused_cuda(const at::Tensor& x, const at::Tensor& weight, do
 // norm and the one before its backward go, with the same values (layer_norm.autocast_out_cuda's
 // reasoning, kernels/README.md). Otherwise as rms_norm_fused_cuda.
 at::Tensor rms_norm_autocast_out_cuda(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// "add_rms_norm.fused_cuda" (opt-in, not yet run on a GPU): a Llama block's h = x + attention and
+// post_attention_layernorm(h) in the same two kernels, as add_rms_norm.fused_cpu does on the CPU
+// (the add in the forward's first read of each row, the residual path's gradient added to dx and
+// the 16-bit branch's gradient stored in the backward). Bit for bit the add and
+// rms_norm.fused_cuda (or rms_norm.autocast_out_cuda's output dtype where that serves the norm);
+// serves only where one of those two serves rms_norm in the block. Other calls: the reference.
+ops::AddNormResult add_rms_norm_fused_cuda(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
 
 }  // namespace strata::kernels

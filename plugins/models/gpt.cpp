@@ -77,8 +77,9 @@ class TransformerBlock final : public nn::Block {
     mlp = register_module("mlp", std::make_shared<Mlp>(d_model, bias, dropout, shard, proj_std));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor h = x + attn->forward(ln_1->forward(x));
-    return h + mlp->forward(ln_2->forward(h));
+    // h = x + attn(ln_1(x)) and ln_2(h) in one operator (add_layer_norm), which a kernel may fuse.
+    const ops::AddNormResult h = ln_2->forward_residual(x, attn->forward(ln_1->forward(x)));
+    return h.sum + mlp->forward(h.normed);
   }
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<Attention> attn;

@@ -26,9 +26,9 @@ class DecoderLayer final : public nn::Block {
       mlp = register_module("mlp", std::make_shared<Mlp>(d, hidden, shard));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
-    const at::Tensor normed = post_attention_layernorm->forward(h);
-    return h + (mlp ? mlp->forward(normed) : block_sparse_moe->forward(normed));
+    // h = x + attention and its norm in one operator (add_rms_norm), which a kernel may fuse.
+    const ops::AddNormResult h = post_attention_layernorm->forward_residual(x, self_attn->forward(input_layernorm->forward(x)));
+    return h.sum + (mlp ? mlp->forward(h.normed) : block_sparse_moe->forward(h.normed));
   }
   std::shared_ptr<nn::RmsNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<Attention> self_attn;

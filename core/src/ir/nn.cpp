@@ -341,12 +341,34 @@ at::Tensor LayerNorm::forward(const at::Tensor& x) {
                                                   eps));
 }
 
+ops::AddNormResult LayerNorm::forward_residual(const at::Tensor& residual, const at::Tensor& x) {
+  if (hooks.on_input) {  // the hook sees the sum, so the add cannot move into the norm
+    at::Tensor sum = residual + x;
+    return {sum, forward(sum)};
+  }
+  ops::AddNormResult r = ops::add_layer_norm(
+      residual, x, through(hooks.on_weight, weight),
+      bias.defined() ? std::optional<at::Tensor>(through(hooks.on_bias, bias)) : std::nullopt, eps);
+  r.normed = through(hooks.on_output, r.normed);
+  return r;
+}
+
 RmsNorm::RmsNorm(int64_t dim, double eps_, ParallelStyle style) : eps(eps_), parallel_style(style) {
   weight = register_parameter("weight", at::ones({dim}));
 }
 
 at::Tensor RmsNorm::forward(const at::Tensor& x) {
   return through(hooks.on_output, ops::rms_norm(through(hooks.on_input, x), through(hooks.on_weight, weight), eps));
+}
+
+ops::AddNormResult RmsNorm::forward_residual(const at::Tensor& residual, const at::Tensor& x) {
+  if (hooks.on_input) {
+    at::Tensor sum = residual + x;
+    return {sum, forward(sum)};
+  }
+  ops::AddNormResult r = ops::add_rms_norm(residual, x, through(hooks.on_weight, weight), eps);
+  r.normed = through(hooks.on_output, r.normed);
+  return r;
 }
 
 at::Tensor Dropout::forward(const at::Tensor& x) {

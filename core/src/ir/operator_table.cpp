@@ -187,6 +187,13 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const std::
   return call<LayerNorm>(x, x, weight, bias, eps);
 }
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return call<RmsNorm>(x, x, weight, eps); }
+AddNormResult add_layer_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias, double eps) {
+  return call<AddLayerNorm>(residual, residual, x, weight, bias, eps);
+}
+AddNormResult add_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return call<AddRmsNorm>(residual, residual, x, weight, eps);
+}
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   return call<Linear>(x, x, weight, bias);
 }

@@ -95,6 +95,18 @@ at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, dou
   return weight * normed.to(x.scalar_type());
 }
 
+// The add, then the norm operator (whatever serves it in this block).
+ops::AddNormResult add_layer_norm_reference(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight,
+                                            const std::optional<at::Tensor>& bias, double eps) {
+  at::Tensor sum = residual + x;
+  return {sum, ops::layer_norm(sum, weight, bias, eps)};
+}
+
+ops::AddNormResult add_rms_norm_reference(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor sum = residual + x;
+  return {sum, ops::rms_norm(sum, weight, eps)};
+}
+
 at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   return at::linear(x, weight, bias);
 }
@@ -216,6 +228,8 @@ void OperatorTable::reset() {
            reference<ops::Attention>("scaled dot-product attention (ATen; written out in fp32 when the log-sum-exp is asked for), causal by window position, document and additive masks, GQA by repeat", attention_reference),
            reference<ops::LayerNorm>("at::layer_norm", layer_norm_reference),
            reference<ops::RmsNorm>("RMSNorm computed in fp32", rms_norm_reference),
+           reference<ops::AddLayerNorm>("residual + x, then the layer_norm operator", add_layer_norm_reference),
+           reference<ops::AddRmsNorm>("residual + x, then the rms_norm operator", add_rms_norm_reference),
            reference<ops::Linear>("at::linear", linear_reference),
            reference<ops::Gelu>("GELU, tanh approximation", gelu_reference),
            reference<ops::SwiGlu>("silu(gate) * up", swiglu_reference),

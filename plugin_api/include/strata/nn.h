@@ -239,6 +239,10 @@ class STRATA_API LayerNorm : public torch::nn::Module {
  public:
   LayerNorm(int64_t dim, bool bias, double eps = 1e-5, ParallelStyle style = ParallelStyle::None);
   at::Tensor forward(const at::Tensor& x);
+  // A pre-norm residual step: {residual + x, forward(residual + x)} through the add_layer_norm
+  // operator (ops.h), the hooks applied as forward() applies them; with an on_input hook, the add
+  // and then forward(). ABI 1.5.
+  ops::AddNormResult forward_residual(const at::Tensor& residual, const at::Tensor& x);
   at::Tensor weight, bias;
   double eps;
   ParallelStyle parallel_style = ParallelStyle::None;
@@ -249,6 +253,8 @@ class STRATA_API RmsNorm : public torch::nn::Module {
  public:
   RmsNorm(int64_t dim, double eps, ParallelStyle style = ParallelStyle::None);
   at::Tensor forward(const at::Tensor& x);
+  // As LayerNorm::forward_residual, through add_rms_norm. ABI 1.5.
+  ops::AddNormResult forward_residual(const at::Tensor& residual, const at::Tensor& x);
   at::Tensor weight;
   double eps;
   ParallelStyle parallel_style = ParallelStyle::None;

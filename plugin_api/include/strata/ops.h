@@ -109,6 +109,26 @@ struct LinearCrossEntropy {
                         const at::Tensor& targets);
 };
 
+// A pre-norm block's residual step in one call: sum = residual + x (ATen's type promotion: an
+// fp32 residual stream plus autocast's bf16 branch output is fp32), and the norm of sum, exactly
+// as the layer_norm / rms_norm operator computes it. One operator so that an implementation may
+// fold the add into the norm's pass over each row, and backward the accumulation of sum's two
+// gradients (the residual path's and the norm's) into the norm's backward: the unfused step runs
+// an add kernel forward and an add (plus a cast for a 16-bit x) backward per residual. The
+// references add, then call the norm operator (so a pinned norm still serves). ABI 1.5.
+struct AddNormResult {
+  at::Tensor sum, normed;
+};
+struct AddLayerNorm {
+  static constexpr const char* name = "add_layer_norm";
+  using Fn = AddNormResult(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, double eps);
+};
+struct AddRmsNorm {
+  static constexpr const char* name = "add_rms_norm";
+  using Fn = AddNormResult(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
+};
+
 // Hyperparameters of one AGD update (docs/optimizers.md has the rule). clip <= 0: no clamp.
 struct AgdHyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, delta = 1e-5, weight_decay = 0.0, clip = 0.0;
@@ -148,6 +168,10 @@ STRATA_API at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const 
 STRATA_API at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                  double eps);
 STRATA_API at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// Both pick the implementation by the residual (the stream's dtype).
+STRATA_API AddNormResult add_layer_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight,
+                                        const std::optional<at::Tensor>& bias, double eps);
+STRATA_API AddNormResult add_rms_norm(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
 STRATA_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 STRATA_API at::Tensor gelu(const at::Tensor& x);
 STRATA_API at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
