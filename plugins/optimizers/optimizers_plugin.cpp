@@ -1,7 +1,6 @@
 // AdamW and SGD with momentum, with PyTorch's update rules (torch.optim.AdamW / SGD), so runs can
 // be compared with PyTorch step for step.
 #include <cmath>
-#include <cstdlib>
 #include <map>
 
 #include <ATen/ATen.h>
@@ -30,23 +29,13 @@ class PerParameterState {
   NamedTensors named_;
 };
 
-// A gated step's flag in host memory (the CPU) is branched on; one on a device is not read.
-// STRATA_GATE_ON_DEVICE=1 takes the device path on the CPU too: how CI, which has no GPU, runs it.
-bool gate_on_host(const at::Tensor& skip) {
-  static const bool forced = [] {
-    const char* value = std::getenv("STRATA_GATE_ON_DEVICE");
-    return value != nullptr && std::string(value) == "1";
-  }();
-  return skip.is_cpu() && !forced;
-}
-
 // Gated steps (amp's fp16 non-finite check, strata/optimizer.h's GatedOptimizer): on the CPU the
 // flag is host memory and is branched on. On a CUDA device the update is ATen's fused AdamW (the
 // kernel adamw_update.fused_cuda runs) with the flag as its found_inf, which leaves every tensor
 // as it was where the flag is set; the step t then lives on the device too, counted up only where
 // the update was taken, as torch.optim.AdamW(fused=True) does under a GradScaler. From the first
 // such step the checkpointed "step" is that device count (state_tensors() names it; a save reads
-// it, a load writes it), so no step reads it. Forced on the CPU (gate_on_host), the device path
+// it, a load writes it), so no step reads it. Forced on the CPU (gate_flag_on_host), the device path
 // runs ATen's fused AdamW's CPU kernel: CI runs that path's skips, step counts and checkpoints.
 class AdamW final : public Optimizer, public GatedOptimizer {
  public:
@@ -75,7 +64,7 @@ class AdamW final : public Optimizer, public GatedOptimizer {
   }
 
   void step_unless(double lr, const at::Tensor& skip) override {
-    if (gate_on_host(skip)) {
+    if (gate_flag_on_host(skip)) {
       if (skip.item<double>() == 0) step(lr);
       return;
     }
@@ -152,7 +141,7 @@ class Sgd final : public Optimizer, public GatedOptimizer {
   void step(double lr) override { update(lr, at::Tensor()); }
 
   void step_unless(double lr, const at::Tensor& skip) override {
-    if (!gate_on_host(skip)) return update(lr, skip.ne(0).reshape({}));
+    if (!gate_flag_on_host(skip)) return update(lr, skip.ne(0).reshape({}));
     if (skip.item<double>() == 0) step(lr);
   }
 

@@ -2,6 +2,7 @@
 // tensor, so checkpoints (and sharding passes) handle any optimizer the same way.
 #pragma once
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,17 @@ class STRATA_API GatedOptimizer {
   virtual ~GatedOptimizer();
   virtual void step_unless(double lr, const at::Tensor& skip) = 0;
 };
+
+// Whether a GatedOptimizer may branch on `skip` (host memory: the CPU) rather than take its
+// device path. STRATA_GATE_ON_DEVICE=1 takes the device path on the CPU too: how CI, which has no
+// GPU, runs it. Inline (no symbol): the bundled optimizers' one rule.
+inline bool gate_flag_on_host(const at::Tensor& skip) {
+  static const bool forced = [] {
+    const char* value = std::getenv("STRATA_GATE_ON_DEVICE");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return skip.is_cpu() && !forced;
+}
 
 // The rule that places optimizer state which follows its parameters: a state tensor named
 // "<parameter>.<slot>" and shaped like that parameter as `params` holds it (a piece, for a
