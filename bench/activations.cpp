@@ -16,21 +16,10 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cpu/activations.h"
+#include "cpu_timing.h"
 
-namespace {
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
-
-double ms_of(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
+using strata::bench::median;
+using strata::bench::ms_of;
 
 int main(int argc, char** argv) {
   if (argc != 4) {

@@ -16,13 +16,11 @@
 
 #include "cpu/adamw.h"
 #include "strata/core/operator_table.h"
+#include "cpu_timing.h"
+
+using strata::bench::median;
 
 namespace {
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
 
 struct Param {
   at::Tensor p, g, m, v;

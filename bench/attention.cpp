@@ -23,21 +23,14 @@
 #include "cpu/attention.h"
 #include "cpu_memory.h"
 #include "strata/core/operator_table.h"
+#include "cpu_timing.h"
+
+using strata::bench::median;
+using strata::bench::ms_of;
 
 namespace {
 
 using namespace strata;
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
-
-double time_ms(const std::function<void()>& run) {
-  const auto start = std::chrono::steady_clock::now();
-  run();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Documents of 64..T/2 tokens (a packed batch), different in each row.
 at::Tensor documents(int64_t batch, int64_t t) {
@@ -144,8 +137,8 @@ int main(int argc, char** argv) {
   }
   for (int round = 0; round < reps; ++round)
     for (auto& [name, r] : runs) {
-      r.forward_ms.push_back(time_ms(r.forward));
-      r.both_ms.push_back(time_ms(r.both));
+      r.forward_ms.push_back(ms_of(r.forward));
+      r.both_ms.push_back(ms_of(r.both));
     }
   for (const auto& [name, r] : runs) {
     std::printf("{\"impl\": \"%s\", \"forward_ms\": %.4f, \"forward_backward_ms\": %.4f, \"forward_peak_bytes\": %lld, "

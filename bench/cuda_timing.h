@@ -10,6 +10,8 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include "cpu_timing.h"  // median
+
 namespace strata::bench {
 
 struct CudaSample {
@@ -39,11 +41,6 @@ inline CudaSample time_on_gpu(const std::function<void()>& call) {
     c10::cuda::CUDACachingAllocator::emptyCache();
   }
   return s;
-}
-
-inline double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
 }
 
 }  // namespace strata::bench

@@ -23,13 +23,11 @@
 #include "cpu/cross_entropy.h"
 #include "cpu/linear_cross_entropy.h"
 #include "cpu_memory.h"
+#include "cpu_timing.h"
+
+using strata::bench::median;
 
 namespace {
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
 
 double mib(double bytes) { return bytes / (1 << 20); }
 

@@ -17,13 +17,11 @@
 #include <ATen/Parallel.h>
 
 #include "cpu/linear_onednn.h"
+#include "cpu_timing.h"
+
+using strata::bench::median;
 
 namespace {
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
 
 // Milliseconds of the fastest of three calls: one round's measure.
 double best_of_three_ms(const std::function<void()>& call) {

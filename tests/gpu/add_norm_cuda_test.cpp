@@ -22,6 +22,7 @@
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
 #include "strata/ops.h"
+#include "../bitwise_equal.h"
 
 namespace strata {
 namespace {
@@ -46,20 +47,15 @@ Grads run(Step step, const at::Tensor& r0, const at::Tensor& x0, const at::Tenso
   return {out.sum.detach(), out.normed.detach(), g[0], g[1], g[2], b.defined() ? g[3] : at::Tensor()};
 }
 
-void expect_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
-  ASSERT_EQ(a.defined(), b.defined()) << what;
-  if (!a.defined()) return;
-  EXPECT_EQ(a.scalar_type(), b.scalar_type()) << what;
-  EXPECT_TRUE(at::equal(a, b)) << what << ": largest difference " << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
+using testing::expect_bitwise_equal;
 
 void expect_same(const Grads& a, const Grads& b) {
-  expect_same(a.sum, b.sum, "sum");
-  expect_same(a.normed, b.normed, "normed");
-  expect_same(a.d_residual, b.d_residual, "residual gradient");
-  expect_same(a.d_x, b.d_x, "x gradient");
-  expect_same(a.d_w, b.d_w, "weight gradient");
-  expect_same(a.d_b, b.d_b, "bias gradient");
+  expect_bitwise_equal(a.sum, b.sum, "sum");
+  expect_bitwise_equal(a.normed, b.normed, "normed");
+  expect_bitwise_equal(a.d_residual, b.d_residual, "residual gradient");
+  expect_bitwise_equal(a.d_x, b.d_x, "x gradient");
+  expect_bitwise_equal(a.d_w, b.d_w, "weight gradient");
+  expect_bitwise_equal(a.d_b, b.d_b, "bias gradient");
 }
 
 bool fused_node(const at::Tensor& sum) { return sum.grad_fn() && sum.grad_fn()->name().find("Norm") != std::string::npos; }

@@ -13,6 +13,7 @@
 #include "strata/core/component_registry.h"
 #include "strata/core/operator_table.h"
 #include "strata/core/plugin_loader.h"
+#include "../bitwise_equal.h"
 
 namespace strata {
 namespace {
@@ -49,20 +50,14 @@ ops::AddNormResult fused(const at::Tensor& r, const at::Tensor& x, const at::Ten
   return kernels::add_rms_norm_fused_cpu(r, x, w, 1e-6);
 }
 
-void expect_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
-  ASSERT_EQ(a.defined(), b.defined()) << what;
-  if (!a.defined()) return;
-  EXPECT_EQ(a.scalar_type(), b.scalar_type()) << what;
-  EXPECT_TRUE(at::equal(a, b)) << what << ": largest difference "
-                               << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
+using testing::expect_bitwise_equal;
 
 void expect_same(const Grads& a, const Grads& b) {
-  expect_same(a.sum, b.sum, "sum");
-  expect_same(a.normed, b.normed, "normed");
-  expect_same(a.d_residual, b.d_residual, "residual gradient");
-  expect_same(a.d_x, b.d_x, "x gradient");
-  expect_same(a.d_w, b.d_w, "weight gradient");
+  expect_bitwise_equal(a.sum, b.sum, "sum");
+  expect_bitwise_equal(a.normed, b.normed, "normed");
+  expect_bitwise_equal(a.d_residual, b.d_residual, "residual gradient");
+  expect_bitwise_equal(a.d_x, b.d_x, "x gradient");
+  expect_bitwise_equal(a.d_w, b.d_w, "weight gradient");
 }
 
 class AddRmsNormKernel : public ::testing::Test {
@@ -108,8 +103,8 @@ TEST_F(AddRmsNormKernel, ThreeDimensionsAndAMissingGradient) {
   expect_same(run(fused, r, x, w, d, d), run(unfused, r, x, w, d, d));
   expect_same(run(fused, r, x, w, at::Tensor(), d), run(unfused, r, x, w, at::Tensor(), d));  // the sum unused after
   const Grads only_sum = run(fused, r, x, w, d, at::Tensor());                               // the norm unused
-  expect_same(only_sum.d_residual, d, "residual gradient");
-  expect_same(only_sum.d_x, d.to(at::kBFloat16), "x gradient");
+  expect_bitwise_equal(only_sum.d_residual, d, "residual gradient");
+  expect_bitwise_equal(only_sum.d_x, d.to(at::kBFloat16), "x gradient");
 }
 
 // Where the kernels do not serve, the result is the reference's: the add, then whatever serves
@@ -133,10 +128,10 @@ TEST_F(AddRmsNormKernel, LeavesToTheReferenceWhatItDoesNotTake) {
   EXPECT_FALSE(took_the_kernels(r, at::randn({1, 16}), w));
   const at::Tensor row = at::randn({1, 16});  // x broadcast over the residual's rows
   const Grads broadcast = run(fused, r, row, w, d, d), broadcast_ref = run(reference, r, row, w, d, d);
-  expect_same(broadcast.normed, broadcast_ref.normed, "normed");
-  expect_same(broadcast.d_x, broadcast_ref.d_x, "x gradient");
+  expect_bitwise_equal(broadcast.normed, broadcast_ref.normed, "normed");
+  expect_bitwise_equal(broadcast.d_x, broadcast_ref.d_x, "x gradient");
   const at::Tensor r_bf16 = r.to(at::kBFloat16);  // a 16-bit residual under an fp32 branch: the sum is fp32
-  expect_same(run(fused, r_bf16, x, w, d, d).sum, run(reference, r_bf16, x, w, d, d).sum, "sum");
+  expect_bitwise_equal(run(fused, r_bf16, x, w, d, d).sum, run(reference, r_bf16, x, w, d, d).sum, "sum");
 }
 
 }  // namespace
