@@ -4,6 +4,7 @@
 // block, and `rules` for block selectors and operators that plugins define. Unknown operators or
 // implementations, and implementations that do not support the job's device or compute dtype,
 // are refused by `strata plan`; a selector that names no block is refused when the job starts.
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
@@ -93,6 +94,40 @@ std::string blocks_text(const std::vector<std::string>& blocks) {
   return "blocks " + s;
 }
 
+// Whether two choices name a block in common (as far as plan can tell: both every block, or a
+// selector written the same).
+bool overlap(const Choice& a, const Choice& b) {
+  if (a.blocks.empty() || b.blocks.empty()) return true;
+  for (const auto& s : a.blocks)
+    if (std::find(b.blocks.begin(), b.blocks.end(), s) != b.blocks.end()) return true;
+  return false;
+}
+
+// The residual-norm operators (ops.h) and their norms. A fused implementation of one runs its
+// norm's fused kernels and serves only where the norm is not the reference (the kernels check
+// per call), so pinning both ways at once would leave the fused choice unserved: refused.
+std::string composite_problem(const std::vector<Choice>& chosen) {
+  static const std::vector<std::pair<std::string, std::string>> composites = {{ops::AddLayerNorm::name, ops::LayerNorm::name},
+                                                                             {ops::AddRmsNorm::name, ops::RmsNorm::name}};
+  for (const auto& [composite, norm] : composites)
+    for (const auto& c : chosen) {
+      std::string problem;
+      const ops::OperatorImplBase* fused = c.op == composite ? find_implementation(c, problem) : nullptr;
+      if (!fused || fused->name() == composite + ".reference") continue;
+      // The newest norm choice in c's blocks is the one that holds there (the newest pin wins).
+      for (auto n = chosen.rbegin(); n != chosen.rend(); ++n) {
+        if (n->op != norm || !overlap(c, *n)) continue;
+        const ops::OperatorImplBase* pinned = find_implementation(*n, problem);
+        if (pinned && pinned->name() == norm + ".reference")
+          return "pass 'module_replace' " + c.source + ": implementation '" + fused->name() + "' fuses the add into " + norm +
+                 "'s fused kernels, but " + n->source + " pins the reference norm in " + blocks_text(n->blocks) +
+                 ", so it would not serve there (choose " + composite + " = \"reference\" with that norm)";
+        break;
+      }
+    }
+  return {};
+}
+
 class ModuleReplacePass final : public Pass {
  public:
   ModuleReplacePass() : Pass({ComponentKind::Pass, "module_replace", "Choose operator implementations per strategy and per block", schema()},
@@ -115,7 +150,7 @@ class ModuleReplacePass final : public Pass {
                ", but the blocks compute on " + c10::DeviceTypeName(facts.device, true) + " in " + c10::toString(facts.compute_dtype) +
                (facts.compute_dtype_by.empty() ? std::string() : " (pass '" + facts.compute_dtype_by + "')");
     }
-    return {};
+    return composite_problem(choices(config));
   }
 
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
