@@ -388,7 +388,10 @@ int run_train(const Args& args) {
   if (single) interrupted = 0, catch_interrupt_on_own_stack();
   const RunSummary summary = trainer.run([&] { return single && interrupted != 0; });
   if (single) ::signal(SIGINT, SIG_DFL);
-  const std::string ranks = env.world_size > 1 ? "-n " + std::to_string(env.world_size) + " " : "";
+  // The supervisor tells the ranks how many simulated nodes the job has now (it may have shrunk).
+  const char* simulated = std::getenv(kSimulatedNodesEnv);
+  const std::string nodes = env.world_size > 1 && simulated && std::atoi(simulated) > 0 ? "--simulate-nodes " + std::string(simulated) + " " : "";
+  const std::string ranks = env.world_size > 1 ? "-n " + std::to_string(env.world_size) + " " + nodes : "";
   const std::string resume = "strata run " + ranks + (out_dir / "strategy.toml").string() + " --out " + out_dir.string() + " --resume";
   if (trainer.completed_steps() < trainer.total_steps()) {
     trainer.save();

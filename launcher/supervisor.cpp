@@ -480,16 +480,24 @@ void shrink_if_blamed_twice(int blamed, int& previously_blamed, const Supervisor
   previously_blamed = -1;
 }
 
-// The last line of a run that stops without finishing: given up after [job] max_restarts, or
-// interrupted, with the command that continues it.
+// The last line of a run that stops without finishing (a failure with no restart left, or
+// Ctrl-C): what happened, the newest checkpoint, and the command that continues the run. Bad
+// input (status 2) was reported by the ranks, once.
 void say_why_stopped(const SupervisorOptions& options, int n, const AttemptResult& result, const std::string& cause, int64_t step_reached,
-                     int64_t checkpoint, size_t ranks) {
-  if (options.max_restarts > 0 && n >= options.max_restarts && result.status != 2 && !result.interrupted)
-    std::cerr << "strata: error: giving up after " << n << " restart" << (n == 1 ? "" : "s") << " ([job] max_restarts = "
-              << options.max_restarts << "); last failure: " << cause << "; resume with --resume\n";
+                     int64_t checkpoint, size_t ranks, int64_t nodes) {
+  if (result.status == 2 && !result.interrupted) return;
+  const std::string newest = checkpoint > 0 ? "newest checkpoint: step " + std::to_string(checkpoint) : "no checkpoint yet";
+  const std::string resume = "`strata run -n " + std::to_string(ranks) + (nodes > 0 ? " --simulate-nodes " + std::to_string(nodes) : "") + " " + (options.run_dir / "strategy.toml").string() + " --out " +
+                             options.run_dir.string() + " --resume`";
   if (result.interrupted)
-    std::cerr << "strata: interrupted at step " << step_reached << " (newest checkpoint: step " << checkpoint << "); continue with `strata run -n "
-              << ranks << " " << (options.run_dir / "strategy.toml").string() << " --out " << options.run_dir.string() << " --resume`\n";
+    std::cerr << "strata: interrupted at step " << step_reached << " (" << newest << "); continue with " << resume << "\n";
+  else if (options.max_restarts > 0)
+    std::cerr << "strata: error: giving up after " << n << " restart" << (n == 1 ? "" : "s") << " ([job] max_restarts = "
+              << options.max_restarts << "); last failure: " << cause << " at step " << step_reached << " (" << newest
+              << "); continue with " << resume << "\n";
+  else
+    std::cerr << "strata: error: " << cause << " at step " << step_reached << "; no restart ([job] max_restarts = 0) (" << newest
+              << "); continue with " << resume << ", or set [job] max_restarts to restart automatically\n";
 }
 
 }  // namespace
@@ -597,7 +605,7 @@ int supervise(const SupervisorOptions& options,
     record_failure(events, n, result, cause, step_reached, checkpoint, options.run_dir);
     // Bad input fails the same way again; Ctrl-C means stop. Both leave a resumable run.
     if (result.status == 2 || result.interrupted || n >= options.max_restarts) {
-      say_why_stopped(options, n, result, cause, step_reached, checkpoint, slots.size());
+      say_why_stopped(options, n, result, cause, step_reached, checkpoint, slots.size(), nodes);
       if (flash && persisted) flash->remove();  // everything is on disk
       // 2 (bad input) stays 2; any other failure (mpirun's 128 + signal included) is 1.
       return result.status == 2 ? 2 : 1;

@@ -44,6 +44,8 @@ if wants kill; then
 run_case kill "kill $last_rank 7"
 expect "$work/kill.log" "resumed from the flash snapshot of step [56] in shared memory \($ranks ranks saved it; [0-9]+ bytes of other nodes' images received over the communicator\)" kill
 expect "$work/kill/events.jsonl" "\"event\":\"recovered\".*\"sources\":\[$all_memory\],\"disk_checkpoint_bytes\":0,\"failure_to_first_step_s\":[0-9.]+" kill
+# The closing line's command to train on keeps the simulated nodes (a store per node).
+expect "$work/kill.log" "\`strata run -n $ranks --simulate-nodes $nodes $work/kill/strategy.toml --out $work/kill --resume --set job.steps=N\` trains on" kill
 echo "kill: rank $last_rank killed; every rank restored from its node's memory, other nodes' images over the communicator; bit-identical"
 
 fi
