@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "hf_config_check.h"
 #include "models.h"
 
 namespace strata::models {
@@ -112,10 +113,11 @@ class Gpt final : public ModelFactory {
                           .integer("seq_len", 1024, "Context length (learned positions)", between(1, 1 << 24))
                           .real("dropout", 0.0, "Dropout probability", between(0, 1))
                           .boolean("bias", true, "Biases in Linear and LayerNorm layers")
-                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory); empty = random init"))}) {}
+                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory); [model] is checked against the config.json beside them; empty = random init"))}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     check_heads(config, section, diagnostics);
+    check_hf_config(config, section, diagnostics);
   }
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
@@ -199,6 +201,26 @@ class Gpt final : public ModelFactory {
   }
 
  private:
+  // [model] init_from's config.json (hf_config_check.h): GPT2Config's keys and defaults.
+  static void check_hf_config(const Config& c, const SourcePos& section, Diagnostics& diagnostics) {
+    HfConfigCheck hf(c, section, diagnostics);
+    if (!hf) return;
+    hf.model_type({"gpt2"}, "gpt2 (GPT2LMHeadModel)");
+    hf.same("n_layer", "n_layer");
+    hf.same("n_head", "n_head");
+    hf.same("d_model", "n_embd");
+    hf.same("vocab_size", "vocab_size");
+    hf.same("seq_len", "n_positions");  // the learned position table's rows
+    const int64_t width = 4 * c.get_int("d_model");
+    hf.same_derived("the MLP width, 4 x d_model,", width, "d_model", "n_inner", width);
+    hf.off_unless("activation_function", "gelu_new", "a GELU other than the tanh approximation");
+    hf.off_unless("layer_norm_epsilon", 1e-5, "a LayerNorm epsilon other than 1e-5");
+    hf.off_unless("tie_word_embeddings", true, "an output head apart from the token embedding");
+    hf.off_unless("scale_attn_weights", true, "attention scores not scaled by 1/sqrt(head size)");
+    hf.off_unless("scale_attn_by_inverse_layer_idx", false, "attention scores scaled by layer");
+    hf.off_unless("reorder_and_upcast_attn", false, "attention reordered and upcast");
+  }
+
   static void require_hf_compatible(const Config& c) {
     if (!c.get_bool("bias")) throw UserError("GPT2LMHeadModel always has biases; a [model] bias = false GPT cannot move to or from it");
   }

@@ -1,6 +1,7 @@
 // Llama: RMSNorm, rotary position embedding (rotate-half layout), SwiGLU MLP, grouped-query
 // attention, no biases. Mixtral: Llama whose MLPs (all, or every moe_every-th) are mixtures of
 // experts (moe_layer.h).
+#include "hf_config_check.h"
 #include "llama_layers.h"
 #include "moe_layer.h"
 
@@ -54,8 +55,8 @@ Schema llama_schema(bool moe) {
       .boolean("tie_embeddings", false, "Share the input embedding with the output head");
   if (moe)
     return add_moe_keys(schema).string("init_from", "",
-                                       "Hugging Face MixtralForCausalLM weights (model.safetensors, its directory, or a sharded index); empty = random init");
-  return schema.string("init_from", "", "Hugging Face LlamaForCausalLM weights (model.safetensors, its directory, or a sharded index); empty = random init");
+                                       "Hugging Face MixtralForCausalLM weights (model.safetensors, its directory, or a sharded index); [model] is checked against the config.json beside them; empty = random init");
+  return schema.string("init_from", "", "Hugging Face LlamaForCausalLM weights (model.safetensors, its directory, or a sharded index); [model] is checked against the config.json beside them; empty = random init");
 }
 
 class Llama final : public ModelFactory {
@@ -75,6 +76,7 @@ class Llama final : public ModelFactory {
     if ((config.get_int("d_model") / config.get_int("n_head")) % 2 != 0)
       diagnostics.error(section, "[model] d_model / n_head must be even for rotary embeddings");
     if (moe_) validate_moe(config, section, diagnostics);
+    check_hf_config(config, section, diagnostics);
   }
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
@@ -183,6 +185,36 @@ class Llama final : public ModelFactory {
   }
 
  private:
+  // [model] init_from's config.json (hf_config_check.h): LlamaConfig's / MixtralConfig's keys and
+  // defaults (Mistral's checkpoints are Llama's with a sliding window).
+  void check_hf_config(const Config& c, const SourcePos& section, Diagnostics& diagnostics) const {
+    HfConfigCheck hf(c, section, diagnostics);
+    if (!hf) return;
+    if (moe_) hf.model_type({"mixtral"}, "mixtral (MixtralForCausalLM)");
+    else hf.model_type({"llama", "mistral"}, "llama (LlamaForCausalLM) or mistral");
+    hf.same("n_layer", "num_hidden_layers");
+    hf.same("n_head", "num_attention_heads");
+    hf.same("n_kv_head", "num_key_value_heads", hf.value("num_attention_heads"));  // absent: one kv head per head
+    hf.same("d_model", "hidden_size");
+    const int64_t d = c.get_int("d_model"), heads = c.get_int("n_head");
+    const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
+    hf.same_derived(moe_ ? "each expert's SwiGLU width" : "the SwiGLU width", hidden, "ffn_hidden", "intermediate_size", std::nullopt);
+    hf.same_derived("the head size, d_model / n_head,", d / heads, "n_head", "head_dim", std::nullopt);
+    hf.same("vocab_size", "vocab_size");
+    hf.same("norm_eps", "rms_norm_eps", moe_ ? 1e-5 : 1e-6);
+    hf.same("rope_theta", "rope_theta", moe_ ? 1e6 : 1e4);
+    hf.rope_unscaled();
+    hf.same("tie_embeddings", "tie_word_embeddings", false);
+    hf.same("sliding_window", "sliding_window");  // a window the weights were trained with (null: none)
+    hf.off_unless("hidden_act", "silu", "an MLP activation other than SiLU");
+    hf.off_unless("attention_bias", false, "biases in the attention projections");
+    hf.off_unless("mlp_bias", false, "biases in the MLP");
+    if (moe_) {
+      hf.same("n_experts", "num_local_experts", 8);
+      hf.same("top_k", "num_experts_per_tok", 2);
+    }
+  }
+
   std::string hub_architecture() const { return moe_ ? "MixtralForCausalLM" : "LlamaForCausalLM"; }
   void require_hub_layout(const Config& c) const {
     require_no_sliding_window(c, hub_architecture());

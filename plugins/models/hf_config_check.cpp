@@ -1,0 +1,128 @@
+#include "hf_config_check.h"
+
+#include <cmath>
+#include <fstream>
+
+namespace strata::models {
+namespace {
+
+namespace fs = std::filesystem;
+using json = HfConfigCheck::json;
+
+// config.json in the init_from directory, or beside the file (or sharded index) it names.
+fs::path config_json_of(const std::string& init_from) {
+  std::error_code unreadable;
+  const fs::path path(init_from);
+  const fs::path file = fs::is_directory(path, unreadable) ? path / "config.json" : path.parent_path() / "config.json";
+  return fs::is_regular_file(file, unreadable) ? file : fs::path();
+}
+
+json to_json(const Value& value) {
+  if (const auto* b = std::get_if<bool>(&value)) return *b;
+  if (const auto* i = std::get_if<int64_t>(&value)) return *i;
+  if (const auto* d = std::get_if<double>(&value)) return *d;
+  if (const auto* s = std::get_if<std::string>(&value)) return *s;
+  return nullptr;
+}
+
+// Numbers compare by value (1e-05 in JSON is 1e-5 in TOML; an integral float is the integer).
+bool equal(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    return x == y || std::abs(x - y) <= 1e-12 * std::max(std::abs(x), std::abs(y));
+  }
+  return a == b;
+}
+
+// config.json's value as the [model] key's type would be written in TOML.
+std::string as_toml(const json& hf, const Value& like) {
+  if (std::holds_alternative<int64_t>(like) && hf.is_number() && std::floor(hf.get<double>()) == hf.get<double>())
+    return value_to_toml(Value{static_cast<int64_t>(hf.get<double>())});
+  if (std::holds_alternative<double>(like) && hf.is_number()) {  // as config.json writes it (500000.0, not 5e+05)
+    const std::string text = hf.dump();
+    return text.find_first_of(".eE") == std::string::npos ? text + ".0" : text;
+  }
+  if (hf.is_boolean()) return value_to_toml(Value{hf.get<bool>()});
+  if (hf.is_string()) return value_to_toml(Value{hf.get<std::string>()});
+  return hf.dump();
+}
+
+}  // namespace
+
+HfConfigCheck::HfConfigCheck(const Config& config, const SourcePos& section, Diagnostics& diagnostics)
+    : config_(config), section_(section), diagnostics_(diagnostics) {
+  if (!config.has("init_from") || config.get_string("init_from").empty()) return;
+  file_ = config_json_of(config.get_string("init_from"));
+  if (file_.empty()) return;
+  std::ifstream in(file_);
+  config_json_ = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!config_json_.is_object())
+    diagnostics_.error(position("init_from"), "[model] init_from: " + file_.string() + " is not a JSON object (transformers' config.json)");
+}
+
+json HfConfigCheck::value(const std::string& hf_key) const {
+  if (!*this) return nullptr;
+  if (const auto it = config_json_.find(hf_key); it != config_json_.end()) return *it;
+  // transformers 5 keeps the rotary settings in rope_parameters.
+  if (const auto rope = config_json_.find("rope_parameters"); rope != config_json_.end() && rope->is_object())
+    if (const auto it = rope->find(hf_key); it != rope->end()) return *it;
+  return nullptr;
+}
+
+SourcePos HfConfigCheck::position(const std::string& key) const {
+  if (config_.has(key) && config_.entry(key).origin != Origin::Default) return config_.entry(key).pos;
+  return section_;
+}
+
+std::string HfConfigCheck::stated(const std::string& key) const {
+  return "[model] " + key + " = " + value_to_toml(config_.entry(key).value) +
+         (config_.entry(key).origin == Origin::Default ? " (the default)" : "");
+}
+
+void HfConfigCheck::model_type(const std::vector<std::string>& types, const std::string& expected) {
+  const json type = value("model_type");
+  if (!type.is_string() || std::find(types.begin(), types.end(), type.get<std::string>()) != types.end()) return;
+  diagnostics_.error(position("init_from"), "[model] init_from: " + file_.string() + " describes a " + type.get<std::string>() +
+                                                " model, but this [model] loads " + expected + " weights");
+}
+
+void HfConfigCheck::same(const std::string& key, const std::string& hf_key, const std::optional<json>& absent) {
+  json hf = value(hf_key);
+  if (hf.is_null()) {
+    if (!absent) return;
+    hf = *absent;
+  }
+  const Value& mine = config_.entry(key).value;
+  if (equal(to_json(mine), hf)) return;
+  diagnostics_.error(position(key), stated(key) + ", but the weights' " + file_.string() + " has " + hf_key + " = " + hf.dump() +
+                                        "; set [model] " + key + " = " + as_toml(hf, mine) + " to load them");
+}
+
+void HfConfigCheck::same_derived(const std::string& what, const json& value_here, const std::string& key, const std::string& hf_key,
+                                 const std::optional<json>& absent) {
+  json hf = value(hf_key);
+  if (hf.is_null()) {
+    if (!absent) return;
+    hf = *absent;
+  }
+  if (equal(value_here, hf)) return;
+  diagnostics_.error(position(key), what + " is " + value_here.dump() + ", but the weights' " + file_.string() + " has " + hf_key +
+                                        " = " + hf.dump() + " (" + stated(key) + ")");
+}
+
+void HfConfigCheck::off_unless(const std::string& hf_key, const json& neutral, const std::string& feature) {
+  const json hf = value(hf_key);
+  if (hf.is_null() || equal(hf, neutral)) return;
+  diagnostics_.error(position("init_from"), "[model] init_from: " + file_.string() + " has " + hf_key + " = " + hf.dump() + " (" +
+                                                feature + "), which this model does not compute");
+}
+
+void HfConfigCheck::rope_unscaled() {
+  off_unless("rope_type", "default", "rotary embeddings with a scaling");
+  const json scaling = value("rope_scaling");
+  if (!scaling.is_object()) return off_unless("rope_scaling", nullptr, "rotary embeddings with a scaling");
+  const json type = scaling.contains("rope_type") ? scaling["rope_type"] : scaling.value("type", json("default"));
+  if (type != "default") off_unless("rope_scaling", nullptr, "rotary embeddings scaled by type " + type.dump());
+}
+
+}  // namespace strata::models

@@ -1,0 +1,59 @@
+// [model] init_from against the checkpoint's config.json, at plan time.
+//
+// Weights alone do not say which model they belong to. A Llama of 8 heads of 16 and one of 4
+// heads of 32 have the same tensors; rope_theta, rms_norm_eps and tie_word_embeddings have none;
+// a checkpoint trained with rope_scaling or attention biases loads into a model that computes
+// something else. transformers keeps that description in config.json beside the weights
+// (save_pretrained, `strata ckpt export`). Where one lies in the init_from directory (or beside
+// the file or index init_from names), each [model] key with a counterpart there must agree with
+// it, and a feature these models do not compute must be off. A mismatch is an error naming the
+// [model] key, both values and the value to write, found by `strata plan` before a rank starts.
+// Without config.json the tensors' names and shapes are all that is checked, as before.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/config.h"
+
+namespace strata::models {
+
+class HfConfigCheck {
+ public:
+  using json = nlohmann::json;
+
+  // Reads config.json beside [model] init_from; with none (or no init_from) every check passes.
+  HfConfigCheck(const Config& config, const SourcePos& section, Diagnostics& diagnostics);
+  explicit operator bool() const { return config_json_.is_object(); }
+
+  // config.json's model_type (where it has one) is one of `types`; `expected` names them for the message.
+  void model_type(const std::vector<std::string>& types, const std::string& expected);
+  // [model] `key` equals config.json's `hf_key`. `absent` stands for a missing or null hf_key
+  // (transformers' default); without it nothing is checked then.
+  void same(const std::string& key, const std::string& hf_key, const std::optional<json>& absent = std::nullopt);
+  // The same for a value that follows from [model] keys (`what` names it, reported at `key`).
+  void same_derived(const std::string& what, const json& value, const std::string& key, const std::string& hf_key,
+                    const std::optional<json>& absent);
+  // config.json's `hf_key` is missing, null or `neutral`; anything else is `feature`, which these models do not compute.
+  void off_unless(const std::string& hf_key, const json& neutral, const std::string& feature);
+  // Rotary embeddings without scaling: transformers 4's rope_scaling null or of type "default",
+  // transformers 5's rope_parameters.rope_type "default".
+  void rope_unscaled();
+  // config.json's value of `hf_key` (rope_theta also under transformers 5's rope_parameters); null when missing.
+  json value(const std::string& hf_key) const;
+
+ private:
+  SourcePos position(const std::string& key) const;
+  std::string stated(const std::string& key) const;  // "[model] n_head = 8" (+ " (the default)")
+
+  const Config& config_;
+  const SourcePos& section_;
+  Diagnostics& diagnostics_;
+  std::filesystem::path file_;
+  json config_json_;
+};
+
+}  // namespace strata::models

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# init_from_config_test.sh STRATA WORKDIR
+# [model] init_from against the checkpoint's config.json (plugins/models/hf_config_check.h), at
+# plan time. The config.json files are written here as transformers 5.23 writes them
+# (rope_parameters) and as transformers 4 did (rope_theta, rope_scaling at the top): a matching
+# one plans; a [model] key that differs is refused naming both values and the value to write; a
+# feature the model does not compute (rope scaling, another activation, biases) is refused; a
+# config.json of another model type is refused; `strata run` refuses before training, with
+# nothing written; a checkpoint without config.json plans as before (names and shapes only).
+set -euo pipefail
+strata=$1 work=$2
+rm -rf "$work" && mkdir -p "$work"
+llama=examples/strategies/llama_text.toml gpt=examples/strategies/default.toml mixtral=tests/cli/mixtral.toml
+
+# plan_case NAME STATUS REGEX STRATEGY [ARGS...]: `strata plan` exits STATUS and its output matches REGEX.
+plan_case() {
+  local name=$1 want=$2 regex=$3 strategy=$4
+  shift 4
+  set +e
+  "$strata" plan "$strategy" "$@" > "$work/$name.log" 2>&1
+  local status=$?
+  set -e
+  [ "$status" = "$want" ] || { echo "FAIL $name: exit $status, expected $want"; cat "$work/$name.log"; exit 1; }
+  grep -Eq -- "$regex" "$work/$name.log" || { echo "FAIL $name: no line matches /$regex/"; cat "$work/$name.log"; exit 1; }
+  echo "ok $name"
+}
+# llama_config DIR [ROPE_PARAMETERS] [EXTRA]: llama_text.toml's model as transformers 5 saves it.
+llama_config() {
+  mkdir -p "$1"
+  cat > "$1/config.json" <<EOF
+{
+  "attention_bias": false, "head_dim": 32, "hidden_act": "silu", "hidden_size": 128, "intermediate_size": 512,
+  "max_position_embeddings": 2048, "mlp_bias": false, "model_type": "llama", "num_attention_heads": 4,
+  "num_hidden_layers": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-05,
+  "rope_parameters": ${2:-{\"rope_theta\": 10000.0, \"rope_type\": \"default\"\}},
+  ${3:-}"tie_word_embeddings": true, "transformers_version": "5.23.0", "vocab_size": 256
+}
+EOF
+}
+
+llama_config "$work/llama"
+plan_case llama_matches 0 "^  init_from += \"$work/llama\"" "$llama" --set "model.init_from=$work/llama"
+# A file named in the directory finds config.json beside it (the file itself is read by the run).
+plan_case llama_file_beside 0 "init_from" "$llama" --set "model.init_from=$work/llama/model.safetensors"
+plan_case llama_heads 2 "--set model.n_head=8: error: \[model\] n_head = 8, but the weights' $work/llama/config.json has num_attention_heads = 4; set \[model\] n_head = 4 to load them$" \
+  "$llama" --set "model.init_from=$work/llama" --set model.n_head=8 --set model.n_kv_head=4
+grep -Eq "the head size, d_model / n_head, is 16, but the weights' .* has head_dim = 32" "$work/llama_heads.log" || { echo "FAIL: no head_dim line"; exit 1; }
+llama_config "$work/llama_theta" '{"rope_theta": 500000.0, "rope_type": "default"}'
+plan_case llama_rope_theta_default 2 "error: \[model\] rope_theta = 10000.0 \(the default\), but the weights' .* has rope_theta = 500000.0; set \[model\] rope_theta = 500000.0 to load them$" \
+  "$llama" --set "model.init_from=$work/llama_theta"
+llama_config "$work/llama3" '{"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_theta": 10000.0, "rope_type": "llama3"}'
+plan_case llama3_rope_scaling 2 "error: \[model\] init_from: .*/llama3/config.json has rope_type = \"llama3\" \(rotary embeddings with a scaling\), which this model does not compute$" \
+  "$llama" --set "model.init_from=$work/llama3"
+# transformers 4's form: rope_theta and rope_scaling at the top.
+mkdir -p "$work/llama_v4"
+sed -e 's/"rope_parameters": {[^}]*},/"rope_theta": 10000.0, "rope_scaling": {"type": "linear", "factor": 2.0},/' "$work/llama/config.json" > "$work/llama_v4/config.json"
+plan_case llama_v4_rope_scaling 2 "has rope_scaling = \{\"factor\":2.0,\"type\":\"linear\"\} \(rotary embeddings scaled by type \"linear\"\)" \
+  "$llama" --set "model.init_from=$work/llama_v4"
+llama_config "$work/llama_bias" "" '"mlp_bias": true, "hidden_act": "gelu", '
+plan_case llama_features 2 "has hidden_act = \"gelu\" \(an MLP activation other than SiLU\)" "$llama" --set "model.init_from=$work/llama_bias"
+grep -q 'has mlp_bias = true (biases in the MLP)' "$work/llama_features.log" || { echo "FAIL: no mlp_bias line"; exit 1; }
+plan_case llama_untied 2 "error: \[model\] tie_embeddings = false, but the weights' .* has tie_word_embeddings = true; set \[model\] tie_embeddings = true to load them$" \
+  "$llama" --set "model.init_from=$work/llama" --set model.tie_embeddings=false
+mkdir -p "$work/qwen" && sed 's/"model_type": "llama"/"model_type": "qwen2"/' "$work/llama/config.json" > "$work/qwen/config.json"
+plan_case llama_other_type 2 "init_from: .*/qwen/config.json describes a qwen2 model, but this \[model\] loads llama \(LlamaForCausalLM\) or mistral weights$" \
+  "$llama" --set "model.init_from=$work/qwen"
+
+# GPT-2 (default.toml's model), as GPT2Config saves it.
+mkdir -p "$work/gpt2"
+cat > "$work/gpt2/config.json" <<'EOF'
+{"activation_function": "gelu_new", "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_embd": 128, "n_head": 4,
+ "n_inner": null, "n_layer": 4, "n_positions": 128, "reorder_and_upcast_attn": false, "scale_attn_by_inverse_layer_idx": false,
+ "scale_attn_weights": true, "tie_word_embeddings": true, "vocab_size": 256}
+EOF
+plan_case gpt_matches 0 "init_from" "$gpt" --set "model.init_from=$work/gpt2"
+plan_case gpt_seq_len 2 "error: \[model\] seq_len = 64, but the weights' .* has n_positions = 128; set \[model\] seq_len = 128 to load them$" \
+  "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64
+mkdir -p "$work/gpt2_other" && sed -e 's/"gelu_new"/"gelu"/; s/"n_inner": null/"n_inner": 300/' "$work/gpt2/config.json" > "$work/gpt2_other/config.json"
+plan_case gpt_features 2 "has activation_function = \"gelu\" \(a GELU other than the tanh approximation\)" "$gpt" --set "model.init_from=$work/gpt2_other"
+grep -q "the MLP width, 4 x d_model, is 512, but the weights' .* has n_inner = 300" "$work/gpt_features.log" || { echo "FAIL: no n_inner line"; exit 1; }
+
+# Mixtral (tests/cli/mixtral.toml's model), as MixtralConfig saves it.
+mkdir -p "$work/mixtral"
+cat > "$work/mixtral/config.json" <<'EOF'
+{"head_dim": null, "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 96, "model_type": "mixtral",
+ "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3, "num_key_value_heads": 2, "num_local_experts": 4,
+ "rms_norm_eps": 1e-05, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "sliding_window": null,
+ "tie_word_embeddings": false, "vocab_size": 256}
+EOF
+plan_case mixtral_matches 0 "init_from" "$mixtral" --set "model.init_from=$work/mixtral"
+mkdir -p "$work/mixtral_8" && sed -e 's/"num_local_experts": 4/"num_local_experts": 8/; s/"sliding_window": null/"sliding_window": 16/' \
+  "$work/mixtral/config.json" > "$work/mixtral_8/config.json"
+plan_case mixtral_experts 2 "error: \[model\] n_experts = 4, but the weights' .* has num_local_experts = 8; set \[model\] n_experts = 8 to load them$" \
+  "$mixtral" --set "model.init_from=$work/mixtral_8"
+grep -q "\[model\] sliding_window = 0 (the default), but the weights' .* has sliding_window = 16; set \[model\] sliding_window = 16" \
+  "$work/mixtral_experts.log" || { echo "FAIL: no sliding_window line"; exit 1; }
+
+# `strata run` refuses the same way before a rank trains, and writes nothing.
+set +e
+"$strata" run "$llama" --set "model.init_from=$work/llama" --set model.n_head=8 --set model.n_kv_head=4 --out "$work/run" > "$work/run.log" 2>&1
+status=$?
+set -e
+[ "$status" = 2 ] && grep -q "n_head = 8, but the weights'" "$work/run.log" && [ ! -e "$work/run/metrics.jsonl" ] ||
+  { echo "FAIL run: exit $status"; cat "$work/run.log"; exit 1; }
+echo "ok run_refuses"
+
+# No config.json: names and shapes only, as before.
+mkdir -p "$work/bare"
+plan_case no_config_json 0 "init_from" "$llama" --set "model.init_from=$work/bare" --set model.n_head=8 --set model.n_kv_head=4
