@@ -87,14 +87,15 @@ void HfConfigCheck::model_type(const std::vector<std::string>& types, const std:
 }
 
 void HfConfigCheck::same(const std::string& key, const std::string& hf_key, const std::optional<json>& absent) {
-  json hf = value(hf_key);
-  if (hf.is_null()) {
-    if (!absent) return;
-    hf = *absent;
-  }
+  const json hf = value(hf_key);
+  compare(key, hf.is_null() && absent ? *absent : hf, hf_key);
+}
+
+void HfConfigCheck::compare(const std::string& key, const json& hf, const std::string& hf_label) {
+  if (hf.is_null()) return;
   const Value& mine = config_.entry(key).value;
   if (equal(to_json(mine), hf)) return;
-  diagnostics_.error(position(key), stated(key) + ", but the weights' " + file_.string() + " has " + hf_key + " = " + hf.dump() +
+  diagnostics_.error(position(key), stated(key) + ", but the weights' " + file_.string() + " has " + hf_label + " = " + hf.dump() +
                                         "; set [model] " + key + " = " + as_toml(hf, mine) + " to load them");
 }
 
@@ -113,16 +114,24 @@ void HfConfigCheck::same_derived(const std::string& what, const json& value_here
 void HfConfigCheck::off_unless(const std::string& hf_key, const json& neutral, const std::string& feature) {
   const json hf = value(hf_key);
   if (hf.is_null() || equal(hf, neutral)) return;
-  diagnostics_.error(position("init_from"), "[model] init_from: " + file_.string() + " has " + hf_key + " = " + hf.dump() + " (" +
-                                                feature + "), which this model does not compute");
+  not_computed(hf_key + " = " + hf.dump() + " (" + feature + ")");
 }
 
-void HfConfigCheck::rope_unscaled() {
-  off_unless("rope_type", "default", "rotary embeddings with a scaling");
+std::string HfConfigCheck::rope_type() const {
+  if (const json type = value("rope_type"); type.is_string()) return type.get<std::string>();
   const json scaling = value("rope_scaling");
-  if (!scaling.is_object()) return off_unless("rope_scaling", nullptr, "rotary embeddings with a scaling");
+  if (!scaling.is_object()) return scaling.is_null() ? "default" : scaling.dump();
   const json type = scaling.contains("rope_type") ? scaling["rope_type"] : scaling.value("type", json("default"));
-  if (type != "default") off_unless("rope_scaling", nullptr, "rotary embeddings scaled by type " + type.dump());
+  return type.is_string() ? type.get<std::string>() : type.dump();
+}
+
+json HfConfigCheck::rope_parameter(const std::string& key) const {
+  if (const json scaling = value("rope_scaling"); scaling.is_object() && scaling.contains(key)) return scaling[key];
+  return value(key);  // rope_parameters' (transformers 5)
+}
+
+void HfConfigCheck::not_computed(const std::string& what) {
+  diagnostics_.error(position("init_from"), "[model] init_from: " + file_.string() + " has " + what + ", which this model does not compute");
 }
 
 }  // namespace strata::models

@@ -39,9 +39,15 @@ class HfConfigCheck {
                     const std::optional<json>& absent);
   // config.json's `hf_key` is missing, null or `neutral`; anything else is `feature`, which these models do not compute.
   void off_unless(const std::string& hf_key, const json& neutral, const std::string& feature);
-  // Rotary embeddings without scaling: transformers 4's rope_scaling null or of type "default",
-  // transformers 5's rope_parameters.rope_type "default".
-  void rope_unscaled();
+  // [model] `key` equals `hf` (config.json's `hf_label`; null: nothing to check).
+  void compare(const std::string& key, const json& hf, const std::string& hf_label);
+  // The rotary scaling config.json describes: transformers 5's rope_parameters.rope_type, or 4's
+  // rope_scaling's rope_type (or type); "default" without one.
+  std::string rope_type() const;
+  // A parameter of that scaling ("factor", ...), from rope_parameters or rope_scaling; null when missing.
+  json rope_parameter(const std::string& key) const;
+  // Reports a feature these models do not compute (`what`: config.json's key and value, and what it means).
+  void not_computed(const std::string& what);
   // config.json's value of `hf_key` (rope_theta also under transformers 5's rope_parameters); null when missing.
   json value(const std::string& hf_key) const;
 

@@ -3,6 +3,7 @@
 // experts (moe_layer.h).
 #include "hf_config_check.h"
 #include "llama_layers.h"
+#include "rope_frequencies.h"
 #include "moe_layer.h"
 
 namespace strata::models {
@@ -18,7 +19,7 @@ class DecoderLayer final : public nn::Block {
     const double eps = c.get_float("norm_eps");
     input_layernorm = register_module("input_layernorm", std::make_shared<nn::RmsNorm>(d, eps, nn::ParallelStyle::Sequence));
     self_attn = register_module("self_attn", std::make_shared<Attention>(d, c.get_int("n_head"), c.get_int("n_kv_head"),
-                                                                         c.get_float("rope_theta"), shard));
+                                                                         RopeFrequencies::from(c), shard));
     post_attention_layernorm =
         register_module("post_attention_layernorm", std::make_shared<nn::RmsNorm>(d, eps, nn::ParallelStyle::Sequence));
     if (moe)
@@ -40,7 +41,7 @@ class DecoderLayer final : public nn::Block {
 // Llama's keys; Mixtral adds the mixture of experts' (moe_layer.h).
 Schema llama_schema(bool moe) {
   Schema schema;
-  add_sliding_window(schema)
+  add_rope_keys(add_sliding_window(schema))
       .integer("n_layer", 16, "Transformer blocks", between(1, 1 << 14))
       .integer("n_head", 16, "Query heads", between(1, 1 << 14))
       .integer("n_kv_head", 16, "Key/value heads (grouped-query attention)", between(1, 1 << 14))
@@ -50,7 +51,6 @@ Schema llama_schema(bool moe) {
                between(0, 1 << 20))
       .integer("vocab_size", 32000, "Vocabulary size", between(1, 1 << 24))
       .integer("seq_len", 2048, "Context length", between(1, 1 << 24))
-      .real("rope_theta", 10000.0, "RoPE base frequency", at_least(1))
       .real("norm_eps", 1e-5, "RMSNorm epsilon", between(0, 1))
       .boolean("tie_embeddings", false, "Share the input embedding with the output head");
   if (moe)
@@ -76,6 +76,7 @@ class Llama final : public ModelFactory {
     if ((config.get_int("d_model") / config.get_int("n_head")) % 2 != 0)
       diagnostics.error(section, "[model] d_model / n_head must be even for rotary embeddings");
     if (moe_) validate_moe(config, section, diagnostics);
+    validate_rope(config, section, diagnostics);
     check_hf_config(config, section, diagnostics);
   }
 
@@ -179,7 +180,7 @@ class Llama final : public ModelFactory {
            std::to_string(c.get_int("n_layer")) + ",\n  \"num_attention_heads\": " + std::to_string(c.get_int("n_head")) +
            ",\n  \"num_key_value_heads\": " + std::to_string(c.get_int("n_kv_head")) + ",\n  \"max_position_embeddings\": " +
            std::to_string(c.get_int("seq_len")) + ",\n  \"rms_norm_eps\": " + json_number(c.get_float("norm_eps")) +
-           ",\n  \"rope_theta\": " + json_number(c.get_float("rope_theta")) + ",\n  \"hidden_act\": \"silu\",\n" +
+           ",\n  " + rope_config_json(c) + ",\n  \"hidden_act\": \"silu\",\n" +
            "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"tie_word_embeddings\": " +
            (c.get_bool("tie_embeddings") ? "true" : "false") + "\n}\n";
   }
@@ -202,8 +203,7 @@ class Llama final : public ModelFactory {
     hf.same_derived("the head size, d_model / n_head,", d / heads, "n_head", "head_dim", std::nullopt);
     hf.same("vocab_size", "vocab_size");
     hf.same("norm_eps", "rms_norm_eps", moe_ ? 1e-5 : 1e-6);
-    hf.same("rope_theta", "rope_theta", moe_ ? 1e6 : 1e4);
-    hf.rope_unscaled();
+    check_rope(c, hf, moe_ ? 1e6 : 1e4);
     hf.same("tie_embeddings", "tie_word_embeddings", false);
     hf.same("sliding_window", "sliding_window");  // a window the weights were trained with (null: none)
     hf.off_unless("hidden_act", "silu", "an MLP activation other than SiLU");

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "models.h"
+#include "rope_frequencies.h"
 
 namespace strata::models::llama {
 
@@ -26,8 +27,8 @@ class Embed final : public nn::Block {
 // the tensor size, and stay whole otherwise (each rank then picks the kv heads of its q heads).
 class Attention final : public torch::nn::Module {
  public:
-  Attention(int64_t d_model, int64_t n_head, int64_t n_kv_head, double rope_theta, nn::TensorShard shard)
-      : n_head_(n_head), n_kv_head_(n_kv_head), head_dim_(d_model / n_head), rope_theta_(rope_theta), shard_(shard) {
+  Attention(int64_t d_model, int64_t n_head, int64_t n_kv_head, RopeFrequencies rope, nn::TensorShard shard)
+      : n_head_(n_head), n_kv_head_(n_kv_head), head_dim_(d_model / n_head), rope_(rope), shard_(shard) {
     const bool split_kv = n_kv_head % shard.parts == 0;
     const nn::ParallelStyle kv_style =
         split_kv ? nn::ParallelStyle::Column : shard.parts > 1 ? nn::ParallelStyle::Replicated : nn::ParallelStyle::None;
@@ -66,8 +67,7 @@ class Attention final : public torch::nn::Module {
     const int64_t window = std::max(t, sequence.window);
     if (!cos_.defined() || cos_.size(0) < window || cos_.device() != device) {
       auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-      at::Tensor inv_freq = at::pow(rope_theta_, -at::arange(0, head_dim_, 2, f32) / static_cast<double>(head_dim_));
-      at::Tensor angles = at::outer(at::arange(window, f32), inv_freq);
+      at::Tensor angles = at::outer(at::arange(window, f32), rope_.inverse(head_dim_, f32));
       cos_ = angles.cos();
       sin_ = angles.sin();
     }
@@ -78,7 +78,7 @@ class Attention final : public torch::nn::Module {
   }
 
   int64_t n_head_, n_kv_head_, head_dim_;
-  double rope_theta_;
+  RopeFrequencies rope_;
   nn::TensorShard shard_;
   at::Tensor cos_, sin_;
 };

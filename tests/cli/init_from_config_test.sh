@@ -3,8 +3,9 @@
 # [model] init_from against the checkpoint's config.json (plugins/models/hf_config_check.h), at
 # plan time. The config.json files are written here as transformers 5.23 writes them
 # (rope_parameters) and as transformers 4 did (rope_theta, rope_scaling at the top): a matching
-# one plans; a [model] key that differs is refused naming both values and the value to write; a
-# feature the model does not compute (rope scaling, another activation, biases) is refused; a
+# one plans; a [model] key that differs is refused naming both values and the value to write
+# (Llama 3.1's rope scaling included); a feature the model does not compute (another rope
+# scaling, another activation, biases) is refused; a
 # config.json of another model type is refused; `strata run` refuses before training, with
 # nothing written; a checkpoint without config.json plans as before (names and shapes only).
 set -euo pipefail
@@ -49,12 +50,19 @@ llama_config "$work/llama_theta" '{"rope_theta": 500000.0, "rope_type": "default
 plan_case llama_rope_theta_default 2 "error: \[model\] rope_theta = 10000.0 \(the default\), but the weights' .* has rope_theta = 500000.0; set \[model\] rope_theta = 500000.0 to load them$" \
   "$llama" --set "model.init_from=$work/llama_theta"
 llama_config "$work/llama3" '{"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_theta": 10000.0, "rope_type": "llama3"}'
-plan_case llama3_rope_scaling 2 "error: \[model\] init_from: .*/llama3/config.json has rope_type = \"llama3\" \(rotary embeddings with a scaling\), which this model does not compute$" \
+# Llama 3.1's rope scaling: taken when [model] states it, with the same parameters.
+plan_case llama3_rope_scaling 2 "error: \[model\] rope_scaling = \"none\" \(the default\), but the weights' .*/llama3/config.json has rope type = \"llama3\"; set \[model\] rope_scaling = \"llama3\" to load them$" \
   "$llama" --set "model.init_from=$work/llama3"
+plan_case llama3_rope_matches 0 "^  rope_scaling += \"llama3\"" "$llama" --set "model.init_from=$work/llama3" --set model.rope_scaling=llama3 --set model.rope_factor=32.0
+plan_case llama3_rope_factor 2 "error: \[model\] rope_factor = 8.0 \(the default\), but the weights' .* has factor = 32.0; set \[model\] rope_factor = 32.0 to load them$" \
+  "$llama" --set "model.init_from=$work/llama3" --set model.rope_scaling=llama3
+llama_config "$work/yarn" '{"factor": 4.0, "original_max_position_embeddings": 2048, "rope_theta": 10000.0, "rope_type": "yarn"}'
+plan_case yarn_rope_scaling 2 "has rope type yarn \(rotary embeddings scaled another way than llama3\), which this model does not compute$" \
+  "$llama" --set "model.init_from=$work/yarn"
 # transformers 4's form: rope_theta and rope_scaling at the top.
 mkdir -p "$work/llama_v4"
 sed -e 's/"rope_parameters": {[^}]*},/"rope_theta": 10000.0, "rope_scaling": {"type": "linear", "factor": 2.0},/' "$work/llama/config.json" > "$work/llama_v4/config.json"
-plan_case llama_v4_rope_scaling 2 "has rope_scaling = \{\"factor\":2.0,\"type\":\"linear\"\} \(rotary embeddings scaled by type \"linear\"\)" \
+plan_case llama_v4_rope_scaling 2 "has rope type linear \(rotary embeddings scaled another way than llama3\)" \
   "$llama" --set "model.init_from=$work/llama_v4"
 llama_config "$work/llama_bias" "" '"mlp_bias": true, "hidden_act": "gelu", '
 plan_case llama_features 2 "has hidden_act = \"gelu\" \(an MLP activation other than SiLU\)" "$llama" --set "model.init_from=$work/llama_bias"
@@ -107,3 +115,9 @@ echo "ok run_refuses"
 # No config.json: names and shapes only, as before.
 mkdir -p "$work/bare"
 plan_case no_config_json 0 "init_from" "$llama" --set "model.init_from=$work/bare" --set model.n_head=8 --set model.n_kv_head=4
+
+# The llama3 scaling's keys without it are refused, as is a band that is not one.
+plan_case rope_keys_without_scaling 2 "error: \[model\] rope_factor applies to rope_scaling = \"llama3\" only, and rope_scaling is \"none\"$" \
+  "$llama" --set model.rope_factor=16.0
+plan_case rope_band 2 "error: \[model\] rope_high_freq_factor \(1.0\) must be greater than rope_low_freq_factor \(1.0\)$" \
+  "$llama" --set model.rope_scaling=llama3 --set model.rope_high_freq_factor=1.0

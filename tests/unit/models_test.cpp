@@ -338,12 +338,18 @@ TEST(Interchange, RefusesWeightsThatAreNotWeights) {
 TEST(Interchange, WritesFilesForTransformers) {
   const char* dir = std::getenv("STRATA_HF_EXPORT_DIR");
   if (!dir) GTEST_SKIP() << "STRATA_HF_EXPORT_DIR not set";
-  for (const std::string name : {"gpt", "llama", "mixtral"}) {
+  // Llama 3.1's rope scaling, its three bands of wavelengths within a 64-token pre-training
+  // context (the tiny heads' wavelengths are 6.3, 63, 628 and 6283 tokens).
+  std::map<std::string, Value> llama3 = tiny("llama");
+  llama3["rope_scaling"] = std::string("llama3"), llama3["rope_factor"] = 32.0, llama3["rope_original_context"] = int64_t{64};
+  const std::vector<std::tuple<std::string, std::string, std::map<std::string, Value>>> cases = {
+      {"gpt", "gpt", tiny("gpt")}, {"llama", "llama", tiny("llama")}, {"mixtral", "mixtral", tiny("mixtral")}, {"llama_rope_llama3", "llama", llama3}};
+  for (const auto& [case_name, name, settings] : cases) {
     at::manual_seed(5);
-    auto model = make(name, tiny(name));
+    auto model = make(name, settings);
     model->eval();
-    Config config = config_for(factory(name), tiny(name));
-    const auto out = std::filesystem::path(dir) / name;
+    Config config = config_for(factory(name), settings);
+    const auto out = std::filesystem::path(dir) / case_name;
     std::filesystem::create_directories(out);
     write_safetensors(out / "model.safetensors", factory(name).to_hf(*model, config), {{"format", "pt"}});
     std::ofstream(out / "config.json") << factory(name).hf_config_json(config);
