@@ -100,7 +100,7 @@ void HfConfigCheck::compare(const std::string& key, const json& hf, const std::s
 }
 
 void HfConfigCheck::same_derived(const std::string& what, const json& value_here, const std::string& key, const std::string& hf_key,
-                                 const std::optional<json>& absent) {
+                                 const std::optional<json>& absent, bool key_sets_it) {
   json hf = value(hf_key);
   if (hf.is_null()) {
     if (!absent) return;
@@ -108,7 +108,8 @@ void HfConfigCheck::same_derived(const std::string& what, const json& value_here
   }
   if (equal(value_here, hf)) return;
   diagnostics_.error(position(key), what + " is " + value_here.dump() + ", but the weights' " + file_.string() + " has " + hf_key +
-                                        " = " + hf.dump() + " (" + stated(key) + ")");
+                                        " = " + hf.dump() + " (" + stated(key) + ")" +
+                                        (key_sets_it ? "; set [model] " + key + " = " + as_toml(hf, config_.entry(key).value) + " to load them" : ""));
 }
 
 void HfConfigCheck::off_unless(const std::string& hf_key, const json& neutral, const std::string& feature) {

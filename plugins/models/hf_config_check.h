@@ -34,9 +34,10 @@ class HfConfigCheck {
   // [model] `key` equals config.json's `hf_key`. `absent` stands for a missing or null hf_key
   // (transformers' default); without it nothing is checked then.
   void same(const std::string& key, const std::string& hf_key, const std::optional<json>& absent = std::nullopt);
-  // The same for a value that follows from [model] keys (`what` names it, reported at `key`).
+  // The same for a value that follows from [model] keys (`what` names it, reported at `key`);
+  // `key_sets_it`: writing config.json's value into `key` would match (the line says so).
   void same_derived(const std::string& what, const json& value, const std::string& key, const std::string& hf_key,
-                    const std::optional<json>& absent);
+                    const std::optional<json>& absent, bool key_sets_it = false);
   // config.json's `hf_key` is missing, null or `neutral`; anything else is `feature`, which these models do not compute.
   void off_unless(const std::string& hf_key, const json& neutral, const std::string& feature);
   // [model] `key` equals `hf` (config.json's `hf_label`; null: nothing to check).

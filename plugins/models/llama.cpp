@@ -199,7 +199,8 @@ class Llama final : public ModelFactory {
     hf.same("d_model", "hidden_size");
     const int64_t d = c.get_int("d_model"), heads = c.get_int("n_head");
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
-    hf.same_derived(moe_ ? "each expert's SwiGLU width" : "the SwiGLU width", hidden, "ffn_hidden", "intermediate_size", std::nullopt);
+    hf.same_derived(moe_ ? "each expert's SwiGLU width" : "the SwiGLU width", hidden, "ffn_hidden", "intermediate_size", std::nullopt,
+                    /*key_sets_it=*/true);
     hf.same_derived("the head size, d_model / n_head,", d / heads, "n_head", "head_dim", std::nullopt);
     hf.same("vocab_size", "vocab_size");
     hf.same("norm_eps", "rms_norm_eps", moe_ ? 1e-5 : 1e-6);

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# hub_llama_roundtrip.sh STRATA PYTHON WORKDIR
+# A Llama as the Hugging Face hub ships Llama 3.2: saved by transformers' save_pretrained in bf16,
+# tied embeddings, rope_theta 500000 with Llama 3.1's rope scaling (rope_parameters, transformers 5),
+# a SwiGLU width that is not Llama's rule. Strata's plan names every [model] key the strategy must
+# state; with them stated it starts from the weights (one process, and tensor parallel 2), trains
+# two steps at a negligible learning rate and exports; transformers loads the export, and its
+# logits are the hub model's (fp32) within 1e-5, and the scaling survives in config.json.
+set -euo pipefail
+strata=$1 python=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+"$python" - "$work" <<'EOF'
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+work = sys.argv[1]
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-5, max_position_embeddings=256,
+                     rope_parameters={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 64, "rope_theta": 500000.0})
+LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(f"{work}/hub")
+EOF
+cat > "$work/run.toml" <<EOF
+[job]
+model = "llama"
+dataset = "text"
+steps = 2
+global_batch = 4
+eval_every = 0
+checkpoint_every = 2
+threads = 1
+
+[model]
+n_layer = 2
+n_head = 4
+n_kv_head = 2
+d_model = 128
+vocab_size = 256
+seq_len = 64
+init_from = "$work/hub"
+
+[data]
+path = "data/kjv.txt"
+
+[optimizer]
+lr = 1e-9
+
+[[pass]]
+name = "tensor_parallel"
+enabled = false
+EOF
+# Plan names what the strategy leaves at odds with config.json, one line each.
+set +e
+"$strata" plan "$work/run.toml" > "$work/plan.log" 2>&1
+status=$?
+set -e
+[ "$status" = 2 ] || { echo "FAIL: plan exit $status"; cat "$work/plan.log"; exit 1; }
+for fix in "ffn_hidden = 384" "rope_theta = 500000.0" 'rope_scaling = "llama3"' "tie_embeddings = true"; do
+  grep -q "set \[model\] $fix to load them" "$work/plan.log" || { echo "FAIL: plan does not ask for $fix"; cat "$work/plan.log"; exit 1; }
+done
+[ "$(grep -c error "$work/plan.log")" = 4 ] || { echo "FAIL: more than the four lines"; cat "$work/plan.log"; exit 1; }
+stated=(--set model.ffn_hidden=384 --set model.rope_theta=500000.0 --set model.rope_scaling=llama3 --set model.rope_factor=32.0
+        --set model.rope_original_context=64 --set model.tie_embeddings=true)
+"$strata" run "$work/run.toml" "${stated[@]}" --out "$work/one" > "$work/one.log" 2>&1 || { cat "$work/one.log"; exit 1; }
+"$strata" run "$work/run.toml" -n 2 "${stated[@]}" --set parallel.tensor=2 --set pass.tensor_parallel.enabled=true --out "$work/tp" > "$work/tp.log" 2>&1 ||
+  { cat "$work/tp.log"; exit 1; }
+for run in one tp; do "$strata" ckpt export "$work/$run" "$work/$run.hf" > /dev/null; done
+"$python" - "$work" <<'EOF'
+import sys, torch
+from transformers import AutoModelForCausalLM
+work = sys.argv[1]
+torch.manual_seed(1)
+tokens = torch.randint(0, 256, (2, 64))
+def logits(path):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(tokens).logits, model.config
+hub, _ = logits(f"{work}/hub")
+failed = False
+for run in ("one", "tp"):
+    out, config = logits(f"{work}/{run}.hf")
+    diff = (out - hub).abs().max().item()
+    rope = config.rope_parameters
+    ok = diff < 1e-5 and rope["rope_type"] == "llama3" and rope["factor"] == 32 and rope["rope_theta"] == 500000
+    failed |= not ok
+    print(f"{run}: export vs the hub model, max |logit difference| = {diff:.3e}; rope {rope}: {'ok' if ok else 'MISMATCH'}")
+sys.exit(1 if failed else 0)
+EOF
