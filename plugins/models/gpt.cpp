@@ -210,7 +210,12 @@ class Gpt final : public ModelFactory {
     hf.same("n_head", "n_head");
     hf.same("d_model", "n_embd");
     hf.same("vocab_size", "vocab_size");
-    hf.same("seq_len", "n_positions");  // the learned position table's rows
+    // The learned position table: a shorter context takes its first rows, a longer one has none to take.
+    if (const auto positions = hf.value("n_positions"); positions.is_number_integer() && c.get_int("seq_len") > positions.get<int64_t>())
+      diagnostics.error(c.entry("seq_len").origin == Origin::Default ? section : c.entry("seq_len").pos,
+                        "[model] seq_len = " + std::to_string(c.get_int("seq_len")) + ", but the weights' config.json has n_positions = " +
+                            std::to_string(positions.get<int64_t>()) + ": their learned position table has no rows beyond; set [model] seq_len <= " +
+                            std::to_string(positions.get<int64_t>()));
     const int64_t width = 4 * c.get_int("d_model");
     hf.same_derived("the MLP width, 4 x d_model,", width, "d_model", "n_inner", width);
     hf.off_unless("activation_function", "gelu_new", "a GELU other than the tanh approximation");
@@ -227,7 +232,9 @@ class Gpt final : public ModelFactory {
 
   static HfLayout hf_layout() {
     // The tied output weight, and the causal-mask buffers older checkpoints store, have no parameter.
-    return {hf_name, [](const std::string& n) { return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias"); }};
+    // A context shorter than the checkpoint's n_positions takes its first positions (nanoGPT's crop_block_size).
+    return {hf_name, [](const std::string& n) { return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias"); },
+            0, [](const std::string& n) { return n == "embed.wpe.weight"; }};
   }
 
   // embed.wte -> transformer.wte, hN.x -> transformer.h.N.x, head.ln_f -> transformer.ln_f; the

@@ -36,6 +36,11 @@ namespace {
 constexpr int64_t kSliceBytes = 16 << 20;
 }  // namespace
 
+at::Tensor leading_rows_of(const HfLayout& layout, const std::string& strata_name, const at::Tensor& file, int64_t rows) {
+  const bool cut = layout.leading_rows && layout.leading_rows(strata_name) && file.dim() > 0 && file.size(0) > rows;
+  return cut ? file.narrow(0, 0, rows) : file;
+}
+
 InitFrom::Source InitFrom::source_of(const std::string& full_name) {
   Source source;
   source.transposed = layout_.to_hf_name(full_name).transposed;
@@ -68,7 +73,10 @@ void InitFrom::built(size_t, const std::string& name, nn::Block& block) {
   for (auto& named : block.named_parameters()) {
     const std::string full_name = name + "." + named.key();
     at::Tensor& p = named.value();
-    const Source source = source_of(full_name);
+    Source source = source_of(full_name);
+    if (source.views.size() == 1 && !source.transposed)  // a shorter context takes the first positions
+      source.views[0] = leading_rows_of(layout_, full_name, source.views[0],
+                                        placements.count(named.key()) ? placements.at(named.key()).shape[0] : p.size(0));
     // The whole tensor in Strata's layout: the experts of one projection stacked (one copy), a
     // Conv1D weight as a transposed view.
     const at::Tensor whole = source.views.size() > 1 ? at::stack(source.views) : source.transposed ? source.views[0].t() : source.views[0];

@@ -35,7 +35,13 @@ struct HfLayout {
   ToHfName to_hf_name;
   bool (*ignored)(const std::string& hf_name);  // tensors some checkpoints carry that have no parameter (buffers, tied copies)
   int64_t experts = 0;                          // > 0: expert weights are stored one tensor per expert (Mixtral)
+  // Parameters (Strata names) whose file tensor may hold more rows than the model's, of which the
+  // model takes the first: GPT-2's learned positions, for a context shorter than n_positions.
+  bool (*leading_rows)(const std::string& strata_name) = nullptr;
 };
+
+// `file` cut to the model's `rows` where the layout lets `strata_name` take leading rows.
+at::Tensor leading_rows_of(const HfLayout& layout, const std::string& strata_name, const at::Tensor& file, int64_t rows);
 
 class InitFrom final : public nn::BuildKeeper {
  public:

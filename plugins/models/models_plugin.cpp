@@ -51,9 +51,11 @@ std::shared_ptr<nn::Model> whole_model(const ModelFactory& factory, const Config
 NamedTensors map_from_hf(const NamedTensors& given, const nn::Model& shape_donor, const HfLayout& layout) {
   const NamedTensors hf = layout.experts > 0 ? stacked_from_hub_experts(given, layout.experts) : given;
   std::map<std::string, std::pair<std::string, bool>> strata_of;  // hf name -> strata name, transposed
+  std::map<std::string, int64_t> rows;                              // strata name -> the model's rows
   for (const auto& p : shape_donor.named_parameters()) {
     HfName name = layout.to_hf_name(p.key());
     strata_of[name.name] = {p.key(), name.transposed};
+    rows[p.key()] = p.value().dim() > 0 ? p.value().size(0) : 0;
   }
   NamedTensors out;
   for (const auto& [name, tensor] : hf) {
@@ -64,7 +66,8 @@ NamedTensors map_from_hf(const NamedTensors& given, const nn::Model& shape_donor
     }
     if (it->second.second && tensor.dim() != 2)
       throw UserError("Hugging Face tensor '" + name + "' is a Conv1D weight and must be 2-D, but has shape " + c10::str(tensor.sizes()));
-    out.emplace_back(it->second.first, it->second.second ? tensor.t().contiguous() : tensor);
+    const std::string& strata_name = it->second.first;
+    out.emplace_back(strata_name, it->second.second ? tensor.t().contiguous() : leading_rows_of(layout, strata_name, tensor, rows[strata_name]));
   }
   return out;
 }

@@ -81,8 +81,10 @@ cat > "$work/gpt2/config.json" <<'EOF'
  "scale_attn_weights": true, "tie_word_embeddings": true, "vocab_size": 256}
 EOF
 plan_case gpt_matches 0 "init_from" "$gpt" --set "model.init_from=$work/gpt2"
-plan_case gpt_seq_len 2 "error: \[model\] seq_len = 64, but the weights' .* has n_positions = 128; set \[model\] seq_len = 128 to load them$" \
-  "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64
+# A shorter context takes the first learned positions; a longer one has none to take.
+plan_case gpt_shorter_context 0 "^  seq_len += 64" "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64
+plan_case gpt_longer_context 2 "error: \[model\] seq_len = 256, but the weights' config.json has n_positions = 128: their learned position table has no rows beyond; set \[model\] seq_len <= 128$" \
+  "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=256
 mkdir -p "$work/gpt2_other" && sed -e 's/"gelu_new"/"gelu"/; s/"n_inner": null/"n_inner": 300/' "$work/gpt2/config.json" > "$work/gpt2_other/config.json"
 plan_case gpt_features 2 "has activation_function = \"gelu\" \(a GELU other than the tanh approximation\)" "$gpt" --set "model.init_from=$work/gpt2_other"
 grep -q "the MLP width, 4 x d_model, is 512, but the weights' .* has n_inner = 300" "$work/gpt_features.log" || { echo "FAIL: no n_inner line"; exit 1; }

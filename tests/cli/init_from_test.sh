@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # init_from_test.sh STRATA STRATEGY WORKDIR
 # Trains briefly, exports the checkpoint in Hugging Face layout, and starts a new run from it
-# with [model] init_from: its first loss must be the trained model's, far below a fresh start's.
+# with [model] init_from: its first loss must be the trained model's, far below a fresh start's,
+# also at a shorter context (the first rows of GPT-2's learned positions).
 set -euo pipefail
 strata=$1 strategy=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -14,3 +15,8 @@ first() { sed -n '1s/.*"loss":\([^,]*\),.*/\1/p' "$1"; }
 fresh=$(first "$work/train/metrics.jsonl") resumed=$(first "$work/again/metrics.jsonl")
 echo "first loss: fresh $fresh, from the exported weights $resumed"
 awk -v a="$resumed" -v b="$fresh" 'BEGIN { exit !(a < b - 1.0) }'
+# A shorter context (seq_len 32 of the export's 64 positions) takes the first learned positions.
+"$strata" run "$strategy" --out "$work/shorter" --set job.steps=1 --set "model.init_from=$work/hf" "${small[@]}" --set model.seq_len=32 > /dev/null
+shorter=$(first "$work/shorter/metrics.jsonl")
+echo "first loss at seq_len 32 from the 64-position export: $shorter"
+awk -v a="$shorter" -v b="$fresh" 'BEGIN { exit !(a < b - 1.0) }'
