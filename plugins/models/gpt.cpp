@@ -234,7 +234,7 @@ class Gpt final : public ModelFactory {
     // The tied output weight, and the causal-mask buffers older checkpoints store, have no parameter.
     // A context shorter than the checkpoint's n_positions takes its first positions (nanoGPT's crop_block_size).
     return {hf_name, [](const std::string& n) { return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias"); },
-            0, [](const std::string& n) { return n == "embed.wpe.weight"; }};
+            0, [](const std::string& n) { return n == "embed.wpe.weight"; }, "transformer."};
   }
 
   // embed.wte -> transformer.wte, hN.x -> transformer.h.N.x, head.ln_f -> transformer.ln_f; the

@@ -16,8 +16,9 @@ InitFrom::InitFrom(const Config& config, HfLayout layout) : layout_(layout) {
   if (path.empty()) return;
   source_ = "[model] init_from " + path;
   checkpoint_ = std::make_unique<MappedHfCheckpoint>(path);
+  const std::string prefix = lacks_base_prefix(layout_, checkpoint_->tensors()) ? layout_.base_prefix : "";
   for (const auto& [name, view] : checkpoint_->tensors())
-    if (!views_.emplace(name, view).second) throw UserError(source_ + " gives tensor '" + name + "' twice");
+    if (!views_.emplace(prefix + name, view).second) throw UserError(source_ + " gives tensor '" + name + "' twice");
   scope_.emplace(this);
 }
 

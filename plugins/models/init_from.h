@@ -38,7 +38,21 @@ struct HfLayout {
   // Parameters (Strata names) whose file tensor may hold more rows than the model's, of which the
   // model takes the first: GPT-2's learned positions, for a context shorter than n_positions.
   bool (*leading_rows)(const std::string& strata_name) = nullptr;
+  // The prefix the task model puts before its base model's names (transformers' base_model_prefix
+  // and a dot: "transformer." for GPT-2, "model." for Llama). A checkpoint of the base model alone
+  // (GPT-2's own on the hub is a GPT2Model) has none; its names are read with it.
+  const char* base_prefix = nullptr;
 };
+
+// A checkpoint's names as the task model has them: with the layout's base prefix added to every
+// name where no name has it (a base-model checkpoint).
+template <class Names>
+bool lacks_base_prefix(const HfLayout& layout, const Names& names) {
+  if (!layout.base_prefix) return false;
+  for (const auto& entry : names)
+    if (entry.first.starts_with(layout.base_prefix)) return false;
+  return !names.empty();
+}
 
 // `file` cut to the model's `rows` where the layout lets `strata_name` take leading rows.
 at::Tensor leading_rows_of(const HfLayout& layout, const std::string& strata_name, const at::Tensor& file, int64_t rows);

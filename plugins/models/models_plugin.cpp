@@ -49,7 +49,10 @@ std::shared_ptr<nn::Model> whole_model(const ModelFactory& factory, const Config
 }
 
 NamedTensors map_from_hf(const NamedTensors& given, const nn::Model& shape_donor, const HfLayout& layout) {
-  const NamedTensors hf = layout.experts > 0 ? stacked_from_hub_experts(given, layout.experts) : given;
+  NamedTensors named = given;
+  if (lacks_base_prefix(layout, given))  // a base-model checkpoint
+    for (auto& [name, tensor] : named) name = layout.base_prefix + name;
+  const NamedTensors hf = layout.experts > 0 ? stacked_from_hub_experts(named, layout.experts) : named;
   std::map<std::string, std::pair<std::string, bool>> strata_of;  // hf name -> strata name, transposed
   std::map<std::string, int64_t> rows;                              // strata name -> the model's rows
   for (const auto& p : shape_donor.named_parameters()) {

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# hub_llama_roundtrip.sh STRATA PYTHON WORKDIR
-# A Llama as the Hugging Face hub ships Llama 3.2: saved by transformers' save_pretrained in bf16,
+# hub_roundtrip.sh STRATA PYTHON WORKDIR
+# Checkpoints as the Hugging Face hub ships them, through Strata and back.
+# A Llama as the hub ships Llama 3.2: saved by transformers' save_pretrained in bf16,
 # tied embeddings, rope_theta 500000 with Llama 3.1's rope scaling (rope_parameters, transformers 5),
 # a SwiGLU width that is not Llama's rule. Strata's plan names every [model] key the strategy must
 # state; with them stated it starts from the weights (one process, and tensor parallel 2), trains
 # two steps at a negligible learning rate and exports; transformers loads the export, and its
 # logits are the hub model's (fp32) within 1e-5, and the scaling survives in config.json.
+# GPT-2 as openai-community/gpt2 is stored: a GPT2Model (no "transformer." prefix on any name;
+# 128 positions) started at a shorter context (64): the export's logits on 64 tokens are the hub
+# model's as GPT2LMHeadModel loads it.
 set -euo pipefail
 strata=$1 python=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -84,5 +88,31 @@ for run in ("one", "tp"):
     ok = diff < 1e-5 and rope["rope_type"] == "llama3" and rope["factor"] == 32 and rope["rope_theta"] == 500000
     failed |= not ok
     print(f"{run}: export vs the hub model, max |logit difference| = {diff:.3e}; rope {rope}: {'ok' if ok else 'MISMATCH'}")
-sys.exit(1 if failed else 0)
+if failed:
+    sys.exit(1)
+EOF
+
+# GPT-2's base-model checkpoint.
+"$python" - "$work" <<'EOF'
+import sys, torch
+from transformers import GPT2Config, GPT2Model
+torch.manual_seed(0)
+GPT2Model(GPT2Config(vocab_size=256, n_positions=128, n_embd=64, n_layer=2, n_head=4)).save_pretrained(f"{sys.argv[1]}/gpt2_hub")
+EOF
+"$strata" run examples/strategies/default.toml --set "model.init_from=$work/gpt2_hub" --set model.n_layer=2 --set model.d_model=64 \
+  --set model.seq_len=64 --set job.steps=2 --set optimizer.lr=1e-9 --set job.eval_every=0 --set job.threads=1 --set job.global_batch=4 \
+  --disable ddp --out "$work/gpt2" > "$work/gpt2.log" 2>&1 || { cat "$work/gpt2.log"; exit 1; }
+"$strata" ckpt export "$work/gpt2" "$work/gpt2.hf" > /dev/null
+"$python" - "$work" <<'EOF'
+import sys, torch
+from transformers import GPT2LMHeadModel
+work = sys.argv[1]
+torch.manual_seed(1)
+tokens = torch.randint(0, 256, (2, 64))
+with torch.no_grad():
+    hub = GPT2LMHeadModel.from_pretrained(f"{work}/gpt2_hub", dtype=torch.float32).eval()(tokens).logits
+    out = GPT2LMHeadModel.from_pretrained(f"{work}/gpt2.hf", dtype=torch.float32).eval()(tokens).logits
+diff = (out - hub).abs().max().item()
+print(f"gpt2: export (64 positions) vs the hub's base model (128), max |logit difference| = {diff:.3e}: {'ok' if diff < 1e-5 else 'MISMATCH'}")
+sys.exit(0 if diff < 1e-5 else 1)
 EOF
