@@ -123,3 +123,13 @@ plan_case rope_keys_without_scaling 2 "error: \[model\] rope_factor applies to r
   "$llama" --set model.rope_factor=16.0
 plan_case rope_band 2 "error: \[model\] rope_high_freq_factor \(1.0\) must be greater than rope_low_freq_factor \(1.0\)$" \
   "$llama" --set model.rope_scaling=llama3 --set model.rope_high_freq_factor=1.0
+
+# A directory of PyTorch pickles only (older hub repositories): named, with the way to convert it.
+mkdir -p "$work/pickles" && touch "$work/pickles/pytorch_model.bin"
+set +e
+"$strata" run "$gpt" --set "model.init_from=$work/pickles" --out "$work/pickles_run" > "$work/pickles.log" 2>&1
+status=$?
+set -e
+[ "$status" = 2 ] && grep -q "^strata: error: $work/pickles holds neither model.safetensors nor model.safetensors.index.json; its pytorch_model.bin is a pickle, which Strata does not read" "$work/pickles.log" ||
+  { echo "FAIL pickles: exit $status"; cat "$work/pickles.log"; exit 1; }
+echo "ok pickles_named"

@@ -61,7 +61,14 @@ std::vector<CheckpointFile> checkpoint_files(const fs::path& path) {
   if (fs::is_regular_file(path / "model.safetensors")) return {{path / "model.safetensors", {}}};
   const fs::path index_path = path / "model.safetensors.index.json";
   std::ifstream in(index_path);
-  if (!in) throw UserError(path.string() + " holds neither model.safetensors nor model.safetensors.index.json");
+  if (!in) {
+    // Older hub repositories hold only PyTorch's pickles, which are not read here (a pickle runs code).
+    const bool pickles = fs::is_regular_file(path / "pytorch_model.bin") || fs::is_regular_file(path / "pytorch_model.bin.index.json");
+    throw UserError(path.string() + " holds neither model.safetensors nor model.safetensors.index.json" +
+                    (pickles ? std::string("; its pytorch_model.bin is a pickle, which Strata does not read: transformers' "
+                                           "from_pretrained(DIR).save_pretrained(OUT) writes it as safetensors")
+                             : std::string()));
+  }
   nlohmann::json index;
   try {
     index = nlohmann::json::parse(in);
