@@ -9,7 +9,8 @@
 # logits are the hub model's (fp32) within 1e-5, and the scaling survives in config.json.
 # GPT-2 as openai-community/gpt2 is stored: a GPT2Model (no "transformer." prefix on any name;
 # 128 positions) started at a shorter context (64): the export's logits on 64 tokens are the hub
-# model's as GPT2LMHeadModel loads it.
+# model's as GPT2LMHeadModel loads it. Mixtral as transformers saves it (experts one tensor each),
+# the same.
 set -euo pipefail
 strata=$1 python=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -114,5 +115,32 @@ with torch.no_grad():
     out = GPT2LMHeadModel.from_pretrained(f"{work}/gpt2.hf", dtype=torch.float32).eval()(tokens).logits
 diff = (out - hub).abs().max().item()
 print(f"gpt2: export (64 positions) vs the hub's base model (128), max |logit difference| = {diff:.3e}: {'ok' if diff < 1e-5 else 'MISMATCH'}")
+sys.exit(0 if diff < 1e-5 else 1)
+EOF
+
+# Mixtral as transformers saves it (experts one tensor each, MixtralConfig's rope_theta 1e6).
+"$python" - "$work" <<'EOF'
+import sys, torch
+from transformers import MixtralConfig, MixtralForCausalLM
+torch.manual_seed(0)
+config = MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+MixtralForCausalLM(config).save_pretrained(f"{sys.argv[1]}/mixtral_hub")
+EOF
+"$strata" run tests/cli/mixtral.toml --set "model.init_from=$work/mixtral_hub" --set model.n_layer=2 --set model.rope_theta=1000000.0 \
+  --set job.steps=2 --set optimizer.lr=1e-9 --set job.eval_every=0 --out "$work/mixtral" > "$work/mixtral.log" 2>&1 ||
+  { cat "$work/mixtral.log"; exit 1; }
+"$strata" ckpt export "$work/mixtral" "$work/mixtral.hf" > /dev/null
+"$python" - "$work" <<'EOF'
+import sys, torch
+from transformers import AutoModelForCausalLM
+work = sys.argv[1]
+torch.manual_seed(1)
+tokens = torch.randint(0, 256, (2, 32))
+with torch.no_grad():
+    hub = AutoModelForCausalLM.from_pretrained(f"{work}/mixtral_hub", dtype=torch.float32).eval()(tokens).logits
+    out = AutoModelForCausalLM.from_pretrained(f"{work}/mixtral.hf", dtype=torch.float32).eval()(tokens).logits
+diff = (out - hub).abs().max().item()
+print(f"mixtral: export vs the hub model, max |logit difference| = {diff:.3e}: {'ok' if diff < 1e-5 else 'MISMATCH'}")
 sys.exit(0 if diff < 1e-5 else 1)
 EOF
