@@ -290,6 +290,7 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   const std::string signalled = filter.cause();
   AttemptResult result{reported ? reported : WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 1,
                        signalled.empty() ? reported_cause : signalled, interrupted != 0, {}};
+  result.cause_shown = reported != 0 && signalled.empty();
   hangs.finish(result);
   fs::remove_all(progress, ignored);
   return result;

@@ -481,11 +481,13 @@ void shrink_if_blamed_twice(int blamed, int& previously_blamed, const Supervisor
 }
 
 // The last line of a run that stops without finishing (a failure with no restart left, or
-// Ctrl-C): what happened, the newest checkpoint, and the command that continues the run. Bad
-// input (status 2) was reported by the ranks, once.
+// Ctrl-C): what happened, the newest checkpoint, and the command that continues the run. An
+// error the ranks reported themselves (bad input, an internal error) is on the terminal once
+// already, and a run without restarts has nothing to add to it.
 void say_why_stopped(const SupervisorOptions& options, int n, const AttemptResult& result, const std::string& cause, int64_t step_reached,
                      int64_t checkpoint, size_t ranks, int64_t nodes) {
   if (result.status == 2 && !result.interrupted) return;
+  if (result.cause_shown && options.max_restarts == 0 && !result.interrupted) return;
   const std::string newest = checkpoint > 0 ? "newest checkpoint: step " + std::to_string(checkpoint) : "no checkpoint yet";
   const std::string resume = "`strata run -n " + std::to_string(ranks) + (nodes > 0 ? " --simulate-nodes " + std::to_string(nodes) : "") + " " + (options.run_dir / "strategy.toml").string() + " --out " +
                              options.run_dir.string() + " --resume`";

@@ -26,6 +26,7 @@ struct AttemptResult {
   int status = 0;
   std::string cause;  // "rank 1 exited on signal 9 (Killed)", or empty
   bool interrupted = false;  // Ctrl-C
+  bool cause_shown = false;  // the ranks' own error lines were on the terminal (the cause is one of them)
   std::string hang_ranks;    // after a hang: a JSON array of every rank's last progress
   std::string flight_record; // after a hang: every rank's last collectives (flight_record_json)
   // For the goodput breakdown, from the ranks' progress records: the most any rank spent blocked
