@@ -11,6 +11,9 @@ namespace {
 
 using llama::Attention, llama::Embed, llama::Head, llama::Mlp, llama::llama_hidden;
 
+// Qwen2's q, k and v biases ([model] qkv_bias, a dense model's key).
+bool qkv_bias(const Config& c) { return c.has("qkv_bias") && c.get_bool("qkv_bias"); }
+
 class DecoderLayer final : public nn::Block {
  public:
   // moe: the MLP is a mixture of experts (transformers' "block_sparse_moe"), else dense SwiGLU.
@@ -19,7 +22,7 @@ class DecoderLayer final : public nn::Block {
     const double eps = c.get_float("norm_eps");
     input_layernorm = register_module("input_layernorm", std::make_shared<nn::RmsNorm>(d, eps, nn::ParallelStyle::Sequence));
     self_attn = register_module("self_attn", std::make_shared<Attention>(d, c.get_int("n_head"), c.get_int("n_kv_head"),
-                                                                         RopeFrequencies::from(c), shard));
+                                                                         RopeFrequencies::from(c), qkv_bias(c), shard));
     post_attention_layernorm =
         register_module("post_attention_layernorm", std::make_shared<nn::RmsNorm>(d, eps, nn::ParallelStyle::Sequence));
     if (moe)
@@ -56,7 +59,8 @@ Schema llama_schema(bool moe) {
   if (moe)
     return add_moe_keys(schema).string("init_from", "",
                                        "Hugging Face MixtralForCausalLM weights (model.safetensors, its directory, or a sharded index); [model] is checked against the config.json beside them; empty = random init");
-  return schema.string("init_from", "", "Hugging Face LlamaForCausalLM weights (model.safetensors, its directory, or a sharded index); [model] is checked against the config.json beside them; empty = random init");
+  return schema.boolean("qkv_bias", false, "Biases on the q, k and v projections (Qwen2: its checkpoints load and export as Qwen2ForCausalLM)")
+      .string("init_from", "", "Hugging Face LlamaForCausalLM (or, with qkv_bias, Qwen2ForCausalLM) weights (model.safetensors, its directory, or a sharded index); [model] is checked against the config.json beside them; empty = random init");
 }
 
 class Llama final : public ModelFactory {
@@ -116,7 +120,7 @@ class Llama final : public ModelFactory {
     s.seq_len = c.get_int("seq_len"), s.vocab = c.get_int("vocab_size");
     const int64_t d = s.hidden, kv_width = s.kv_heads * (d / s.heads);
     // Two RMSNorms, q and o (d x d), k and v (d x kv_width), SwiGLU's three matrices.
-    s.layer_parameters = 2 * d + 2 * d * d + 2 * d * kv_width + 3 * d * s.ffn_hidden;
+    s.layer_parameters = 2 * d + 2 * d * d + 2 * d * kv_width + 3 * d * s.ffn_hidden + (qkv_bias(c) ? d + 2 * kv_width : 0);
     if (moe_) {  // an MoE block holds the router, the experts and shared experts instead of one MLP: the mean block
       const int64_t experts = c.get_int("n_experts"), moe_blocks = moe_layer_count(c);
       const int64_t moe_extra = d * experts + 3 * d * s.ffn_hidden * (experts + c.get_int("shared_experts") - 1);
@@ -173,7 +177,7 @@ class Llama final : public ModelFactory {
                    std::to_string(c.get_int("top_k")) + ",\n  \"router_aux_loss_coef\": " + json_number(c.get_float("router_aux_loss_coef")) +
                    ",\n  \"output_router_logits\": false,\n  \"router_jitter_noise\": 0.0,\n  \"sliding_window\": null,\n"
              : "";
-    return "{\n  \"architectures\": [\"" + hub_architecture() + "\"],\n  \"model_type\": \"" + (moe_ ? "mixtral" : "llama") +
+    return "{\n  \"architectures\": [\"" + hub_architecture(c) + "\"],\n  \"model_type\": \"" + hub_model_type(c) +
            "\",\n" + experts + "  \"vocab_size\": " +
            std::to_string(c.get_int("vocab_size")) + ",\n  \"hidden_size\": " + std::to_string(d) +
            ",\n  \"intermediate_size\": " + std::to_string(hidden) + ",\n  \"num_hidden_layers\": " +
@@ -181,7 +185,7 @@ class Llama final : public ModelFactory {
            ",\n  \"num_key_value_heads\": " + std::to_string(c.get_int("n_kv_head")) + ",\n  \"max_position_embeddings\": " +
            std::to_string(c.get_int("seq_len")) + ",\n  \"rms_norm_eps\": " + json_number(c.get_float("norm_eps")) +
            ",\n  " + rope_config_json(c) + ",\n  \"hidden_act\": \"silu\",\n" +
-           "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"tie_word_embeddings\": " +
+           (qkv_bias(c) ? "  \"use_sliding_window\": false,\n" : "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n") + "  \"tie_word_embeddings\": " +
            (c.get_bool("tie_embeddings") ? "true" : "false") + "\n}\n";
   }
 
@@ -192,7 +196,8 @@ class Llama final : public ModelFactory {
     HfConfigCheck hf(c, section, diagnostics);
     if (!hf) return;
     if (moe_) hf.model_type({"mixtral"}, "mixtral (MixtralForCausalLM)");
-    else hf.model_type({"llama", "mistral"}, "llama (LlamaForCausalLM) or mistral");
+    else if (qkv_bias(c)) hf.model_type({"qwen2"}, "qwen2 (Qwen2ForCausalLM, [model] qkv_bias = true)");
+    else hf.model_type({"llama", "mistral"}, "llama (LlamaForCausalLM) or mistral ([model] qkv_bias = true loads qwen2)");
     hf.same("n_layer", "num_hidden_layers");
     hf.same("n_head", "num_attention_heads");
     hf.same("n_kv_head", "num_key_value_heads", hf.value("num_attention_heads"));  // absent: one kv head per head
@@ -206,7 +211,13 @@ class Llama final : public ModelFactory {
     hf.same("norm_eps", "rms_norm_eps", moe_ ? 1e-5 : 1e-6);
     check_rope(c, hf, moe_ ? 1e6 : 1e4);
     hf.same("tie_embeddings", "tie_word_embeddings", false);
-    hf.same("sliding_window", "sliding_window");  // a window the weights were trained with (null: none)
+    if (hf.value("model_type") == "qwen2") {  // Qwen2's window applies only with use_sliding_window, and to some layers
+      if (hf.value("use_sliding_window") == true) hf.not_computed("use_sliding_window = true (windows in some layers)");
+      for (const auto& type : hf.value("layer_types"))
+        if (type != "full_attention") return hf.not_computed("layer_types with " + type.dump() + " (windows in some layers)");
+    } else {
+      hf.same("sliding_window", "sliding_window");  // a window the weights were trained with (null: none)
+    }
     hf.off_unless("hidden_act", "silu", "an MLP activation other than SiLU");
     hf.off_unless("attention_bias", false, "biases in the attention projections");
     hf.off_unless("mlp_bias", false, "biases in the MLP");
@@ -216,9 +227,13 @@ class Llama final : public ModelFactory {
     }
   }
 
-  std::string hub_architecture() const { return moe_ ? "MixtralForCausalLM" : "LlamaForCausalLM"; }
+  // The transformers model a checkpoint of this [model] is: Mixtral, Qwen2 (q/k/v biases) or Llama.
+  std::string hub_architecture(const Config& c) const {
+    return moe_ ? "MixtralForCausalLM" : qkv_bias(c) ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  }
+  std::string hub_model_type(const Config& c) const { return moe_ ? "mixtral" : qkv_bias(c) ? "qwen2" : "llama"; }
   void require_hub_layout(const Config& c) const {
-    require_no_sliding_window(c, hub_architecture());
+    require_no_sliding_window(c, hub_architecture(c));
     if (moe_) require_hub_mixtral(c);
   }
 

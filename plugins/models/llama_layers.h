@@ -27,14 +27,15 @@ class Embed final : public nn::Block {
 // the tensor size, and stay whole otherwise (each rank then picks the kv heads of its q heads).
 class Attention final : public torch::nn::Module {
  public:
-  Attention(int64_t d_model, int64_t n_head, int64_t n_kv_head, RopeFrequencies rope, nn::TensorShard shard)
+  // qkv_bias: the q, k and v projections have biases (Qwen2); o never does.
+  Attention(int64_t d_model, int64_t n_head, int64_t n_kv_head, RopeFrequencies rope, bool qkv_bias, nn::TensorShard shard)
       : n_head_(n_head), n_kv_head_(n_kv_head), head_dim_(d_model / n_head), rope_(rope), shard_(shard) {
     const bool split_kv = n_kv_head % shard.parts == 0;
     const nn::ParallelStyle kv_style =
         split_kv ? nn::ParallelStyle::Column : shard.parts > 1 ? nn::ParallelStyle::Replicated : nn::ParallelStyle::None;
-    q_proj = register_module("q_proj", std::make_shared<nn::Linear>(d_model, n_head * head_dim_, false, nn::ParallelStyle::Column, shard));
-    k_proj = register_module("k_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false, kv_style, shard));
-    v_proj = register_module("v_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, false, kv_style, shard));
+    q_proj = register_module("q_proj", std::make_shared<nn::Linear>(d_model, n_head * head_dim_, qkv_bias, nn::ParallelStyle::Column, shard));
+    k_proj = register_module("k_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, qkv_bias, kv_style, shard));
+    v_proj = register_module("v_proj", std::make_shared<nn::Linear>(d_model, n_kv_head * head_dim_, qkv_bias, kv_style, shard));
     o_proj = register_module("o_proj", std::make_shared<nn::Linear>(n_head * head_dim_, d_model, false, nn::ParallelStyle::Row, shard));
     core = register_module("core", std::make_shared<nn::AttentionCore>(/*causal=*/true));
   }

@@ -10,7 +10,7 @@
 # GPT-2 as openai-community/gpt2 is stored: a GPT2Model (no "transformer." prefix on any name;
 # 128 positions) started at a shorter context (64): the export's logits on 64 tokens are the hub
 # model's as GPT2LMHeadModel loads it. Mixtral as transformers saves it (experts one tensor each),
-# the same.
+# the same. Qwen2 (q/k/v biases, one kv head) at tensor 1 and 2, exported as Qwen2ForCausalLM.
 set -euo pipefail
 strata=$1 python=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -143,4 +143,53 @@ with torch.no_grad():
 diff = (out - hub).abs().max().item()
 print(f"mixtral: export vs the hub model, max |logit difference| = {diff:.3e}: {'ok' if diff < 1e-5 else 'MISMATCH'}")
 sys.exit(0 if diff < 1e-5 else 1)
+EOF
+
+# Qwen2 as transformers saves it: q/k/v biases (drawn, not zero), one kv head (whole on both
+# tensor ranks), tied embeddings, rope_theta 1e6; plan names the lines, then tensor 1 and 2.
+"$python" - "$work" <<'EOF'
+import sys, torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+torch.manual_seed(0)
+config = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=1, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+model = Qwen2ForCausalLM(config)
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if name.endswith(".bias"):
+            p.normal_()
+model.save_pretrained(f"{sys.argv[1]}/qwen2_hub")
+EOF
+qwen2=(--set model.n_layer=2 --set model.n_head=4 --set model.n_kv_head=1 --set model.d_model=64 --set model.seq_len=32
+       --set "model.init_from=$work/qwen2_hub" --set model.tie_embeddings=true --set model.ffn_hidden=96 --set model.norm_eps=1e-6)
+set +e
+"$strata" plan "$work/run.toml" "${qwen2[@]}" > "$work/qwen2_plan.log" 2>&1
+set -e
+for fix in "qkv_bias = true loads qwen2" "set \[model\] rope_theta = 1000000.0 to load them"; do
+  grep -q "$fix" "$work/qwen2_plan.log" || { echo "FAIL: the qwen2 plan does not say $fix"; cat "$work/qwen2_plan.log"; exit 1; }
+done
+qwen2+=(--set model.qkv_bias=true --set model.rope_theta=1000000.0)
+"$strata" run "$work/run.toml" "${qwen2[@]}" --out "$work/qwen2_one" > "$work/qwen2_one.log" 2>&1 || { cat "$work/qwen2_one.log"; exit 1; }
+"$strata" run "$work/run.toml" -n 2 "${qwen2[@]}" --set parallel.tensor=2 --set pass.tensor_parallel.enabled=true --out "$work/qwen2_tp" \
+  > "$work/qwen2_tp.log" 2>&1 || { cat "$work/qwen2_tp.log"; exit 1; }
+for run in qwen2_one qwen2_tp; do "$strata" ckpt export "$work/$run" "$work/$run.hf" > /dev/null; done
+"$python" - "$work" <<'EOF'
+import sys, torch
+from transformers import AutoModelForCausalLM
+work = sys.argv[1]
+torch.manual_seed(1)
+tokens = torch.randint(0, 256, (2, 32))
+def logits(path):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(tokens).logits, type(model).__name__
+hub, _ = logits(f"{work}/qwen2_hub")
+failed = False
+for run in ("qwen2_one", "qwen2_tp"):
+    out, kind = logits(f"{work}/{run}.hf")
+    diff = (out - hub).abs().max().item()
+    ok = diff < 1e-5 and kind == "Qwen2ForCausalLM"
+    failed |= not ok
+    print(f"{run}: {kind}, export vs the hub model, max |logit difference| = {diff:.3e}: {'ok' if ok else 'MISMATCH'}")
+sys.exit(1 if failed else 0)
 EOF

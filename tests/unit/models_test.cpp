@@ -101,7 +101,8 @@ TEST_P(Models, ShapeCountsTheParametersWithoutBuilding) {
   auto other = tiny(GetParam());
   other["n_layer"] = int64_t{3}, other["seq_len"] = int64_t{24}, other["vocab_size"] = int64_t{70};
   if (GetParam() == "gpt") other["bias"] = false;
-  if (GetParam() == "llama") other["tie_embeddings"] = true, other["n_kv_head"] = int64_t{1}, other["ffn_hidden"] = int64_t{40};
+  if (GetParam() == "llama")
+    other["tie_embeddings"] = true, other["n_kv_head"] = int64_t{1}, other["ffn_hidden"] = int64_t{40}, other["qkv_bias"] = true;
   variants.push_back(other);
   for (const auto& values : variants) {
     const Config config = config_for(*factory, values);
@@ -342,12 +343,21 @@ TEST(Interchange, WritesFilesForTransformers) {
   // context (the tiny heads' wavelengths are 6.3, 63, 628 and 6283 tokens).
   std::map<std::string, Value> llama3 = tiny("llama");
   llama3["rope_scaling"] = std::string("llama3"), llama3["rope_factor"] = 32.0, llama3["rope_original_context"] = int64_t{64};
+  // Qwen2: q/k/v biases, exported as Qwen2ForCausalLM.
+  std::map<std::string, Value> qwen2 = tiny("llama");
+  qwen2["qkv_bias"] = true;
   const std::vector<std::tuple<std::string, std::string, std::map<std::string, Value>>> cases = {
-      {"gpt", "gpt", tiny("gpt")}, {"llama", "llama", tiny("llama")}, {"mixtral", "mixtral", tiny("mixtral")}, {"llama_rope_llama3", "llama", llama3}};
+      {"gpt", "gpt", tiny("gpt")}, {"llama", "llama", tiny("llama")}, {"mixtral", "mixtral", tiny("mixtral")}, {"llama_rope_llama3", "llama", llama3},
+      {"qwen2", "llama", qwen2}};
   for (const auto& [case_name, name, settings] : cases) {
     at::manual_seed(5);
     auto model = make(name, settings);
     model->eval();
+    {  // biases drawn, not zero, so that a bias in the wrong place shows in the logits
+      at::NoGradGuard no_grad;
+      for (auto& p : model->named_parameters())
+        if (p.key().ends_with(".bias")) p.value().normal_();
+    }
     Config config = config_for(factory(name), settings);
     const auto out = std::filesystem::path(dir) / case_name;
     std::filesystem::create_directories(out);
