@@ -70,28 +70,7 @@ stated=(--set model.ffn_hidden=384 --set model.rope_theta=500000.0 --set model.r
 "$strata" run "$work/run.toml" -n 2 "${stated[@]}" --set parallel.tensor=2 --set pass.tensor_parallel.enabled=true --out "$work/tp" > "$work/tp.log" 2>&1 ||
   { cat "$work/tp.log"; exit 1; }
 for run in one tp; do "$strata" ckpt export "$work/$run" "$work/$run.hf" > /dev/null; done
-"$python" - "$work" <<'EOF'
-import sys, torch
-from transformers import AutoModelForCausalLM
-work = sys.argv[1]
-torch.manual_seed(1)
-tokens = torch.randint(0, 256, (2, 64))
-def logits(path):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(tokens).logits, model.config
-hub, _ = logits(f"{work}/hub")
-failed = False
-for run in ("one", "tp"):
-    out, config = logits(f"{work}/{run}.hf")
-    diff = (out - hub).abs().max().item()
-    rope = config.rope_parameters
-    ok = diff < 1e-5 and rope["rope_type"] == "llama3" and rope["factor"] == 32 and rope["rope_theta"] == 500000
-    failed |= not ok
-    print(f"{run}: export vs the hub model, max |logit difference| = {diff:.3e}; rope {rope}: {'ok' if ok else 'MISMATCH'}")
-if failed:
-    sys.exit(1)
-EOF
+"$python" "$(dirname "$0")/hub_logits.py" 64 "$work/hub" "$work/one.hf" "$work/tp.hf" --class LlamaForCausalLM --rope-type llama3
 
 # GPT-2's base-model checkpoint.
 "$python" - "$work" <<'EOF'
@@ -104,19 +83,7 @@ EOF
   --set model.seq_len=64 --set job.steps=2 --set optimizer.lr=1e-9 --set job.eval_every=0 --set job.threads=1 --set job.global_batch=4 \
   --disable ddp --out "$work/gpt2" > "$work/gpt2.log" 2>&1 || { cat "$work/gpt2.log"; exit 1; }
 "$strata" ckpt export "$work/gpt2" "$work/gpt2.hf" > /dev/null
-"$python" - "$work" <<'EOF'
-import sys, torch
-from transformers import GPT2LMHeadModel
-work = sys.argv[1]
-torch.manual_seed(1)
-tokens = torch.randint(0, 256, (2, 64))
-with torch.no_grad():
-    hub = GPT2LMHeadModel.from_pretrained(f"{work}/gpt2_hub", dtype=torch.float32).eval()(tokens).logits
-    out = GPT2LMHeadModel.from_pretrained(f"{work}/gpt2.hf", dtype=torch.float32).eval()(tokens).logits
-diff = (out - hub).abs().max().item()
-print(f"gpt2: export (64 positions) vs the hub's base model (128), max |logit difference| = {diff:.3e}: {'ok' if diff < 1e-5 else 'MISMATCH'}")
-sys.exit(0 if diff < 1e-5 else 1)
-EOF
+"$python" "$(dirname "$0")/hub_logits.py" 64 "$work/gpt2_hub" "$work/gpt2.hf" --class GPT2LMHeadModel
 
 # Mixtral as transformers saves it (experts one tensor each, MixtralConfig's rope_theta 1e6).
 "$python" - "$work" <<'EOF'
@@ -131,19 +98,7 @@ EOF
   --set job.steps=2 --set optimizer.lr=1e-9 --set job.eval_every=0 --out "$work/mixtral" > "$work/mixtral.log" 2>&1 ||
   { cat "$work/mixtral.log"; exit 1; }
 "$strata" ckpt export "$work/mixtral" "$work/mixtral.hf" > /dev/null
-"$python" - "$work" <<'EOF'
-import sys, torch
-from transformers import AutoModelForCausalLM
-work = sys.argv[1]
-torch.manual_seed(1)
-tokens = torch.randint(0, 256, (2, 32))
-with torch.no_grad():
-    hub = AutoModelForCausalLM.from_pretrained(f"{work}/mixtral_hub", dtype=torch.float32).eval()(tokens).logits
-    out = AutoModelForCausalLM.from_pretrained(f"{work}/mixtral.hf", dtype=torch.float32).eval()(tokens).logits
-diff = (out - hub).abs().max().item()
-print(f"mixtral: export vs the hub model, max |logit difference| = {diff:.3e}: {'ok' if diff < 1e-5 else 'MISMATCH'}")
-sys.exit(0 if diff < 1e-5 else 1)
-EOF
+"$python" "$(dirname "$0")/hub_logits.py" 32 "$work/mixtral_hub" "$work/mixtral.hf" --class MixtralForCausalLM
 
 # Qwen2 as transformers saves it: q/k/v biases (drawn, not zero), one kv head (whole on both
 # tensor ranks), tied embeddings, rope_theta 1e6; plan names the lines, then tensor 1 and 2.
@@ -173,23 +128,4 @@ qwen2+=(--set model.qkv_bias=true --set model.rope_theta=1000000.0)
 "$strata" run "$work/run.toml" -n 2 "${qwen2[@]}" --set parallel.tensor=2 --set pass.tensor_parallel.enabled=true --out "$work/qwen2_tp" \
   > "$work/qwen2_tp.log" 2>&1 || { cat "$work/qwen2_tp.log"; exit 1; }
 for run in qwen2_one qwen2_tp; do "$strata" ckpt export "$work/$run" "$work/$run.hf" > /dev/null; done
-"$python" - "$work" <<'EOF'
-import sys, torch
-from transformers import AutoModelForCausalLM
-work = sys.argv[1]
-torch.manual_seed(1)
-tokens = torch.randint(0, 256, (2, 32))
-def logits(path):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(tokens).logits, type(model).__name__
-hub, _ = logits(f"{work}/qwen2_hub")
-failed = False
-for run in ("qwen2_one", "qwen2_tp"):
-    out, kind = logits(f"{work}/{run}.hf")
-    diff = (out - hub).abs().max().item()
-    ok = diff < 1e-5 and kind == "Qwen2ForCausalLM"
-    failed |= not ok
-    print(f"{run}: {kind}, export vs the hub model, max |logit difference| = {diff:.3e}: {'ok' if ok else 'MISMATCH'}")
-sys.exit(1 if failed else 0)
-EOF
+"$python" "$(dirname "$0")/hub_logits.py" 32 "$work/qwen2_hub" "$work/qwen2_one.hf" "$work/qwen2_tp.hf" --class Qwen2ForCausalLM
