@@ -73,12 +73,15 @@ fi
 no_shared_memory_left slow_persist
 
 # Killing the supervisor itself: its own process group, killed whole once a persist is staged.
-# Rank 1 stops at step 11, so the ranks are still alive (holding OpenMPI's segments) whichever
-# persist the supervisor catches: without it, a loaded machine that missed steps 4 and 8 staged
-# only the final persist, after the ranks had finished and removed their segments (CI saw that).
+# Rank 1 stops at step 11, so the ranks are still alive (holding OpenMPI's segments) while the
+# supervisor persists. Every snapshot is a checkpoint here (checkpoint_every = 1), so the first
+# one the supervisor sees is persisted (slowly) while the ranks run: with every 4th, a loaded
+# machine missed steps 4 and 8 and staged only the persist after the hang, once the ranks were
+# gone with their segments (CI saw both).
 out="$work/kill_supervisor"
 progress_before=$(ls -d /dev/shm/strata-progress-* /tmp/strata-progress-* 2> /dev/null || true)
-STRATA_FAULT="slow_persist 3; stop 1 11" setsid "$strata" run -n 2 "$strategy" --out "$out" "${small[@]}" > "$out.log" 2>&1 &
+STRATA_FAULT="slow_persist 3; stop 1 11" setsid "$strata" run -n 2 "$strategy" --out "$out" "${small[@]}" --set job.checkpoint_every=1 \
+  > "$out.log" 2>&1 &
 leader=$!
 for _ in $(seq 1 300); do
   compgen -G "$out/checkpoints/.tmp-step_*" > /dev/null && break

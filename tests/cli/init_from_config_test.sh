@@ -70,7 +70,7 @@ grep -q 'has mlp_bias = true (biases in the MLP)' "$work/llama_features.log" || 
 plan_case llama_untied 2 "error: \[model\] tie_embeddings = false, but the weights' .* has tie_word_embeddings = true; set \[model\] tie_embeddings = true to load them$" \
   "$llama" --set "model.init_from=$work/llama" --set model.tie_embeddings=false
 mkdir -p "$work/qwen" && sed 's/"model_type": "llama"/"model_type": "qwen2"/' "$work/llama/config.json" > "$work/qwen/config.json"
-plan_case llama_other_type 2 "init_from: .*/qwen/config.json describes a qwen2 model, but this \[model\] loads llama \(LlamaForCausalLM\) or mistral weights$" \
+plan_case llama_other_type 2 "init_from: .*/qwen/config.json describes a qwen2 model, but this \[model\] loads llama \(LlamaForCausalLM\) or mistral \(\[model\] qkv_bias = true loads qwen2\) weights$" \
   "$llama" --set "model.init_from=$work/qwen"
 
 # GPT-2 (default.toml's model), as GPT2Config saves it.
