@@ -1,5 +1,6 @@
 #include "hf_config_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -101,12 +102,9 @@ void HfConfigCheck::compare(const std::string& key, const json& hf, const std::s
 
 void HfConfigCheck::same_derived(const std::string& what, const json& value_here, const std::string& key, const std::string& hf_key,
                                  const std::optional<json>& absent, bool key_sets_it) {
-  json hf = value(hf_key);
-  if (hf.is_null()) {
-    if (!absent) return;
-    hf = *absent;
-  }
-  if (equal(value_here, hf)) return;
+  const json given = value(hf_key);
+  const json hf = given.is_null() && absent ? *absent : given;
+  if (hf.is_null() || equal(value_here, hf)) return;
   diagnostics_.error(position(key), what + " is " + value_here.dump() + ", but the weights' " + file_.string() + " has " + hf_key +
                                         " = " + hf.dump() + " (" + stated(key) + ")" +
                                         (key_sets_it ? "; set [model] " + key + " = " + as_toml(hf, config_.entry(key).value) + " to load them" : ""));
