@@ -168,7 +168,8 @@ class Gpt final : public ModelFactory {
     // does not grow with depth.
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer));
     for (int64_t i = 0; i < n_layer; ++i)
-      model->add_block("h" + std::to_string(i), std::make_shared<TransformerBlock>(d, heads, bias, dropout, shard, proj_std));
+      // (std::string("h") + ...: GCC 12's "h" + std::string&& trips a false -Wstringop-overflow.)
+      model->add_block(std::string("h") + std::to_string(i), std::make_shared<TransformerBlock>(d, heads, bias, dropout, shard, proj_std));
     model->add_block("head", std::make_shared<Head>(d, bias, embed->wte));
     model->mark_shared("embed.wte.weight");
     model->set_attention_shape(n_layer, heads, d / heads);
@@ -231,10 +232,11 @@ class Gpt final : public ModelFactory {
   }
 
   static HfLayout hf_layout() {
-    // The tied output weight, and the causal-mask buffers older checkpoints store, have no parameter.
+    // The tied output weight (a copy of wte, checked), and the causal-mask buffers older checkpoints
+    // store, have no parameter.
     // A context shorter than the checkpoint's n_positions takes its first positions (nanoGPT's crop_block_size).
     return {hf_name, [](const std::string& n) { return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias"); },
-            0, [](const std::string& n) { return n == "embed.wpe.weight"; }, "transformer."};
+            0, [](const std::string& n) { return n == "embed.wpe.weight"; }, "transformer.", "lm_head.weight", "transformer.wte.weight"};
   }
 
   // embed.wte -> transformer.wte, hN.x -> transformer.h.N.x, head.ln_f -> transformer.ln_f; the

@@ -42,6 +42,15 @@ at::Tensor leading_rows_of(const HfLayout& layout, const std::string& strata_nam
   return cut ? file.narrow(0, 0, rows) : file;
 }
 
+void require_tied_copy_equal(const HfLayout& layout, const at::Tensor* copy, const at::Tensor* original, const std::string& source) {
+  if (!layout.tied_copy || !copy || !original) return;
+  // Exact equality: a tied model saved by transformers (or by Strata) writes the same values twice.
+  if (copy->sizes() == original->sizes() && copy->scalar_type() == original->scalar_type() && at::equal(*copy, *original)) return;
+  throw UserError(source + ": tensor '" + layout.tied_copy + "' is not a copy of '" + layout.tied_original +
+                  "', so the checkpoint's output head is not its embedding, but [model] tie_embeddings = true ties them; set [model] "
+                  "tie_embeddings = false to load both");
+}
+
 InitFrom::Source InitFrom::source_of(const std::string& full_name) {
   Source source;
   source.transposed = layout_.to_hf_name(full_name).transposed;
@@ -119,6 +128,11 @@ void InitFrom::finish(const nn::Model& model) {
     if (dynamic_cast<const nn::AbsentBlock*>(&model.block(i)))
       for (const auto& shape : nn::block_parameter_shapes(model, i))
         for (const auto& hf : hf_names(model.block_name(i) + "." + shape.name)) used_.insert(hf);
+  const auto find = [this](const char* name) -> const at::Tensor* {
+    const auto it = name ? views_.find(name) : views_.end();
+    return it == views_.end() ? nullptr : &it->second;
+  };
+  require_tied_copy_equal(layout_, find(layout_.tied_copy), find(layout_.tied_original), source_);
   for (const auto& [name, view] : views_)
     if (!used_.count(name) && !layout_.ignored(name))
       throw UserError("Hugging Face tensor '" + name + "' has no place in this model; check [model] against the checkpoint's config.json");

@@ -42,7 +42,16 @@ struct HfLayout {
   // and a dot: "transformer." for GPT-2, "model." for Llama). A checkpoint of the base model alone
   // (GPT-2's own on the hub is a GPT2Model) has none; its names are read with it.
   const char* base_prefix = nullptr;
+  // A tied model's output head is its token embedding, yet checkpoints may store it as a tensor of
+  // its own: {that tensor, the embedding}, as the checkpoint names them (none when untied). The
+  // copy must hold the embedding's values; different values are the head of an untied model.
+  const char* tied_copy = nullptr;
+  const char* tied_original = nullptr;
 };
+
+// Refuses a checkpoint whose tied copy (see HfLayout) is not its embedding: `copy` and `original`
+// are the checkpoint's tensors of those names, nullptr where it has none. `source` names it.
+void require_tied_copy_equal(const HfLayout& layout, const at::Tensor* copy, const at::Tensor* original, const std::string& source);
 
 // A checkpoint's names as the task model has them: with the layout's base prefix added to every
 // name where no name has it (a base-model checkpoint).

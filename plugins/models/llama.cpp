@@ -244,7 +244,7 @@ class Llama final : public ModelFactory {
     const bool tied = c.get_bool("tie_embeddings");
     auto ignored = tied ? +[](const std::string& n) { return n == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq"); }
                         : +[](const std::string& n) { return n.ends_with("rotary_emb.inv_freq"); };
-    return {hf_name, ignored, moe_ ? c.get_int("n_experts") : 0, nullptr, "model."};
+    return {hf_name, ignored, moe_ ? c.get_int("n_experts") : 0, nullptr, "model.", tied ? "lm_head.weight" : nullptr, "model.embed_tokens.weight"};
   }
 
   // embed.embed_tokens -> model.embed_tokens, layersN.x -> model.layers.N.x, head.norm ->

@@ -53,6 +53,12 @@ NamedTensors map_from_hf(const NamedTensors& given, const nn::Model& shape_donor
   if (lacks_base_prefix(layout, given))  // a base-model checkpoint
     for (auto& [name, tensor] : named) name = layout.base_prefix + name;
   const NamedTensors hf = layout.experts > 0 ? stacked_from_hub_experts(named, layout.experts) : named;
+  const auto find = [&hf](const char* name) -> const at::Tensor* {
+    for (const auto& [n, tensor] : hf)
+      if (name && n == name) return &tensor;
+    return nullptr;
+  };
+  require_tied_copy_equal(layout, find(layout.tied_copy), find(layout.tied_original), "the checkpoint");
   std::map<std::string, std::pair<std::string, bool>> strata_of;  // hf name -> strata name, transposed
   std::map<std::string, int64_t> rows;                              // strata name -> the model's rows
   for (const auto& p : shape_donor.named_parameters()) {

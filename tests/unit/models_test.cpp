@@ -334,6 +334,52 @@ TEST(Interchange, RefusesWeightsThatAreNotWeights) {
   EXPECT_EQ(error_with(c_attn, original.to(at::kBFloat16)), "accepted | accepted");  // float dtypes convert
 }
 
+// A tied model's output head is its embedding. A checkpoint may still store the head
+// ("lm_head.weight"); a copy of the embedding loads, a head of other values (an untied model's)
+// is refused both ways instead of dropped.
+TEST(Interchange, TiedHeadMustCopyTheEmbedding) {
+  for (const std::string name : {"gpt", "llama"}) {
+    auto settings = tiny(name);
+    if (name == "llama") settings["tie_embeddings"] = true;
+    at::manual_seed(3);
+    const Config config = config_for(factory(name), settings);
+    const NamedTensors hf = factory(name).to_hf(*make(name, settings), config);
+    const std::string embedding = name == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight";
+    at::Tensor embedding_values;
+    for (const auto& [hf_name, tensor] : hf)
+      if (hf_name == embedding) embedding_values = tensor;
+    ASSERT_TRUE(embedding_values.defined()) << name;
+    const auto file = std::filesystem::temp_directory_path() / ("strata_tied_" + std::to_string(::getpid()) + ".safetensors");
+    auto outcome = [&](const at::Tensor& head) {
+      NamedTensors with_head = hf;
+      with_head.emplace_back("lm_head.weight", head);
+      std::string messages;
+      try {
+        factory(name).from_hf(with_head, config);
+        messages += "accepted";
+      } catch (const UserError& e) {
+        messages += e.what();
+      }
+      write_safetensors(file, with_head);
+      auto from_file = settings;
+      from_file["init_from"] = file.string();
+      try {
+        make(name, from_file);
+        messages += " | accepted";
+      } catch (const UserError& e) {
+        messages += std::string(" | ") + e.what();
+      }
+      std::filesystem::remove(file);
+      return messages;
+    };
+    EXPECT_EQ(outcome(embedding_values.clone()), "accepted | accepted") << name;
+    const std::string refused = outcome(embedding_values + 1), wanted = "tensor 'lm_head.weight' is not a copy of '" + embedding + "'";
+    const size_t first = refused.find(wanted);
+    EXPECT_TRUE(first != std::string::npos && refused.find(wanted, first + 1) != std::string::npos) << refused;
+    EXPECT_NE(refused.find("set [model] tie_embeddings = false to load both"), std::string::npos) << refused;
+  }
+}
+
 // Writes tiny models in Hugging Face layout with tokens and Strata's logits, for
 // tests/interop/transformers_parity.py to load with transformers and compare.
 TEST(Interchange, WritesFilesForTransformers) {
