@@ -114,7 +114,7 @@ class Tokens final : public DatasetFactory {
       : DatasetFactory({ComponentKind::Dataset, "tokens",
                         "Memory-mapped token files: raw little-endian uint16 (nanoGPT) or uint32 streams",
                         split_keys(Schema()
-                                       .required_string("path", "Token file, or a directory holding train.bin and val.bin")
+                                       .required_string("path", "Token file, or a directory holding train.bin and val.bin (relative: to the working directory; saved absolute)")
                                        .string("dtype", "uint16", "Token width in the file", {"uint16", "uint32"})
                                        .integer("vocab_size", 0, "Vocabulary size; 0 = largest token id + 1 found by a scan", at_least(0)))}) {}
 
@@ -158,7 +158,7 @@ class Text final : public DatasetFactory {
  public:
   Text()
       : DatasetFactory({ComponentKind::Dataset, "text", "Byte-level tokens (vocabulary 256) of UTF-8 text files",
-                        split_keys(Schema().required_string("path", "Text file, or a directory whose .txt files are read in name order"))}) {}
+                        split_keys(Schema().required_string("path", "Text file, or a directory whose .txt files are read in name order (relative: to the working directory; saved absolute)"))}) {}
 
   std::unique_ptr<TokenDataset> open(const Config& c, const DataContext& context) const override {
     const fs::path path = resolve(c.get_string("path"), context);

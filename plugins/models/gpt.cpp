@@ -113,7 +113,7 @@ class Gpt final : public ModelFactory {
                           .integer("seq_len", 1024, "Context length (learned positions)", between(1, 1 << 24))
                           .real("dropout", 0.0, "Dropout probability", between(0, 1))
                           .boolean("bias", true, "Biases in Linear and LayerNorm layers")
-                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory); [model] is checked against the config.json beside them; empty = random init"))}) {}
+                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory; relative: to the working directory); [model] is checked against the config.json beside them; empty = random init"))}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     check_heads(config, section, diagnostics);

@@ -58,9 +58,9 @@ Schema llama_schema(bool moe) {
       .boolean("tie_embeddings", false, "Share the input embedding with the output head");
   if (moe)
     return add_moe_keys(schema).string("init_from", "",
-                                       "Hugging Face MixtralForCausalLM weights (model.safetensors, its directory, or a sharded index); [model] is checked against the config.json beside them; empty = random init");
+                                       "Hugging Face MixtralForCausalLM weights (model.safetensors, its directory, or a sharded index; relative: to the working directory); [model] is checked against the config.json beside them; empty = random init");
   return schema.boolean("qkv_bias", false, "Biases on the q, k and v projections (Qwen2: its checkpoints load and export as Qwen2ForCausalLM)")
-      .string("init_from", "", "Hugging Face LlamaForCausalLM (or, with qkv_bias, Qwen2ForCausalLM) weights (model.safetensors, its directory, or a sharded index); [model] is checked against the config.json beside them; empty = random init");
+      .string("init_from", "", "Hugging Face LlamaForCausalLM (or, with qkv_bias, Qwen2ForCausalLM) weights (model.safetensors, its directory, or a sharded index; relative: to the working directory); [model] is checked against the config.json beside them; empty = random init");
 }
 
 class Llama final : public ModelFactory {

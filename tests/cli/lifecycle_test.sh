@@ -2,7 +2,9 @@
 # The run's lifecycle speaks (issue 62, item 6): a start line naming the run directory, world and
 # strategy; a closing line with the loss and how to report, export and train on; Ctrl-C in a
 # single process stops before the next step, saves it, says how to continue, exits 130, and the
-# continued run resumes from that step.
+# continued run resumes from that step. The saved strategy.toml reruns from any directory: a run
+# started here with relative [data] path and [model] init_from resumes, exports and samples from
+# another working directory (the plan holds those paths absolute).
 #   lifecycle_test.sh STRATA STRATEGY WORK_DIR
 set -euo pipefail
 strata=$1 strategy=$2 work=$3
@@ -28,4 +30,16 @@ echo "$line" | grep -q "(checkpoint saved); continue with .strata run $work/long
 "$strata" run "$work/long/strategy.toml" --out "$work/long" --resume --set job.steps=$((step + 1)) > "$work/resume.log" 2>&1 \
   || { cat "$work/resume.log"; exit 1; }
 grep -q "resumed from .*step_0*$step at step $step" "$work/resume.log" || { echo "FAIL: not resumed at $step"; cat "$work/resume.log"; exit 1; }
-echo "OK: start and closing lines; Ctrl-C at step $step saved it and the run continued from there"
+# Relative paths, then another working directory.
+"$strata" ckpt export "$work/done" "$work/exported" > /dev/null
+relative=$(realpath --relative-to=. "$work/exported")
+"$strata" run "$strategy" --out "$work/relative" "${small[@]}" --set job.steps=2 --set "model.init_from=$relative" > "$work/relative.log"
+grep -q "^path = \"$(pwd)/data/kjv.txt\"$" "$work/relative/strategy.toml" && grep -q "^init_from = \"$work/exported\"$" "$work/relative/strategy.toml" \
+  || { echo "FAIL: the saved strategy keeps relative paths"; grep -E "^(path|init_from) =" "$work/relative/strategy.toml"; exit 1; }
+mkdir -p "$work/elsewhere"
+(cd "$work/elsewhere" && "$strata" run "$work/relative/strategy.toml" --out "$work/relative" --resume --set job.steps=3 > "$work/elsewhere.log" 2>&1 &&
+  "$strata" ckpt export "$work/relative" "$work/elsewhere/hf" > /dev/null && "$strata" sample "$work/relative" --prompt "In the" --tokens 4 > "$work/sample.log") \
+  || { echo "FAIL: the saved strategy does not rerun from another directory"; cat "$work/elsewhere.log"; exit 1; }
+grep -q "resumed from .*step_0*2 at step 2" "$work/elsewhere.log" && test -s "$work/elsewhere/hf/model.safetensors" && grep -q "^In the" "$work/sample.log" \
+  || { echo "FAIL: resume, export or sample from another directory"; cat "$work/elsewhere.log" "$work/sample.log"; exit 1; }
+echo "OK: start and closing lines; Ctrl-C at step $step saved it and the run continued from there; the saved strategy reruns from elsewhere"

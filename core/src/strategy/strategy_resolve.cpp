@@ -205,6 +205,21 @@ ParallelLayout resolve_layout(const Config& parallel, const SourcePos& pos, int6
 
 }  // namespace
 
+namespace {
+// [data] path and [model] init_from name files relative to the working directory. The plan holds
+// them absolute, so the strategy.toml a run saves reruns, resumes, exports and samples from any
+// directory ([job] plugin_path, relative to the strategy file, is made absolute where it is
+// written). A URL is left as it is.
+void make_path_absolute(Config& section, const std::string& key) {
+  if (!section.has(key)) return;
+  Config::Entry entry = section.entry(key);
+  const auto* path = std::get_if<std::string>(&entry.value);
+  if (!path || path->empty() || path->find("://") != std::string::npos || std::filesystem::path(*path).is_absolute()) return;
+  entry.value = std::filesystem::absolute(*path).lexically_normal().string();
+  section.set(key, std::move(entry));
+}
+}  // namespace
+
 ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistry& registry, int64_t world_size,
                                   Diagnostics& diagnostics) {
   ResolvedStrategy out;
@@ -221,6 +236,8 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
                                                   registry, out.model, diagnostics);
   out.dataset_component = resolve_component_section(ComponentKind::Dataset, out.job, "[job]", "dataset", data,
                                                     nullptr, registry, out.data, diagnostics);
+  make_path_absolute(out.model, "init_from");
+  make_path_absolute(out.data, "path");
   // [optimizer] chooses its own component with its `name` key.
   static const Schema optimizer_name = Schema().string("name", "adamw", "");
   Config optimizer_choice = validate_section(keys_in(raw.optimizer, optimizer_name, true), optimizer_name, "[optimizer]", diagnostics);
