@@ -4,7 +4,7 @@
 # single process stops before the next step, saves it, says how to continue, exits 130, and the
 # continued run resumes from that step. The saved strategy.toml reruns from any directory: a run
 # started here with relative [data] path and [model] init_from resumes, exports and samples from
-# another working directory (the plan holds those paths absolute).
+# another working directory (the plan holds those paths absolute), even with the init_from weights deleted.
 #   lifecycle_test.sh STRATA STRATEGY WORK_DIR
 set -euo pipefail
 strata=$1 strategy=$2 work=$3
@@ -37,6 +37,8 @@ relative=$(realpath --relative-to=. "$work/exported")
 grep -q "^path = \"$(pwd)/data/kjv.txt\"$" "$work/relative/strategy.toml" && grep -q "^init_from = \"$work/exported\"$" "$work/relative/strategy.toml" \
   || { echo "FAIL: the saved strategy keeps relative paths"; grep -E "^(path|init_from) =" "$work/relative/strategy.toml"; exit 1; }
 mkdir -p "$work/elsewhere"
+# The weights it started from are gone: a resume takes every weight from its checkpoint.
+rm -r "$work/exported"
 (cd "$work/elsewhere" && "$strata" run "$work/relative/strategy.toml" --out "$work/relative" --resume --set job.steps=3 > "$work/elsewhere.log" 2>&1 &&
   "$strata" ckpt export "$work/relative" "$work/elsewhere/hf" > /dev/null && "$strata" sample "$work/relative" --prompt "In the" --tokens 4 > "$work/sample.log") \
   || { echo "FAIL: the saved strategy does not rerun from another directory"; cat "$work/elsewhere.log"; exit 1; }

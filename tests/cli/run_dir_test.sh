@@ -31,6 +31,13 @@ fails "saved with another model, data or optimizer configuration: model.d_model 
   "$strata" run "$strategy" --out "$run" --resume "${small[@]}" --set model.d_model=32
 cmp "$run/strategy.toml" "$work/strategy.first"
 
+# Paths may change: the data moved elsewhere resumes (its contents, not its name, are the run's);
+# a key stated at its default is the key left out.
+cp data/kjv.txt "$work/moved.txt"
+"$strata" run "$strategy" --out "$run" --resume "${small[@]}" --set "data.path=$work/moved.txt" --set model.dropout=0.0 > "$work/moved.log"
+grep -q "resumed from .*step_00000006 at step 6" "$work/moved.log" || { echo "moved data refused"; cat "$work/moved.log"; exit 1; }
+cp "$work/strategy.first" "$run/strategy.toml"
+
 # 10: a record cut short (a full disk, a kill) and records past the checkpoint are dropped.
 printf '{"step":7,"loss":1.5}\n{"step":8,"lo' >> "$run/metrics.jsonl"
 "$strata" run "$strategy" --out "$run" --resume "${small[@]}" --set job.steps=8 > /dev/null

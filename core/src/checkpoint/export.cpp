@@ -52,8 +52,7 @@ CheckpointModel load_checkpoint_model(const fs::path& source, const ComponentReg
                                          diagnostics.items().front().message);
 
   const auto* factory = static_cast<const ModelFactory*>(plan.model_component);
-  Config config = plan.model;
-  if (config.has("init_from")) config.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
+  const Config config = without_init_from(plan.model);
   // Every parameter is filled from the checkpoint below (fill refuses one it cannot fill whole).
   std::shared_ptr<nn::Model> model;
   {

@@ -74,13 +74,14 @@ void log_build(const nn::Model& model, const std::optional<std::vector<size_t>>&
 
 }  // namespace
 
-void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& order, Job& job) {
+void build_rank_model(const ResolvedStrategy& plan, const std::vector<size_t>& order, Job& job, bool weights_from_checkpoint) {
   const double resident_before = resident_bytes();
   const auto& factory = *static_cast<const ModelFactory*>(plan.model_component);
   const nn::TensorShard shard{job.topology->size(Dim::Tensor), job.topology->rank_in(Dim::Tensor)};
   // Expert-parallel ranks keep their experts as they are drawn, in the outline and in the build.
   const nn::ExpertSplitAtBuild experts({job.topology->size(Dim::Expert), job.topology->rank_in(Dim::Expert)});
-  const auto build = [&] { return create_or_explain(factory, plan.model, shard); };
+  const Config model_config = weights_from_checkpoint ? without_init_from(plan.model) : plan.model;
+  const auto build = [&] { return create_or_explain(factory, model_config, shard); };
 
 
   // The model with every block absent, drawing nothing: the generators are put back afterwards.

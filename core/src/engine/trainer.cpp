@@ -118,7 +118,7 @@ void Trainer::Impl::claim_run_directory() {
   // A resume with another configuration is refused before anything is written.
   if (options.resume) {
     find_checkpoints();
-    if (newest && newest->meta().state_hash != engine::state_hash(plan)) {
+    if (newest && !engine::saved_with_this_state(newest->meta().state_hash, plan)) {
       // Name what changed, from the strategy the run directory's last run wrote.
       const std::vector<std::string> changed = engine::state_differences(plan, out_dir / "strategy.toml");
       std::string what;
@@ -173,7 +173,12 @@ void Trainer::Impl::build_job() {
     if (c.micro == 0) inject_fault(env.rank, c.step, "backward");
   });
   // Split layers hold only this rank's tensor-parallel piece, a pipeline rank only its stages.
-  engine::build_rank_model(plan, order, *job);
+  // A resume that found a disk checkpoint restores from it or stops: the weights come from there.
+  // (Flash snapshots alone may fail to restore, and the run then starts from init_from.)
+  const bool weights_from_checkpoint = options.resume && newest.has_value();
+  if (weights_from_checkpoint && plan.model.has("init_from") && !plan.model.get_string("init_from").empty())
+    log::record("[model] init_from is not loaded: the weights come from " + newest->path().string());
+  engine::build_rank_model(plan, order, *job, weights_from_checkpoint);
   dataset = static_cast<const DatasetFactory*>(plan.dataset_component)->open(plan.data, DataContext{fs::current_path()});
   // check_data said so at plan time when it could open the data; a job started without a plan did not.
   if (const std::string problem = engine::vocabulary_problem(*dataset, job->model->vocab_size()); !problem.empty()) throw UserError(problem);

@@ -271,11 +271,45 @@ MemoryFigures memory_figures(const Job& job) {
 
 namespace {
 
-// What a checkpoint's state depends on, one "section.key" and its TOML value per entry.
-std::vector<std::pair<std::string, std::string>> state_identity(const ResolvedStrategy& plan) {
-  std::vector<std::pair<std::string, std::string>> entries;
+// A path names where a file is, not what it holds: data moved, or the weights a run started from
+// deleted, leave its checkpoints resumable.
+bool is_path_key(const std::string& section, const std::string& key) {
+  return (section == "data" && key == "path") || (section == "model" && key == "init_from");
+}
+
+const KeySpec* spec_of(const ResolvedStrategy& plan, const std::string& section, const std::string& key) {
+  if (section == "job") return job_schema().find(key);
+  if (section == "model") return plan.model_component->info().schema.find(key);
+  if (section == "data") return plan.dataset_component->info().schema.find(key);
+  if (const KeySpec* common = optimizer_common_schema().find(key)) return common;
+  return plan.optimizer_component->info().schema.find(key);
+}
+
+bool at_default(const ResolvedStrategy& plan, const std::string& section, const std::string& key, const Value& value) {
+  const KeySpec* spec = spec_of(plan, section, key);
+  return spec && spec->default_value && *spec->default_value == value;
+}
+
+// What a checkpoint's state depends on, one "section" and "key" with its TOML value per entry:
+// [model], [data], [optimizer] and five keys of [job]. `every_key`: all of them, the identity
+// Strata hashed until 2026-11-30 (checkpoints saved then resume). Else without the paths and the
+// keys at their defaults, so a key a later Strata adds, at its default, changes no hash.
+struct IdentityEntry {
+  std::string section, key, value;  // value: as TOML
+  bool at_default;
+};
+// `relative_paths`: with every key, the paths as the working directory names them (the plan holds
+// them absolute since 2026-11-30; a strategy that named them relative hashed them so before).
+std::vector<IdentityEntry> state_identity(const ResolvedStrategy& plan, bool every_key, bool relative_paths = false) {
+  std::vector<IdentityEntry> entries;
   auto add = [&](const std::string& section, const Config& config) {
-    for (const auto& [key, entry] : config.entries()) entries.emplace_back(section + "." + key, value_to_toml(entry.value));
+    for (const auto& [key, entry] : config.entries()) {
+      const bool by_default = at_default(plan, section, key, entry.value), path = is_path_key(section, key);
+      Value value = entry.value;
+      if (const auto* name = std::get_if<std::string>(&value); path && relative_paths && name && !name->empty())
+        value = std::filesystem::proximate(*name).string();
+      if (every_key || (!path && !by_default)) entries.push_back({section, key, value_to_toml(value), by_default});
+    }
   };
   Config job;
   for (const char* key : {"model", "dataset", "global_batch", "seed", "shuffle"}) job.set(key, plan.job.entry(key));
@@ -286,14 +320,20 @@ std::vector<std::pair<std::string, std::string>> state_identity(const ResolvedSt
   return entries;
 }
 
-}  // namespace
-
-std::string state_hash(const ResolvedStrategy& plan) {
+std::string identity_hash(const ResolvedStrategy& plan, bool every_key, bool relative_paths = false) {
   std::string text;
-  for (const auto& [key, value] : state_identity(plan)) text += key + "=" + value + "\n";
+  for (const auto& e : state_identity(plan, every_key, relative_paths)) text += e.section + "." + e.key + "=" + e.value + "\n";
   Sha256 hash;
   hash.update(text.data(), text.size());
   return hash.hex_digest();
+}
+
+}  // namespace
+
+std::string state_hash(const ResolvedStrategy& plan) { return identity_hash(plan, false); }
+
+bool saved_with_this_state(const std::string& saved_hash, const ResolvedStrategy& plan) {
+  return saved_hash == identity_hash(plan, false) || saved_hash == identity_hash(plan, true) || saved_hash == identity_hash(plan, true, true);
 }
 
 std::vector<std::string> state_differences(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy) {
@@ -312,10 +352,16 @@ std::vector<std::string> state_differences(const ResolvedStrategy& plan, const s
   }
   std::vector<std::string> differences;
   if (saved.empty()) return differences;
-  for (const auto& [key, value] : state_identity(plan)) {
+  for (const auto& e : state_identity(plan, true)) {
+    if (is_path_key(e.section, e.key)) continue;
+    const std::string key = e.section + "." + e.key;
     const auto it = saved.find(key);
-    if (it == saved.end()) differences.push_back(key + " (not set there, " + value + " here)");
-    else if (it->second != value) differences.push_back(key + " = " + it->second + " there, " + value + " here");
+    if (it == saved.end()) {
+      // A key the saving Strata did not have ran at its default there.
+      if (!e.at_default) differences.push_back(key + " (not set there, " + e.value + " here)");
+    } else if (it->second != e.value) {
+      differences.push_back(key + " = " + it->second + " there, " + e.value + " here");
+    }
   }
   return differences;
 }

@@ -46,8 +46,12 @@ bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::
 
 // Identifies what shapes the saved state and the sequence of batches: a resume with another
 // model, data or optimizer is refused. Ranks, parallel layout, passes, steps, logging and paths
-// may change; state a pass keeps is checked when it loads.
+// ([data] path, [model] init_from) may change, and a key at its default counts as absent (a key
+// a later Strata adds keeps older checkpoints resumable); state a pass keeps is checked when it loads.
 std::string state_hash(const ResolvedStrategy& plan);
+// A checkpoint saved with `saved_hash` holds this plan's state: its hash, or the one Strata
+// computed until 2026-11-30 (every key; the paths absolute or as the working directory names them).
+bool saved_with_this_state(const std::string& saved_hash, const ResolvedStrategy& plan);
 // The keys of that identity whose values differ from those in `saved_strategy` (a strategy.toml
 // Strata wrote), each as "section.key = there, here"; empty when the file is missing.
 std::vector<std::string> state_differences(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy);

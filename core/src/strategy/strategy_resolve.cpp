@@ -220,6 +220,12 @@ void make_path_absolute(Config& section, const std::string& key) {
 }
 }  // namespace
 
+Config without_init_from(const Config& model) {
+  Config out = model;
+  if (out.has("init_from")) out.set("init_from", Config::Entry{std::string(), Origin::Default, {}});
+  return out;
+}
+
 ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistry& registry, int64_t world_size,
                                   Diagnostics& diagnostics) {
   ResolvedStrategy out;

@@ -84,6 +84,10 @@ struct ResolvedStrategy {
 STRATA_API ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistry& registry,
                                              int64_t world_size, Diagnostics& diagnostics);
 
+// `model` ([model]) with init_from cleared, for a model whose every weight a checkpoint then gives
+// (a resumed run, an export): the pretrained weights would be read for nothing, and may be gone.
+STRATA_API Config without_init_from(const Config& model);
+
 // A [data] path that is a directory `strata data prepare` wrote: [model] vocab_size, [data]
 // document_end and [data] dtype default to its meta.json's (strategy/prepared_data.cpp).
 STRATA_API void apply_prepared_data(const Config& job, const ComponentRegistry& registry, RawSection& model, RawSection& data,
