@@ -12,10 +12,10 @@ namespace {
 
 class Embed final : public nn::Block {
  public:
-  Embed(int64_t vocab, int64_t seq_len, int64_t d_model, double dropout, nn::TensorShard shard) : Block("embedding") {
+  Embed(int64_t vocab, int64_t positions, int64_t d_model, double dropout, nn::TensorShard shard) : Block("embedding") {
     // Vocab parallel under tensor parallel: each rank holds its rows of the token embedding.
     wte = register_module("wte", std::make_shared<nn::Embedding>(vocab, d_model, nn::ParallelStyle::Column, shard));
-    wpe = register_module("wpe", std::make_shared<nn::Embedding>(seq_len, d_model, nn::ParallelStyle::Sequence));
+    wpe = register_module("wpe", std::make_shared<nn::Embedding>(positions, d_model, nn::ParallelStyle::Sequence));
     drop = register_module("drop", std::make_shared<nn::Dropout>(dropout));
   }
   at::Tensor forward(const at::Tensor& tokens) override {
@@ -105,18 +105,19 @@ class Gpt final : public ModelFactory {
  public:
   Gpt()
       : ModelFactory({ComponentKind::Model, "gpt", "GPT-2 architecture: learned positions, pre-LayerNorm, GELU, tied embeddings",
-                      add_sliding_window(Schema()
+                      add_max_positions(add_sliding_window(Schema()
                           .integer("n_layer", 12, "Transformer blocks", between(1, 1 << 14))
                           .integer("n_head", 12, "Attention heads", between(1, 1 << 14))
                           .integer("d_model", 768, "Hidden size", between(1, 1 << 18))
                           .integer("vocab_size", 50257, "Vocabulary size", between(1, 1 << 24))
-                          .integer("seq_len", 1024, "Context length (learned positions)", between(1, 1 << 24))
+                          .integer("seq_len", 1024, "Context length trained on (learned positions)", between(1, 1 << 24))
                           .real("dropout", 0.0, "Dropout probability", between(0, 1))
                           .boolean("bias", true, "Biases in Linear and LayerNorm layers")
-                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory; relative: to the working directory); [model] is checked against the config.json beside them; empty = random init"))}) {}
+                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory; relative: to the working directory); [model] is checked against the config.json beside them; empty = random init")))}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     check_heads(config, section, diagnostics);
+    check_max_positions(config, diagnostics);
     check_hf_config(config, section, diagnostics);
   }
 
@@ -140,7 +141,7 @@ class Gpt final : public ModelFactory {
     // Two LayerNorms, c_attn (d x 3d), c_proj (d x d), the MLP (d x 4d, 4d x d), with their biases.
     s.layer_parameters = 12 * d * d + (2 + 11 * b) * d;
     // Tied token embedding, learned positions, the final LayerNorm.
-    s.parameters = s.layers * s.layer_parameters + (s.vocab + s.seq_len) * d + (1 + b) * d;
+    s.parameters = s.layers * s.layer_parameters + (s.vocab + max_positions(c)) * d + (1 + b) * d;
     s.blocks = s.layers + 2;  // embed, h0.., head
     return s;
   }
@@ -162,7 +163,7 @@ class Gpt final : public ModelFactory {
     if (!c.get_string("init_from").empty()) require_hf_compatible(c);
     InitFrom loading(c, hf_layout());
     auto model = std::make_shared<nn::Model>(c.get_int("vocab_size"), c.get_int("seq_len"));
-    auto embed = std::make_shared<Embed>(c.get_int("vocab_size"), c.get_int("seq_len"), d, dropout, shard);
+    auto embed = std::make_shared<Embed>(c.get_int("vocab_size"), max_positions(c), d, dropout, shard);
     model->add_block("embed", embed);
     // GPT-2 scales residual projections by 1/sqrt(2 n_layer) so the residual stream's variance
     // does not grow with depth.
@@ -194,7 +195,7 @@ class Gpt final : public ModelFactory {
     require_no_sliding_window(c, "GPT2LMHeadModel");
     const std::string dropout = json_number(c.get_float("dropout"));
     return "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": " +
-           std::to_string(c.get_int("vocab_size")) + ",\n  \"n_positions\": " + std::to_string(c.get_int("seq_len")) +
+           std::to_string(c.get_int("vocab_size")) + ",\n  \"n_positions\": " + std::to_string(max_positions(c)) +
            ",\n  \"n_embd\": " + std::to_string(c.get_int("d_model")) + ",\n  \"n_layer\": " + std::to_string(c.get_int("n_layer")) +
            ",\n  \"n_head\": " + std::to_string(c.get_int("n_head")) + ",\n  \"activation_function\": \"gelu_new\",\n" +
            "  \"layer_norm_epsilon\": 1e-05,\n  \"resid_pdrop\": " + dropout + ",\n  \"embd_pdrop\": " + dropout +
@@ -211,12 +212,8 @@ class Gpt final : public ModelFactory {
     hf.same("n_head", "n_head");
     hf.same("d_model", "n_embd");
     hf.same("vocab_size", "vocab_size");
-    // The learned position table: a shorter context takes its first rows, a longer one has none to take.
-    if (const auto positions = hf.value("n_positions"); positions.is_number_integer() && c.get_int("seq_len") > positions.get<int64_t>())
-      diagnostics.error(c.entry("seq_len").origin == Origin::Default ? section : c.entry("seq_len").pos,
-                        "[model] seq_len = " + std::to_string(c.get_int("seq_len")) + ", but the weights' config.json has n_positions = " +
-                            std::to_string(positions.get<int64_t>()) + ": their learned position table has no rows beyond; set [model] seq_len <= " +
-                            std::to_string(positions.get<int64_t>()));
+    // The learned position table: the model may take its first rows, not more than it has.
+    hf.context("n_positions", /*learned_rows=*/true);
     const int64_t width = 4 * c.get_int("d_model");
     hf.same_derived("the MLP width, 4 x d_model,", width, "d_model", "n_inner", width);
     hf.off_unless("activation_function", "gelu_new", "a GELU other than the tanh approximation");
@@ -234,7 +231,7 @@ class Gpt final : public ModelFactory {
   static HfLayout hf_layout() {
     // The tied output weight (a copy of wte, checked), and the causal-mask buffers older checkpoints
     // store, have no parameter.
-    // A context shorter than the checkpoint's n_positions takes its first positions (nanoGPT's crop_block_size).
+    // A table shorter than the checkpoint's n_positions takes its first positions (nanoGPT's crop_block_size).
     return {hf_name, [](const std::string& n) { return n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias"); },
             0, [](const std::string& n) { return n == "embed.wpe.weight"; }, "transformer.", "lm_head.weight", "transformer.wte.weight"};
   }

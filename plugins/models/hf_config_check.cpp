@@ -100,6 +100,24 @@ void HfConfigCheck::compare(const std::string& key, const json& hf, const std::s
                                         "; set [model] " + key + " = " + as_toml(hf, mine) + " to load them");
 }
 
+void HfConfigCheck::context(const std::string& hf_key, bool learned_rows) {
+  const json hf = value(hf_key);
+  if (!hf.is_number_integer()) return;
+  const int64_t theirs = hf.get<int64_t>(), seq_len = config_.get_int("seq_len"), given = config_.get_int("max_positions");
+  const std::string has = "the weights' " + file_.string() + " has " + hf_key + " = " + std::to_string(theirs);
+  if (learned_rows && std::max(seq_len, given) > theirs) {
+    const std::string key = given > seq_len ? "max_positions" : "seq_len";
+    diagnostics_.error(position(key), stated(key) + ", but " + has + ": their learned position table has no rows beyond; set [model] " + key +
+                                          " <= " + std::to_string(theirs));
+  } else if (given == 0 && theirs != seq_len) {
+    diagnostics_.error(position("max_positions"),
+                       "[model] max_positions = 0 (the default: seq_len, " + std::to_string(seq_len) + "), but " + has +
+                           "; set [model] max_positions = " + std::to_string(theirs) + " to load them" +
+                           (learned_rows ? " (or = " + std::to_string(seq_len) + " to keep their first " + std::to_string(seq_len) + " positions)"
+                                         : " (or = " + std::to_string(seq_len) + " for an export that states this run's context)"));
+  }
+}
+
 void HfConfigCheck::same_derived(const std::string& what, const json& value_here, const std::string& key, const std::string& hf_key,
                                  const std::optional<json>& absent, bool key_sets_it) {
   const json given = value(hf_key);

@@ -49,6 +49,11 @@ class HfConfigCheck {
   json rope_parameter(const std::string& key) const;
   // Reports a feature these models do not compute (`what`: config.json's key and value, and what it means).
   void not_computed(const std::string& what);
+  // [model] max_positions (0: seq_len) against config.json's `hf_key`, the context the weights are
+  // made for. Left at its default it must equal config.json's (the line to write is named); stated,
+  // it may differ. A learned position table (`learned_rows`) has no rows beyond config.json's: the
+  // model may take its first ones (max_positions, or seq_len, less than it) and no more.
+  void context(const std::string& hf_key, bool learned_rows);
   // config.json's value of `hf_key` (rope_theta also under transformers 5's rope_parameters); null when missing.
   json value(const std::string& hf_key) const;
 

@@ -44,7 +44,7 @@ class DecoderLayer final : public nn::Block {
 // Llama's keys; Mixtral adds the mixture of experts' (moe_layer.h).
 Schema llama_schema(bool moe) {
   Schema schema;
-  add_rope_keys(add_sliding_window(schema))
+  add_rope_keys(add_max_positions(add_sliding_window(schema)))
       .integer("n_layer", 16, "Transformer blocks", between(1, 1 << 14))
       .integer("n_head", 16, "Query heads", between(1, 1 << 14))
       .integer("n_kv_head", 16, "Key/value heads (grouped-query attention)", between(1, 1 << 14))
@@ -81,6 +81,7 @@ class Llama final : public ModelFactory {
       diagnostics.error(section, "[model] d_model / n_head must be even for rotary embeddings");
     if (moe_) validate_moe(config, section, diagnostics);
     validate_rope(config, section, diagnostics);
+    check_max_positions(config, diagnostics);
     check_hf_config(config, section, diagnostics);
   }
 
@@ -183,7 +184,7 @@ class Llama final : public ModelFactory {
            ",\n  \"intermediate_size\": " + std::to_string(hidden) + ",\n  \"num_hidden_layers\": " +
            std::to_string(c.get_int("n_layer")) + ",\n  \"num_attention_heads\": " + std::to_string(c.get_int("n_head")) +
            ",\n  \"num_key_value_heads\": " + std::to_string(c.get_int("n_kv_head")) + ",\n  \"max_position_embeddings\": " +
-           std::to_string(c.get_int("seq_len")) + ",\n  \"rms_norm_eps\": " + json_number(c.get_float("norm_eps")) +
+           std::to_string(max_positions(c)) + ",\n  \"rms_norm_eps\": " + json_number(c.get_float("norm_eps")) +
            ",\n  " + rope_config_json(c) + ",\n  \"hidden_act\": \"silu\",\n" +
            (qkv_bias(c) ? "  \"use_sliding_window\": false,\n" : "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n") + "  \"tie_word_embeddings\": " +
            (c.get_bool("tie_embeddings") ? "true" : "false") + "\n}\n";
@@ -211,6 +212,7 @@ class Llama final : public ModelFactory {
     hf.same("norm_eps", "rms_norm_eps", moe_ ? 1e-5 : 1e-6);
     check_rope(c, hf, moe_ ? 1e6 : 1e4);
     hf.same("tie_embeddings", "tie_word_embeddings", false);
+    hf.context("max_position_embeddings", /*learned_rows=*/false);
     if (hf.value("model_type") == "qwen2") {  // Qwen2's window applies only with use_sliding_window, and to some layers
       if (hf.value("use_sliding_window") == true) hf.not_computed("use_sliding_window = true (windows in some layers)");
       for (const auto& type : hf.value("layer_types"))

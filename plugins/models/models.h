@@ -25,6 +25,15 @@ void apply_sliding_window(nn::Model& model, const Config& config);
 // model as one would silently change what it computes. (Importing weights into one is a choice.)
 void require_no_sliding_window(const Config& config, const std::string& hf_architecture);
 
+// [model] max_positions, the same key in every model: the context the model is made for, which its
+// export's config.json states (n_positions, max_position_embeddings) and servers take as the
+// longest prompt; GPT's learned position table has that many rows, of which training uses the
+// first seq_len. 0, the default: seq_len. A Hugging Face checkpoint's value is kept by stating it.
+Schema& add_max_positions(Schema& schema);
+int64_t max_positions(const Config& config);
+// max_positions is 0 or at least seq_len.
+void check_max_positions(const Config& config, Diagnostics& diagnostics);
+
 // Maps parameter names (and layouts) both ways with the factory's HfLayout (init_from.h): to_hf
 // for export, from_hf for a checkpoint given whole (init_from loads block by block instead).
 NamedTensors map_to_hf(const nn::Model& model, ToHfName to_hf_name);

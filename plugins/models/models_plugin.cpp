@@ -19,6 +19,25 @@ Schema& add_sliding_window(Schema& schema) {
                         between(0, 1 << 24));
 }
 
+Schema& add_max_positions(Schema& schema) {
+  return schema.integer("max_positions", 0,
+                        "The context the model is made for, stated in its export's config.json (GPT: its learned position table's rows, "
+                        "of which training uses the first seq_len); 0 = seq_len",
+                        between(0, 1 << 24));
+}
+
+int64_t max_positions(const Config& config) {
+  return config.get_int("max_positions") > 0 ? config.get_int("max_positions") : config.get_int("seq_len");
+}
+
+void check_max_positions(const Config& config, Diagnostics& diagnostics) {
+  const int64_t stated = config.get_int("max_positions"), seq_len = config.get_int("seq_len");
+  if (stated > 0 && stated < seq_len)
+    diagnostics.error(config.entry("max_positions").pos, "[model] max_positions = " + std::to_string(stated) + " is less than seq_len = " +
+                                                             std::to_string(seq_len) + ", the context it trains on; set it >= " +
+                                                             std::to_string(seq_len) + " (or 0: seq_len)");
+}
+
 void apply_sliding_window(nn::Model& model, const Config& config) {
   for (const auto& module : model.modules())
     if (auto* core = dynamic_cast<nn::AttentionCore*>(module.get())) core->sliding_window = config.get_int("sliding_window");

@@ -25,13 +25,13 @@ plan_case() {
   grep -Eq -- "$regex" "$work/$name.log" || { echo "FAIL $name: no line matches /$regex/"; cat "$work/$name.log"; exit 1; }
   echo "ok $name"
 }
-# llama_config DIR [ROPE_PARAMETERS] [EXTRA]: llama_text.toml's model as transformers 5 saves it.
+# llama_config DIR [ROPE_PARAMETERS] [EXTRA] [CONTEXT]: llama_text.toml's model as transformers 5 saves it.
 llama_config() {
   mkdir -p "$1"
   cat > "$1/config.json" <<EOF
 {
   "attention_bias": false, "head_dim": 32, "hidden_act": "silu", "hidden_size": 128, "intermediate_size": 512,
-  "max_position_embeddings": 2048, "mlp_bias": false, "model_type": "llama", "num_attention_heads": 4,
+  "max_position_embeddings": ${4:-128}, "mlp_bias": false, "model_type": "llama", "num_attention_heads": 4,
   "num_hidden_layers": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-05,
   "rope_parameters": ${2:-{\"rope_theta\": 10000.0, \"rope_type\": \"default\"\}},
   ${3:-}"tie_word_embeddings": true, "transformers_version": "5.23.0", "vocab_size": 256
@@ -69,6 +69,13 @@ plan_case llama_features 2 "has hidden_act = \"gelu\" \(an MLP activation other 
 grep -q 'has mlp_bias = true (biases in the MLP)' "$work/llama_features.log" || { echo "FAIL: no mlp_bias line"; exit 1; }
 plan_case llama_untied 2 "error: \[model\] tie_embeddings = false, but the weights' .* has tie_word_embeddings = true; set \[model\] tie_embeddings = true to load them$" \
   "$llama" --set "model.init_from=$work/llama" --set model.tie_embeddings=false
+# The context config.json states (Llama 3.2's 131072): asked for, then kept; max_positions below seq_len is refused.
+llama_config "$work/llama_long" "" "" 131072
+plan_case llama_context 2 "error: \[model\] max_positions = 0 \(the default: seq_len, 128\), but the weights' .*/llama_long/config.json has max_position_embeddings = 131072; set \[model\] max_positions = 131072 to load them \(or = 128 for an export that states this run's context\)$" \
+  "$llama" --set "model.init_from=$work/llama_long"
+plan_case llama_context_stated 0 "^  max_positions += 131072" "$llama" --set "model.init_from=$work/llama_long" --set model.max_positions=131072
+plan_case max_positions_below_seq_len 2 "--set model.max_positions=64: error: \[model\] max_positions = 64 is less than seq_len = 128, the context it trains on; set it >= 128 \(or 0: seq_len\)$" \
+  "$llama" --set model.max_positions=64
 mkdir -p "$work/qwen" && sed 's/"model_type": "llama"/"model_type": "qwen2"/' "$work/llama/config.json" > "$work/qwen/config.json"
 plan_case llama_other_type 2 "init_from: .*/qwen/config.json describes a qwen2 model, but this \[model\] loads llama \(LlamaForCausalLM\) or mistral \(\[model\] qkv_bias = true loads qwen2\) weights$" \
   "$llama" --set "model.init_from=$work/qwen"
@@ -81,10 +88,16 @@ cat > "$work/gpt2/config.json" <<'EOF'
  "scale_attn_weights": true, "tie_word_embeddings": true, "vocab_size": 256}
 EOF
 plan_case gpt_matches 0 "init_from" "$gpt" --set "model.init_from=$work/gpt2"
-# A shorter context takes the first learned positions; a longer one has none to take.
-plan_case gpt_shorter_context 0 "^  seq_len += 64" "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64
-plan_case gpt_longer_context 2 "error: \[model\] seq_len = 256, but the weights' config.json has n_positions = 128: their learned position table has no rows beyond; set \[model\] seq_len <= 128$" \
+# A shorter context keeps the learned positions it states (all, or the first seq_len); a longer
+# one, or a larger table, has none to take.
+plan_case gpt_shorter_context 2 "error: \[model\] max_positions = 0 \(the default: seq_len, 64\), but .* has n_positions = 128; set \[model\] max_positions = 128 to load them \(or = 64 to keep their first 64 positions\)$" \
+  "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64
+plan_case gpt_shorter_context_kept 0 "^  max_positions += 128" "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64 --set model.max_positions=128
+plan_case gpt_shorter_context_cropped 0 "^  max_positions += 64" "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64 --set model.max_positions=64
+plan_case gpt_longer_context 2 "error: \[model\] seq_len = 256, but the weights' .*/gpt2/config.json has n_positions = 128: their learned position table has no rows beyond; set \[model\] seq_len <= 128$" \
   "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=256
+plan_case gpt_larger_table 2 "error: \[model\] max_positions = 256, but the weights' .* has n_positions = 128: their learned position table has no rows beyond; set \[model\] max_positions <= 128$" \
+  "$gpt" --set "model.init_from=$work/gpt2" --set model.max_positions=256
 mkdir -p "$work/gpt2_other" && sed -e 's/"gelu_new"/"gelu"/; s/"n_inner": null/"n_inner": 300/' "$work/gpt2/config.json" > "$work/gpt2_other/config.json"
 plan_case gpt_features 2 "has activation_function = \"gelu\" \(a GELU other than the tanh approximation\)" "$gpt" --set "model.init_from=$work/gpt2_other"
 grep -q "the MLP width, 4 x d_model, is 512, but the weights' .* has n_inner = 300" "$work/gpt_features.log" || { echo "FAIL: no n_inner line"; exit 1; }
