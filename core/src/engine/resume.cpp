@@ -239,7 +239,7 @@ bool Trainer::load() {
     std::string problem;
     // Every rank runs each step of this loop for the same checkpoint: the checksums (each rank
     // hashing its share of the files) and the restore agree across the ranks.
-    if (!engine::saved_with_this_state(t.newest->meta().state_hash, t.plan))
+    if (!t.accepted_hashes.count(t.newest->meta().state_hash))
       problem = "saved with another model, data or optimizer configuration";
     else if (auto bad = engine::checksum_problem_together(*t.newest, t.topology->world(), t.device))
       problem = *bad;

@@ -116,9 +116,10 @@ void Trainer::Impl::claim_run_directory() {
   if (leader && !std::getenv(kRunDirectoryClaimedEnv)) claim.emplace(out_dir, options.resume, options.overwrite);
   topology->world().barrier()->wait();
   // A resume with another configuration is refused before anything is written.
+  accepted_hashes = engine::accepted_state_hashes(plan, out_dir / "strategy.toml");
   if (options.resume) {
     find_checkpoints();
-    if (newest && !engine::saved_with_this_state(newest->meta().state_hash, plan)) {
+    if (newest && !accepted_hashes.count(newest->meta().state_hash)) {
       // Name what changed, from the strategy the run directory's last run wrote.
       const std::vector<std::string> changed = engine::state_differences(plan, out_dir / "strategy.toml");
       std::string what;

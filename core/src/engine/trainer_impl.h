@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,9 @@ struct Trainer::Impl {
   std::vector<std::filesystem::path> older;
   std::vector<std::string> skipped;
   bool checkpoints_found = false;
+  // The state hashes a disk checkpoint of this run may carry (engine::accepted_state_hashes), read
+  // before this run rewrites strategy.toml.
+  std::set<std::string> accepted_hashes;
 
   int64_t steps = 0, global_batch = 0, seq_len = 0, micro_count = 0;
   int64_t step = 0;  // the last step done or restored

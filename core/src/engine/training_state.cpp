@@ -271,6 +271,24 @@ MemoryFigures memory_figures(const Job& job) {
 
 namespace {
 
+// strategy.toml as Strata writes it: "[section]" lines, then "key = value" lines; "section.key" ->
+// value. Empty when the file is missing.
+std::map<std::string, std::string> read_saved_strategy(const std::filesystem::path& file) {
+  std::map<std::string, std::string> saved;
+  std::ifstream in(file);
+  std::string section;
+  for (std::string line; std::getline(in, line);) {
+    if (line.size() > 2 && line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq == std::string::npos || line.empty() || line.front() == '#') continue;
+    saved[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return saved;
+}
+
 // A path names where a file is, not what it holds: data moved, or the weights a run started from
 // deleted, leave its checkpoints resumable.
 bool is_path_key(const std::string& section, const std::string& key) {
@@ -291,16 +309,18 @@ bool at_default(const ResolvedStrategy& plan, const std::string& section, const 
 }
 
 // What a checkpoint's state depends on, one "section" and "key" with its TOML value per entry:
-// [model], [data], [optimizer] and five keys of [job]. `every_key`: all of them, the identity
-// Strata hashed until 2026-11-30 (checkpoints saved then resume). Else without the paths and the
-// keys at their defaults, so a key a later Strata adds, at its default, changes no hash.
+// [model], [data], [optimizer] and five keys of [job]. `every_key`: all of them (the identity
+// Strata hashed until 2026-11-30), less those at their defaults that `known` (a saved strategy's
+// keys) lacks: keys added since. Else without the paths and the keys at their defaults, so a key
+// a later Strata adds, at its default, changes no hash.
 struct IdentityEntry {
   std::string section, key, value;  // value: as TOML
   bool at_default;
 };
 // `relative_paths`: with every key, the paths as the working directory names them (the plan holds
 // them absolute since 2026-11-30; a strategy that named them relative hashed them so before).
-std::vector<IdentityEntry> state_identity(const ResolvedStrategy& plan, bool every_key, bool relative_paths = false) {
+std::vector<IdentityEntry> state_identity(const ResolvedStrategy& plan, bool every_key, const std::map<std::string, std::string>* known = nullptr,
+                                          bool relative_paths = false) {
   std::vector<IdentityEntry> entries;
   auto add = [&](const std::string& section, const Config& config) {
     for (const auto& [key, entry] : config.entries()) {
@@ -308,7 +328,8 @@ std::vector<IdentityEntry> state_identity(const ResolvedStrategy& plan, bool eve
       Value value = entry.value;
       if (const auto* name = std::get_if<std::string>(&value); path && relative_paths && name && !name->empty())
         value = std::filesystem::proximate(*name).string();
-      if (every_key || (!path && !by_default)) entries.push_back({section, key, value_to_toml(value), by_default});
+      const bool added_since = known && by_default && !known->count(section + "." + key);
+      if (every_key ? !added_since : (!path && !by_default)) entries.push_back({section, key, value_to_toml(value), by_default});
     }
   };
   Config job;
@@ -320,9 +341,9 @@ std::vector<IdentityEntry> state_identity(const ResolvedStrategy& plan, bool eve
   return entries;
 }
 
-std::string identity_hash(const ResolvedStrategy& plan, bool every_key, bool relative_paths = false) {
+std::string identity_hash(const std::vector<IdentityEntry>& identity) {
   std::string text;
-  for (const auto& e : state_identity(plan, every_key, relative_paths)) text += e.section + "." + e.key + "=" + e.value + "\n";
+  for (const auto& e : identity) text += e.section + "." + e.key + "=" + e.value + "\n";
   Sha256 hash;
   hash.update(text.data(), text.size());
   return hash.hex_digest();
@@ -330,26 +351,15 @@ std::string identity_hash(const ResolvedStrategy& plan, bool every_key, bool rel
 
 }  // namespace
 
-std::string state_hash(const ResolvedStrategy& plan) { return identity_hash(plan, false); }
+std::string state_hash(const ResolvedStrategy& plan) { return identity_hash(state_identity(plan, false)); }
 
-bool saved_with_this_state(const std::string& saved_hash, const ResolvedStrategy& plan) {
-  return saved_hash == identity_hash(plan, false) || saved_hash == identity_hash(plan, true) || saved_hash == identity_hash(plan, true, true);
+std::set<std::string> accepted_state_hashes(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy) {
+  const std::map<std::string, std::string> known = read_saved_strategy(saved_strategy);
+  return {state_hash(plan), identity_hash(state_identity(plan, true, &known)), identity_hash(state_identity(plan, true, &known, true))};
 }
 
 std::vector<std::string> state_differences(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy) {
-  // strategy.toml as Strata writes it: "[section]" lines, then "key = value" lines.
-  std::map<std::string, std::string> saved;
-  std::ifstream in(saved_strategy);
-  std::string section;
-  for (std::string line; std::getline(in, line);) {
-    if (line.size() > 2 && line.front() == '[' && line.back() == ']') {
-      section = line.substr(1, line.size() - 2);
-      continue;
-    }
-    const size_t eq = line.find(" = ");
-    if (eq == std::string::npos || line.empty() || line.front() == '#') continue;
-    saved[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
-  }
+  const std::map<std::string, std::string> saved = read_saved_strategy(saved_strategy);
   std::vector<std::string> differences;
   if (saved.empty()) return differences;
   for (const auto& e : state_identity(plan, true)) {

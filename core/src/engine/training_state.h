@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -49,9 +50,10 @@ bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::
 // ([data] path, [model] init_from) may change, and a key at its default counts as absent (a key
 // a later Strata adds keeps older checkpoints resumable); state a pass keeps is checked when it loads.
 std::string state_hash(const ResolvedStrategy& plan);
-// A checkpoint saved with `saved_hash` holds this plan's state: its hash, or the one Strata
-// computed until 2026-11-30 (every key; the paths absolute or as the working directory names them).
-bool saved_with_this_state(const std::string& saved_hash, const ResolvedStrategy& plan);
+// The hashes a disk checkpoint holding this plan's state may carry: state_hash, and the one Strata
+// computed until 2026-11-30, over every key the run's `saved_strategy` (its strategy.toml, read
+// before this run rewrites it) names, with the paths absolute or as the working directory names them.
+std::set<std::string> accepted_state_hashes(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy);
 // The keys of that identity whose values differ from those in `saved_strategy` (a strategy.toml
 // Strata wrote), each as "section.key = there, here"; empty when the file is missing.
 std::vector<std::string> state_differences(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy);
