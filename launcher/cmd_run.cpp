@@ -371,9 +371,8 @@ int run_train(const Args& args) {
     std::cerr << "strata: note: [job] health_check applies under `strata run -n N`; this run is not checked (run `strata doctor` "
                  "before it)\n";
   // A worker group that torchelastic restarted (torchrun --max-restarts) continues the run from
-  // its newest checkpoint, whatever the first attempt was told.
-  const char* elastic_restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  const bool restarted = env.launcher == "torchrun" && elastic_restart && std::string(elastic_restart) != "0";
+  // its newest checkpoint, whatever the first attempt was told (the Trainer sees to it).
+  const bool restarted = restarted_by_torchelastic(env);
   const RunOptions options{args.out_dir, args.resume || restarted, args.overwrite && !restarted, {}};
   const fs::path out_dir = args.out_dir.empty() ? fs::path(loaded.plan.job.get_string("run_dir")) : fs::path(args.out_dir);
   const bool leader = env.rank == 0;

@@ -43,6 +43,11 @@ int slurm_tasks_on_node(const std::string& text, int node) {
 
 }  // namespace
 
+bool restarted_by_torchelastic(const LaunchEnv& env) {
+  const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return env.launcher == "torchrun" && count && std::string(count) != "0" && std::string(count) != "";
+}
+
 LaunchEnv detect_launch_env() {
   LaunchEnv env;
   if (read_int("OMPI_COMM_WORLD_RANK", env.rank) && read_int("OMPI_COMM_WORLD_SIZE", env.world_size)) {

@@ -86,6 +86,8 @@ Trainer::Impl::Impl(const ResolvedStrategy& plan_in, std::vector<size_t> order_i
       out_dir(options.out_dir.empty() ? fs::path(plan.job.get_string("run_dir")) : options.out_dir),
       checkpoints_dir(out_dir / "checkpoints"),
       leader(env.rank == 0) {
+  // A worker group torchrun restarted continues the run, whatever the first attempt was told.
+  if (restarted_by_torchelastic(env)) options.resume = true, options.overwrite = false;
   inject_fault(env.rank, 0);
   start_rank();
   claim_run_directory();

@@ -104,7 +104,7 @@ class MlpLanguageModel final : public ModelFactory {
       std::shared_ptr<nn::Block> block;
       if (c.get_bool("token_mixing")) block = std::make_shared<MixerBlock>(d, c.get_int("seq_len"), shard);
       else block = std::make_shared<ResidualMlp>(d, shard);
-      model->add_block("h" + std::to_string(i), block);
+      model->add_block(std::string("h") + std::to_string(i), block);  // (not "h" + ...: a GCC 12 false -Wstringop-overflow)
     }
     model->add_block("head", std::make_shared<Head>(d, vocab));
     return model;

@@ -27,6 +27,11 @@ inline constexpr const char* kSimulatedNodesEnv = "STRATA_SIMULATED_NODES";
 
 STRATA_API LaunchEnv detect_launch_env();
 
+// torchrun restarted this worker group (torchrun --max-restarts; TORCHELASTIC_RESTART_COUNT > 0):
+// a Trainer then continues the run from its newest checkpoint, whatever the program asked, so
+// `strata run` and programs on the library API alike survive a failed rank under torchrun.
+STRATA_API bool restarted_by_torchelastic(const LaunchEnv& env);
+
 // Sets torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK from `env`: the c10d
 // backend's rendezvous reads torchrun's variables, and ranks started by srun or mpirun that use
 // it (no MPI past start-up) are told their place in their own launcher's variables.
