@@ -308,16 +308,16 @@ bool at_default(const ResolvedStrategy& plan, const std::string& section, const 
   return spec && spec->default_value && *spec->default_value == value;
 }
 
-// What a checkpoint's state depends on, one "section" and "key" with its TOML value per entry:
-// [model], [data], [optimizer] and five keys of [job]. `every_key`: all of them (the identity
-// Strata hashed until 2026-11-30), less those at their defaults that `known` (a saved strategy's
-// keys) lacks: keys added since. Else without the paths and the keys at their defaults, so a key
-// a later Strata adds, at its default, changes no hash.
 struct IdentityEntry {
   std::string section, key, value;  // value: as TOML
   bool at_default;
 };
-// `relative_paths`: with every key, the paths as the working directory names them (the plan holds
+
+// What a checkpoint's state depends on, one entry per key: [model], [data], [optimizer] and five
+// keys of [job], without the paths and the keys at their defaults (a key a later Strata adds, at
+// its default, changes no hash). `every_key`: all of them, the identity Strata hashed until
+// 2026-11-30, less the keys at their defaults that `known` (a saved strategy's keys) lacks: keys
+// added since. `relative_paths`: the paths as the working directory names them (the plan holds
 // them absolute since 2026-11-30; a strategy that named them relative hashed them so before).
 std::vector<IdentityEntry> state_identity(const ResolvedStrategy& plan, bool every_key, const std::map<std::string, std::string>* known = nullptr,
                                           bool relative_paths = false) {
