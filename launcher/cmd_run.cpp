@@ -366,7 +366,10 @@ int run_train(const Args& args) {
   // Restarting needs a process outside the ranks: `strata run -n N` is one, a rank is not.
   if (loaded.plan.job.get_int("max_restarts") > 0 && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
     std::cerr << "strata: note: [job] max_restarts applies under `strata run -n N`; "
-              << (env.world_size > 1 ? "ranks started by another launcher" : "a run in this process") << " is not restarted\n";
+              << (env.launcher == "torchrun" ? "under torchrun, torchrun --max-restarts restarts the ranks (they resume)"
+                  : env.world_size > 1      ? "ranks started by another launcher are not restarted"
+                                            : "a run in this process is not restarted")
+              << "\n";
   if (loaded.plan.job.get_string("health_check") != "off" && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
     std::cerr << "strata: note: [job] health_check applies under `strata run -n N`; this run is not checked (run `strata doctor` "
                  "before it)\n";
