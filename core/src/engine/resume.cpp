@@ -234,7 +234,6 @@ bool Trainer::load() {
     }
   }
   const bool any = t.newest.has_value();
-  const std::string hash = engine::state_hash(t.plan);
   while (t.newest) {
     std::string problem;
     // Every rank runs each step of this loop for the same checkpoint: the checksums (each rank

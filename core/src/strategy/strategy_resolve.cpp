@@ -203,9 +203,6 @@ ParallelLayout resolve_layout(const Config& parallel, const SourcePos& pos, int6
   return layout;
 }
 
-}  // namespace
-
-namespace {
 // [data] path and [model] init_from name files relative to the working directory. The plan holds
 // them absolute, so the strategy.toml a run saves reruns, resumes, exports and samples from any
 // directory ([job] plugin_path, relative to the strategy file, is made absolute where it is
