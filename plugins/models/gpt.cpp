@@ -101,7 +101,7 @@ class Head final : public nn::Block {
   std::shared_ptr<nn::TiedLinear> lm_head;
 };
 
-class Gpt final : public ModelFactory {
+class Gpt final : public ModelFactory, public DerivesDefaults {
  public:
   Gpt()
       : ModelFactory({ComponentKind::Model, "gpt", "GPT-2 architecture: learned positions, pre-LayerNorm, GELU, tied embeddings",
@@ -113,12 +113,18 @@ class Gpt final : public ModelFactory {
                           .integer("seq_len", 1024, "Context length trained on (learned positions)", between(1, 1 << 24))
                           .real("dropout", 0.0, "Dropout probability", between(0, 1))
                           .boolean("bias", true, "Biases in Linear and LayerNorm layers")
-                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory; relative: to the working directory); [model] is checked against the config.json beside them; empty = random init")))}) {}
+                          .string("init_from", "", "Hugging Face GPT2LMHeadModel weights (model.safetensors or its directory; relative: to the working directory); the [model] keys left unset take the values of the config.json beside them, the ones set are checked against it; empty = random init")))}) {}
 
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     check_heads(config, section, diagnostics);
     check_max_positions(config, diagnostics);
-    check_hf_config(config, section, diagnostics);
+    HfConfigCheck hf(config, section, diagnostics);
+    if (hf) check_hf_config(config, hf);
+  }
+
+  // The [model] keys a strategy leaves unset take the values of the weights' config.json.
+  std::vector<Derived> derived_defaults(const Config& config) const override {
+    return HfConfigCheck::derived(config, [&](HfConfigCheck& hf) { check_hf_config(config, hf); });
   }
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
@@ -204,9 +210,7 @@ class Gpt final : public ModelFactory {
 
  private:
   // [model] init_from's config.json (hf_config_check.h): GPT2Config's keys and defaults.
-  static void check_hf_config(const Config& c, const SourcePos& section, Diagnostics& diagnostics) {
-    HfConfigCheck hf(c, section, diagnostics);
-    if (!hf) return;
+  static void check_hf_config(const Config& c, HfConfigCheck& hf) {
     hf.model_type({"gpt2"}, "gpt2 (GPT2LMHeadModel)");
     hf.same("n_layer", "n_layer");
     hf.same("n_head", "n_head");

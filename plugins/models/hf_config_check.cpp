@@ -48,10 +48,21 @@ std::string as_toml(const json& hf, const Value& like) {
   return hf.dump();
 }
 
+// config.json's value as a value of the [model] key's type; nullopt when it is not one.
+std::optional<Value> as_value(const json& hf, const Value& like) {
+  if (std::holds_alternative<int64_t>(like) && hf.is_number() && std::floor(hf.get<double>()) == hf.get<double>())
+    return Value{static_cast<int64_t>(hf.get<double>())};
+  if (std::holds_alternative<double>(like) && hf.is_number()) return Value{hf.get<double>()};
+  if (std::holds_alternative<bool>(like) && hf.is_boolean()) return Value{hf.get<bool>()};
+  if (std::holds_alternative<std::string>(like) && hf.is_string()) return Value{hf.get<std::string>()};
+  return std::nullopt;
+}
+
 }  // namespace
 
-HfConfigCheck::HfConfigCheck(const Config& config, const SourcePos& section, Diagnostics& diagnostics)
-    : config_(config), section_(section), diagnostics_(diagnostics) {
+HfConfigCheck::HfConfigCheck(const Config& config, const SourcePos& section, Diagnostics& diagnostics,
+                             std::vector<DerivesDefaults::Derived>* derived)
+    : config_(config), section_(section), diagnostics_(diagnostics), derived_(derived) {
   if (!config.has("init_from") || config.get_string("init_from").empty()) return;
   file_ = config_json_of(config.get_string("init_from"));
   if (file_.empty()) return;
@@ -59,6 +70,15 @@ HfConfigCheck::HfConfigCheck(const Config& config, const SourcePos& section, Dia
   config_json_ = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!config_json_.is_object())
     diagnostics_.error(position("init_from"), "[model] init_from: " + file_.string() + " is not a JSON object (transformers' config.json)");
+}
+
+std::vector<DerivesDefaults::Derived> HfConfigCheck::derived(const Config& config, const std::function<void(HfConfigCheck&)>& checks) {
+  std::vector<DerivesDefaults::Derived> out;
+  const SourcePos section;
+  Diagnostics dropped;  // validate reports them, on the filled config
+  HfConfigCheck hf(config, section, dropped, &out);
+  if (hf) checks(hf);
+  return out;
 }
 
 json HfConfigCheck::value(const std::string& hf_key) const {
@@ -80,6 +100,18 @@ std::string HfConfigCheck::stated(const std::string& key) const {
          (config_.entry(key).origin == Origin::Default ? " (the default)" : "");
 }
 
+bool HfConfigCheck::derive(const std::string& key, const json& hf) {
+  if (!derived_ || !config_.has(key) || config_.entry(key).origin != Origin::Default) return false;
+  std::optional<Value> value = as_value(hf, config_.entry(key).value);
+  if (!value) return false;  // not the key's type: validate names both
+  derived_->push_back({key, std::move(*value), SourcePos{file_.string(), 0, 0}});
+  return true;
+}
+
+void HfConfigCheck::implies(const std::string& key, bool value) {
+  if (*this && config_.get_bool(key) != value) derive(key, value);
+}
+
 void HfConfigCheck::model_type(const std::vector<std::string>& types, const std::string& expected) {
   const json type = value("model_type");
   if (!type.is_string() || std::find(types.begin(), types.end(), type.get<std::string>()) != types.end()) return;
@@ -95,7 +127,7 @@ void HfConfigCheck::same(const std::string& key, const std::string& hf_key, cons
 void HfConfigCheck::compare(const std::string& key, const json& hf, const std::string& hf_label) {
   if (hf.is_null()) return;
   const Value& mine = config_.entry(key).value;
-  if (equal(to_json(mine), hf)) return;
+  if (equal(to_json(mine), hf) || derive(key, hf)) return;
   diagnostics_.error(position(key), stated(key) + ", but the weights' " + file_.string() + " has " + hf_label + " = " + hf.dump() +
                                         "; set [model] " + key + " = " + as_toml(hf, mine) + " to load them");
 }
@@ -109,7 +141,7 @@ void HfConfigCheck::context(const std::string& hf_key, bool learned_rows) {
     const std::string key = given > seq_len ? "max_positions" : "seq_len";
     diagnostics_.error(position(key), stated(key) + ", but " + has + ": their learned position table has no rows beyond; set [model] " + key +
                                           " <= " + std::to_string(theirs));
-  } else if (given == 0 && theirs != seq_len) {
+  } else if (given == 0 && theirs != seq_len && !(theirs > seq_len && derive("max_positions", theirs))) {
     diagnostics_.error(position("max_positions"),
                        "[model] max_positions = 0 (the default: seq_len, " + std::to_string(seq_len) + "), but " + has +
                            "; set [model] max_positions = " + std::to_string(theirs) + " to load them" +
@@ -122,7 +154,7 @@ void HfConfigCheck::same_derived(const std::string& what, const json& value_here
                                  const std::optional<json>& absent, bool key_sets_it) {
   const json given = value(hf_key);
   const json hf = given.is_null() && absent ? *absent : given;
-  if (hf.is_null() || equal(value_here, hf)) return;
+  if (hf.is_null() || equal(value_here, hf) || (key_sets_it && derive(key, hf))) return;
   diagnostics_.error(position(key), what + " is " + value_here.dump() + ", but the weights' " + file_.string() + " has " + hf_key +
                                         " = " + hf.dump() + " (" + stated(key) + ")" +
                                         (key_sets_it ? "; set [model] " + key + " = " + as_toml(hf, config_.entry(key).value) + " to load them" : ""));

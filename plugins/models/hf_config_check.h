@@ -9,14 +9,22 @@
 // it, and a feature these models do not compute must be off. A mismatch is an error naming the
 // [model] key, both values and the value to write, found by `strata plan` before a rank starts.
 // Without config.json the tensors' names and shapes are all that is checked, as before.
+//
+// The same checks fill the strategy in (strata/component.h: DerivesDefaults): built with a list
+// to collect into, a check whose [model] key is left at its default takes config.json's value
+// instead, so `init_from = "DIR"` alone describes the model as from_pretrained does. A key the
+// strategy states is only checked. Errors found while collecting are the caller's to drop:
+// validate reports them on the filled config.
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "strata/component.h"
 #include "strata/config.h"
 
 namespace strata::models {
@@ -26,8 +34,14 @@ class HfConfigCheck {
   using json = nlohmann::json;
 
   // Reads config.json beside [model] init_from; with none (or no init_from) every check passes.
-  HfConfigCheck(const Config& config, const SourcePos& section, Diagnostics& diagnostics);
+  // With `derived`, the checks of keys at their defaults add config.json's values there instead.
+  HfConfigCheck(const Config& config, const SourcePos& section, Diagnostics& diagnostics,
+                std::vector<DerivesDefaults::Derived>* derived = nullptr);
   explicit operator bool() const { return config_json_.is_object(); }
+
+  // A model's DerivesDefaults: the values `checks` (its validate's, on a collecting check) take from
+  // config.json for the keys `config` leaves at their defaults.
+  static std::vector<DerivesDefaults::Derived> derived(const Config& config, const std::function<void(HfConfigCheck&)>& checks);
 
   // config.json's model_type (where it has one) is one of `types`; `expected` names them for the message.
   void model_type(const std::vector<std::string>& types, const std::string& expected);
@@ -51,19 +65,26 @@ class HfConfigCheck {
   void not_computed(const std::string& what);
   // [model] max_positions (0: seq_len) against config.json's `hf_key`, the context the weights are
   // made for. Left at its default it must equal config.json's (the line to write is named); stated,
-  // it may differ. A learned position table (`learned_rows`) has no rows beyond config.json's: the
-  // model may take its first ones (max_positions, or seq_len, less than it) and no more.
+  // it may differ (collecting, a longer context than seq_len is taken). A learned position table
+  // (`learned_rows`) has no rows beyond config.json's: the model may take its first ones
+  // (max_positions, or seq_len, less than it) and no more.
   void context(const std::string& hf_key, bool learned_rows);
+  // [model] `key` (a boolean config.json has no key for, such as the architecture model_type
+  // implies) defaults to `value`; only fills, never reports (model_type reports a mismatch).
+  void implies(const std::string& key, bool value);
   // config.json's value of `hf_key` (rope_theta also under transformers 5's rope_parameters); null when missing.
   json value(const std::string& hf_key) const;
 
  private:
   SourcePos position(const std::string& key) const;
   std::string stated(const std::string& key) const;  // "[model] n_head = 8" (+ " (the default)")
+  // While collecting: adds `hf` as `key`'s value where the key is at its default; whether it did.
+  bool derive(const std::string& key, const json& hf);
 
   const Config& config_;
   const SourcePos& section_;
   Diagnostics& diagnostics_;
+  std::vector<DerivesDefaults::Derived>* derived_;
   std::filesystem::path file_;
   json config_json_;
 };

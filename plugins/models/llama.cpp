@@ -58,12 +58,12 @@ Schema llama_schema(bool moe) {
       .boolean("tie_embeddings", false, "Share the input embedding with the output head");
   if (moe)
     return add_moe_keys(schema).string("init_from", "",
-                                       "Hugging Face MixtralForCausalLM weights (model.safetensors, its directory, or a sharded index; relative: to the working directory); [model] is checked against the config.json beside them; empty = random init");
+                                       "Hugging Face MixtralForCausalLM weights (model.safetensors, its directory, or a sharded index; relative: to the working directory); the [model] keys left unset take the values of the config.json beside them, the ones set are checked against it; empty = random init");
   return schema.boolean("qkv_bias", false, "Biases on the q, k and v projections (Qwen2: its checkpoints load and export as Qwen2ForCausalLM)")
-      .string("init_from", "", "Hugging Face LlamaForCausalLM (or, with qkv_bias, Qwen2ForCausalLM) weights (model.safetensors, its directory, or a sharded index; relative: to the working directory); [model] is checked against the config.json beside them; empty = random init");
+      .string("init_from", "", "Hugging Face LlamaForCausalLM (or, with qkv_bias, Qwen2ForCausalLM) weights (model.safetensors, its directory, or a sharded index; relative: to the working directory); the [model] keys left unset take the values of the config.json beside them, the ones set are checked against it; empty = random init");
 }
 
-class Llama final : public ModelFactory {
+class Llama final : public ModelFactory, public DerivesDefaults {
  public:
   explicit Llama(bool moe)
       : ModelFactory({ComponentKind::Model, moe ? "mixtral" : "llama",
@@ -82,7 +82,13 @@ class Llama final : public ModelFactory {
     if (moe_) validate_moe(config, section, diagnostics);
     validate_rope(config, section, diagnostics);
     check_max_positions(config, diagnostics);
-    check_hf_config(config, section, diagnostics);
+    HfConfigCheck hf(config, section, diagnostics);
+    if (hf) check_hf_config(config, hf);
+  }
+
+  // The [model] keys a strategy leaves unset take the values of the weights' config.json.
+  std::vector<Derived> derived_defaults(const Config& config) const override {
+    return HfConfigCheck::derived(config, [&](HfConfigCheck& hf) { check_hf_config(config, hf); });
   }
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
@@ -193,9 +199,8 @@ class Llama final : public ModelFactory {
  private:
   // [model] init_from's config.json (hf_config_check.h): LlamaConfig's / MixtralConfig's keys and
   // defaults (Mistral's checkpoints are Llama's with a sliding window).
-  void check_hf_config(const Config& c, const SourcePos& section, Diagnostics& diagnostics) const {
-    HfConfigCheck hf(c, section, diagnostics);
-    if (!hf) return;
+  void check_hf_config(const Config& c, HfConfigCheck& hf) const {
+    if (!moe_) hf.implies("qkv_bias", hf.value("model_type") == "qwen2");  // Qwen2's checkpoints are Llama's with q/k/v biases
     if (moe_) hf.model_type({"mixtral"}, "mixtral (MixtralForCausalLM)");
     else if (qkv_bias(c)) hf.model_type({"qwen2"}, "qwen2 (Qwen2ForCausalLM, [model] qkv_bias = true)");
     else hf.model_type({"llama", "mistral"}, "llama (LlamaForCausalLM) or mistral ([model] qkv_bias = true loads qwen2)");

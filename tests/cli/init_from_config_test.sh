@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # init_from_config_test.sh STRATA WORKDIR
-# [model] init_from against the checkpoint's config.json (plugins/models/hf_config_check.h), at
-# plan time. The config.json files are written here as transformers 5.23 writes them
-# (rope_parameters) and as transformers 4 did (rope_theta, rope_scaling at the top): a matching
-# one plans; a [model] key that differs is refused naming both values and the value to write
-# (Llama 3.1's rope scaling included); a feature the model does not compute (another rope
-# scaling, another activation, biases) is refused; a
-# config.json of another model type is refused; `strata run` refuses before training, with
-# nothing written; a checkpoint without config.json plans as before (names and shapes only).
+# [model] init_from and the checkpoint's config.json (plugins/models/hf_config_check.h), at plan
+# time. The config.json files are written here as transformers 5.23 writes them (rope_parameters)
+# and as transformers 4 did (rope_theta, rope_scaling at the top). A [model] key the strategy
+# leaves unset takes config.json's value, shown in the plan with the file it came from (a
+# [model] with init_from alone describes the model; Llama 3.1's rope scaling, a longer context,
+# Qwen2's biases included); a stated key that differs is refused naming both values and the value
+# to write; a feature the model does not compute (another rope scaling, another activation,
+# biases) is refused; a config.json of another model type is refused; `strata run` refuses
+# before training, with nothing written; a checkpoint without config.json plans as before (names
+# and shapes only).
 set -euo pipefail
 strata=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
@@ -47,15 +49,18 @@ plan_case llama_heads 2 "--set model.n_head=8: error: \[model\] n_head = 8, but 
   "$llama" --set "model.init_from=$work/llama" --set model.n_head=8 --set model.n_kv_head=4
 grep -Eq "the head size, d_model / n_head, is 16, but the weights' .* has head_dim = 32" "$work/llama_heads.log" || { echo "FAIL: no head_dim line"; exit 1; }
 llama_config "$work/llama_theta" '{"rope_theta": 500000.0, "rope_type": "default"}'
-plan_case llama_rope_theta_default 2 "error: \[model\] rope_theta = 10000.0 \(the default\), but the weights' .* has rope_theta = 500000.0; set \[model\] rope_theta = 500000.0 to load them$" \
-  "$llama" --set "model.init_from=$work/llama_theta"
+plan_case llama_rope_theta_default 0 "^  rope_theta += 5e\+05 +# $work/llama_theta/config.json$" "$llama" --set "model.init_from=$work/llama_theta"
+plan_case llama_rope_theta_stated 2 "--set model.rope_theta=10000.0: error: \[model\] rope_theta = 10000.0, but the weights' .* has rope_theta = 500000.0; set \[model\] rope_theta = 500000.0 to load them$" \
+  "$llama" --set "model.init_from=$work/llama_theta" --set model.rope_theta=10000.0
 llama_config "$work/llama3" '{"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_theta": 10000.0, "rope_type": "llama3"}'
-# Llama 3.1's rope scaling: taken when [model] states it, with the same parameters.
-plan_case llama3_rope_scaling 2 "error: \[model\] rope_scaling = \"none\" \(the default\), but the weights' .*/llama3/config.json has rope type = \"llama3\"; set \[model\] rope_scaling = \"llama3\" to load them$" \
-  "$llama" --set "model.init_from=$work/llama3"
-plan_case llama3_rope_matches 0 "^  rope_scaling += \"llama3\"" "$llama" --set "model.init_from=$work/llama3" --set model.rope_scaling=llama3 --set model.rope_factor=32.0
-plan_case llama3_rope_factor 2 "error: \[model\] rope_factor = 8.0 \(the default\), but the weights' .* has factor = 32.0; set \[model\] rope_factor = 32.0 to load them$" \
-  "$llama" --set "model.init_from=$work/llama3" --set model.rope_scaling=llama3
+# Llama 3.1's rope scaling: taken with its parameters (the scaling first, then its keys); stated, the same ones.
+plan_case llama3_rope_scaling 0 "^  rope_scaling += \"llama3\" +# $work/llama3/config.json$" "$llama" --set "model.init_from=$work/llama3"
+grep -Eq "^  rope_factor += 32.0 +# $work/llama3/config.json$" "$work/llama3_rope_scaling.log" || { echo "FAIL: rope_factor not taken"; exit 1; }
+plan_case llama3_rope_matches 0 "^  rope_scaling += \"llama3\" +# --set" "$llama" --set "model.init_from=$work/llama3" --set model.rope_scaling=llama3 --set model.rope_factor=32.0
+plan_case llama3_rope_factor 2 "--set model.rope_factor=8.0: error: \[model\] rope_factor = 8.0, but the weights' .* has factor = 32.0; set \[model\] rope_factor = 32.0 to load them$" \
+  "$llama" --set "model.init_from=$work/llama3" --set model.rope_scaling=llama3 --set model.rope_factor=8.0
+plan_case llama3_rope_stated_none 2 "--set model.rope_scaling=none: error: \[model\] rope_scaling = \"none\", but the weights' .*/llama3/config.json has rope type = \"llama3\"; set \[model\] rope_scaling = \"llama3\" to load them$" \
+  "$llama" --set "model.init_from=$work/llama3" --set model.rope_scaling=none
 llama_config "$work/yarn" '{"factor": 4.0, "original_max_position_embeddings": 2048, "rope_theta": 10000.0, "rope_type": "yarn"}'
 plan_case yarn_rope_scaling 2 "has rope type yarn \(rotary embeddings scaled another way than llama3\), which this model does not compute$" \
   "$llama" --set "model.init_from=$work/yarn"
@@ -69,16 +74,42 @@ plan_case llama_features 2 "has hidden_act = \"gelu\" \(an MLP activation other 
 grep -q 'has mlp_bias = true (biases in the MLP)' "$work/llama_features.log" || { echo "FAIL: no mlp_bias line"; exit 1; }
 plan_case llama_untied 2 "error: \[model\] tie_embeddings = false, but the weights' .* has tie_word_embeddings = true; set \[model\] tie_embeddings = true to load them$" \
   "$llama" --set "model.init_from=$work/llama" --set model.tie_embeddings=false
-# The context config.json states (Llama 3.2's 131072): asked for, then kept; max_positions below seq_len is refused.
+# The context config.json states (Llama 3.2's 131072): taken, or a stated one kept; one shorter than
+# seq_len is not taken (the line to write is named); max_positions below seq_len is refused.
 llama_config "$work/llama_long" "" "" 131072
-plan_case llama_context 2 "error: \[model\] max_positions = 0 \(the default: seq_len, 128\), but the weights' .*/llama_long/config.json has max_position_embeddings = 131072; set \[model\] max_positions = 131072 to load them \(or = 128 for an export that states this run's context\)$" \
-  "$llama" --set "model.init_from=$work/llama_long"
-plan_case llama_context_stated 0 "^  max_positions += 131072" "$llama" --set "model.init_from=$work/llama_long" --set model.max_positions=131072
+plan_case llama_context 0 "^  max_positions += 131072 +# $work/llama_long/config.json$" "$llama" --set "model.init_from=$work/llama_long"
+plan_case llama_context_stated 0 "^  max_positions += 128 +# --set" "$llama" --set "model.init_from=$work/llama_long" --set model.max_positions=128
+llama_config "$work/llama_short" "" "" 64
+plan_case llama_context_shorter 2 "error: \[model\] max_positions = 0 \(the default: seq_len, 128\), but the weights' .*/llama_short/config.json has max_position_embeddings = 64; set \[model\] max_positions = 64 to load them \(or = 128 for an export that states this run's context\)$" \
+  "$llama" --set "model.init_from=$work/llama_short"
 plan_case max_positions_below_seq_len 2 "--set model.max_positions=64: error: \[model\] max_positions = 64 is less than seq_len = 128, the context it trains on; set it >= 128 \(or 0: seq_len\)$" \
   "$llama" --set model.max_positions=64
+# qwen2 is the llama model with q/k/v biases: taken, or refused where the strategy states none.
 mkdir -p "$work/qwen" && sed 's/"model_type": "llama"/"model_type": "qwen2"/' "$work/llama/config.json" > "$work/qwen/config.json"
-plan_case llama_other_type 2 "init_from: .*/qwen/config.json describes a qwen2 model, but this \[model\] loads llama \(LlamaForCausalLM\) or mistral \(\[model\] qkv_bias = true loads qwen2\) weights$" \
-  "$llama" --set "model.init_from=$work/qwen"
+plan_case qwen2_biases 0 "^  qkv_bias += true +# $work/qwen/config.json$" "$llama" --set "model.init_from=$work/qwen"
+plan_case qwen2_stated_without_biases 2 "init_from: .*/qwen/config.json describes a qwen2 model, but this \[model\] loads llama \(LlamaForCausalLM\) or mistral \(\[model\] qkv_bias = true loads qwen2\) weights$" \
+  "$llama" --set "model.init_from=$work/qwen" --set model.qkv_bias=false
+mkdir -p "$work/gpt_type" && sed 's/"model_type": "llama"/"model_type": "gpt2"/' "$work/llama/config.json" > "$work/gpt_type/config.json"
+plan_case llama_other_type 2 "init_from: .*/gpt_type/config.json describes a gpt2 model, but this \[model\] loads llama" "$llama" --set "model.init_from=$work/gpt_type"
+
+# [model] init_from alone: every size from config.json (here a bigger model than llama_text's
+# defaults would be, and a vocabulary above the data's, which is allowed).
+mkdir -p "$work/bare_llama"
+sed -e 's/"hidden_size": 128/"hidden_size": 96/; s/"head_dim": 32/"head_dim": 24/; s/"intermediate_size": 512/"intermediate_size": 200/; s/"num_hidden_layers": 4/"num_hidden_layers": 3/; s/"vocab_size": 256/"vocab_size": 300/; s/"rms_norm_eps": 1e-05/"rms_norm_eps": 1e-06/' \
+  "$work/llama/config.json" > "$work/bare_llama/config.json"
+sed -e '/^\[model\]/,/^$/d' "$llama" > "$work/bare.toml"
+printf '[model]\ninit_from = "%s"\nseq_len = 64\n' "$work/bare_llama" >> "$work/bare.toml"
+plan_case init_from_alone 0 "^  n_layer += 3 +# $work/bare_llama/config.json$" "$work/bare.toml"
+for line in "n_head += 4" "n_kv_head += 2" "d_model += 96" "ffn_hidden += 200" "vocab_size += 300" "norm_eps += 1e-06" "tie_embeddings += true"; do
+  grep -Eq "^  $line +# $work/bare_llama/config.json$" "$work/init_from_alone.log" || { echo "FAIL init_from_alone: no /$line/"; cat "$work/init_from_alone.log"; exit 1; }
+done
+# Prepared data's vocabulary (meta.json) yields to the weights' (a larger model vocabulary is allowed);
+# without init_from it is taken.
+mkdir -p "$work/prepared"
+echo '{"format": "strata-tokens 1", "vocab_size": 256, "eos_id": 0, "dtype": "uint16", "eos_token": "<|endoftext|>"}' > "$work/prepared/meta.json"
+plan_case weights_vocab_over_data 0 "^  vocab_size += 300 +# $work/bare_llama/config.json$" "$work/bare.toml" --set "data.path=$work/prepared"
+plan_case data_vocab_without_weights 0 "^  vocab_size += 256 +# $work/prepared/meta.json$" "$work/bare.toml" --set "data.path=$work/prepared" \
+  --set model.init_from= --set model.n_head=4 --set model.n_kv_head=4 --set model.d_model=64
 
 # GPT-2 (default.toml's model), as GPT2Config saves it.
 mkdir -p "$work/gpt2"
@@ -90,8 +121,7 @@ EOF
 plan_case gpt_matches 0 "init_from" "$gpt" --set "model.init_from=$work/gpt2"
 # A shorter context keeps the learned positions it states (all, or the first seq_len); a longer
 # one, or a larger table, has none to take.
-plan_case gpt_shorter_context 2 "error: \[model\] max_positions = 0 \(the default: seq_len, 64\), but .* has n_positions = 128; set \[model\] max_positions = 128 to load them \(or = 64 to keep their first 64 positions\)$" \
-  "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64
+plan_case gpt_shorter_context 0 "^  max_positions += 128 +# $work/gpt2/config.json$" "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64
 plan_case gpt_shorter_context_kept 0 "^  max_positions += 128" "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64 --set model.max_positions=128
 plan_case gpt_shorter_context_cropped 0 "^  max_positions += 64" "$gpt" --set "model.init_from=$work/gpt2" --set model.seq_len=64 --set model.max_positions=64
 plan_case gpt_longer_context 2 "error: \[model\] seq_len = 256, but the weights' .*/gpt2/config.json has n_positions = 128: their learned position table has no rows beyond; set \[model\] seq_len <= 128$" \
@@ -115,8 +145,8 @@ mkdir -p "$work/mixtral_8" && sed -e 's/"num_local_experts": 4/"num_local_expert
   "$work/mixtral/config.json" > "$work/mixtral_8/config.json"
 plan_case mixtral_experts 2 "error: \[model\] n_experts = 4, but the weights' .* has num_local_experts = 8; set \[model\] n_experts = 8 to load them$" \
   "$mixtral" --set "model.init_from=$work/mixtral_8"
-grep -q "\[model\] sliding_window = 0 (the default), but the weights' .* has sliding_window = 16; set \[model\] sliding_window = 16" \
-  "$work/mixtral_experts.log" || { echo "FAIL: no sliding_window line"; exit 1; }
+grep -q "sliding_window" "$work/mixtral_experts.log" && { echo "FAIL: sliding_window (left unset) not taken"; cat "$work/mixtral_experts.log"; exit 1; }
+plan_case mixtral_window 0 "^  sliding_window += 16 +# $work/mixtral_8/config.json$" "$mixtral" --set "model.init_from=$work/mixtral_8" --set model.n_experts=8
 
 # `strata run` refuses the same way before a rank trains, and writes nothing.
 set +e

@@ -200,6 +200,63 @@ TEST(Strategy, IntegerWidensToFloatButNotTheOtherWay) {
   EXPECT_NE(errors(r).find("key 'steps' of [job] expects integer, got number 1.5"), std::string::npos) << errors(r);
 }
 
+// A model whose description file (here: a fixed one, "desc.json") gives heads = width / 4 where
+// width is set, and depth = heads + 1 where heads is not at its default: the second follows from
+// the first, so it needs a second round.
+class DescribedModel final : public ModelFactory, public DerivesDefaults {
+ public:
+  DescribedModel()
+      : ModelFactory({ComponentKind::Model, "described", "described model",
+                      Schema().integer("width", 8, "width", at_least(1)).integer("heads", 2, "heads", at_least(1)).integer("depth", 1, "depth", at_least(1))}) {}
+  std::vector<Derived> derived_defaults(const Config& c) const override {
+    std::vector<Derived> out;
+    const SourcePos from{"desc.json", 0, 0};
+    if (c.entry("width").origin != Origin::Default) out.push_back({"heads", Value{c.get_int("width") / 4}, from});
+    if (c.entry("heads").origin != Origin::Default) out.push_back({"depth", Value{c.get_int("heads") + 1}, from});
+    return out;
+  }
+  std::shared_ptr<nn::Model> create(const Config&) const override { return nullptr; }
+};
+
+Result resolve_described(const std::string& model_keys) {
+  static auto registry = [] {
+    auto r = test::make_test_registry();
+    r->register_plugin(PluginRecord{"described", "0", "<test>", "", {}}, [](Registry& reg) { reg.add(std::make_unique<DescribedModel>()); });
+    return r;
+  }();
+  Result r;
+  RawStrategy raw = parse_strategy_text("[job]\nmodel = \"described\"\ndataset = \"toy\"\n[model]\n" + model_keys + "\n[data]\npath = \"x\"\n", "s.toml", r.diagnostics);
+  r.plan = resolve_strategy(raw, *registry, 1, r.diagnostics);
+  return r;
+}
+
+TEST(Strategy, DerivedDefaultsFillUnsetKeysUntilNothingChanges) {
+  Result r = resolve_described("width = 16");
+  ASSERT_TRUE(r.diagnostics.ok()) << errors(r);
+  EXPECT_EQ(r.plan.model.get_int("heads"), 4);
+  EXPECT_EQ(r.plan.model.entry("heads").origin, Origin::File);
+  EXPECT_EQ(r.plan.model.entry("heads").pos.file, "desc.json");
+  EXPECT_EQ(r.plan.model.get_int("depth"), 5);  // from the filled heads, in the second round
+  EXPECT_EQ(r.plan.model.entry("depth").pos.file, "desc.json");
+}
+
+TEST(Strategy, DerivedDefaultsNeverReplaceAStatedKey) {
+  Result r = resolve_described("width = 16\nheads = 2\ndepth = 7");
+  ASSERT_TRUE(r.diagnostics.ok()) << errors(r);
+  EXPECT_EQ(r.plan.model.get_int("heads"), 2);
+  EXPECT_EQ(r.plan.model.entry("heads").pos.line, 6);
+  EXPECT_EQ(r.plan.model.get_int("depth"), 7);
+  // Nothing derived, nothing filled: the defaults stay defaults.
+  Result d = resolve_described("");
+  ASSERT_TRUE(d.diagnostics.ok()) << errors(d);
+  EXPECT_EQ(d.plan.model.entry("heads").origin, Origin::Default);
+}
+
+TEST(Strategy, DerivedValueOutsideTheSchemaNamesItsSource) {
+  Result r = resolve_described("width = 2");
+  EXPECT_EQ(errors(r), "desc.json: error: key 'heads' of model 'described' in [model], taken from here, must be >= 1, got 0\n");
+}
+
 TEST(Strategy, PluginPathIsRelativeToTheStrategyFile) {
   Diagnostics d;
   RawStrategy raw = parse_strategy_text("[job]\nplugin_path = [\"plugins\", \"/abs\"]\n", "conf/s.toml", d);

@@ -4,7 +4,9 @@
 // the vocabulary, the end-of-text id and the token width. A strategy whose [data] path is such a
 // directory need not repeat them: [model] vocab_size, [data] document_end, dtype and vocab_size
 // are taken from it when the strategy leaves them out (their position names meta.json, so `strata
-// plan` shows where they came from). A stated dtype or document_end other than the files' is
+// plan` shows where they came from). [model] vocab_size yields to the model's own description
+// (the config.json of the weights it starts from names the rows they have). A stated dtype or
+// document_end other than the files' is
 // refused naming both; a stated [model] vocab_size is kept (larger is a choice, padding for
 // speed), and one below the data's is refused by the data check as for any dataset.
 #include <filesystem>
@@ -33,21 +35,22 @@ std::optional<PreparedData> read_prepared_data(const std::filesystem::path& dir)
   return prepared;
 }
 
-void apply_prepared_data(const Config& job, const ComponentRegistry& registry, RawSection& model, RawSection& data, Diagnostics& diagnostics) {
+std::vector<DerivesDefaults::Derived> apply_prepared_data(const Config& job, const ComponentRegistry& registry, RawSection& data,
+                                                          Diagnostics& diagnostics) {
   const RawEntry* path = data.find("path");
-  if (!path || !std::holds_alternative<std::string>(path->value)) return;
+  if (!path || !std::holds_alternative<std::string>(path->value)) return {};
   const std::optional<PreparedData> prepared = read_prepared_data(std::get<std::string>(path->value));
-  if (!prepared) return;
+  if (!prepared) return {};
   const std::filesystem::path& meta_file = prepared->meta_file;
   const SourcePos from{meta_file.string(), 0, 0};
   if (!prepared->vocab_size || !prepared->eos_id || !prepared->dtype) {
     diagnostics.error(from, "prepared data: meta.json needs integer vocab_size and eos_id and a dtype (rewrite it with strata data prepare)");
-    return;
+    return {};
   }
   // Only a component that declares a key takes it (another's schema would refuse the key).
-  auto fill = [&](ComponentKind kind, const char* chooser, RawSection& section, const std::string& key, Value value) {
-    const Component* component = job.has(chooser) ? registry.find(kind, job.get_string(chooser)) : nullptr;
-    if (component && component->info().schema.find(key) && !section.find(key)) section.set(key, RawEntry{std::move(value), from, Origin::File});
+  auto fill = [&](const std::string& key, Value value) {
+    const Component* component = job.has("dataset") ? registry.find(ComponentKind::Dataset, job.get_string("dataset")) : nullptr;
+    if (component && component->info().schema.find(key) && !data.find(key)) data.set(key, RawEntry{std::move(value), from, Origin::File});
   };
   // A stated token width or document end other than the files' is refused, naming both: the
   // tokens would be misread or documents cut at a token that never ends one (-1, the stream as
@@ -60,10 +63,10 @@ void apply_prepared_data(const Config& job, const ComponentRegistry& registry, R
       stated && std::holds_alternative<int64_t>(stated->value) && std::get<int64_t>(stated->value) != eos && std::get<int64_t>(stated->value) != -1)
     diagnostics.error(stated->pos, "[data] document_end = " + std::to_string(std::get<int64_t>(stated->value)) + " but " + meta_file.string() +
                                        " says documents end with " + std::to_string(eos) + " (" + prepared->eos_token.value_or("") + ")");
-  fill(ComponentKind::Dataset, "dataset", data, "document_end", Value{eos});
-  fill(ComponentKind::Dataset, "dataset", data, "dtype", Value{dtype});
-  fill(ComponentKind::Dataset, "dataset", data, "vocab_size", Value{*prepared->vocab_size});
-  fill(ComponentKind::Model, "model", model, "vocab_size", Value{*prepared->vocab_size});
+  fill("document_end", Value{eos});
+  fill("dtype", Value{dtype});
+  fill("vocab_size", Value{*prepared->vocab_size});
+  return {{"vocab_size", Value{*prepared->vocab_size}, from}};
 }
 
 }  // namespace strata

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "strata/core/strategy.h"
+#include "strata/core/prepared_data.h"
 
 #include <filesystem>
 
@@ -120,11 +121,43 @@ Schema merged(const Schema& a, const Schema& b, const std::string& b_owner, cons
   return out;
 }
 
+// Sets `key` to a value derived for it (strata/component.h: DerivesDefaults) where the section
+// left it at its default; the value passes the key's schema check as a written one does, and a
+// failure names the file it came from. Returns whether it set the key.
+bool set_derived(const DerivesDefaults::Derived& derived, const Schema& schema, const std::string& owner, Config& config,
+                 Diagnostics& diagnostics) {
+  const KeySpec* spec = schema.find(derived.key);
+  if (!spec || !config.has(derived.key) || config.entry(derived.key).origin != Origin::Default) return false;
+  std::string why;
+  std::optional<Value> stored = check_value(*spec, derived.value, why);
+  if (!stored) {
+    diagnostics.error(derived.source, "key '" + derived.key + "' of " + owner + ", taken from here, " + why);
+    return false;
+  }
+  if (*stored == config.entry(derived.key).value) return false;
+  config.set(derived.key, Config::Entry{std::move(*stored), Origin::File, derived.source});
+  return true;
+}
+
+// Fills the keys the section leaves at their defaults: first those the component derives, asked
+// again after each change (a derived key may imply others), then `fallbacks`.
+void fill_derived_defaults(const Component& component, const Schema& schema, const std::string& owner,
+                           const std::vector<DerivesDefaults::Derived>& fallbacks, Config& config, Diagnostics& diagnostics) {
+  if (const auto* derives = dynamic_cast<const DerivesDefaults*>(&component)) {
+    // Each round sets at least one key that was at its default, so the rounds end.
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (const auto& derived : derives->derived_defaults(config)) changed |= set_derived(derived, schema, owner, config, diagnostics);
+    }
+  }
+  for (const auto& derived : fallbacks) set_derived(derived, schema, owner, config, diagnostics);
+}
+
 // Resolves a section that belongs to the component named by `name_key` in `chooser`.
 const Component* resolve_component_section(ComponentKind kind, const Config& chooser, const std::string& chooser_label,
                                            const std::string& name_key, const RawSection& section,
                                            const Schema* common, const ComponentRegistry& registry, Config& out,
-                                           Diagnostics& diagnostics) {
+                                           Diagnostics& diagnostics, const std::vector<DerivesDefaults::Derived>& fallbacks = {}) {
   if (!chooser.has(name_key)) return nullptr;  // already reported as missing
   const std::string& name = chooser.get_string(name_key);
   const std::string kind_name = component_kind_name(kind);
@@ -141,12 +174,10 @@ const Component* resolve_component_section(ComponentKind kind, const Config& cho
   }
   const std::string owner = kind_name + " '" + name + "' in " + section.label;
   size_t before = diagnostics.items().size();
-  if (common) {
-    Schema schema = merged(*common, component->info().schema, kind_name + " '" + name + "'", section.pos, diagnostics);
-    out = validate_section(section, schema, owner, diagnostics);
-  } else {
-    out = validate_section(section, component->info().schema, owner, diagnostics);
-  }
+  const Schema schema = common ? merged(*common, component->info().schema, kind_name + " '" + name + "'", section.pos, diagnostics)
+                               : component->info().schema;
+  out = validate_section(section, schema, owner, diagnostics);
+  if (diagnostics.items().size() == before) fill_derived_defaults(*component, schema, owner, fallbacks, out, diagnostics);
   if (diagnostics.items().size() == before) component->validate(out, section.pos, diagnostics);
   return component;
 }
@@ -233,10 +264,10 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
   out.layout = resolve_layout(out.parallel, raw.parallel.pos.line ? raw.parallel.pos : SourcePos{raw.file, 0, 0},
                               world_size, diagnostics);
 
-  RawSection model = raw.model, data = raw.data;
-  apply_prepared_data(out.job, registry, model, data, diagnostics);
-  out.model_component = resolve_component_section(ComponentKind::Model, out.job, "[job]", "model", model, nullptr,
-                                                  registry, out.model, diagnostics);
+  RawSection data = raw.data;
+  const std::vector<DerivesDefaults::Derived> model_from_data = apply_prepared_data(out.job, registry, data, diagnostics);
+  out.model_component = resolve_component_section(ComponentKind::Model, out.job, "[job]", "model", raw.model, nullptr,
+                                                  registry, out.model, diagnostics, model_from_data);
   out.dataset_component = resolve_component_section(ComponentKind::Dataset, out.job, "[job]", "dataset", data,
                                                     nullptr, registry, out.data, diagnostics);
   make_path_absolute(out.model, "init_from");

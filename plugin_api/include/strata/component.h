@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "strata/config.h"
 #include "strata/export.h"
@@ -43,6 +44,23 @@ class STRATA_API Component {
   // In core (one pointer here): a component's size, which every plugin's component class embeds,
   // never changes.
   std::unique_ptr<detail::ComponentState> state_;
+};
+
+// Optional (ABI 1.6), found by dynamic_cast on any component: values for keys its section leaves
+// unset that follow from what it does set, or from a file it names (a model's weights carry their
+// own description: transformers' config.json beside [model] init_from). Before `validate`, core
+// sets each key still at its default to the value derived for it (origin File, at `source`, so
+// `strata plan` names the file), then asks again with the filled config, until nothing changes.
+// A key the strategy states is never replaced; `validate` checks it against the same source.
+class STRATA_API DerivesDefaults {
+ public:
+  struct Derived {
+    std::string key;
+    Value value;
+    SourcePos source;  // where the value comes from: a file, line 0
+  };
+  virtual ~DerivesDefaults();
+  virtual std::vector<Derived> derived_defaults(const Config& config) const = 0;
 };
 
 }  // namespace strata

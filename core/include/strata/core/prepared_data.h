@@ -8,7 +8,10 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "strata/component.h"
+#include "strata/core/strategy.h"
 #include "strata/export.h"
 
 namespace strata {
@@ -24,5 +27,12 @@ struct PreparedData {
 // What `dir` holds if `strata data prepare` wrote it; nullopt when it has no readable meta.json
 // of the "strata-tokens" format (any other directory or file, or a path the system refuses).
 STRATA_API std::optional<PreparedData> read_prepared_data(const std::filesystem::path& dir);
+
+// A [data] path that is a directory `strata data prepare` wrote: [data] document_end and dtype
+// default to its meta.json's (set in `data`), and so does [model] vocab_size (returned: a model's
+// own derived defaults, such as its weights' config.json, come first; strategy/prepared_data.cpp).
+// Declared here, not in strategy.h, which plugins built against an older SDK include.
+STRATA_API std::vector<DerivesDefaults::Derived> apply_prepared_data(const Config& job, const ComponentRegistry& registry,
+                                                                      RawSection& data, Diagnostics& diagnostics);
 
 }  // namespace strata

@@ -88,11 +88,6 @@ STRATA_API ResolvedStrategy resolve_strategy(const RawStrategy& raw, const Compo
 // (a resumed run, an export): the pretrained weights would be read for nothing, and may be gone.
 STRATA_API Config without_init_from(const Config& model);
 
-// A [data] path that is a directory `strata data prepare` wrote: [model] vocab_size, [data]
-// document_end and [data] dtype default to its meta.json's (strategy/prepared_data.cpp).
-STRATA_API void apply_prepared_data(const Config& job, const ComponentRegistry& registry, RawSection& model, RawSection& data,
-                                    Diagnostics& diagnostics);
-
 // Every size a rank checks before training, so that a plan that passes trains: the global batch
 // over the data-parallel ranks and micro-batches, the model's split over tensor ranks, each
 // enabled pass's size_problem and plan_problem. Arithmetic on the plan only: nothing is opened.
