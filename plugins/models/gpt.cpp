@@ -210,8 +210,8 @@ class Gpt final : public ModelFactory, public DerivesDefaults {
 
  private:
   // [model] init_from's config.json (hf_config_check.h): GPT2Config's keys and defaults.
-  static void check_hf_config(const Config& c, HfConfigCheck& hf) {
-    hf.model_type({"gpt2"}, "gpt2 (GPT2LMHeadModel)");
+  void check_hf_config(const Config& c, HfConfigCheck& hf) const {
+    hf.model_type({"gpt2"}, "gpt2 (GPT2LMHeadModel)", name());
     hf.same("n_layer", "n_layer");
     hf.same("n_head", "n_head");
     hf.same("d_model", "n_embd");

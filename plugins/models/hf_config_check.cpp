@@ -48,6 +48,14 @@ std::string as_toml(const json& hf, const Value& like) {
   return hf.dump();
 }
 
+// The bundled model that loads a config.json's model_type; empty for none.
+std::string bundled_model_for(const std::string& model_type) {
+  if (model_type == "gpt2") return "gpt";
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") return "llama";
+  if (model_type == "mixtral") return "mixtral";
+  return {};
+}
+
 // config.json's value as a value of the [model] key's type; nullopt when it is not one.
 std::optional<Value> as_value(const json& hf, const Value& like) {
   if (std::holds_alternative<int64_t>(like) && hf.is_number() && std::floor(hf.get<double>()) == hf.get<double>())
@@ -112,11 +120,13 @@ void HfConfigCheck::implies(const std::string& key, bool value) {
   if (*this && config_.get_bool(key) != value) derive(key, value);
 }
 
-void HfConfigCheck::model_type(const std::vector<std::string>& types, const std::string& expected) {
+void HfConfigCheck::model_type(const std::vector<std::string>& types, const std::string& expected, const std::string& this_model) {
   const json type = value("model_type");
   if (!type.is_string() || std::find(types.begin(), types.end(), type.get<std::string>()) != types.end()) return;
+  const std::string model = bundled_model_for(type.get<std::string>());
   diagnostics_.error(position("init_from"), "[model] init_from: " + file_.string() + " describes a " + type.get<std::string>() +
-                                                " model, but this [model] loads " + expected + " weights");
+                                                " model, but this [model] loads " + expected + " weights" +
+                                                (model.empty() || model == this_model ? "" : "; [job] model = \"" + model + "\" loads it"));
 }
 
 void HfConfigCheck::same(const std::string& key, const std::string& hf_key, const std::optional<json>& absent) {

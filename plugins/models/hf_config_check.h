@@ -43,8 +43,9 @@ class HfConfigCheck {
   // config.json for the keys `config` leaves at their defaults.
   static std::vector<DerivesDefaults::Derived> derived(const Config& config, const std::function<void(HfConfigCheck&)>& checks);
 
-  // config.json's model_type (where it has one) is one of `types`; `expected` names them for the message.
-  void model_type(const std::vector<std::string>& types, const std::string& expected);
+  // config.json's model_type (where it has one) is one of `types`; `expected` names them for the
+  // message, which names the bundled model that loads it where that is not `this_model`.
+  void model_type(const std::vector<std::string>& types, const std::string& expected, const std::string& this_model);
   // [model] `key` equals config.json's `hf_key`. `absent` stands for a missing or null hf_key
   // (transformers' default); without it nothing is checked then.
   void same(const std::string& key, const std::string& hf_key, const std::optional<json>& absent = std::nullopt);

@@ -201,9 +201,9 @@ class Llama final : public ModelFactory, public DerivesDefaults {
   // defaults (Mistral's checkpoints are Llama's with a sliding window).
   void check_hf_config(const Config& c, HfConfigCheck& hf) const {
     if (!moe_) hf.implies("qkv_bias", hf.value("model_type") == "qwen2");  // Qwen2's checkpoints are Llama's with q/k/v biases
-    if (moe_) hf.model_type({"mixtral"}, "mixtral (MixtralForCausalLM)");
-    else if (qkv_bias(c)) hf.model_type({"qwen2"}, "qwen2 (Qwen2ForCausalLM, [model] qkv_bias = true)");
-    else hf.model_type({"llama", "mistral"}, "llama (LlamaForCausalLM) or mistral ([model] qkv_bias = true loads qwen2)");
+    if (moe_) hf.model_type({"mixtral"}, "mixtral (MixtralForCausalLM)", name());
+    else if (qkv_bias(c)) hf.model_type({"qwen2"}, "qwen2 (Qwen2ForCausalLM, [model] qkv_bias = true)", name());
+    else hf.model_type({"llama", "mistral"}, "llama (LlamaForCausalLM) or mistral ([model] qkv_bias = true loads qwen2)", name());
     hf.same("n_layer", "num_hidden_layers");
     hf.same("n_head", "num_attention_heads");
     hf.same("n_kv_head", "num_key_value_heads", hf.value("num_attention_heads"));  // absent: one kv head per head

@@ -90,7 +90,7 @@ plan_case qwen2_biases 0 "^  qkv_bias += true +# $work/qwen/config.json$" "$llam
 plan_case qwen2_stated_without_biases 2 "init_from: .*/qwen/config.json describes a qwen2 model, but this \[model\] loads llama \(LlamaForCausalLM\) or mistral \(\[model\] qkv_bias = true loads qwen2\) weights$" \
   "$llama" --set "model.init_from=$work/qwen" --set model.qkv_bias=false
 mkdir -p "$work/gpt_type" && sed 's/"model_type": "llama"/"model_type": "gpt2"/' "$work/llama/config.json" > "$work/gpt_type/config.json"
-plan_case llama_other_type 2 "init_from: .*/gpt_type/config.json describes a gpt2 model, but this \[model\] loads llama" "$llama" --set "model.init_from=$work/gpt_type"
+plan_case llama_other_type 2 "init_from: .*/gpt_type/config.json describes a gpt2 model, but this \[model\] loads llama .* weights; \[job\] model = \"gpt\" loads it$" "$llama" --set "model.init_from=$work/gpt_type"
 
 # [model] init_from alone: every size from config.json (here a bigger model than llama_text's
 # defaults would be, and a vocabulary above the data's, which is allowed).
