@@ -39,7 +39,7 @@ std::string sample_through_tokenizer(CheckpointModel& loaded, const fs::path& to
   const fs::path tmp(pattern);
   std::ofstream(tmp / "prompt.txt") << options.prompt;
   const auto ids = nlohmann::json::parse(run_helper(python, "tokenize_text.py", {"encode", tokenizer.string(), (tmp / "prompt.txt").string()}));
-  const std::vector<int64_t> continued = continue_tokens(*loaded.model, ids.get<std::vector<int64_t>>(), options);
+  const std::vector<int64_t> continued = continue_tokens(loaded, ids.get<std::vector<int64_t>>(), options);
   std::ofstream(tmp / "ids.json") << nlohmann::json(continued).dump();
   const std::string text = run_helper(python, "tokenize_text.py", {"decode", tokenizer.string(), (tmp / "ids.json").string()});
   std::error_code ignored;

@@ -1,8 +1,8 @@
-"""byte_tokenizer_check.py EXPORT_DIR [GREEDY_OUT]: a byte-level (`text` dataset) export loads in transformers
+"""byte_tokenizer_check.py EXPORT_DIR [GREEDY_OUT [TOKENS]]: a byte-level (`text` dataset) export loads in transformers
 with its tokenizer: the vocabulary is the 256 bytes, any UTF-8 text encodes to exactly its bytes
 (the ids the run trained on) and decodes back, config.json's special ids are null or inside the
 vocabulary, and AutoModelForCausalLM generates text that decodes. GREEDY_OUT receives the bytes of
-"In the" and 20 greedy tokens, to compare with `strata sample --temperature 0`."""
+"In the" and TOKENS (20) greedy tokens, to compare with `strata sample --temperature 0`."""
 import json
 import sys
 
@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 export = sys.argv[1]
+tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 20
 failures = []
 tokenizer = AutoTokenizer.from_pretrained(export)
 if len(tokenizer) != 256:
@@ -29,9 +30,9 @@ for key in ("bos_token_id", "eos_token_id"):
 model = AutoModelForCausalLM.from_pretrained(export)
 prompt = tokenizer("In the", return_tensors="pt")
 with torch.no_grad():
-    out = model.generate(**prompt, max_new_tokens=20, do_sample=False)
+    out = model.generate(**prompt, max_new_tokens=tokens, do_sample=False)
 continuation = tokenizer.decode(out[0])
-if not continuation.startswith("In the") or out.shape[1] != prompt["input_ids"].shape[1] + 20:
+if not continuation.startswith("In the") or out.shape[1] != prompt["input_ids"].shape[1] + tokens:
     failures.append(f"generation gave {continuation!r} ({out.shape[1]} tokens)")
 print(f"generated: {continuation!r}")
 if len(sys.argv) > 2:

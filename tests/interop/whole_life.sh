@@ -80,11 +80,11 @@ assert rope["rope_type"] == "llama3" and rope["factor"] == 8.0 and rope["origina
 assert model.config.max_position_embeddings == 512
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
 with torch.no_grad():
-    out = model.generate(**tokenizer("In the", return_tensors="pt"), max_new_tokens=20, do_sample=False)
+    out = model.generate(**tokenizer("In the", return_tensors="pt"), max_new_tokens=60, do_sample=False)
 open(sys.argv[2], "wb").write(bytes(out[0].tolist()))
 print(f"transformers: {type(model).__name__}, rope {rope['rope_type']}, context {model.config.max_position_embeddings}")
 PY
-"$strata" sample "$work/run" --prompt "In the" --tokens 20 --temperature 0 | head -c -1 > "$work/sample.bin"
+"$strata" sample "$work/run" --prompt "In the" --tokens 60 --temperature 0 | head -c -1 > "$work/sample.bin"
 cmp -s "$work/greedy.bin" "$work/sample.bin" || fail "strata sample's greedy text differs from transformers' generate"
 # The export starts a run at pipeline 2, [model] taken from its config.json: its first loss is the trained model's.
 sed -e '/^\[model\]/,/^$/d' -e '/^\[parallel\]/,$d' -e 's/^steps = 4/steps = 1/' "$work/qwen2.toml" > "$work/again.toml"

@@ -1,5 +1,6 @@
 // The Trainer (strata/core/trainer.h) driven a step at a time, as the library API drives it: the
-// same losses as `strata run`'s run(), and save()/load() continuing a run exactly.
+// same losses as `strata run`'s run(), and save()/load() continuing a run exactly; the sampling
+// loop's window.
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -67,6 +68,37 @@ TEST(Trainer, RefusesToStepPastTheSchedule) {
   trainer.step();
   EXPECT_THROW(trainer.step(), UserError);
   EXPECT_EQ(trainer.completed_steps(), 1);
+}
+
+// Logits whose argmax is the number of tokens the model was given (mod the vocabulary): greedy
+// sampling then writes down the window it reads.
+class CountsTheWindow final : public nn::Block {
+ public:
+  explicit CountsTheWindow(int64_t vocab) : Block("counter"), vocab_(vocab) {}
+  at::Tensor forward(const at::Tensor& tokens) override {
+    const int64_t t = tokens.size(1);
+    return at::one_hot(at::full({tokens.size(0), t}, t % vocab_, at::kLong), vocab_).to(at::kFloat);
+  }
+
+ private:
+  int64_t vocab_;
+};
+
+std::vector<int64_t> greedy_ids(int64_t max_positions) {
+  CheckpointModel loaded;
+  loaded.model = std::make_shared<nn::Model>(/*vocab_size=*/16, /*seq_len=*/4);
+  loaded.model->add_block("counter", std::make_shared<CountsTheWindow>(16));
+  loaded.plan.model.set("max_positions", Config::Entry{Value{max_positions}, Origin::File, {}});
+  SampleOptions greedy;
+  greedy.tokens = 8, greedy.temperature = 0;
+  return continue_tokens(loaded, {0}, greedy);
+}
+
+TEST(Sample, ReadsTheContextTheModelIsMadeFor) {
+  // [model] max_positions 6 (GPT's learned rows, what the export states): windows up to 6 tokens.
+  EXPECT_EQ(greedy_ids(6), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 6, 6}));
+  // 0: seq_len, 4.
+  EXPECT_EQ(greedy_ids(0), (std::vector<int64_t>{0, 1, 2, 3, 4, 4, 4, 4, 4}));
 }
 
 }  // namespace

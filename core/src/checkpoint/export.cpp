@@ -93,8 +93,9 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   std::optional<int64_t> eos;
   if (data.has("document_end") && data.get_int("document_end") >= 0) eos = data.get_int("document_end");
   const std::string dataset = loaded.plan.dataset_component ? loaded.plan.dataset_component->name() : "";
-  if (dataset == "text") write_byte_level_tokenizer(out, config.get_int("seq_len"), eos);
-  if (dataset == "tokens" && data.has("path")) copy_prepared_tokenizer(out, data.get_string("path"), config.get_int("seq_len"));
+  const int64_t context = model_context(config, config.get_int("seq_len"));
+  if (dataset == "text") write_byte_level_tokenizer(out, context, eos);
+  if (dataset == "tokens" && data.has("path")) copy_prepared_tokenizer(out, data.get_string("path"), context);
   complete_hf_config(out / "config.json", eos, dtype);
   return loaded.checkpoint;
 }

@@ -3,8 +3,10 @@
 //
 // The model is loaded whole in this process from any layout (load_checkpoint_model, as export
 // does) and runs autoregressively on the CPU: each new token recomputes the window of the last
-// seq_len tokens (no key/value cache: a sample is short and the models Strata trains on a CPU are
-// small). The next token is the argmax at temperature 0; otherwise it is drawn from the softmax of
+// tokens of the context the model is made for (no key/value cache: a sample is short and the
+// models Strata trains on a CPU are small). That context is [model] max_positions where the model
+// has that key and it is set (what the export's config.json states, so transformers' generate sees
+// the same window), else seq_len. The next token is the argmax at temperature 0; otherwise it is drawn from the softmax of
 // logits / temperature restricted to the top_k likeliest tokens, with a generator seeded by the
 // user, so one seed gives one text. Byte-level runs only: the text dataset's token id is the byte,
 // so the prompt's UTF-8 bytes are its ids and the continuation's ids are bytes of text.
@@ -27,11 +29,12 @@ void check_options(const SampleOptions& options) {
 
 }  // namespace
 
-std::vector<int64_t> continue_tokens(nn::Model& model, std::vector<int64_t> ids, const SampleOptions& options) {
+std::vector<int64_t> continue_tokens(CheckpointModel& loaded, std::vector<int64_t> ids, const SampleOptions& options) {
   check_options(options);
+  nn::Model& model = *loaded.model;
   model.eval();
   const torch::NoGradGuard no_grad;
-  const int64_t window = model.seq_len();
+  const int64_t window = model_context(loaded.plan.model, model.seq_len());
   at::Generator generator = at::detail::createCPUGenerator(options.seed);
   for (int64_t n = 0; n < options.tokens; ++n) {
     const int64_t first = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - window);
@@ -63,7 +66,7 @@ std::string sample_text(CheckpointModel& loaded, const SampleOptions& options) {
                     "export) and sample with transformers and its tokenizer");
   std::vector<int64_t> ids(options.prompt.begin(), options.prompt.end());
   for (int64_t& id : ids) id = static_cast<unsigned char>(id);
-  ids = continue_tokens(*loaded.model, std::move(ids), options);
+  ids = continue_tokens(loaded, std::move(ids), options);
   return std::string(ids.begin(), ids.end());
 }
 

@@ -254,6 +254,11 @@ Config without_init_from(const Config& model) {
   return out;
 }
 
+int64_t model_context(const Config& model, int64_t seq_len) {
+  const int64_t stated = model.has("max_positions") ? model.get_int("max_positions") : 0;
+  return stated > 0 ? stated : seq_len;
+}
+
 ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistry& registry, int64_t world_size,
                                   Diagnostics& diagnostics) {
   ResolvedStrategy out;

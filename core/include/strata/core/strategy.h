@@ -88,6 +88,11 @@ STRATA_API ResolvedStrategy resolve_strategy(const RawStrategy& raw, const Compo
 // (a resumed run, an export): the pretrained weights would be read for nothing, and may be gone.
 STRATA_API Config without_init_from(const Config& model);
 
+// The context a model is made for: [model] max_positions where the model declares it and it is
+// set, else `seq_len`. An export states it (config.json, the tokenizer's model_max_length) and
+// `strata sample` reads windows that long, as transformers' generate does on the export.
+STRATA_API int64_t model_context(const Config& model, int64_t seq_len);
+
 // Every size a rank checks before training, so that a plan that passes trains: the global batch
 // over the data-parallel ranks and micro-batches, the model's split over tensor ranks, each
 // enabled pass's size_problem and plan_problem. Arithmetic on the plan only: nothing is opened.

@@ -136,8 +136,9 @@ STRATA_API std::string sample_text(const std::filesystem::path& source, const Sa
                                    const ComponentRegistry& registry);
 STRATA_API std::string sample_text(CheckpointModel& loaded, const SampleOptions& options);
 // The token loop sample_text runs, for a caller that tokenizes itself (`strata sample` on a run
-// over token files, through the run's tokenizer): `ids` continued by options.tokens tokens.
-STRATA_API std::vector<int64_t> continue_tokens(nn::Model& model, std::vector<int64_t> ids, const SampleOptions& options);
+// over token files, through the run's tokenizer): `ids` continued by options.tokens tokens, each
+// from the last [model] max_positions (or seq_len) tokens.
+STRATA_API std::vector<int64_t> continue_tokens(CheckpointModel& loaded, std::vector<int64_t> ids, const SampleOptions& options);
 
 // A human-readable account of what the checkpoint holds, one line per tensor.
 STRATA_API std::string describe_checkpoint(const std::filesystem::path& source);
