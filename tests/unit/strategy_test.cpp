@@ -202,17 +202,18 @@ TEST(Strategy, IntegerWidensToFloatButNotTheOtherWay) {
 
 // A model whose description file (here: a fixed one, "desc.json") gives heads = width / 4 where
 // width is set, and depth = heads + 1 where heads is not at its default: the second follows from
-// the first, so it needs a second round.
+// the first, so it needs a second round. It always names itself (label), a change in round one.
 class DescribedModel final : public ModelFactory, public DerivesDefaults {
  public:
   DescribedModel()
       : ModelFactory({ComponentKind::Model, "described", "described model",
-                      Schema().integer("width", 8, "width", at_least(1)).integer("heads", 2, "heads", at_least(1)).integer("depth", 1, "depth", at_least(1))}) {}
+                      Schema().integer("width", 8, "width", at_least(1)).integer("heads", 2, "heads", at_least(1)).integer("depth", 1, "depth", at_least(1)).string("label", "", "label")}) {}
   std::vector<Derived> derived_defaults(const Config& c) const override {
     std::vector<Derived> out;
     const SourcePos from{"desc.json", 0, 0};
     if (c.entry("width").origin != Origin::Default) out.push_back({"heads", Value{c.get_int("width") / 4}, from});
     if (c.entry("heads").origin != Origin::Default) out.push_back({"depth", Value{c.get_int("heads") + 1}, from});
+    out.push_back({"label", Value{std::string("described")}, from});
     return out;
   }
   std::shared_ptr<nn::Model> create(const Config&) const override { return nullptr; }
@@ -253,7 +254,7 @@ TEST(Strategy, DerivedDefaultsNeverReplaceAStatedKey) {
 }
 
 TEST(Strategy, DerivedValueOutsideTheSchemaNamesItsSource) {
-  Result r = resolve_described("width = 2");
+  Result r = resolve_described("width = 2");  // once, though a second round (label changed) would derive it again
   EXPECT_EQ(errors(r), "desc.json: error: key 'heads' of model 'described' in [model], taken from here, must be >= 1, got 0\n");
 }
 

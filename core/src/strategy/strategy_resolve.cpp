@@ -144,8 +144,10 @@ bool set_derived(const DerivesDefaults::Derived& derived, const Schema& schema, 
 void fill_derived_defaults(const Component& component, const Schema& schema, const std::string& owner,
                            const std::vector<DerivesDefaults::Derived>& fallbacks, Config& config, Diagnostics& diagnostics) {
   if (const auto* derives = dynamic_cast<const DerivesDefaults*>(&component)) {
-    // Each round sets at least one key that was at its default, so the rounds end.
-    for (bool changed = true; changed;) {
+    // Each round sets at least one key that was at its default, so the rounds end; a value the
+    // schema refuses ends them too (asked again, the component would derive it again).
+    const size_t before = diagnostics.items().size();
+    for (bool changed = true; changed && diagnostics.items().size() == before;) {
       changed = false;
       for (const auto& derived : derives->derived_defaults(config)) changed |= set_derived(derived, schema, owner, config, diagnostics);
     }
