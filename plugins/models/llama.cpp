@@ -179,11 +179,14 @@ class Llama final : public ModelFactory, public DerivesDefaults {
     require_hub_layout(c);
     const int64_t d = c.get_int("d_model");
     const int64_t hidden = c.get_int("ffn_hidden") > 0 ? c.get_int("ffn_hidden") : llama_hidden(d);
-    const std::string experts =  // MixtralForCausalLM's routing; its sliding window is off
+    const int64_t window = c.get_int("sliding_window");
+    const std::string window_json = "  \"sliding_window\": " + (window > 0 ? std::to_string(window) : std::string("null")) + ",\n";
+    const std::string experts =  // MixtralForCausalLM's routing
         moe_ ? "  \"num_local_experts\": " + std::to_string(c.get_int("n_experts")) + ",\n  \"num_experts_per_tok\": " +
                    std::to_string(c.get_int("top_k")) + ",\n  \"router_aux_loss_coef\": " + json_number(c.get_float("router_aux_loss_coef")) +
-                   ",\n  \"output_router_logits\": false,\n  \"router_jitter_noise\": 0.0,\n  \"sliding_window\": null,\n"
-             : "";
+                   ",\n  \"output_router_logits\": false,\n  \"router_jitter_noise\": 0.0,\n" + window_json
+             : hub_model_type(c) == "mistral" ? window_json
+                                               : "";
     return "{\n  \"architectures\": [\"" + hub_architecture(c) + "\"],\n  \"model_type\": \"" + hub_model_type(c) +
            "\",\n" + experts + "  \"vocab_size\": " +
            std::to_string(c.get_int("vocab_size")) + ",\n  \"hidden_size\": " + std::to_string(d) +
@@ -234,13 +237,18 @@ class Llama final : public ModelFactory, public DerivesDefaults {
     }
   }
 
-  // The transformers model a checkpoint of this [model] is: Mixtral, Qwen2 (q/k/v biases) or Llama.
+  // The transformers model a checkpoint of this [model] is: Mixtral (with or without a sliding
+  // window), Qwen2 (q/k/v biases), Mistral (Llama's layers with a sliding window: a query at p sees
+  // keys p - N + 1 .. p, as here) or Llama.
   std::string hub_architecture(const Config& c) const {
-    return moe_ ? "MixtralForCausalLM" : qkv_bias(c) ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+    const std::string type = hub_model_type(c);
+    return type == "mixtral" ? "MixtralForCausalLM" : type == "qwen2" ? "Qwen2ForCausalLM" : type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM";
   }
-  std::string hub_model_type(const Config& c) const { return moe_ ? "mixtral" : qkv_bias(c) ? "qwen2" : "llama"; }
+  std::string hub_model_type(const Config& c) const {
+    return moe_ ? "mixtral" : qkv_bias(c) ? "qwen2" : c.get_int("sliding_window") > 0 ? "mistral" : "llama";
+  }
   void require_hub_layout(const Config& c) const {
-    require_no_sliding_window(c, hub_architecture(c));
+    if (qkv_bias(c)) require_no_sliding_window(c, hub_architecture(c));  // Qwen2's windows cover some layers only
     if (moe_) require_hub_mixtral(c);
   }
 

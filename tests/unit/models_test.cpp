@@ -392,9 +392,12 @@ TEST(Interchange, WritesFilesForTransformers) {
   // Qwen2: q/k/v biases, exported as Qwen2ForCausalLM.
   std::map<std::string, Value> qwen2 = tiny("llama");
   qwen2["qkv_bias"] = true;
+  // Sliding windows shorter than the 16 tokens: Mistral (Llama's layers) and Mixtral.
+  std::map<std::string, Value> mistral = tiny("llama"), mixtral_window = tiny("mixtral");
+  mistral["sliding_window"] = int64_t{5}, mixtral_window["sliding_window"] = int64_t{6};
   const std::vector<std::tuple<std::string, std::string, std::map<std::string, Value>>> cases = {
       {"gpt", "gpt", tiny("gpt")}, {"llama", "llama", tiny("llama")}, {"mixtral", "mixtral", tiny("mixtral")}, {"llama_rope_llama3", "llama", llama3},
-      {"qwen2", "llama", qwen2}};
+      {"qwen2", "llama", qwen2}, {"mistral", "llama", mistral}, {"mixtral_window", "mixtral", mixtral_window}};
   for (const auto& [case_name, name, settings] : cases) {
     at::manual_seed(5);
     auto model = make(name, settings);
@@ -412,6 +415,33 @@ TEST(Interchange, WritesFilesForTransformers) {
     at::Tensor tokens = at::randint(64, {2, 16}, at::kLong);
     at::NoGradGuard no_grad;
     write_safetensors(out / "expected.safetensors", {{"tokens", tokens}, {"logits", model->forward(tokens)}});
+  }
+}
+
+// A windowed Llama exports as MistralForCausalLM and a windowed Mixtral as MixtralForCausalLM, the
+// window in config.json (transformers_parity: the same logits); GPT-2 has no window and Qwen2's
+// covers some layers only, so those refuse, naming the architecture.
+TEST(Interchange, SlidingWindowExportsAsMistralOrMixtral) {
+  auto config_json = [](const std::string& name, std::map<std::string, Value> settings) {
+    settings["sliding_window"] = int64_t{5};
+    return factory(name).hf_config_json(config_for(factory(name), settings));
+  };
+  const std::string mistral = config_json("llama", tiny("llama")), mixtral = config_json("mixtral", tiny("mixtral"));
+  EXPECT_NE(mistral.find("\"architectures\": [\"MistralForCausalLM\"]"), std::string::npos) << mistral;
+  EXPECT_NE(mistral.find("\"model_type\": \"mistral\""), std::string::npos) << mistral;
+  EXPECT_NE(mistral.find("\"sliding_window\": 5,"), std::string::npos) << mistral;
+  EXPECT_NE(mixtral.find("\"sliding_window\": 5,"), std::string::npos) << mixtral;
+  EXPECT_EQ(factory("llama").hf_config_json(config_for(factory("llama"), tiny("llama"))).find("sliding_window"), std::string::npos);
+  std::map<std::string, Value> qwen2 = tiny("llama");
+  qwen2["qkv_bias"] = true;
+  for (const auto& [name, settings, refusal] : std::vector<std::tuple<std::string, std::map<std::string, Value>, std::string>>{
+           {"gpt", tiny("gpt"), "GPT2LMHeadModel has no sliding window"}, {"llama", qwen2, "Qwen2ForCausalLM has no sliding window"}}) {
+    try {
+      config_json(name, settings);
+      ADD_FAILURE() << name << " exported with a window";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(refusal), std::string::npos) << e.what();
+    }
   }
 }
 
