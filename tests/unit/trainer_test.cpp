@@ -101,5 +101,21 @@ TEST(Sample, ReadsTheContextTheModelIsMadeFor) {
   EXPECT_EQ(greedy_ids(0), (std::vector<int64_t>{0, 1, 2, 3, 4, 4, 4, 4, 4}));
 }
 
+TEST(Sample, InvalidUtf8BecomesOneReplacementPerMaximalSubpart) {
+  // Expected: Python's bytes.decode("utf-8", "replace") of the same bytes.
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(utf8_or_replacement("ab \xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80x"), "ab \xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80x");
+  EXPECT_EQ(utf8_or_replacement("\xC3"), r);                  // a character cut short at the end
+  EXPECT_EQ(utf8_or_replacement("\xE2\x82"), r);
+  EXPECT_EQ(utf8_or_replacement("\xF0\x9F\x98"), r);
+  EXPECT_EQ(utf8_or_replacement("a\x80" "b"), "a" + r + "b");  // a stray continuation byte
+  EXPECT_EQ(utf8_or_replacement("\xFF\xFE"), r + r);
+  EXPECT_EQ(utf8_or_replacement("\xC0\xAF"), r + r);           // overlong
+  EXPECT_EQ(utf8_or_replacement("\xE0\x80\xAF"), r + r + r);
+  EXPECT_EQ(utf8_or_replacement("\xED\xA0\x80"), r + r + r);  // a surrogate
+  EXPECT_EQ(utf8_or_replacement("\xF4\x90\x80\x80"), r + r + r + r);  // past U+10FFFF
+  EXPECT_EQ(utf8_or_replacement("\xE2\x82x"), r + "x");
+}
+
 }  // namespace
 }  // namespace strata

@@ -9,7 +9,11 @@
 // the same window), else seq_len. The next token is the argmax at temperature 0; otherwise it is drawn from the softmax of
 // logits / temperature restricted to the top_k likeliest tokens, with a generator seeded by the
 // user, so one seed gives one text. Byte-level runs only: the text dataset's token id is the byte,
-// so the prompt's UTF-8 bytes are its ids and the continuation's ids are bytes of text.
+// so the prompt's UTF-8 bytes are its ids and the continuation's ids are bytes of text. A model
+// may emit bytes that are not UTF-8 (half a character, a stray continuation byte): the text is
+// decoded as transformers' byte-level tokenizer decodes the export's ids (Rust's from_utf8_lossy,
+// Python's errors="replace"), each maximal invalid subpart one U+FFFD, so a terminal never gets
+// raw invalid bytes and `strata sample` prints what transformers prints.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -27,7 +31,39 @@ void check_options(const SampleOptions& options) {
   if (options.top_k < 0) throw UserError("--top-k must be 0 (all tokens) or more");
 }
 
+// How many bytes of `bytes` from `at` form one valid UTF-8 character (Unicode 15, table 3-7), or
+// the negated length of its maximal invalid subpart (at least 1).
+int64_t utf8_character(std::string_view bytes, size_t at) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  const unsigned char lead = byte(at);
+  if (lead < 0x80) return 1;
+  int64_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the second byte's range, narrowed where table 3-7 does
+  if (lead >= 0xC2 && lead <= 0xDF) length = 2;
+  else if (lead >= 0xE0 && lead <= 0xEF) length = 3, low = lead == 0xE0 ? 0xA0 : 0x80, high = lead == 0xED ? 0x9F : 0xBF;
+  else if (lead >= 0xF0 && lead <= 0xF4) length = 4, low = lead == 0xF0 ? 0x90 : 0x80, high = lead == 0xF4 ? 0x8F : 0xBF;
+  else return -1;
+  for (int64_t k = 1; k < length; ++k) {
+    if (at + k >= bytes.size()) return -k;
+    const unsigned char next = byte(at + k);
+    if (k == 1 ? (next < low || next > high) : (next < 0x80 || next > 0xBF)) return -k;
+  }
+  return length;
+}
+
 }  // namespace
+
+std::string utf8_or_replacement(std::string_view bytes) {
+  std::string text;
+  text.reserve(bytes.size());
+  for (size_t at = 0; at < bytes.size();) {
+    const int64_t n = utf8_character(bytes, at);
+    if (n > 0) text.append(bytes.substr(at, n));
+    else text.append("\xEF\xBF\xBD");  // U+FFFD
+    at += static_cast<size_t>(n > 0 ? n : -n);
+  }
+  return text;
+}
 
 std::vector<int64_t> continue_tokens(CheckpointModel& loaded, std::vector<int64_t> ids, const SampleOptions& options) {
   check_options(options);
@@ -67,7 +103,7 @@ std::string sample_text(CheckpointModel& loaded, const SampleOptions& options) {
   std::vector<int64_t> ids(options.prompt.begin(), options.prompt.end());
   for (int64_t& id : ids) id = static_cast<unsigned char>(id);
   ids = continue_tokens(loaded, std::move(ids), options);
-  return std::string(ids.begin(), ids.end());
+  return utf8_or_replacement(std::string(ids.begin(), ids.end()));
 }
 
 std::string sample_text(const std::filesystem::path& source, const SampleOptions& options, const ComponentRegistry& registry) {

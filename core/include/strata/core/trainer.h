@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -135,6 +136,9 @@ struct SampleOptions {
 STRATA_API std::string sample_text(const std::filesystem::path& source, const SampleOptions& options,
                                    const ComponentRegistry& registry);
 STRATA_API std::string sample_text(CheckpointModel& loaded, const SampleOptions& options);
+// `bytes` as valid UTF-8: each maximal invalid subpart becomes one U+FFFD, as Python's
+// bytes.decode("utf-8", "replace") and transformers' byte-level decoder do. sample_text's text.
+STRATA_API std::string utf8_or_replacement(std::string_view bytes);
 // The token loop sample_text runs, for a caller that tokenizes itself (`strata sample` on a run
 // over token files, through the run's tokenizer): `ids` continued by options.tokens tokens, each
 // from the last [model] max_positions (or seq_len) tokens.
