@@ -101,7 +101,7 @@ class Head final : public nn::Block {
   std::shared_ptr<nn::TiedLinear> lm_head;
 };
 
-class Gpt final : public ModelFactory, public DerivesDefaults {
+class Gpt final : public ModelFactory, public DerivesDefaults, public LoadsHfModelTypes {
  public:
   Gpt()
       : ModelFactory({ComponentKind::Model, "gpt", "GPT-2 architecture: learned positions, pre-LayerNorm, GELU, tied embeddings",
@@ -126,6 +126,7 @@ class Gpt final : public ModelFactory, public DerivesDefaults {
   std::vector<Derived> derived_defaults(const Config& config) const override {
     return HfConfigCheck::derived(config, [&](HfConfigCheck& hf) { check_hf_config(config, hf); });
   }
+  std::vector<std::string> hf_model_types() const override { return {"gpt2"}; }
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
 

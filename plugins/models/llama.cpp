@@ -63,7 +63,7 @@ Schema llama_schema(bool moe) {
       .string("init_from", "", "Hugging Face LlamaForCausalLM (or, with qkv_bias, Qwen2ForCausalLM) weights (model.safetensors, its directory, or a sharded index; relative: to the working directory); the [model] keys left unset take the values of the config.json beside them, the ones set are checked against it; empty = random init");
 }
 
-class Llama final : public ModelFactory, public DerivesDefaults {
+class Llama final : public ModelFactory, public DerivesDefaults, public LoadsHfModelTypes {
  public:
   explicit Llama(bool moe)
       : ModelFactory({ComponentKind::Model, moe ? "mixtral" : "llama",
@@ -89,6 +89,10 @@ class Llama final : public ModelFactory, public DerivesDefaults {
   // The [model] keys a strategy leaves unset take the values of the weights' config.json.
   std::vector<Derived> derived_defaults(const Config& config) const override {
     return HfConfigCheck::derived(config, [&](HfConfigCheck& hf) { check_hf_config(config, hf); });
+  }
+  // qwen2 sets qkv_bias (derived_defaults); mistral's sliding window is a [model] key.
+  std::vector<std::string> hf_model_types() const override {
+    return moe_ ? std::vector<std::string>{"mixtral"} : std::vector<std::string>{"llama", "mistral", "qwen2"};
   }
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }

@@ -7,7 +7,8 @@
 # [model] with init_from alone describes the model; Llama 3.1's rope scaling, a longer context,
 # Qwen2's biases included); a stated key that differs is refused naming both values and the value
 # to write; a feature the model does not compute (another rope scaling, another activation,
-# biases) is refused; a config.json of another model type is refused; `strata run` refuses
+# biases) is refused; a config.json of another model type is refused; [job] model and dataset
+# left out are chosen by config.json's model_type and a prepared data directory; `strata run` refuses
 # before training, with nothing written; a checkpoint without config.json plans as before (names
 # and shapes only).
 set -euo pipefail
@@ -147,6 +148,23 @@ plan_case mixtral_experts 2 "error: \[model\] n_experts = 4, but the weights' .*
   "$mixtral" --set "model.init_from=$work/mixtral_8"
 grep -q "sliding_window" "$work/mixtral_experts.log" && { echo "FAIL: sliding_window (left unset) not taken"; cat "$work/mixtral_experts.log"; exit 1; }
 plan_case mixtral_window 0 "^  sliding_window += 16 +# $work/mixtral_8/config.json$" "$mixtral" --set "model.init_from=$work/mixtral_8" --set model.n_experts=8
+
+# [job] model left out as well: the registered model that loads config.json's model_type, shown
+# with the file (LoadsHfModelTypes); [job] dataset left out with a prepared [data] path: tokens.
+# A model_type no bundled model loads leaves the key missing, reported with when it may be left out.
+sed -e '/^model = "llama"$/d' "$work/bare.toml" > "$work/no_model.toml"
+plan_case model_from_config_llama 0 "^  model += \"llama\" +# $work/bare_llama/config.json$" "$work/no_model.toml"
+plan_case model_from_config_qwen2 0 "^  model += \"llama\" +# $work/qwen/config.json$" "$work/no_model.toml" --set "model.init_from=$work/qwen"
+grep -Eq "^  qkv_bias += true +# $work/qwen/config.json$" "$work/model_from_config_qwen2.log" || { echo "FAIL: qwen2 biases not taken"; exit 1; }
+plan_case model_from_config_gpt 0 "^  model += \"gpt\" +# $work/gpt2/config.json$" "$work/no_model.toml" --set "model.init_from=$work/gpt2"
+plan_case model_from_config_mixtral 0 "^  model += \"mixtral\" +# $work/mixtral/config.json$" "$work/no_model.toml" --set "model.init_from=$work/mixtral"
+mkdir -p "$work/bert" && echo '{"model_type": "bert", "hidden_size": 64}' > "$work/bert/config.json"
+plan_case model_from_config_unknown 2 "error: \[job\] needs key 'model' \(.*may be left out when \[model\] init_from has a config.json" \
+  "$work/no_model.toml" --set "model.init_from=$work/bert"
+[ "$(grep -c error "$work/model_from_config_unknown.log")" = 1 ] || { echo "FAIL: more than one error"; cat "$work/model_from_config_unknown.log"; exit 1; }
+plan_case model_stated_kept 2 "describes a gpt2 model, but this \[model\] loads llama" "$work/no_model.toml" --set "model.init_from=$work/gpt2" --set job.model=llama
+sed -e '/^dataset = "text"$/d' "$work/no_model.toml" > "$work/no_components.toml"
+plan_case dataset_from_prepared 0 "^  dataset += \"tokens\" +# $work/prepared/meta.json$" "$work/no_components.toml" --set "data.path=$work/prepared"
 
 # `strata run` refuses the same way before a rank trains, and writes nothing.
 set +e

@@ -32,6 +32,7 @@ done
   grep -q '"step":90' runs/my_run/metrics.jsonl || { echo "quickstart_test: the resumed run did not reach step 90" >&2; fail=1; }
   grep -q "^And God said" block_*.out || { echo "quickstart_test: transformers did not continue the prompt" >&2; fail=1; }
   grep -q "^  n_layer *= 2 *# .*my_model/config.json$" block_*.out || { echo "quickstart_test: plan did not take n_layer from my_model/config.json" >&2; fail=1; }
+  grep -q "^  model *= \"gpt\" *# .*my_model/config.json$" block_*.out || { echo "quickstart_test: plan did not take [job] model from my_model/config.json" >&2; fail=1; }
   # The fine-tune starts from the trained model: its first loss is the first run's last, not a fresh start's.
   first() { sed -n "${2}s/.*\"loss\":\([^,]*\),.*/\1/p" "$1"; }
   awk -v a="$(first runs/finetune/metrics.jsonl 1)" -v b="$(first runs/my_run/metrics.jsonl 1)" 'BEGIN { exit !(a < b - 1) }' ||

@@ -6,9 +6,10 @@
 # ranks under fsdp (resharded) to step 6; the export loads in transformers as Qwen2ForCausalLM with
 # the llama3 scaling and the stated context, and transformers' greedy continuation is exactly
 # `strata sample --temperature 0`'s; the export starts a new run at pipeline 2 from a strategy whose
-# [model] names only init_from and seq_len (every other key taken from the export's config.json:
-# the biases, the scaling, the context), whose first loss is the resumed run's model's, far below a
-# fresh start's.
+# [model] names only init_from and seq_len and [job] names no model (every other key taken from
+# the export's config.json: the model type, the biases, the scaling, the context), whose first
+# loss is the resumed run's model's, far below a fresh start's; its saved strategy resumes it on
+# one rank.
 set -euo pipefail
 strata=$1 python=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -87,7 +88,7 @@ PY
 "$strata" sample "$work/run" --prompt "In the" --tokens 60 --temperature 0 | head -c -1 > "$work/sample.bin"
 cmp -s "$work/greedy.bin" "$work/sample.bin" || fail "strata sample's greedy text differs from transformers' generate"
 # The export starts a run at pipeline 2, [model] taken from its config.json: its first loss is the trained model's.
-sed -e '/^\[model\]/,/^$/d' -e '/^\[parallel\]/,$d' -e 's/^steps = 4/steps = 1/' "$work/qwen2.toml" > "$work/again.toml"
+sed -e '/^\[model\]/,/^$/d' -e '/^\[parallel\]/,$d' -e 's/^steps = 4/steps = 1/' -e '/^model = "llama"$/d' "$work/qwen2.toml" > "$work/again.toml"
 cat >> "$work/again.toml" <<EOF
 [model]
 init_from = "$work/hf"
@@ -100,11 +101,16 @@ pipeline = 2
 name = "pipeline_parallel"
 EOF
 "$strata" plan -n 2 "$work/again.toml" > "$work/again_plan.log" 2>&1 || fail "plan from init_from alone" "$work/again_plan.log"
-for line in "qkv_bias += true" 'rope_scaling += "llama3"' "rope_original_context += 32" "max_positions += 512" "ffn_hidden += 96"; do
+for line in 'model += "llama"' "qkv_bias += true" 'rope_scaling += "llama3"' "rope_original_context += 32" "max_positions += 512" "ffn_hidden += 96"; do
   grep -Eq "^  $line +# $work/hf/config.json$" "$work/again_plan.log" || fail "plan did not take /$line/ from config.json" "$work/again_plan.log"
 done
 "$strata" run -n 2 "$work/again.toml" --out "$work/again" > "$work/again.log" 2>&1 || fail "init_from at pipeline 2" "$work/again.log"
 first() { sed -n '1s/.*"loss":\([^,]*\),.*/\1/p' "$1"; }
 fresh=$(first "$work/run/metrics.jsonl") loaded=$(first "$work/again/metrics.jsonl")
 awk -v a="$loaded" -v b="$fresh" 'BEGIN { exit !(a < b - 0.3) }' || fail "first loss from the export $loaded, fresh $fresh"
+# Its saved strategy states the chosen model and resumes on one rank.
+grep -q '^model = "llama"$' "$work/again/strategy.toml" || fail "the saved strategy does not state the model" "$work/again/strategy.toml"
+"$strata" run "$work/again/strategy.toml" --out "$work/again" --resume --set job.steps=2 --set parallel.pipeline=1 \
+  --set pass.pipeline_parallel.enabled=false > "$work/again_resume.log" 2>&1 || fail "resume the init_from run on one rank" "$work/again_resume.log"
+grep -q "resumed from .*step_00000001 at step 1" "$work/again_resume.log" || fail "not resumed at step 1" "$work/again_resume.log"
 echo "OK: tensor 2 + sequence parallel -> fsdp 3 -> export (Qwen2ForCausalLM, llama3, context 512) -> greedy text as strata sample's -> [model] from its config.json at pipeline 2 (first loss $loaded, fresh $fresh)"

@@ -40,6 +40,7 @@ struct detail::ComponentState {
 Component::Component(ComponentInfo info) : state_(std::make_unique<detail::ComponentState>(detail::ComponentState{std::move(info)})) {}
 Component::~Component() = default;
 DerivesDefaults::~DerivesDefaults() = default;
+LoadsHfModelTypes::~LoadsHfModelTypes() = default;
 const ComponentInfo& Component::info() const { return state_->info; }
 const std::string& Component::name() const { return state_->info.name; }
 ComponentKind Component::kind() const { return state_->info.kind; }

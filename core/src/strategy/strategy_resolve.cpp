@@ -5,6 +5,7 @@
 
 #include "strata/core/strategy.h"
 #include "strata/core/prepared_data.h"
+#include "components_from_files.h"
 
 #include <filesystem>
 
@@ -266,7 +267,9 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
   ResolvedStrategy out;
   out.file = raw.file;
   out.data_pos = raw.data.pos.line ? raw.data.pos : SourcePos{raw.file, 0, 0};
-  out.job = validate_section(raw.job, job_schema(), "[job]", diagnostics);
+  RawSection job = raw.job;
+  choose_components_from_files(job, raw.model, raw.data, registry);
+  out.job = validate_section(job, job_schema(), "[job]", diagnostics);
   out.parallel = validate_section(raw.parallel, parallel_schema(), "[parallel]", diagnostics);
   out.layout = resolve_layout(out.parallel, raw.parallel.pos.line ? raw.parallel.pos : SourcePos{raw.file, 0, 0},
                               world_size, diagnostics);

@@ -63,4 +63,14 @@ class STRATA_API DerivesDefaults {
   virtual std::vector<Derived> derived_defaults(const Config& config) const = 0;
 };
 
+// Optional (ABI 1.7), found by dynamic_cast on a model component: the `model_type`s of
+// transformers' config.json whose weights it loads ("gpt2"; "llama", "mistral", "qwen2"). A
+// strategy that leaves [job] model out and whose [model] init_from has a config.json trains the
+// one registered model that loads its model_type, as transformers' AutoModel picks a class.
+class STRATA_API LoadsHfModelTypes {
+ public:
+  virtual ~LoadsHfModelTypes();
+  virtual std::vector<std::string> hf_model_types() const = 0;
+};
+
 }  // namespace strata

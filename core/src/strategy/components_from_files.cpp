@@ -1,0 +1,65 @@
+// [job] model and dataset from the files a strategy names (components_from_files.h).
+#include "components_from_files.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/core/prepared_data.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string* raw_string(const RawSection& section, const std::string& key) {
+  const RawEntry* entry = section.find(key);
+  return entry ? std::get_if<std::string>(&entry->value) : nullptr;
+}
+
+// config.json in the init_from directory, or beside the file (or sharded index) it names; as
+// the models' HfConfigCheck finds it.
+fs::path config_json_beside(const std::string& init_from) {
+  std::error_code unreadable;
+  const fs::path path(init_from);
+  const fs::path file = fs::is_directory(path, unreadable) ? path / "config.json" : path.parent_path() / "config.json";
+  return fs::is_regular_file(file, unreadable) ? file : fs::path();
+}
+
+void choose_model(RawSection& job, const RawSection& model, const ComponentRegistry& registry) {
+  const std::string* init_from = raw_string(model, "init_from");
+  if (job.find("model") || !init_from || init_from->empty()) return;
+  const fs::path file = config_json_beside(*init_from);
+  if (file.empty()) return;
+  std::ifstream in(file);
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) return;
+  const std::string type = config["model_type"].get<std::string>();
+  std::vector<std::string> loaders;
+  for (const auto& name : registry.names(ComponentKind::Model)) {
+    const auto* loads = dynamic_cast<const LoadsHfModelTypes*>(registry.find(ComponentKind::Model, name));
+    if (!loads) continue;
+    const std::vector<std::string> types = loads->hf_model_types();
+    if (std::find(types.begin(), types.end(), type) != types.end()) loaders.push_back(name);
+  }
+  if (loaders.size() == 1) job.set("model", RawEntry{loaders.front(), SourcePos{file.string(), 0, 0}, Origin::File});
+}
+
+void choose_dataset(RawSection& job, const RawSection& data, const ComponentRegistry& registry) {
+  const std::string* path = raw_string(data, "path");
+  if (job.find("dataset") || !path || !registry.find(ComponentKind::Dataset, "tokens")) return;
+  if (const std::optional<PreparedData> prepared = read_prepared_data(*path))
+    job.set("dataset", RawEntry{std::string("tokens"), SourcePos{prepared->meta_file.string(), 0, 0}, Origin::File});
+}
+
+}  // namespace
+
+void choose_components_from_files(RawSection& job, const RawSection& model, const RawSection& data,
+                                  const ComponentRegistry& registry) {
+  choose_model(job, model, registry);
+  choose_dataset(job, data, registry);
+}
+
+}  // namespace strata

@@ -1,0 +1,23 @@
+// [job] model and dataset chosen by the files a strategy names, where it leaves them out.
+//
+// Weights say which architecture they are in the config.json beside them (`model_type`, what
+// transformers' AutoModel reads to pick a class), and a directory `strata data prepare` wrote is
+// token files. So a strategy whose [model] init_from has a config.json needs no [job] model: the
+// one registered model that declares it loads that model_type (strata/component.h,
+// LoadsHfModelTypes, plugin ABI 1.7) is chosen; and one whose [data] path is a prepared directory
+// needs no [job] dataset: the `tokens` dataset reads it. Each choice is an entry of origin File
+// at the file it came from, so `strata plan` prints that file beside it and the saved strategy
+// states it. A stated key is kept (the model's own checks refuse weights of another model_type).
+// Where no single registered model loads the model_type nothing is chosen, and [job]'s missing
+// key is reported as before (its documentation says when it may be left out).
+#pragma once
+
+#include "strata/core/component_registry.h"
+#include "strata/core/strategy.h"
+
+namespace strata {
+
+void choose_components_from_files(RawSection& job, const RawSection& model, const RawSection& data,
+                                  const ComponentRegistry& registry);
+
+}  // namespace strata
