@@ -66,6 +66,15 @@ std::optional<Value> as_value(const json& hf, const Value& like) {
   return std::nullopt;
 }
 
+// What to write to load config.json's `hf` into a [model] key like `like`; for a value of another
+// type (a hand-edited config.json: "2" for 2), that config.json is what needs the fix.
+std::string to_load(const std::string& key, const json& hf, const Value& like) {
+  if (as_value(hf, like)) return "; set [model] " + key + " = " + as_toml(hf, like) + " to load them";
+  const char* type = std::holds_alternative<int64_t>(like) ? "an integer" : std::holds_alternative<double>(like) ? "a number"
+                     : std::holds_alternative<bool>(like)  ? "true or false" : "a string";
+  return std::string("; that is not ") + type + ", as [model] " + key + " is: correct config.json";
+}
+
 }  // namespace
 
 HfConfigCheck::HfConfigCheck(const Config& config, const SourcePos& section, Diagnostics& diagnostics,
@@ -139,7 +148,7 @@ void HfConfigCheck::compare(const std::string& key, const json& hf, const std::s
   const Value& mine = config_.entry(key).value;
   if (equal(to_json(mine), hf) || derive(key, hf)) return;
   diagnostics_.error(position(key), stated(key) + ", but the weights' " + file_.string() + " has " + hf_label + " = " + hf.dump() +
-                                        "; set [model] " + key + " = " + as_toml(hf, mine) + " to load them");
+                                        to_load(key, hf, mine));
 }
 
 void HfConfigCheck::context(const std::string& hf_key, bool learned_rows) {
@@ -167,7 +176,7 @@ void HfConfigCheck::same_derived(const std::string& what, const json& value_here
   if (hf.is_null() || equal(value_here, hf) || (key_sets_it && derive(key, hf))) return;
   diagnostics_.error(position(key), what + " is " + value_here.dump() + ", but the weights' " + file_.string() + " has " + hf_key +
                                         " = " + hf.dump() + " (" + stated(key) + ")" +
-                                        (key_sets_it ? "; set [model] " + key + " = " + as_toml(hf, config_.entry(key).value) + " to load them" : ""));
+                                        (key_sets_it ? to_load(key, hf, config_.entry(key).value) : ""));
 }
 
 void HfConfigCheck::off_unless(const std::string& hf_key, const json& neutral, const std::string& feature) {

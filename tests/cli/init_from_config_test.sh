@@ -73,6 +73,10 @@ plan_case llama_v4_rope_scaling 2 "has rope type linear \(rotary embeddings scal
 llama_config "$work/llama_bias" "" '"mlp_bias": true, "hidden_act": "gelu", '
 plan_case llama_features 2 "has hidden_act = \"gelu\" \(an MLP activation other than SiLU\)" "$llama" --set "model.init_from=$work/llama_bias"
 grep -q 'has mlp_bias = true (biases in the MLP)' "$work/llama_features.log" || { echo "FAIL: no mlp_bias line"; exit 1; }
+# A value of another type (a hand-edited config.json) names config.json as what to correct.
+mkdir -p "$work/llama_string" && sed 's/"num_hidden_layers": 4/"num_hidden_layers": "4"/' "$work/llama/config.json" > "$work/llama_string/config.json"
+plan_case llama_string_value 2 "error: \[model\] n_layer = 4, but the weights' .*/llama_string/config.json has num_hidden_layers = \"4\"; that is not an integer, as \[model\] n_layer is: correct config.json$" \
+  "$llama" --set "model.init_from=$work/llama_string"
 plan_case llama_untied 2 "error: \[model\] tie_embeddings = false, but the weights' .* has tie_word_embeddings = true; set \[model\] tie_embeddings = true to load them$" \
   "$llama" --set "model.init_from=$work/llama" --set model.tie_embeddings=false
 # The context config.json states (Llama 3.2's 131072): taken, or a stated one kept; one shorter than
