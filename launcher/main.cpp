@@ -118,7 +118,7 @@ const std::vector<Command>& commands() {
        "tokenizer.json (GPT-2's, Llama 3's, ...) or a byte-level BPE trained on the corpus, using the\n"
        "tokenizers library (parallel over the cores); writes DIR/train.bin and DIR/val.bin (uint16, or\n"
        "uint32 above 65536 tokens; every document ended by the end-of-text id), DIR/tokenizer.json and\n"
-       "DIR/meta.json. A strategy with [job] dataset = \"tokens\" and [data] path = DIR trains on it;\n"
+       "DIR/meta.json. A strategy with [data] path = DIR trains on it: [job] dataset (\"tokens\"),\n"
        "[model] vocab_size and [data] document_end come from meta.json when left out, and the export\n"
        "carries the tokenizer.\n\n"
        "  -o, --output DIR         the directory to write\n"
