@@ -31,7 +31,9 @@ if [[ -n ${CONCURRENT:-} ]]; then
 else
   "$strata" run "${a[@]}" --out "$work/a" > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
   read -ra launcher <<< "${B_LAUNCHER:-}"
-  "${launcher[@]}" "$strata" run "${b[@]}" --out "$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
+  # torchrun's agent keeps its logs in a fresh TMPDIR/torchelastic_* directory: the test's own.
+  mkdir -p "$work/tmp"
+  TMPDIR="$work/tmp" "${launcher[@]}" "$strata" run "${b[@]}" --out "$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
 fi
 # Every step's object names each figure once (a stage that runs twice in a step, as under WSAM,
 # must not write a key twice: JSON readers would keep only one of them).

@@ -8,7 +8,8 @@
 set -euo pipefail
 torchrun=$1 work=$2
 shift 2
-rm -rf "$work" && mkdir -p "$work"
+rm -rf "$work" && mkdir -p "$work/tmp"
+export TMPDIR="$work/tmp"  # torchrun's agent keeps its logs in a fresh TMPDIR/torchelastic_* directory
 launch=("$torchrun" --standalone --nproc-per-node 2 --no-python)
 command_for() { local arg; for arg in "${@:2}"; do printf '%s\0' "${arg//RUN_DIR/$work/$1}"; done; }
 mapfile -d '' whole < <(command_for whole "$@")

@@ -6,7 +6,8 @@
 # kept apart everywhere: data slices, devices, logs).
 set -euo pipefail
 strata=$1 torchrun=$2 strategy=$3 work=$4
-rm -rf "$work" && mkdir -p "$work"
+rm -rf "$work" && mkdir -p "$work/tmp"
+export TMPDIR="$work/tmp"  # torchrun's agent keeps its logs in a fresh TMPDIR/torchelastic_* directory
 "$strata" run "$strategy" --disable ddp --out "$work/one" > "$work/one.log" 2>&1 || { cat "$work/one.log"; exit 1; }
 port=$((20000 + $$ % 20000))
 node() {  # NODE_RANK
