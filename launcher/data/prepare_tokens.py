@@ -157,7 +157,11 @@ def main():
         batch.clear()
 
     encode_started = time.monotonic()
+    empty = 0  # documents without text (an empty file, "text": ""): an end-of-text token alone teaches nothing
     for text in read_documents(args.inputs, args.text_field):
+        if not text:
+            empty += 1
+            continue
         batch.append(text)
         if len(batch) == BATCH_DOCUMENTS:
             flush()
@@ -166,7 +170,7 @@ def main():
     progress.add(0, 0, final=True)
     documents = len(streams)
     if documents == 0:
-        fail("the inputs hold no documents")
+        fail("the inputs hold no text" + (f" ({empty} empty documents)" if empty else ""))
     val_documents = 0 if documents < 2 else max(1, int(round(documents * args.val_fraction)))
     if documents == 1:
         # One document: the tail of its tokens is the validation split, as the tokens dataset
@@ -191,6 +195,7 @@ def main():
         "tokenizer": "tokenizer.json",
         "tokenizer_source": args.tokenizer or f"trained: byte-level BPE, vocabulary {args.train_tokenizer}",
         "documents": {"train": documents - val_documents, "val": val_documents},
+        "empty_documents_skipped": empty,
         "tokens": {"train": int(train.size), "val": int(val.size)},
         "inputs": [os.path.abspath(p) for p in args.inputs],
         "seconds": {"train_tokenizer": round(trained_s, 3), "encode": round(encode_s, 3), "read_encode_write": round(elapsed, 3)},
@@ -198,11 +203,12 @@ def main():
     with open(os.path.join(args.out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
-    print(f"strata data prepare: {documents} documents, {tokens:,} tokens ({int(train.size):,} train, {int(val.size):,} val) "
+    skipped = f" ({empty} empty ones skipped)" if empty else ""
+    print(f"strata data prepare: {documents} documents{skipped}, {tokens:,} tokens ({int(train.size):,} train, {int(val.size):,} val) "
           f"in {elapsed:.1f} s ({tokens / max(elapsed, 1e-9):,.0f} tokens/s); vocabulary {vocab_size}, end of text "
           f"{eos_token!r} = {eos_id}; written to {args.out}")
-    print("Train on it with, in the strategy ([model] vocab_size and [data] document_end are read from meta.json when left out):\n"
-          f"  [job]\n  dataset = \"tokens\"\n  [data]\n  path = \"{os.path.abspath(args.out)}\"")
+    print("Train on it with, in the strategy ([job] dataset, [model] vocab_size and [data] document_end are read from meta.json "
+          f"when left out):\n  [data]\n  path = \"{os.path.abspath(args.out)}\"")
 
 
 if __name__ == "__main__":

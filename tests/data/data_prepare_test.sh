@@ -60,11 +60,11 @@ a = np.concatenate([np.fromfile('$work/again/train.bin', '<u2'), np.fromfile('$w
 b = np.concatenate([np.fromfile('$work/prepared/train.bin', '<u2'), np.fromfile('$work/prepared/val.bin', '<u2')])
 sys.exit(0 if np.array_equal(a, b[:a.size]) else 1)" || check "the same tokenizer gave other ids"
 
-# Train on it naming only the directory; one rank, then two with fsdp; export; transformers.
+# Train on it naming only the directory (the tokens dataset, its vocabulary and document end from
+# meta.json); one rank, then two with fsdp; export; transformers.
 cat > "$work/strategy.toml" <<TOML
 [job]
 model = "gpt"
-dataset = "tokens"
 steps = 4
 global_batch = 4
 threads = 1
@@ -134,6 +134,11 @@ printf '{"text": "fine"}\nnot json\n' > "$work/bad.jsonl"
 expect_refused "a bad JSON line" "bad.jsonl:2: not a JSON line" data prepare "$work/bad.jsonl" -o "$work/x" --train-tokenizer 300
 expect_refused "a missing text field" "no string field 'body'" data prepare "$work/bad.jsonl" -o "$work/x" --train-tokenizer 300 --text-field body
 expect_refused "not a tokenizer" "not a Hugging Face tokenizer.json" data prepare "$work/extra.txt" -o "$work/x" --tokenizer "$work/bad.jsonl"
+: > "$work/empty.txt" && printf '{"text": ""}\n' > "$work/empty.jsonl"
+expect_refused "inputs without text" "the inputs hold no text (2 empty documents)" data prepare "$work/empty.txt" "$work/empty.jsonl" -o "$work/x" --train-tokenizer 300
+"$strata" data prepare "$work/empty.txt" "$work/extra.txt" -o "$work/skipped" --train-tokenizer 300 > "$work/skipped.txt" 2>&1 &&
+  grep -q "^strata data prepare: 1 documents (1 empty ones skipped)" "$work/skipped.txt" &&
+  grep -q '"empty_documents_skipped": 1' "$work/skipped/meta.json" || check "an empty document was not skipped: $(cat "$work/skipped.txt")"
 expect_refused "no subcommand" "takes a subcommand: prepare" data
 expect_refused "an output directory under a file" "-o $work/bad.jsonl/out: cannot create the output directory (Not a directory)" \
   data prepare "$work/extra.txt" -o "$work/bad.jsonl/out" --train-tokenizer 300
