@@ -53,6 +53,7 @@ int run_plugins(const Args& args) {
           entry.insert("after", names_array(o.after));
           entry.insert("before", names_array(o.before));
         }
+        if (const auto* loads = dynamic_cast<const LoadsHfModelTypes*>(c)) entry.insert("hf_model_types", names_array(loads->hf_model_types()));
         components.push_back(std::move(entry));
       }
       plugins.push_back(toml::table{{"name", plugin.name},
@@ -77,6 +78,11 @@ int run_plugins(const Args& args) {
     for (const Component* c : plugin.components) {
       std::cout << "  " << component_kind_name(c->kind()) << " " << c->name() << " - " << c->info().summary << "\n";
       if (const auto* pass = dynamic_cast<const Pass*>(c)) std::cout << "      " << pass_details(*pass) << "\n";
+      if (const auto* loads = dynamic_cast<const LoadsHfModelTypes*>(c)) {
+        std::string types;
+        for (const auto& type : loads->hf_model_types()) types += (types.empty() ? "" : ", ") + type;
+        std::cout << "      loads config.json model_type " << types << " ([job] model may then be left out)\n";
+      }
     }
   }
   return 0;

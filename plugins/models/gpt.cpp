@@ -126,7 +126,7 @@ class Gpt final : public ModelFactory, public DerivesDefaults, public LoadsHfMod
   std::vector<Derived> derived_defaults(const Config& config) const override {
     return HfConfigCheck::derived(config, [&](HfConfigCheck& hf) { check_hf_config(config, hf); });
   }
-  std::vector<std::string> hf_model_types() const override { return {"gpt2"}; }
+  std::vector<std::string> hf_model_types() const override { return hf_model_types_of(name()); }
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
 

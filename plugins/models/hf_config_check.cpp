@@ -50,9 +50,10 @@ std::string as_toml(const json& hf, const Value& like) {
 
 // The bundled model that loads a config.json's model_type; empty for none.
 std::string bundled_model_for(const std::string& model_type) {
-  if (model_type == "gpt2") return "gpt";
-  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") return "llama";
-  if (model_type == "mixtral") return "mixtral";
+  for (const char* model : {"gpt", "llama", "mixtral"}) {
+    const std::vector<std::string>& types = hf_model_types_of(model);
+    if (std::find(types.begin(), types.end(), model_type) != types.end()) return model;
+  }
   return {};
 }
 
@@ -76,6 +77,11 @@ std::string to_load(const std::string& key, const json& hf, const Value& like) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& hf_model_types_of(const std::string& model) {
+  static const std::vector<std::string> gpt{"gpt2"}, llama{"llama", "mistral", "qwen2"}, mixtral{"mixtral"}, none;
+  return model == "gpt" ? gpt : model == "llama" ? llama : model == "mixtral" ? mixtral : none;
+}
 
 HfConfigCheck::HfConfigCheck(const Config& config, const SourcePos& section, Diagnostics& diagnostics,
                              std::vector<DerivesDefaults::Derived>* derived)

@@ -21,6 +21,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,10 @@
 #include "strata/config.h"
 
 namespace strata::models {
+
+// The config.json model_types the bundled model `model` ("gpt", "llama", "mixtral") loads: its
+// LoadsHfModelTypes answer, and the model a refused model_type is pointed to.
+const std::vector<std::string>& hf_model_types_of(const std::string& model);
 
 class HfConfigCheck {
  public:

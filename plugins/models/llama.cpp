@@ -91,9 +91,7 @@ class Llama final : public ModelFactory, public DerivesDefaults, public LoadsHfM
     return HfConfigCheck::derived(config, [&](HfConfigCheck& hf) { check_hf_config(config, hf); });
   }
   // qwen2 sets qkv_bias (derived_defaults); mistral's sliding window is a [model] key.
-  std::vector<std::string> hf_model_types() const override {
-    return moe_ ? std::vector<std::string>{"mixtral"} : std::vector<std::string>{"llama", "mistral", "qwen2"};
-  }
+  std::vector<std::string> hf_model_types() const override { return hf_model_types_of(name()); }
 
   std::shared_ptr<nn::Model> create(const Config& c) const override { return create_shard(c, {}); }
 

@@ -7,7 +7,7 @@ namespace strata {
 const Schema& job_schema() {
   static const Schema schema = Schema()
       .required_string("model", "Registered model factory to train (see `strata plugins`); may be left out when [model] init_from has a "
-                                "config.json: the model that loads its model_type (gpt2: gpt; llama, mistral, qwen2: llama; mixtral: mixtral)")
+                                "config.json: the model that loads its model_type (`strata plugins` lists each model's)")
       .required_string("dataset", "Registered dataset; [data] holds its keys; may be left out when [data] path is a directory "
                                   "`strata data prepare` wrote: tokens")
       .integer("steps", 100, "Optimizer steps to train", between(1, 1e12))
