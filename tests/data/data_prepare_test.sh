@@ -112,6 +112,14 @@ PY
     check "$run: strata sample failed"
   cmp -s "$work/$run-sample.txt" "$work/$run-hf/greedy.txt" || check "$run: strata sample's greedy text differs from transformers': $(cat "$work/$run-sample.txt") vs $(cat "$work/$run-hf/greedy.txt")"
 done
+# Fine-tuning an export: data made with its tokenizer plans; data made with another is refused,
+# naming both tokenizer files and the way to prepare it with the weights'.
+"$strata" plan "$work/strategy.toml" --set "model.init_from=$work/run-hf" > "$work/same_tokenizer.txt" 2>&1 ||
+  check "data prepared with the weights' tokenizer was refused: $(cat "$work/same_tokenizer.txt")"
+"$strata" data prepare "$work/extra.txt" -o "$work/other" --train-tokenizer 400 > /dev/null 2>&1 || check "prepare with 400 tokens failed"
+msg=$("$strata" plan "$work/strategy.toml" --set "model.init_from=$work/run-hf" --set "data.path=$work/other" 2>&1); status=$?
+[ $status -eq 2 ] && [[ $msg == *"[data] path: $work/other/tokenizer.json made these tokens, another tokenizer than the weights' $work/run-hf/tokenizer.json (id "*"--tokenizer $work/run-hf/tokenizer.json\`"* ]] ||
+  check "data made with another tokenizer than the weights' was not refused: $status $msg"
 msg=$("$strata" plan "$work/strategy.toml" --set model.vocab_size=500 2>&1); status=$?
 [ $status -eq 2 ] && [[ $msg == *"vocabulary of 1000 tokens but [model] vocab_size is 500"* ]] || check "a vocabulary below the data's was not refused: $status $msg"
 

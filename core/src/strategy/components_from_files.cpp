@@ -19,19 +19,10 @@ const std::string* raw_string(const RawSection& section, const std::string& key)
   return entry ? std::get_if<std::string>(&entry->value) : nullptr;
 }
 
-// config.json in the init_from directory, or beside the file (or sharded index) it names; as
-// the models' HfConfigCheck finds it.
-fs::path config_json_beside(const std::string& init_from) {
-  std::error_code unreadable;
-  const fs::path path(init_from);
-  const fs::path file = fs::is_directory(path, unreadable) ? path / "config.json" : path.parent_path() / "config.json";
-  return fs::is_regular_file(file, unreadable) ? file : fs::path();
-}
-
 void choose_model(RawSection& job, const RawSection& model, const ComponentRegistry& registry) {
   const std::string* init_from = raw_string(model, "init_from");
   if (job.find("model") || !init_from || init_from->empty()) return;
-  const fs::path file = config_json_beside(*init_from);
+  const fs::path file = beside_weights(*init_from, "config.json");
   if (file.empty()) return;
   std::ifstream in(file);
   const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -55,6 +46,13 @@ void choose_dataset(RawSection& job, const RawSection& data, const ComponentRegi
 }
 
 }  // namespace
+
+fs::path beside_weights(const std::string& init_from, const std::string& name) {
+  std::error_code unreadable;
+  const fs::path path(init_from);
+  const fs::path file = fs::is_directory(path, unreadable) ? path / name : path.parent_path() / name;
+  return fs::is_regular_file(file, unreadable) ? file : fs::path();
+}
 
 void choose_components_from_files(RawSection& job, const RawSection& model, const RawSection& data,
                                   const ComponentRegistry& registry) {

@@ -12,10 +12,17 @@
 // key is reported as before (its documentation says when it may be left out).
 #pragma once
 
+#include <filesystem>
+#include <string>
+
 #include "strata/core/component_registry.h"
 #include "strata/core/strategy.h"
 
 namespace strata {
+
+// The file `name` (config.json, tokenizer.json) in the [model] init_from directory, or beside the
+// file (or sharded index) it names, as the models' HfConfigCheck finds config.json; empty if none.
+std::filesystem::path beside_weights(const std::string& init_from, const std::string& name);
 
 void choose_components_from_files(RawSection& job, const RawSection& model, const RawSection& data,
                                   const ComponentRegistry& registry);
