@@ -170,6 +170,13 @@ plan_case model_stated_kept 2 "describes a gpt2 model, but this \[model\] loads 
 sed -e '/^dataset = "text"$/d' "$work/no_model.toml" > "$work/no_components.toml"
 plan_case dataset_from_prepared 0 "^  dataset += \"tokens\" +# $work/prepared/meta.json$" "$work/no_components.toml" --set "data.path=$work/prepared"
 
+# Weights with a tokenizer other than a byte-level run's, fine-tuned on the text dataset (token id
+# = byte): refused, naming the tokenizer and the `strata data prepare` that tokenizes the text.
+mkdir -p "$work/llama_bpe" && cp "$work/llama/config.json" "$work/llama_bpe/"
+echo '{"model": {"type": "BPE", "vocab": {"!": 0, "\"": 1, "#": 2}, "merges": []}, "added_tokens": []}' > "$work/llama_bpe/tokenizer.json"
+plan_case text_data_other_tokenizer 2 "error: \[data\] path: the text dataset's token ids are bytes, but the weights' $work/llama_bpe/tokenizer.json is another tokenizer \(id 0 is \"!\" for the weights, byte \"Ā\" in the data\): tokenize the text with it, \`strata data prepare data/kjv.txt -o DIR --tokenizer $work/llama_bpe/tokenizer.json\`, and train on DIR$" \
+  "$llama" --set "model.init_from=$work/llama_bpe"
+
 # `strata run` refuses the same way before a rank trains, and writes nothing.
 set +e
 "$strata" run "$llama" --set "model.init_from=$work/llama" --set model.n_head=8 --set model.n_kv_head=4 --out "$work/run" > "$work/run.log" 2>&1

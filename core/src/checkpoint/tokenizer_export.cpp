@@ -14,7 +14,17 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// GPT-2's byte-to-unicode table: byte b as the character the byte-level vocabulary spells it with.
+// The byte-level pre-tokenizer and decoder: bytes to the alphabet and back, no splitting.
+json byte_level() { return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}; }
+
+void write_json(const std::filesystem::path& path, const json& j) {
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f) throw UserError("cannot write " + path.string());
+}
+
+}  // namespace
+
 std::string byte_as_character(int b) {
   const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
   int code_point = b;
@@ -32,17 +42,6 @@ std::string byte_as_character(int b) {
   }
   return utf8;
 }
-
-// The byte-level pre-tokenizer and decoder: bytes to the alphabet and back, no splitting.
-json byte_level() { return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}; }
-
-void write_json(const std::filesystem::path& path, const json& j) {
-  std::ofstream f(path);
-  f << j.dump(2) << "\n";
-  if (!f) throw UserError("cannot write " + path.string());
-}
-
-}  // namespace
 
 void write_byte_level_tokenizer(const std::filesystem::path& out, int64_t model_max_length, std::optional<int64_t> eos) {
   json vocab = json::object();

@@ -14,10 +14,15 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string>
 
 #include <c10/core/ScalarType.h>
 
 namespace strata {
+
+// GPT-2's byte-to-unicode table: byte b as the character the byte-level vocabulary spells it with
+// (the token of id b in a byte-level run's tokenizer.json).
+std::string byte_as_character(int b);
 
 // Writes tokenizer.json and tokenizer_config.json into `out` for a byte-level run.
 void write_byte_level_tokenizer(const std::filesystem::path& out, int64_t model_max_length, std::optional<int64_t> eos);

@@ -277,7 +277,7 @@ ResolvedStrategy resolve_strategy(const RawStrategy& raw, const ComponentRegistr
 
   RawSection data = raw.data;
   const std::vector<DerivesDefaults::Derived> model_from_data = apply_prepared_data(out.job, registry, data, diagnostics);
-  check_data_tokenizer_matches_weights(raw.model, raw.data, diagnostics);
+  check_data_tokenizer_matches_weights(out.job, raw.model, raw.data, diagnostics);
   out.model_component = resolve_component_section(ComponentKind::Model, out.job, "[job]", "model", raw.model, nullptr,
                                                   registry, out.model, diagnostics, model_from_data);
   out.dataset_component = resolve_component_section(ComponentKind::Dataset, out.job, "[job]", "dataset", data,

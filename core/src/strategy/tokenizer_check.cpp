@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../checkpoint/tokenizer_export.h"
 #include "components_from_files.h"
 #include "strata/core/prepared_data.h"
 
@@ -40,31 +41,60 @@ std::optional<std::map<int64_t, std::string>> ids_of(const std::filesystem::path
 
 std::string quoted(const std::optional<std::string>& token) { return token ? json(*token).dump() : std::string("no token"); }
 
+// The first id the two tokenizers name differently, with what each names there.
+struct Disagreement {
+  int64_t id = 0;
+  std::optional<std::string> weights, data;
+};
+
+std::optional<Disagreement> first_disagreement(const std::map<int64_t, std::string>& weights, const std::map<int64_t, std::string>& data) {
+  for (auto a = weights.begin(), b = data.begin(); a != weights.end() || b != data.end(); ++a, ++b) {
+    if (a != weights.end() && b != data.end() && *a == *b) continue;
+    const int64_t id = a == weights.end() ? b->first : b == data.end() ? a->first : std::min(a->first, b->first);
+    Disagreement d{id, {}, {}};
+    if (auto it = weights.find(id); it != weights.end()) d.weights = it->second;
+    if (auto it = data.find(id); it != data.end()) d.data = it->second;
+    return d;
+  }
+  return std::nullopt;
+}
+
+// The text dataset's ids are bytes: what a byte-level run's export names them (only ids 0..255
+// occur in its data, so only they must agree).
+std::map<int64_t, std::string> byte_ids() {
+  std::map<int64_t, std::string> ids;
+  for (int b = 0; b < 256; ++b) ids[b] = byte_as_character(b);
+  return ids;
+}
+
 }  // namespace
 
-void check_data_tokenizer_matches_weights(const RawSection& model, const RawSection& data, Diagnostics& diagnostics) {
+void check_data_tokenizer_matches_weights(const Config& job, const RawSection& model, const RawSection& data, Diagnostics& diagnostics) {
   const RawEntry* init_from = model.find("init_from");
   const RawEntry* path = data.find("path");
   if (!init_from || !path || !std::holds_alternative<std::string>(init_from->value) || !std::holds_alternative<std::string>(path->value)) return;
   const std::filesystem::path weights_file = beside_weights(std::get<std::string>(init_from->value), "tokenizer.json");
-  const std::optional<PreparedData> prepared = read_prepared_data(std::get<std::string>(path->value));
-  if (weights_file.empty() || !prepared || prepared->tokenizer.empty()) return;
-  const auto weights = ids_of(weights_file), data_ids = ids_of(prepared->tokenizer);
-  if (!weights || !data_ids || *weights == *data_ids) return;
-  // The first id the two disagree on, for the message.
-  int64_t id = 0;
-  std::optional<std::string> theirs, ours;
-  for (auto a = weights->begin(), b = data_ids->begin();; ++a, ++b) {
-    if (a == weights->end() || b == data_ids->end() || *a != *b) {
-      id = a == weights->end() ? b->first : b == data_ids->end() ? a->first : std::min(a->first, b->first);
-      break;
-    }
+  const std::optional<std::map<int64_t, std::string>> weights = weights_file.empty() ? std::nullopt : ids_of(weights_file);
+  if (!weights) return;
+  const std::string& data_file = std::get<std::string>(path->value);
+  const std::string prepare = "`strata data prepare " + data_file + " -o DIR --tokenizer " + weights_file.string() + "`";
+  if (job.has("dataset") && job.get_string("dataset") == "text") {
+    std::map<int64_t, std::string> weights_bytes(weights->begin(), weights->lower_bound(256));
+    if (const std::optional<Disagreement> d = first_disagreement(weights_bytes, byte_ids()))
+      diagnostics.error(path->pos, "[data] path: the text dataset's token ids are bytes, but the weights' " + weights_file.string() +
+                                       " is another tokenizer (id " + std::to_string(d->id) + " is " + quoted(d->weights) + " for the weights, byte " +
+                                       quoted(d->data) + " in the data): tokenize the text with it, " + prepare + ", and train on DIR");
+    return;
   }
-  if (auto it = weights->find(id); it != weights->end()) theirs = it->second;
-  if (auto it = data_ids->find(id); it != data_ids->end()) ours = it->second;
-  diagnostics.error(path->pos, "[data] path: " + prepared->tokenizer.string() + " made these tokens, another tokenizer than the weights' " +
-                                   weights_file.string() + " (id " + std::to_string(id) + " is " + quoted(ours) + " in the data, " + quoted(theirs) +
-                                   " for the weights): prepare the data with `strata data prepare ... --tokenizer " + weights_file.string() + "`");
+  const std::optional<PreparedData> prepared = read_prepared_data(data_file);
+  if (!prepared || prepared->tokenizer.empty()) return;
+  const auto data_ids = ids_of(prepared->tokenizer);
+  if (!data_ids) return;
+  if (const std::optional<Disagreement> d = first_disagreement(*weights, *data_ids))
+    diagnostics.error(path->pos, "[data] path: " + prepared->tokenizer.string() + " made these tokens, another tokenizer than the weights' " +
+                                     weights_file.string() + " (id " + std::to_string(d->id) + " is " + quoted(d->data) + " in the data, " +
+                                     quoted(d->weights) + " for the weights): prepare the data with `strata data prepare ... --tokenizer " +
+                                     weights_file.string() + "`");
 }
 
 }  // namespace strata
