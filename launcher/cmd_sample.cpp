@@ -1,4 +1,5 @@
-// strata sample: a run's newest checkpoint continues a prompt. Byte-level runs (the text
+// strata sample: a run's newest checkpoint, or a directory transformers' save_pretrained or
+// `strata ckpt export` wrote (load_hf_model, through its tokenizer.json), continues a prompt. Byte-level runs (the text
 // dataset) are sampled by core (sample_text: the prompt's bytes are its ids); runs on token files
 // `strata data prepare` wrote go through their tokenizer.json, with Hugging Face tokenizers in
 // Python (python_tokenizers.h) encoding the prompt and decoding the continuation around core's
@@ -51,7 +52,7 @@ std::string sample_through_tokenizer(CheckpointModel& loaded, const fs::path& to
 
 int run_sample(const Args& args) {
   allow_only(args, {"--prompt", "--tokens", "--temperature", "--top-k", "--seed"});
-  if (args.positional.size() != 1) throw UserError("usage: strata sample RUN_DIR|CHECKPOINT_DIR --prompt TEXT; see strata sample --help");
+  if (args.positional.size() != 1) throw UserError("usage: strata sample RUN_DIR|CHECKPOINT_DIR|HF_DIR --prompt TEXT; see strata sample --help");
   if (args.prompt.empty()) throw UserError("--prompt is empty: give the text to continue");
   ComponentRegistry registry;
   load_plugins(registry);
@@ -61,8 +62,12 @@ int run_sample(const Args& args) {
   options.temperature = args.temperature;
   options.top_k = args.top_k;
   options.seed = static_cast<uint64_t>(args.seed);
-  CheckpointModel loaded = load_checkpoint_model(args.positional[0], registry);
-  const fs::path tokenizer = prepared_tokenizer(loaded);
+  const fs::path source = args.positional[0];
+  const bool hf = is_hf_directory(source);
+  if (hf && !fs::is_regular_file(source / "tokenizer.json"))
+    throw UserError(source.string() + " has no tokenizer.json: strata sample needs the tokenizer its weights' ids come from");
+  CheckpointModel loaded = hf ? load_hf_model(source, registry) : load_checkpoint_model(source, registry);
+  const fs::path tokenizer = hf ? source / "tokenizer.json" : prepared_tokenizer(loaded);
   std::cout << (tokenizer.empty() ? sample_text(loaded, options) : sample_through_tokenizer(loaded, tokenizer, options)) << std::endl;
   return 0;
 }

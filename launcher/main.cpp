@@ -129,12 +129,15 @@ const std::vector<Command>& commands() {
        "  --eos TOKEN              the end-of-text token (default: the first the tokenizer has of\n"
        "                           <|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eot_id|>)\n",
        run_data},
-      {"sample", "Continue a prompt with a run's newest checkpoint (byte-level or prepared-data runs)",
-       "usage: strata sample RUN_DIR|CHECKPOINT_DIR --prompt TEXT [--tokens N] [--temperature T]\n"
+      {"sample", "Continue a prompt with a run's newest checkpoint (byte-level or prepared-data runs) or a transformers directory",
+       "usage: strata sample RUN_DIR|CHECKPOINT_DIR|HF_DIR --prompt TEXT [--tokens N] [--temperature T]\n"
        "                     [--top-k K] [--seed S]\n\n"
        "Loads the checkpoint's model whole (any layout and rank count that saved it), prints the prompt\n"
        "and its continuation. Runs on the text dataset (token id = byte) and on token files strata data\n"
-       "prepare wrote (through their tokenizer.json); export other runs and sample them with transformers.\n\n"
+       "prepare wrote (through their tokenizer.json); export other runs and sample them with transformers.\n"
+       "HF_DIR: a directory save_pretrained or strata ckpt export wrote (config.json, the weights and\n"
+       "tokenizer.json) of a model type a registered model loads (strata plugins), read as [model]\n"
+       "init_from reads it, through its tokenizer.json.\n\n"
        "  --prompt TEXT        the text to continue\n"
        "  --tokens N           tokens to generate (default 100)\n"
        "  --temperature T      0 picks the likeliest token; above 0 samples (default 0.8)\n"

@@ -111,6 +111,10 @@ PY
   "$strata" sample "$work/$run" --prompt "And God said, Let there be light" --tokens 8 --temperature 0 | head -c -1 > "$work/$run-sample.txt" ||
     check "$run: strata sample failed"
   cmp -s "$work/$run-sample.txt" "$work/$run-hf/greedy.txt" || check "$run: strata sample's greedy text differs from transformers': $(cat "$work/$run-sample.txt") vs $(cat "$work/$run-hf/greedy.txt")"
+  # The export itself, as transformers reads it (config.json, weights, tokenizer.json): the same text.
+  "$strata" sample "$work/$run-hf" --prompt "And God said, Let there be light" --tokens 8 --temperature 0 | head -c -1 > "$work/$run-hf-sample.txt" ||
+    check "$run: strata sample of the export failed"
+  cmp -s "$work/$run-hf-sample.txt" "$work/$run-hf/greedy.txt" || check "$run: strata sample of the export differs from transformers': $(cat "$work/$run-hf-sample.txt")"
 done
 # Fine-tuning an export: data made with its tokenizer plans; data made with another is refused,
 # naming both tokenizer files and the way to prepare it with the weights'.
@@ -147,6 +151,10 @@ expect_refused "inputs without text" "the inputs hold no text (2 empty documents
 "$strata" data prepare "$work/empty.txt" "$work/extra.txt" -o "$work/skipped" --train-tokenizer 300 > "$work/skipped.txt" 2>&1 &&
   grep -q "^strata data prepare: 1 documents (1 empty ones skipped)" "$work/skipped.txt" &&
   grep -q '"empty_documents_skipped": 1' "$work/skipped/meta.json" || check "an empty document was not skipped: $(cat "$work/skipped.txt")"
+mkdir -p "$work/hf_without_tokenizer" && cp "$work/run-hf/config.json" "$work/run-hf/model.safetensors" "$work/hf_without_tokenizer/"
+expect_refused "an export without tokenizer.json" "has no tokenizer.json: strata sample needs the tokenizer" sample "$work/hf_without_tokenizer" --prompt hi
+mkdir -p "$work/bert" && echo '{"model_type": "bert"}' > "$work/bert/config.json" && cp "$work/run-hf/tokenizer.json" "$work/bert/"
+expect_refused "a model type nothing loads" "describes a bert model, which no registered model loads" sample "$work/bert" --prompt hi
 expect_refused "no subcommand" "takes a subcommand: prepare" data
 expect_refused "an output directory under a file" "-o $work/bad.jsonl/out: cannot create the output directory (Not a directory)" \
   data prepare "$work/extra.txt" -o "$work/bad.jsonl/out" --train-tokenizer 300

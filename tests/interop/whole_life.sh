@@ -87,6 +87,8 @@ print(f"transformers: {type(model).__name__}, rope {rope['rope_type']}, context 
 PY
 "$strata" sample "$work/run" --prompt "In the" --tokens 60 --temperature 0 | head -c -1 > "$work/sample.bin"
 cmp -s "$work/greedy.bin" "$work/sample.bin" || fail "strata sample's greedy text differs from transformers' generate"
+"$strata" sample "$work/hf" --prompt "In the" --tokens 60 --temperature 0 | head -c -1 > "$work/sample_hf.bin"
+cmp -s "$work/greedy.bin" "$work/sample_hf.bin" || fail "strata sample of the export differs from transformers' generate"
 # The export starts a run at pipeline 2, [model] taken from its config.json: its first loss is the trained model's.
 sed -e '/^\[model\]/,/^$/d' -e '/^\[parallel\]/,$d' -e 's/^steps = 4/steps = 1/' -e '/^model = "llama"$/d' "$work/qwen2.toml" > "$work/again.toml"
 cat >> "$work/again.toml" <<EOF

@@ -4,7 +4,9 @@
 #include <sstream>
 
 #include <c10/util/accumulate.h>
+#include <nlohmann/json.hpp>
 
+#include "../strategy/components_from_files.h"
 #include "checkpoint.h"
 #include "ir/initial_draws.h"
 #include "tokenizer_export.h"
@@ -67,6 +69,48 @@ CheckpointModel load_checkpoint_model(const fs::path& source, const ComponentReg
     if (!at::isfinite(q.target).all().item<bool>())
       throw UserError("checkpoint " + checkpoint.path().string() + ": tensor for '" + q.name.substr(6) + "' holds NaN or infinite values");
   return {std::move(model), std::move(plan), std::move(config), checkpoint.path()};
+}
+
+bool is_hf_directory(const fs::path& dir) {
+  return fs::is_regular_file(dir / "config.json") && !fs::exists(dir / "strategy.toml") && !is_checkpoint_dir(dir);
+}
+
+CheckpointModel load_hf_model(const fs::path& dir, const ComponentRegistry& registry) {
+  // A strategy of init_from alone: [job] model from config.json's model_type, every [model] key
+  // from config.json (strategy/components_from_files.h, the models' DerivesDefaults); seq_len is
+  // the context config.json states, so a learned position table is taken whole and the sampling
+  // window is that context. The dataset only completes the strategy: nothing reads it.
+  const fs::path config_file = dir / "config.json";
+  std::ifstream in(config_file);
+  const nlohmann::json hf = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!hf.is_object()) throw UserError(config_file.string() + " is not a JSON object (transformers' config.json)");
+  const std::string type = hf.value("model_type", nlohmann::json()).is_string() ? hf["model_type"].get<std::string>() : "";
+  if (type.empty()) throw UserError(config_file.string() + " names no model_type: not a transformers model directory");
+  if (models_loading(type, registry).size() != 1)
+    throw UserError(config_file.string() + " describes a " + type + " model, which " +
+                    (models_loading(type, registry).empty() ? "no registered model loads" : "several registered models load") +
+                    " (`strata plugins` lists the model types each loads)");
+  RawStrategy raw;
+  raw.file = config_file.string();
+  const SourcePos at{raw.file, 0, 0};
+  for (RawSection* section : {&raw.job, &raw.model, &raw.data, &raw.optimizer, &raw.parallel}) section->pos = at;
+  raw.job.label = "[job]", raw.model.label = "[model]", raw.data.label = "[data]", raw.optimizer.label = "[optimizer]", raw.parallel.label = "[parallel]";
+  raw.job.set("dataset", RawEntry{std::string("synthetic"), at, Origin::File});
+  raw.data.set("vocab_size", RawEntry{int64_t{2}, at, Origin::File});
+  raw.model.set("init_from", RawEntry{fs::absolute(dir).lexically_normal().string(), at, Origin::File});
+  for (const char* context : {"n_positions", "max_position_embeddings"})
+    if (hf.contains(context) && hf[context].is_number_integer()) raw.model.set("seq_len", RawEntry{hf[context].get<int64_t>(), at, Origin::File});
+  Diagnostics diagnostics;
+  ResolvedStrategy plan = resolve_strategy(raw, registry, 1, diagnostics);
+  if (!diagnostics.ok()) throw UserError(dir.string() + ": " + diagnostics.items().front().message);
+  const auto* factory = static_cast<const ModelFactory*>(plan.model_component);
+  std::shared_ptr<nn::Model> model;
+  {
+    nn::SkipInitialDraws no_draws;  // init_from fills every parameter as the model is built
+    model = factory->create(plan.model);
+  }
+  const Config config = without_init_from(plan.model);
+  return {std::move(model), std::move(plan), config, dir};
 }
 
 fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry) {

@@ -27,14 +27,7 @@ void choose_model(RawSection& job, const RawSection& model, const ComponentRegis
   std::ifstream in(file);
   const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) return;
-  const std::string type = config["model_type"].get<std::string>();
-  std::vector<std::string> loaders;
-  for (const auto& name : registry.names(ComponentKind::Model)) {
-    const auto* loads = dynamic_cast<const LoadsHfModelTypes*>(registry.find(ComponentKind::Model, name));
-    if (!loads) continue;
-    const std::vector<std::string> types = loads->hf_model_types();
-    if (std::find(types.begin(), types.end(), type) != types.end()) loaders.push_back(name);
-  }
+  const std::vector<std::string> loaders = models_loading(config["model_type"].get<std::string>(), registry);
   if (loaders.size() == 1) job.set("model", RawEntry{loaders.front(), SourcePos{file.string(), 0, 0}, Origin::File});
 }
 
@@ -46,6 +39,17 @@ void choose_dataset(RawSection& job, const RawSection& data, const ComponentRegi
 }
 
 }  // namespace
+
+std::vector<std::string> models_loading(const std::string& model_type, const ComponentRegistry& registry) {
+  std::vector<std::string> loaders;
+  for (const auto& name : registry.names(ComponentKind::Model)) {
+    const auto* loads = dynamic_cast<const LoadsHfModelTypes*>(registry.find(ComponentKind::Model, name));
+    if (!loads) continue;
+    const std::vector<std::string> types = loads->hf_model_types();
+    if (std::find(types.begin(), types.end(), model_type) != types.end()) loaders.push_back(name);
+  }
+  return loaders;
+}
 
 fs::path beside_weights(const std::string& init_from, const std::string& name) {
   std::error_code unreadable;

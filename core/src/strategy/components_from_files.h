@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "strata/core/component_registry.h"
 #include "strata/core/strategy.h"
@@ -23,6 +24,9 @@ namespace strata {
 // The file `name` (config.json, tokenizer.json) in the [model] init_from directory, or beside the
 // file (or sharded index) it names, as the models' HfConfigCheck finds config.json; empty if none.
 std::filesystem::path beside_weights(const std::string& init_from, const std::string& name);
+
+// The registered models that declare they load config.json's `model_type`.
+std::vector<std::string> models_loading(const std::string& model_type, const ComponentRegistry& registry);
 
 void choose_components_from_files(RawSection& job, const RawSection& model, const RawSection& data,
                                   const ComponentRegistry& registry);

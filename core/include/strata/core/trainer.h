@@ -107,6 +107,12 @@ struct CheckpointModel {
   std::filesystem::path checkpoint;
 };
 STRATA_API CheckpointModel load_checkpoint_model(const std::filesystem::path& source, const ComponentRegistry& registry);
+// A directory transformers' save_pretrained (or `strata ckpt export`) wrote: config.json and its
+// weights, no strategy.toml. load_hf_model builds the registered model that loads its model_type,
+// every [model] key from config.json, seq_len its context, the weights from the directory (as
+// [model] init_from loads them), for `strata sample` on a hub model or an export.
+STRATA_API bool is_hf_directory(const std::filesystem::path& dir);
+STRATA_API CheckpointModel load_hf_model(const std::filesystem::path& dir, const ComponentRegistry& registry);
 
 // Writes OUT/model.safetensors and OUT/config.json in Hugging Face layout (and the tokenizer
 // where the run's data names one: bytes for the text dataset).
