@@ -32,14 +32,16 @@ fs::path prepared_tokenizer(const CheckpointModel& loaded) {
   return prepared ? prepared->tokenizer : fs::path();
 }
 
-std::string sample_through_tokenizer(CheckpointModel& loaded, const fs::path& tokenizer, const SampleOptions& options) {
+// `special`: the prompt gets the tokenizer's special tokens (a hub Llama's BOS), as transformers'
+// tokenizer(prompt) adds them for generate; a prepared run's prompt is encoded as its documents were.
+std::string sample_through_tokenizer(CheckpointModel& loaded, const fs::path& tokenizer, const SampleOptions& options, bool special) {
   if (options.prompt.empty()) throw UserError("--prompt is empty: give the text to continue");
   const std::string python = tokenizers_python("strata sample");
   char pattern[] = "/tmp/strata-sample-XXXXXX";
   if (!mkdtemp(pattern)) throw UserError("cannot create a temporary directory");
   const fs::path tmp(pattern);
   std::ofstream(tmp / "prompt.txt") << options.prompt;
-  const auto ids = nlohmann::json::parse(run_helper(python, "tokenize_text.py", {"encode", tokenizer.string(), (tmp / "prompt.txt").string()}));
+  const auto ids = nlohmann::json::parse(run_helper(python, "tokenize_text.py", {special ? "encode_special" : "encode", tokenizer.string(), (tmp / "prompt.txt").string()}));
   const std::vector<int64_t> continued = continue_tokens(loaded, ids.get<std::vector<int64_t>>(), options);
   std::ofstream(tmp / "ids.json") << nlohmann::json(continued).dump();
   const std::string text = run_helper(python, "tokenize_text.py", {"decode", tokenizer.string(), (tmp / "ids.json").string()});
@@ -68,7 +70,7 @@ int run_sample(const Args& args) {
     throw UserError(source.string() + " has no tokenizer.json: strata sample needs the tokenizer its weights' ids come from");
   CheckpointModel loaded = hf ? load_hf_model(source, registry) : load_checkpoint_model(source, registry);
   const fs::path tokenizer = hf ? source / "tokenizer.json" : prepared_tokenizer(loaded);
-  std::cout << (tokenizer.empty() ? sample_text(loaded, options) : sample_through_tokenizer(loaded, tokenizer, options)) << std::endl;
+  std::cout << (tokenizer.empty() ? sample_text(loaded, options) : sample_through_tokenizer(loaded, tokenizer, options, hf)) << std::endl;
   return 0;
 }
 

@@ -1,8 +1,13 @@
-"""`strata sample` on a run over token files `strata data prepare` wrote: the run's tokenizer.json
-encodes the prompt and decodes the continuation, with Hugging Face `tokenizers` (the library that
-made the files).
-  tokenize_text.py encode TOKENIZER TEXT_FILE   prints the ids as a JSON list
-  tokenize_text.py decode TOKENIZER IDS_FILE    prints the text the JSON list of ids decodes to
+"""`strata sample` on a run over token files `strata data prepare` wrote, or on a transformers
+directory: the tokenizer.json encodes the prompt and decodes the continuation, with Hugging Face
+`tokenizers` (the library that made the files).
+  tokenize_text.py encode TOKENIZER TEXT_FILE           prints the ids as a JSON list, as the
+                                                        prepared documents were encoded (no
+                                                        special tokens added)
+  tokenize_text.py encode_special TOKENIZER TEXT_FILE   the same with the tokenizer's special
+                                                        tokens (a Llama's BOS), as transformers'
+                                                        tokenizer(prompt) encodes for generate
+  tokenize_text.py decode TOKENIZER IDS_FILE            prints the text the JSON list of ids decodes to
 """
 import json
 import sys
@@ -11,7 +16,7 @@ from tokenizers import Tokenizer
 
 mode, tokenizer_file, path = sys.argv[1:4]
 tokenizer = Tokenizer.from_file(tokenizer_file)
-if mode == "encode":
-    print(json.dumps(tokenizer.encode(open(path, encoding="utf-8").read(), add_special_tokens=False).ids))
+if mode in ("encode", "encode_special"):
+    print(json.dumps(tokenizer.encode(open(path, encoding="utf-8").read(), add_special_tokens=mode == "encode_special").ids))
 else:
     sys.stdout.write(tokenizer.decode(json.load(open(path)), skip_special_tokens=False))

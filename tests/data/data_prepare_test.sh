@@ -151,6 +151,26 @@ expect_refused "inputs without text" "the inputs hold no text (2 empty documents
 "$strata" data prepare "$work/empty.txt" "$work/extra.txt" -o "$work/skipped" --train-tokenizer 300 > "$work/skipped.txt" 2>&1 &&
   grep -q "^strata data prepare: 1 documents (1 empty ones skipped)" "$work/skipped.txt" &&
   grep -q '"empty_documents_skipped": 1' "$work/skipped/meta.json" || check "an empty document was not skipped: $(cat "$work/skipped.txt")"
+# A tokenizer that adds a BOS (as a hub Llama's does): strata sample on the directory encodes the
+# prompt as transformers' tokenizer(prompt) does, and prints transformers' greedy text.
+mkdir -p "$work/hf_bos" && cp "$work/run-hf"/* "$work/hf_bos/"
+"$python" - "$work/hf_bos" <<'PY' || check "transformers with a BOS-adding tokenizer failed"
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+d = sys.argv[1]
+t = json.load(open(f"{d}/tokenizer.json"))
+t["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                       "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                       "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}
+json.dump(t, open(f"{d}/tokenizer.json", "w"))
+tok = AutoTokenizer.from_pretrained(d)
+ids = tok("And God said", return_tensors="pt")
+assert ids.input_ids[0, 0].item() == 0, ids.input_ids
+out = AutoModelForCausalLM.from_pretrained(d).generate(**ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+open(f"{d}/greedy.txt", "w").write(tok.decode(out[0], skip_special_tokens=False))
+PY
+"$strata" sample "$work/hf_bos" --prompt "And God said" --tokens 6 --temperature 0 | head -c -1 > "$work/hf_bos-sample.txt" || check "strata sample with a BOS failed"
+cmp -s "$work/hf_bos-sample.txt" "$work/hf_bos/greedy.txt" || check "strata sample with a BOS differs from transformers': $(cat "$work/hf_bos-sample.txt") vs $(cat "$work/hf_bos/greedy.txt")"
 mkdir -p "$work/hf_without_tokenizer" && cp "$work/run-hf/config.json" "$work/run-hf/model.safetensors" "$work/hf_without_tokenizer/"
 expect_refused "an export without tokenizer.json" "has no tokenizer.json: strata sample needs the tokenizer" sample "$work/hf_without_tokenizer" --prompt hi
 mkdir -p "$work/bert" && echo '{"model_type": "bert"}' > "$work/bert/config.json" && cp "$work/run-hf/tokenizer.json" "$work/bert/"
