@@ -30,6 +30,16 @@ echo "$line" | grep -q "(checkpoint saved); continue with .strata run $work/long
 "$strata" run "$work/long/strategy.toml" --out "$work/long" --resume --set job.steps=$((step + 1)) > "$work/resume.log" 2>&1 \
   || { cat "$work/resume.log"; exit 1; }
 grep -q "resumed from .*step_0*$step at step $step" "$work/resume.log" || { echo "FAIL: not resumed at $step"; cat "$work/resume.log"; exit 1; }
+# An export or consolidated file inside the run directory (which a --resume would then refuse) is
+# refused in one line, and the run still resumes.
+for out in "$work/long" "$work/long/hf" "$work/long/checkpoints/step_00000001"; do
+  set +e; msg=$("$strata" ckpt export "$work/long" "$out" 2>&1); status=$?; set -e
+  [ $status -eq 2 ] && [[ $msg == "strata: error: the export directory $out is inside the "* ]] || { echo "FAIL: export into $out: $status $msg"; exit 1; }
+done
+set +e; msg=$("$strata" ckpt consolidate "$work/long" "$work/long/all.safetensors" 2>&1); status=$?; set -e
+[ $status -eq 2 ] && [[ $msg == *"is inside the run directory $work/long, "* ]] || { echo "FAIL: consolidate into the run: $status $msg"; exit 1; }
+"$strata" run "$work/long/strategy.toml" --out "$work/long" --resume --set job.steps=$((step + 2)) > "$work/resume2.log" 2>&1 \
+  || { echo "FAIL: resume after the refused exports"; cat "$work/resume2.log"; exit 1; }
 # Relative paths, then another working directory.
 "$strata" ckpt export "$work/done" "$work/exported" > /dev/null
 relative=$(realpath --relative-to=. "$work/exported")

@@ -34,6 +34,26 @@ engine::Checkpoint open_source(const fs::path& source) {
   return *checkpoint;
 }
 
+// A run directory holds only what runs write: a --resume refuses it with anything else inside
+// (engine/run_directory.cpp), and a checkpoint directory is checksummed as a whole. So an export
+// or a consolidated file written into either, at any depth, would block the run it came from:
+// `dir` (where the output lands) is refused there.
+void refuse_inside_run(const fs::path& dir, const std::string& what) {
+  const auto is_run = [](const fs::path& p) {
+    std::error_code e;
+    return fs::exists(p / ".strata.lock", e) ||
+           (fs::exists(p / "strategy.toml", e) && (fs::exists(p / "metrics.jsonl", e) || fs::exists(p / "checkpoints", e)));
+  };
+  const fs::path path = fs::absolute(dir).lexically_normal();
+  for (fs::path p = path;; p = p.parent_path()) {
+    if (is_run(p))
+      throw UserError(what + " " + dir.string() + " is inside the run directory " + p.string() +
+                      ", which holds only what runs write (a --resume refuses anything else there); write it elsewhere");
+    if (is_checkpoint_dir(p)) throw UserError(what + " " + dir.string() + " is inside the checkpoint " + p.string() + "; write it elsewhere");
+    if (p == p.parent_path()) break;
+  }
+}
+
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string out;
   for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
@@ -120,6 +140,7 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
 fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry, at::ScalarType dtype) {
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
     throw UserError(std::string("export writes float32, bfloat16 or float16 weights, not ") + c10::toString(dtype));
+  refuse_inside_run(out, "the export directory");
   const CheckpointModel loaded = load_checkpoint_model(source, registry);
   const auto* factory = static_cast<const ModelFactory*>(loaded.plan.model_component);
   const Config& config = loaded.model_config;
@@ -145,6 +166,7 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
 }
 
 fs::path consolidate_checkpoint(const fs::path& source, const fs::path& out) {
+  refuse_inside_run(out.has_parent_path() ? out.parent_path() : fs::path("."), "the consolidated file's directory");
   const engine::Checkpoint checkpoint = open_source(source);
   std::vector<engine::TensorRequest> requests;
   for (const auto& info : checkpoint.describe())
