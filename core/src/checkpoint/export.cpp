@@ -11,6 +11,7 @@
 #include "ir/initial_draws.h"
 #include "tokenizer_export.h"
 #include "strata/core/log.h"
+#include "strata/core/run_directory.h"
 #include "strata/core/trainer.h"
 #include "strata/errors.h"
 #include "strata/interchange.h"
@@ -39,14 +40,9 @@ engine::Checkpoint open_source(const fs::path& source) {
 // or a consolidated file written into either, at any depth, would block the run it came from:
 // `dir` (where the output lands) is refused there.
 void refuse_inside_run(const fs::path& dir, const std::string& what) {
-  const auto is_run = [](const fs::path& p) {
-    std::error_code e;
-    return fs::exists(p / ".strata.lock", e) ||
-           (fs::exists(p / "strategy.toml", e) && (fs::exists(p / "metrics.jsonl", e) || fs::exists(p / "checkpoints", e)));
-  };
   const fs::path path = fs::absolute(dir).lexically_normal();
   for (fs::path p = path;; p = p.parent_path()) {
-    if (is_run(p))
+    if (holds_a_run(p))
       throw UserError(what + " " + dir.string() + " is inside the run directory " + p.string() +
                       ", which holds only what runs write (a --resume refuses anything else there); write it elsewhere");
     if (is_checkpoint_dir(p)) throw UserError(what + " " + dir.string() + " is inside the checkpoint " + p.string() + "; write it elsewhere");
@@ -106,9 +102,9 @@ CheckpointModel load_hf_model(const fs::path& dir, const ComponentRegistry& regi
   if (!hf.is_object()) throw UserError(config_file.string() + " is not a JSON object (transformers' config.json)");
   const std::string type = hf.value("model_type", nlohmann::json()).is_string() ? hf["model_type"].get<std::string>() : "";
   if (type.empty()) throw UserError(config_file.string() + " names no model_type: not a transformers model directory");
-  if (models_loading(type, registry).size() != 1)
+  if (const size_t loaders = models_loading(type, registry).size(); loaders != 1)
     throw UserError(config_file.string() + " describes a " + type + " model, which " +
-                    (models_loading(type, registry).empty() ? "no registered model loads" : "several registered models load") +
+                    (loaders == 0 ? "no registered model loads" : "several registered models load") +
                     " (`strata plugins` lists the model types each loads)");
   RawStrategy raw;
   raw.file = config_file.string();

@@ -41,6 +41,12 @@ std::string pid_in(int fd) {
 
 }  // namespace
 
+bool holds_a_run(const fs::path& dir) {
+  std::error_code e;
+  return fs::exists(dir / kLockFile, e) ||
+         (fs::exists(dir / "strategy.toml", e) && (fs::exists(dir / "metrics.jsonl", e) || fs::exists(dir / "checkpoints", e)));
+}
+
 RunDirectoryClaim::RunDirectoryClaim(const fs::path& dir, bool resume, bool overwrite) {
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -12,6 +12,11 @@ namespace strata {
 // them: rank 0 then does not claim it again.
 inline constexpr const char* kRunDirectoryClaimedEnv = "STRATA_RUN_DIR_CLAIMED";
 
+// `dir` holds a run: its lock file, or strategy.toml beside metrics.jsonl or checkpoints/ (a
+// project folder that merely holds a strategy.toml is not one). Such a directory holds only what
+// runs write: RunDirectoryClaim refuses one with anything else inside.
+STRATA_API bool holds_a_run(const std::filesystem::path& dir);
+
 // Holds an exclusive lock on a run directory while it lives.
 class STRATA_API RunDirectoryClaim {
  public:
