@@ -169,6 +169,18 @@ plan_case model_from_config_unknown 2 "error: \[job\] needs key 'model' \(.*may 
 plan_case model_stated_kept 2 "describes a gpt2 model, but this \[model\] loads llama" "$work/no_model.toml" --set "model.init_from=$work/gpt2" --set job.model=llama
 sed -e '/^dataset = "text"$/d' "$work/no_model.toml" > "$work/no_components.toml"
 plan_case dataset_from_prepared 0 "^  dataset += \"tokens\" +# $work/prepared/meta.json$" "$work/no_components.toml" --set "data.path=$work/prepared"
+# Other [data] paths say what they hold too: text files (the bundled kjv.txt, a directory of .txt
+# files) are the text dataset; a .bin file or nanoGPT's train.bin/val.bin directory, tokens. A path
+# that says neither (a .csv) leaves the key missing, reported once.
+plan_case dataset_from_text_file 0 "^  dataset += \"text\" +# data/kjv.txt$" "$work/no_components.toml" --set data.path=data/kjv.txt
+mkdir -p "$work/texts" "$work/bins" && head -c 4000 data/kjv.txt > "$work/texts/a.txt"
+head -c 4000 /dev/zero > "$work/bins/train.bin" && head -c 4000 /dev/zero > "$work/bins/val.bin"
+plan_case dataset_from_text_directory 0 "^  dataset += \"text\" +# $work/texts$" "$work/no_components.toml" --set "data.path=$work/texts"
+plan_case dataset_from_bin_directory 0 "^  dataset += \"tokens\" +# $work/bins/train.bin$" "$work/no_components.toml" --set "data.path=$work/bins"
+plan_case dataset_from_bin_file 0 "^  dataset += \"tokens\" +# $work/bins/val.bin$" "$work/no_components.toml" --set "data.path=$work/bins/val.bin"
+head -c 100 data/kjv.txt > "$work/table.csv"
+plan_case dataset_unknown 2 "error: \[job\] needs key 'dataset' \(.*may be left out when \[data\] path says" "$work/no_components.toml" --set "data.path=$work/table.csv"
+[ "$(grep -c error "$work/dataset_unknown.log")" = 1 ] || { echo "FAIL: more than one error"; cat "$work/dataset_unknown.log"; exit 1; }
 
 # Weights with a tokenizer other than a byte-level run's, fine-tuned on the text dataset (token id
 # = byte): refused, naming the tokenizer and the `strata data prepare` that tokenizes the text.

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -31,11 +33,32 @@ void choose_model(RawSection& job, const RawSection& model, const ComponentRegis
   if (loaders.size() == 1) job.set("model", RawEntry{loaders.front(), SourcePos{file.string(), 0, 0}, Origin::File});
 }
 
+// The file that says which bundled dataset reads `path`, and that dataset; empty where none does.
+// A prepared directory's meta.json and a directory of train.bin and val.bin are token files
+// (nanoGPT's layout too); a .txt file, or a directory holding .txt files, is text.
+std::pair<std::string, fs::path> dataset_reading(const std::string& path) {
+  if (const std::optional<PreparedData> prepared = read_prepared_data(path)) return {"tokens", prepared->meta_file};
+  std::error_code unreadable;
+  const fs::path given(path);
+  if (fs::is_regular_file(given, unreadable)) {
+    if (given.extension() == ".txt") return {"text", given};
+    if (given.extension() == ".bin") return {"tokens", given};
+    return {};
+  }
+  if (!fs::is_directory(given, unreadable)) return {};
+  if (fs::is_regular_file(given / "train.bin", unreadable) && fs::is_regular_file(given / "val.bin", unreadable))
+    return {"tokens", given / "train.bin"};
+  for (const auto& entry : fs::directory_iterator(given, unreadable))
+    if (entry.path().extension() == ".txt" && entry.is_regular_file(unreadable)) return {"text", given};
+  return {};
+}
+
 void choose_dataset(RawSection& job, const RawSection& data, const ComponentRegistry& registry) {
   const std::string* path = raw_string(data, "path");
-  if (job.find("dataset") || !path || !registry.find(ComponentKind::Dataset, "tokens")) return;
-  if (const std::optional<PreparedData> prepared = read_prepared_data(*path))
-    job.set("dataset", RawEntry{std::string("tokens"), SourcePos{prepared->meta_file.string(), 0, 0}, Origin::File});
+  if (job.find("dataset") || !path || path->empty()) return;
+  const auto [dataset, file] = dataset_reading(*path);
+  if (!dataset.empty() && registry.find(ComponentKind::Dataset, dataset))
+    job.set("dataset", RawEntry{dataset, SourcePos{file.string(), 0, 0}, Origin::File});
 }
 
 }  // namespace

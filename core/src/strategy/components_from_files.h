@@ -1,11 +1,12 @@
 // [job] model and dataset chosen by the files a strategy names, where it leaves them out.
 //
 // Weights say which architecture they are in the config.json beside them (`model_type`, what
-// transformers' AutoModel reads to pick a class), and a directory `strata data prepare` wrote is
-// token files. So a strategy whose [model] init_from has a config.json needs no [job] model: the
+// transformers' AutoModel reads to pick a class), and a [data] path says what it holds: a
+// directory `strata data prepare` wrote, a .bin file or a train.bin/val.bin directory is token
+// files; a .txt file or a directory of .txt files is text. So a strategy whose [model] init_from has a config.json needs no [job] model: the
 // one registered model that declares it loads that model_type (strata/component.h,
-// LoadsHfModelTypes, plugin ABI 1.7) is chosen; and one whose [data] path is a prepared directory
-// needs no [job] dataset: the `tokens` dataset reads it. Each choice is an entry of origin File
+// LoadsHfModelTypes, plugin ABI 1.7) is chosen; and one whose [data] path is one of those needs no
+// [job] dataset: `tokens` or `text` reads it. Each choice is an entry of origin File
 // at the file it came from, so `strata plan` prints that file beside it and the saved strategy
 // states it. A stated key is kept (the model's own checks refuse weights of another model_type).
 // Where no single registered model loads the model_type nothing is chosen, and [job]'s missing

@@ -8,8 +8,9 @@ const Schema& job_schema() {
   static const Schema schema = Schema()
       .required_string("model", "Registered model factory to train (see `strata plugins`); may be left out when [model] init_from has a "
                                 "config.json: the model that loads its model_type (`strata plugins` lists each model's)")
-      .required_string("dataset", "Registered dataset; [data] holds its keys; may be left out when [data] path is a directory "
-                                  "`strata data prepare` wrote: tokens")
+      .required_string("dataset", "Registered dataset; [data] holds its keys; may be left out when [data] path says: tokens for a directory "
+                                  "`strata data prepare` wrote, a .bin file or a directory of train.bin and val.bin; text for a .txt file "
+                                  "or a directory of .txt files")
       .integer("steps", 100, "Optimizer steps to train", between(1, 1e12))
       .integer("global_batch", 8, "Sequences per optimizer step across all data-parallel ranks (strong scaling)", between(1, 1 << 24))
       .integer("micro_batch", 0, "Sequences per rank per forward/backward; 0 = global_batch / data-parallel size (no accumulation)", between(0, 1 << 24))
