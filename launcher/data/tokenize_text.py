@@ -15,7 +15,10 @@ import sys
 from tokenizers import Tokenizer
 
 mode, tokenizer_file, path = sys.argv[1:4]
-tokenizer = Tokenizer.from_file(tokenizer_file)
+try:
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+except Exception as error:  # the library's own message says what is wrong; name the file with it
+    sys.exit(f"{tokenizer_file} is not a tokenizer.json the tokenizers library reads ({error})")
 if mode in ("encode", "encode_special"):
     print(json.dumps(tokenizer.encode(open(path, encoding="utf-8").read(), add_special_tokens=mode == "encode_special").ids))
 else:

@@ -173,6 +173,10 @@ PY
 cmp -s "$work/hf_bos-sample.txt" "$work/hf_bos/greedy.txt" || check "strata sample with a BOS differs from transformers': $(cat "$work/hf_bos-sample.txt") vs $(cat "$work/hf_bos/greedy.txt")"
 mkdir -p "$work/hf_without_tokenizer" && cp "$work/run-hf/config.json" "$work/run-hf/model.safetensors" "$work/hf_without_tokenizer/"
 expect_refused "an export without tokenizer.json" "has no tokenizer.json: strata sample needs the tokenizer" sample "$work/hf_without_tokenizer" --prompt hi
+mkdir -p "$work/hf_broken_tokenizer" && cp "$work/run-hf/config.json" "$work/run-hf/model.safetensors" "$work/hf_broken_tokenizer/"
+echo '{"model": {"type": "BPE", "vocab": 5}}' > "$work/hf_broken_tokenizer/tokenizer.json"
+expect_refused "a tokenizer.json the library cannot read" "$work/hf_broken_tokenizer/tokenizer.json is not a tokenizer.json the tokenizers library reads (invalid type" \
+  sample "$work/hf_broken_tokenizer" --prompt hi
 mkdir -p "$work/bert" && echo '{"model_type": "bert"}' > "$work/bert/config.json" && cp "$work/run-hf/tokenizer.json" "$work/bert/"
 expect_refused "a model type nothing loads" "describes a bert model, which no registered model loads" sample "$work/bert" --prompt hi
 expect_refused "no subcommand" "takes a subcommand: prepare" data
