@@ -7,8 +7,8 @@
 // counted rows) in the backward, so no count has to reach the host. A target outside [0, V)
 // that is not -100 makes its row's loss and gradient NaN (the kernel cannot raise; ATen's CUDA
 // loss stops the process with a device assert instead). grad may be null (evaluation). Rows are
-// `ld` apart in logits and grad (ld >= vocab): columns [vocab, ld) are padding, not read in the
-// logits and written 0 in grad (the chunked linear + cross-entropy pads its GEMMs' vocabulary).
+// `ld` apart in logits and grad (ld >= vocab): columns [vocab, ld) are padding, not used in the
+// logits (any values, NaN included; a 16-byte load may fetch them) and written 0 in grad (the chunked linear + cross-entropy pads its GEMMs' vocabulary).
 // grad's storage: float for any logits, or bf16/half for float logits or logits of the same
 // type (G rounded once, for GEMMs in that dtype); other pairs return cudaErrorInvalidValue. Returns cudaGetLastError() as an int
 // (0: launched). `stream` is a cudaStream_t.

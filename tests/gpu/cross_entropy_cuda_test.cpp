@@ -2,8 +2,10 @@
 // cross_entropy.reference on the same GPU and the fp64 formula: vocabularies below, at and above
 // a block's 256 threads (1, 7, 100, 256, 4099, 50257), more rows than one block, ignored (-100)
 // rows; bfloat16 and half logits; fp16 loss scaling (g = 65536) on half logits; no counted row;
-// evaluation without gradients; a target out of range (NaN, the kernel cannot raise). Skips
-// without a CUDA device (or a build without nvcc).
+// evaluation without gradients; a target out of range (NaN, the kernel cannot raise); the chunk
+// loss of the chunked linear + cross-entropy on rows padded to a multiple of 64 with NaN in the
+// padding (the wide kernel: 16-byte accesses), float and bf16, GPT-2's 50257 in 50304 among them.
+// Skips without a CUDA device (or a build without nvcc).
 #include <array>
 #include <cmath>
 #include <vector>
@@ -85,6 +87,34 @@ TEST(CrossEntropyCuda, NoCountedRowEvaluationAndABadTarget) {
   at::Tensor bad = targets.clone();
   bad[1] = 10;
   EXPECT_TRUE(std::isnan(fused(logits, bad).item<float>()));
+}
+
+TEST(CrossEntropyCuda, PaddedChunkRowsLeaveThePaddingOut) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(5);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (const auto& [rows, vocab, ld] : std::vector<std::array<int64_t, 3>>{{37, 101, 128}, {5, 4096, 4096}, {1170, 50257, 50304}}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + std::to_string(rows) + " x " + std::to_string(vocab) + " in " +
+                   std::to_string(ld));
+      at::Tensor logits = (at::randn({rows, ld}) * 3).to(dtype).cuda();
+      if (ld > vocab) logits.narrow(1, vocab, ld - vocab).fill_(NAN);  // the kernel must not use them
+      at::Tensor targets = targets_for(rows, vocab);
+      targets[1] = 0;
+      targets[rows - 1] = vocab - 1;
+      const at::Tensor loss_sum = at::zeros({}, logits.options().dtype(at::kDouble));
+      const at::Tensor grad = at::empty({rows, ld}, logits.options());
+      kernels::cross_entropy_chunk_loss_cuda(logits, vocab, targets, loss_sum, grad);
+      // The fp64 formula on the real columns: per counted row lse - z_t, and softmax - onehot.
+      const at::Tensor z = logits.narrow(1, 0, vocab).to(at::kDouble), counted = targets.ne(-100);
+      const at::Tensor safe = targets.clamp_min(0), lse = z.logsumexp(1);
+      const at::Tensor expected_sum = ((lse - z.gather(1, safe.unsqueeze(1)).squeeze(1)) * counted).sum();
+      at::Tensor expected_grad = (z - lse.unsqueeze(1)).exp();
+      expected_grad.scatter_add_(1, safe.unsqueeze(1), -at::ones({rows, 1}, expected_grad.options()));
+      expected_grad.mul_(counted.unsqueeze(1));
+      EXPECT_LE(scaled_error(loss_sum, expected_sum), 1e-6);
+      EXPECT_LE(scaled_error(grad.narrow(1, 0, vocab), expected_grad), dtype == at::kBFloat16 ? 8e-3 : 1e-6);
+      if (ld > vocab) EXPECT_TRUE(at::equal(grad.narrow(1, vocab, ld - vocab), at::zeros({rows, ld - vocab}, grad.options())));
+    }
 }
 
 #else
