@@ -2,7 +2,7 @@
 // the output, and so dy, may be stored in bf16 or half (autocast's dtype). Forward: one block of 256 threads takes a
 // row, held in registers (rows up to 2048 wide; wider ones are read again per pass): its sum, the
 // squared deviations (the two-pass variance, not E[x^2] - mean^2, which loses digits when the mean
-// is large), the output. Backward: blocks take row groups (two per multiprocessor); each reads a
+// is large), the output. Backward: blocks take row groups (kBackwardBlocksPerSm per multiprocessor); each reads a
 // row of x and dy once for the two row sums (one barrier pair) and dx, and sums dy n and dy over
 // its rows per column in registers, written once into its group's partial dw and db (each thread
 // owns its columns: no atomics). The first version added them into memory row by row: 77 us a
@@ -90,7 +90,7 @@ __global__ void forward_kernel(const float* x, const B* branch, float* sum_out, 
 // accumulation of the sum's two gradients), and dx_branch (non-null) gets that sum stored as B
 // (the branch's gradient, which the add's backward would cast in a kernel of its own).
 template <bool kInRegisters, class D, class B>
-__global__ void backward_kernel(const float* x, const float* w, const float* mean_in, const float* rstd_in, const D* dy, float* dx,
+__global__ void __launch_bounds__(kThreads, kBackwardBlocksPerSm) backward_kernel(const float* x, const float* w, const float* mean_in, const float* rstd_in, const D* dy, float* dx,
                                 const float* dx_plus, B* dx_branch, float* dw_partial, float* db_partial, int64_t rows, int64_t dim) {
   __shared__ float2 shared[kThreads / 32];
   const float inv_dim = 1.f / static_cast<float>(dim);
@@ -191,10 +191,7 @@ int layer_norm_forward(const float* x, const void* branch, Storage branch_type, 
   return static_cast<int>(cudaGetLastError());
 }
 
-int64_t layer_norm_backward_groups(int64_t rows) {
-  const int64_t groups = 2 * static_cast<int64_t>(sm_count());
-  return rows < groups ? (rows < 1 ? 1 : rows) : groups;
-}
+int64_t layer_norm_backward_groups(int64_t rows) { return backward_row_groups(rows); }
 
 int layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd, const void* dy, Storage dy_type,
                         float* dx, const float* dx_plus, void* dx_branch, Storage branch_type, float* dweight_partial,

@@ -55,7 +55,7 @@ __global__ void forward_kernel(const T* x, const B* branch, T* sum_out, const W*
 // add_rms_norm: dx_plus (non-null) is added to dx, rounded to T after each of the two steps as
 // autograd's accumulation rounds; dx_branch (non-null) gets that sum stored as B.
 template <class T, class W, class O, class B>
-__global__ void backward_kernel(const T* x, const W* w, const float* rstd, const O* dy, T* dx, const T* dx_plus, B* dx_branch,
+__global__ void __launch_bounds__(kThreads, kBackwardBlocksPerSm) backward_kernel(const T* x, const W* w, const float* rstd, const O* dy, T* dx, const T* dx_plus, B* dx_branch,
                                 float* dw_partial, int64_t rows, int64_t dim) {
   __shared__ float shared[kThreads / 32];
   float* partial = dw_partial + blockIdx.x * dim;  // this block's group, zeroed by the caller
@@ -132,10 +132,7 @@ int rms_norm_forward(Storage x_type, Storage weight_type, Storage out_type, cons
   return static_cast<int>(cudaGetLastError());
 }
 
-int64_t rms_norm_backward_groups(int64_t rows) {
-  const int64_t groups = 2 * static_cast<int64_t>(sm_count());
-  return rows < groups ? (rows < 1 ? 1 : rows) : groups;
-}
+int64_t rms_norm_backward_groups(int64_t rows) { return backward_row_groups(rows); }
 
 int rms_norm_backward(Storage x_type, Storage weight_type, Storage out_type, const void* x, const void* weight, const float* rstd,
                       const void* dy, void* dx, const void* dx_plus, void* dx_branch, Storage branch_type, float* dweight_partial,
