@@ -108,8 +108,8 @@ void register_components(Registry& registry) {
       &cross_entropy_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat, at::kBFloat16, at::kHalf}}, 10));
   registry.add(std::make_unique<ops::OperatorImpl<ops::LayerNorm>>(
       "layer_norm.fused_cuda",
-      "fp32: one CUDA kernel forward, a block per row (two-pass variance); one backward giving dx, dw and db in one pass over x "
-      "and dy (ATen runs two kernels)",
+      "fp32: one CUDA kernel forward, a warp per row up to 1024 wide, else a block (two-pass variance); one backward giving dx, dw "
+      "and db in one pass over x and dy (ATen runs two kernels)",
       &layer_norm_fused_cuda, ops::Support{{c10::DeviceType::CUDA}, {at::kFloat}}, 10));
   // Opt-in (priority 0): not yet run on a GPU, and not the reference's dtype contract under autocast.
   // bf16/fp16 listed for module_replace's plan check (amp's compute dtype); 16-bit x goes to

@@ -90,7 +90,7 @@ TEST_F(AddNormCuda, LayerNormBitForBitTheAddAndTheFusedNorm) {
   const auto on = at::TensorOptions().device(at::kCUDA);
   ASSERT_EQ(ops::select("layer_norm", at::zeros({1}, on)).name(), "layer_norm.fused_cuda");
   for (const at::ScalarType branch : {at::kFloat, at::kBFloat16, at::kHalf})
-    for (const auto& [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{8192, 768}, {33, 256}, {5, 7}, {64, 4096}})
+    for (const auto& [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{8192, 768}, {33, 256}, {5, 7}, {300, 1600}, {64, 4096}})
       for (const bool bias : {true, false}) {
         SCOPED_TRACE(std::string(c10::toString(branch)) + " branch, " + std::to_string(rows) + " x " + std::to_string(dim) +
                      (bias ? ", bias" : ", no bias"));

@@ -1,7 +1,8 @@
 // layer_norm.fused_cuda (kernels/cuda/layer_norm_kernels.cu) on a GPU against core's
 // layer_norm.reference (at::layer_norm) on the same GPU: y, dx, dw and db in fp32, with and
 // without a bias, rows 1 to 8192 (more rows than the backward's row groups), widths that do and
-// do not fill a block (7, 64, 256, 768, 1000, 4096), inputs with a large mean (the two-pass
+// do not fill a warp or a block (7, 64, 256, 768, 1000 and 1024 forward a warp a row; 1600, GPT-2
+// XL's, a block a row in registers; 4096 a block reading the row again), inputs with a large mean (the two-pass
 // variance); a 3-D input; and calls the kernel does not take (bf16, fp64), served by
 // the reference bit for bit. layer_norm.autocast_out_cuda's 16-bit output and dy against the
 // fp32 kernel's. Skips without a CUDA device (or a build without nvcc).
@@ -49,7 +50,8 @@ TEST(LayerNormCuda, MatchesTheReference) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const auto& ref = reference();
   const auto on = at::TensorOptions().device(at::kCUDA);
-  for (const auto& [rows, dim] : {std::tuple<int64_t, int64_t>{1, 64}, {7, 7}, {33, 256}, {3000, 1000}, {8192, 768}, {64, 4096}})
+  for (const auto& [rows, dim] : {std::tuple<int64_t, int64_t>{1, 64}, {7, 7}, {33, 256}, {3000, 1000}, {8192, 768}, {77, 1024}, {300, 1600},
+                                 {64, 4096}})
     for (bool bias : {false, true})
       for (double offset : {0.5, 100.0}) {
         SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(dim) + (bias ? " bias" : "") + " mean " + std::to_string(offset));
