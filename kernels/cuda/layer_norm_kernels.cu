@@ -8,12 +8,13 @@
 // owns its columns: no atomics). The first version added them into memory row by row: 77 us a
 // call at 8192 x 768 on an H200, slower than ATen's two kernels (66 us).
 //
-// Rows of up to 1024 values go forward through warp_forward_kernel instead: a warp a row, 32
-// values a lane in registers, the two row sums by warp shuffles alone (no block barrier), 8 rows
-// a block. The block-a-row kernel took 26 us a call at 8192 x 768 on an H200 (0.65 ms of GPT-2's
-// step for 25 calls), about 2 TB/s: each thread held 3 values of its row, and every row waited on
-// four barriers. The warp kernel's speed is not measured yet (tests/gpu/layer_norm_cuda_test.cpp
-// checks its results on the next lease).
+// Rows of up to 1024 values go through warp_forward_kernel and warp_backward_kernel instead: a
+// warp a row, 32 values a lane in registers, the row sums by warp shuffles alone (no block
+// barrier). The block-a-row kernels took 26 us (forward) and 47 us (backward) a call at 8192 x 768
+// on an H200 (1.8 ms of GPT-2's step for 25 calls each), about 2 and 1.6 TB/s: each thread held 3
+// values of its row, and every row waited on four (forward) or two (backward) barriers. The warp
+// kernels' speed is not measured yet (tests/gpu/layer_norm_cuda_test.cpp checks their results on
+// the next lease).
 #include "layer_norm_kernels.h"
 
 #include <cstdint>
@@ -217,6 +218,74 @@ __global__ void __launch_bounds__(kThreads, kBackwardBlocksPerSm) backward_kerne
   }
 }
 
+// backward_kernel's arithmetic with a warp a row, for rows up to kWarpRowMax: lane l keeps the
+// row's x and dy at l, l + 32, ... in registers for the two passes, the row sums are warp
+// shuffles (no block barrier), and each warp adds its rows' dy n and dy into its own rows of
+// shared memory (the lane's own columns: no atomics, no barrier). A block of kWarpBlockWarps
+// warps sums its warps' rows once at the end into its group's partial dw and db: the same
+// partials, one row per block, as backward_kernel's.
+constexpr int kWarpBlockWarps = 4;
+
+template <class D, class B>
+__global__ void __launch_bounds__(kWarpBlockWarps * 32, kBackwardBlocksPerSm)
+    warp_backward_kernel(const float* x, const float* w, const float* mean_in, const float* rstd_in, const D* dy, float* dx,
+                         const float* dx_plus, B* dx_branch, float* dw_partial, float* db_partial, int64_t rows, int64_t dim) {
+  constexpr int kPerLane = kWarpRowMax / 32;
+  __shared__ float dw_rows[kWarpBlockWarps][kWarpRowMax], db_rows[kWarpBlockWarps][kWarpRowMax];
+  const int n = static_cast<int>(dim);  // dim <= kWarpRowMax
+  const float inv_dim = 1.f / static_cast<float>(dim);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k)
+    if (lane + 32 * k < n) dw_rows[warp][lane + 32 * k] = 0.f, db_rows[warp][lane + 32 * k] = 0.f;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpBlockWarps;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpBlockWarps + warp; row < rows; row += warps) {
+    const float* xr = x + row * dim;
+    const D* dyr = dy + row * dim;
+    const float mean = mean_in[row], rstd = rstd_in[row];
+    float xn[kPerLane], d[kPerLane];  // x's normalised values, then dy
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + 32 * k;
+      xn[k] = j < n ? xr[j] : 0.f;
+      d[k] = j < n ? to_float(dyr[j]) : 0.f;
+    }
+    float2 sums{0.f, 0.f};  // sum of g = dy w, sum of g n
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + 32 * k;
+      if (j >= n) continue;
+      xn[k] = (xn[k] - mean) * rstd;
+      const float g = d[k] * w[j];
+      dw_rows[warp][j] += d[k] * xn[k], db_rows[warp][j] += d[k];
+      sums.x += g, sums.y += g * xn[k];
+    }
+    const float g_mean = warp_sum(sums.x) * inv_dim, gn_mean = warp_sum(sums.y) * inv_dim;
+    float* dxr = dx + row * dim;
+    const float* pr = dx_plus ? dx_plus + row * dim : nullptr;
+    B* bgr = dx_branch ? dx_branch + row * dim : nullptr;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + 32 * k;
+      if (j >= n) continue;
+      float v = rstd * (d[k] * w[j] - g_mean - xn[k] * gn_mean);
+      if (pr) v = __fadd_rn(v, pr[j]);  // never contracted into an FMA with the product before it
+      dxr[j] = v;
+      if (bgr) bgr[j] = from_float<B>(v);
+    }
+  }
+  __syncthreads();  // every warp's rows summed into its shared rows
+  float* dw = dw_partial + blockIdx.x * dim;
+  float* db = db_partial ? db_partial + blockIdx.x * dim : nullptr;
+  for (int j = threadIdx.x; j < n; j += kWarpBlockWarps * 32) {
+    float dw_sum = 0.f, db_sum = 0.f;
+#pragma unroll
+    for (int v = 0; v < kWarpBlockWarps; ++v) dw_sum += dw_rows[v][j], db_sum += db_rows[v][j];
+    dw[j] = dw_sum;
+    if (db) db[j] = db_sum;
+  }
+}
+
 // Calls f with a null pointer of the storage's type.
 template <class F>
 void with_storage(Storage type, F f) {
@@ -268,7 +337,10 @@ int layer_norm_backward(const float* x, const float* weight, const float* mean, 
     with_storage(dx_branch ? branch_type : Storage::Float, [&](auto* bt) {
       using B = std::remove_pointer_t<decltype(bt)>;
       B* bg = static_cast<B*>(dx_branch);
-      if (dim <= kMaxCols * kThreads)
+      if (dim <= kWarpRowMax)
+        warp_backward_kernel<D, B><<<blocks, kWarpBlockWarps * 32, 0, s>>>(x, weight, mean, rstd, d, dx, dx_plus, bg, dweight_partial,
+                                                                         dbias_partial, rows, dim);
+      else if (dim <= kMaxCols * kThreads)
         backward_kernel<true, D, B><<<blocks, kThreads, 0, s>>>(x, weight, mean, rstd, d, dx, dx_plus, bg, dweight_partial, dbias_partial,
                                                                 rows, dim);
       else
