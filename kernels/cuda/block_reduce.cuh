@@ -48,10 +48,10 @@ inline int sm_count() {
 
 // The norms' backward kernels give each block a group of rows and a partial dw (and db) row of
 // its own, which the caller sums. Their rows are latency-bound (loads, a block-wide sum, stores),
-// so more resident blocks hide more of it: kBackwardBlocksPerSm a multiprocessor, which their
-// __launch_bounds__(256, kBackwardBlocksPerSm) guarantees (at most 64 registers a thread). At 2
-// a multiprocessor the LayerNorm backward took 47 us at 8192 x 768 on an H200, 1.6 TB/s; 4 is
-// not measured yet.
+// so more resident blocks hide more of it: kBackwardBlocksPerSm a multiprocessor, which each
+// kernel's __launch_bounds__(threads, kBackwardBlocksPerSm) guarantees (at most 64 registers a
+// thread for 256-thread blocks, 128 for the LayerNorm warp kernel's 128). At 2 a multiprocessor
+// the LayerNorm backward took 47 us at 8192 x 768 on an H200, 1.6 TB/s; 4 is not measured yet.
 constexpr int kBackwardBlocksPerSm = 4;
 
 // One group per resident block, at most one per row (at least 1).
