@@ -231,7 +231,8 @@ void Trainer::Impl::compose_step() {
 // flash snapshots.
 void Trainer::Impl::prepare_loop() {
   schedule.emplace(engine::LrSchedule{plan.optimizer.get_float("lr"), plan.optimizer.get_string("schedule"),
-                                      plan.optimizer.get_int("warmup_steps"), steps, plan.optimizer.get_float("min_lr_ratio")});
+                                      plan.optimizer.get_int("warmup_steps"), steps, plan.optimizer.get_float("min_lr_ratio"),
+                                      plan.optimizer.get_float("decay_fraction"), plan.optimizer.get_string("decay_shape")});
   // MFU over every device that computes the step's tokens (the console's tokens/s counts all ranks').
   const int64_t devices = topology->world().size();
   const MfuPeak peak = mfu_peak(plan.job.get_float("peak_tflops"), device, plan_facts(plan).compute_dtype, devices);

@@ -101,9 +101,17 @@ const Schema& optimizer_common_schema() {
   static const Schema schema = Schema()
       .string("name", "adamw", "Registered optimizer; its own keys follow in this section")
       .real("lr", 3e-4, "Peak learning rate", at_least(0))
-      .string("schedule", "cosine", "Learning-rate schedule after warmup", {"cosine", "linear", "constant"})
+      .string("schedule", "cosine",
+              "Learning-rate schedule after warmup: cosine or linear decay to min_lr_ratio * lr at the last step, constant, or "
+              "wsd (warmup-stable-decay: lr until the last decay_fraction of the steps, then decay_shape down to min_lr_ratio * lr)",
+              {"cosine", "linear", "constant", "wsd"})
       .integer("warmup_steps", 0, "Linear warmup steps from 0 to lr", at_least(0))
-      .real("min_lr_ratio", 0.1, "Final learning rate as a fraction of lr (cosine and linear)", between(0, 1))
+      .real("min_lr_ratio", 0.1, "Final learning rate as a fraction of lr (cosine, linear and wsd)", between(0, 1))
+      .real("decay_fraction", 0.2, "schedule = \"wsd\": the fraction of all steps that decay, at the end (never the warmup's)", between(0, 1))
+      .string("decay_shape", "linear",
+              "schedule = \"wsd\": the decay's shape: linear (1 - p), sqrt (1 - sqrt(p), Hägele et al. 2024's cooldown) or cosine, "
+              "p the fraction of the decay done",
+              {"linear", "sqrt", "cosine"})
       .real("grad_clip", 1.0, "Clip the global gradient norm to this; 0 = no clipping", at_least(0))
       .real("weight_decay", 0.0, "Weight decay of the decayed group (AdamW: decoupled; SGD: L2)", at_least(0))
       .boolean("decay_norms_and_biases", false, "Also decay norms, biases and embeddings (by default only Linear weights decay)");

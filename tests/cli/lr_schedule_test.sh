@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# [optimizer] schedule = "wsd" (warmup-stable-decay, engine/schedule.h): the learning rate of every
+# step in metrics.jsonl against the formula, for linear and sqrt decay shapes; a resume from a
+# stable-phase checkpoint with more steps moves the decay to the new end; the keys a schedule does
+# not read are refused at plan time (schedule_check.h), while a saved strategy (every key stated,
+# defaults included) resumes.
+# usage: lr_schedule_test.sh STRATA DEFAULT_TOML WORK_DIR
+set -uo pipefail
+strata=$1 strategy=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+fail=0
+check() { echo "FAIL: $*"; fail=1; }
+tiny=(--disable ddp --set model.n_layer=1 --set model.d_model=32 --set model.n_head=2 --set model.seq_len=32 --set job.global_batch=2
+  --set job.threads=1 --set job.log_every=1 --set job.eval_every=0 --set optimizer.lr=1e-3 --set optimizer.warmup_steps=2
+  --set optimizer.min_lr_ratio=0.1 --set 'optimizer.schedule="wsd"' --set optimizer.decay_fraction=0.3)
+# expect_lrs RUN_DIR SHAPE TOTAL FIRST_STEP: every logged step's lr against the formula (10 steps,
+# warmup 2, the last round(0.3 x TOTAL) steps decaying).
+expect_lrs() {
+  python3 - "$@" <<'PY' || fail=1
+import json, math, sys
+run, shape, total, first = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+lr, warmup, min_lr = 1e-3, 2, 1e-4
+start = max(warmup, total - round(0.3 * total))
+def expected(step):
+    if step <= warmup: return lr * step / warmup
+    if step <= start: return lr
+    p = (step - start) / (total - start)
+    f = {"linear": 1 - p, "sqrt": 1 - math.sqrt(p), "cosine": 0.5 * (1 + math.cos(math.pi * p))}[shape]
+    return min_lr + (lr - min_lr) * f
+seen = {r["step"]: r["lr"] for r in map(json.loads, open(f"{run}/metrics.jsonl")) if "lr" in r}
+steps = list(range(first, total + 1))
+bad = [(s, seen.get(s), expected(s)) for s in steps if s not in seen or abs(seen[s] - expected(s)) > 1e-12]
+if bad:
+    sys.exit(f"FAIL {run}: step, lr, expected: {bad}")
+print(f"ok {run}: {shape}, steps {first}..{total}, decay from step {start + 1}")
+PY
+}
+"$strata" run "$strategy" "${tiny[@]}" --set job.steps=10 --set job.checkpoint_every=5 --out "$work/linear" > "$work/linear.log" 2>&1 ||
+  check "the wsd run failed: $(tail -3 "$work/linear.log")"
+expect_lrs "$work/linear" linear 10 1
+"$strata" run "$strategy" "${tiny[@]}" --set job.steps=10 --set 'optimizer.decay_shape="sqrt"' --set job.checkpoint_every=0 \
+  --out "$work/sqrt" > "$work/sqrt.log" 2>&1 || check "the sqrt run failed: $(tail -3 "$work/sqrt.log")"
+expect_lrs "$work/sqrt" sqrt 10 1
+# Resumed from step 5 (stable) with 20 steps: its saved strategy states every key; steps 6..20
+# follow the 20-step schedule (decay from step 15).
+rm -rf "$work/linear/checkpoints/step_00000010"
+"$strata" run "$work/linear/strategy.toml" --out "$work/linear" --resume --set job.steps=20 > "$work/resume.log" 2>&1 ||
+  check "the resume failed: $(tail -3 "$work/resume.log")"
+grep -q "step_00000005" "$work/resume.log" || check "did not resume from step 5: $(grep -i resum "$work/resume.log")"
+expect_lrs "$work/linear" linear 20 6
+# Keys the schedule does not read: refused, one line each, exit 2.
+refused() {  # refused PATTERN ARGS...
+  local pattern=$1; shift
+  local msg status
+  msg=$("$strata" plan "$strategy" "$@" 2>&1); status=$?
+  [ $status -eq 2 ] && [ "$(grep -c error <<<"$msg")" -eq 1 ] && grep -q -- "$pattern" <<<"$msg" || check "not refused as '$pattern' (exit $status): $msg"
+}
+refused '--set optimizer.min_lr_ratio=0.05: error: \[optimizer\] min_lr_ratio is where a decaying schedule (cosine, linear, wsd) ends, and schedule is "constant"' \
+  --set 'optimizer.schedule="constant"' --set optimizer.min_lr_ratio=0.05
+refused 'error: \[optimizer\] decay_fraction applies to schedule = "wsd" only, and schedule is "cosine"' --set optimizer.decay_fraction=0.5
+refused 'error: \[optimizer\] decay_shape applies to schedule = "wsd" only, and schedule is "linear"' \
+  --set 'optimizer.schedule="linear"' --set 'optimizer.decay_shape="cosine"'
+[ $fail = 0 ] && echo "wsd schedule: every step's learning rate as the formula gives; unread keys refused"
+exit $fail
