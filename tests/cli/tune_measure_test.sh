@@ -39,7 +39,14 @@ grep -q "(cached)" "$work/second.txt" || check "the second tune measured again: 
 grep -q "^rates: .*; cached, --remeasure measures them again" "$work/second.txt" || check "the second tune measured the rates again"
 [ $(( $(date +%s) - start )) -le 20 ] || check "the cached tune took more than 20 s"
 
-"$strata" tune $base -n 2 --top 1 --out "$work/tune3" "${sets[@]}" --set parallel.tensor=2 --remeasure > "$work/third.txt" 2>&1 || check "fixed tensor tune failed: $(cat "$work/third.txt")"
+# With keys the trials' settings leave unread (evaluations, kept checkpoints, replicated flash
+# snapshots): the trials run with them at their defaults, and best.toml keeps the strategy's.
+unread=(--set job.eval_every=2 --set job.eval_batches=2 --set job.keep_checkpoints=5 --set job.flash_every=2 --set job.snapshot_replicas=1)
+"$strata" tune $base -n 2 --top 1 --out "$work/tune3" "${sets[@]}" "${unread[@]}" --set parallel.tensor=2 --remeasure > "$work/third.txt" 2>&1 ||
+  check "fixed tensor tune failed: $(cat "$work/third.txt")"
 grep -q "^rates: .*cached" "$work/third.txt" && check "--remeasure took the cached rates"
 grep -q "^tensor = 2$" "$work/tune3/best.toml" || check "best.toml lost the fixed tensor = 2"
+for kept in "eval_batches = 2" "keep_checkpoints = 5" "snapshot_replicas = 1"; do
+  grep -q "^$kept$" "$work/tune3/best.toml" || check "best.toml lost $kept"
+done
 exit $fail

@@ -355,10 +355,6 @@ void check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
     diagnostics.error(plan.job.entry("rank_memory_limit_mb").pos,
                       "[job] rank_memory_limit_mb needs host_memory = \"return\": \"keep\" holds what a step frees in the heap, "
                       "which the cap would count as allocated");
-  if (plan.job.get_int("snapshot_replicas") > 0 && plan.job.get_int("flash_every") == 0)
-    diagnostics.error(plan.job.entry("snapshot_replicas").pos,
-                      "[job] snapshot_replicas = " + std::to_string(plan.job.get_int("snapshot_replicas")) +
-                          " replicates flash snapshots, and flash_every = 0 takes none; set flash_every");
   if (global_batch % dp != 0) {
     diagnostics.error(batch_pos, "[job] global_batch " + std::to_string(global_batch) + " does not split over " + std::to_string(dp) +
                                      " data-parallel ranks");

@@ -20,10 +20,7 @@ TrialResult InProcessTrialRunner::run(const TuneCandidate& candidate, size_t ran
   const int64_t steps = warmup_steps() + measured_steps();
   RawStrategy raw = candidate.raw;
   Diagnostics diagnostics;
-  apply_overrides(raw,
-                  {"job.steps=" + std::to_string(steps), "job.eval_every=0", "job.checkpoint_every=0", "job.checkpoint_at_end=false", "job.flash_every=0",
-                   "job.max_restarts=0", "job.log_every=1000", "job.profile_steps=0"},
-                  {}, diagnostics);
+  apply_overrides(raw, trial_overrides(steps), {}, diagnostics);
   CheckedPlan checked;
   if (!diagnostics.ok() || !check_plan(raw, registry_, candidate.checked.plan.layout.world_size, checked, diagnostics)) {
     result.verdict = diagnostics.str();

@@ -90,10 +90,8 @@ TrialResult ProcessTrialRunner::run(const TuneCandidate& candidate, size_t rank,
   const std::filesystem::path run_dir = out_dir_ / (round == 1 ? name : name + "-round" + std::to_string(round));
   const std::filesystem::path log = run_dir.string() + ".log";
   const int64_t steps = warmup_steps() + measured_steps();
-  std::vector<std::string> argv{"strata", "run", strategy.string(), "-n", std::to_string(ranks_), "--out", run_dir.string(), "--overwrite",
-                                "--set", "job.steps=" + std::to_string(steps),
-                                "--set", "job.eval_every=0", "--set", "job.checkpoint_every=0", "--set", "job.checkpoint_at_end=false", "--set", "job.flash_every=0",
-                                "--set", "job.max_restarts=0", "--set", "job.log_every=1000"};
+  std::vector<std::string> argv{"strata", "run", strategy.string(), "-n", std::to_string(ranks_), "--out", run_dir.string(), "--overwrite"};
+  for (const std::string& set : trial_overrides(steps)) argv.insert(argv.end(), {"--set", set});
   const double timeout_s = std::max(120.0, 20 * candidate.predicted_s * static_cast<double>(steps));
   TrialResult result;
   const auto start = std::chrono::steady_clock::now();

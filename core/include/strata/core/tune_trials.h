@@ -31,6 +31,12 @@ struct TrialResult {
   std::string verdict;    // "ok", or why not: "exit status 1: <its last error line>", "killed by signal 9", "timed out"
 };
 
+// The `section.key=value` overrides every trial runs with: `steps` steps, no evaluation, no
+// checkpoint or flash snapshot, no restart, no console line; and the keys those settings leave
+// unread (eval_batches, keep_checkpoints, snapshot_replicas) back at their defaults, which
+// `check_plan` would refuse otherwise (a strategy that replicates its snapshots, say).
+STRATA_API std::vector<std::string> trial_overrides(int64_t steps);
+
 // Trains one candidate for a few steps. `rank` is the candidate's place in the predicted order
 // (from 1), `round` its trial (from 1); both name the trial's run directory.
 class STRATA_API TrialRunner {

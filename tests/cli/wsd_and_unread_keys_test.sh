@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # [optimizer] schedule = "wsd" (warmup-stable-decay, engine/schedule.h): the learning rate of every
 # step in metrics.jsonl against the formula, for linear and sqrt decay shapes; a resume from a
-# stable-phase checkpoint with more steps moves the decay to the new end; the keys a schedule does
-# not read are refused at plan time (schedule_check.h), while a saved strategy (every key stated,
-# defaults included) resumes.
-# usage: lr_schedule_test.sh STRATA DEFAULT_TOML WORK_DIR
+# stable-phase checkpoint with more steps moves the decay to the new end. Keys another key's
+# setting leaves unread (a schedule's, evaluation's, kept checkpoints', snapshot replicas') are
+# refused at plan time (unread_keys.h), while a saved strategy (every key stated, defaults
+# included) resumes.
+# usage: wsd_and_unread_keys_test.sh STRATA DEFAULT_TOML WORK_DIR
 set -uo pipefail
 strata=$1 strategy=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -60,5 +61,11 @@ refused '--set optimizer.min_lr_ratio=0.05: error: \[optimizer\] min_lr_ratio is
 refused 'error: \[optimizer\] decay_fraction applies to schedule = "wsd" only, and schedule is "cosine"' --set optimizer.decay_fraction=0.5
 refused 'error: \[optimizer\] decay_shape applies to schedule = "wsd" only, and schedule is "linear"' \
   --set 'optimizer.schedule="linear"' --set 'optimizer.decay_shape="cosine"'
+refused '--set job.eval_batches=2: error: \[job\] eval_batches = 2 sizes each evaluation, and eval_every = 0 runs none; set eval_every' \
+  --set job.eval_every=0 --set job.eval_batches=2
+refused 'error: \[job\] keep_checkpoints = 5 limits the checkpoints kept, and none is taken' \
+  --set job.checkpoint_every=0 --set job.checkpoint_at_end=false --set job.keep_checkpoints=5
+refused 'error: \[job\] snapshot_replicas = 1 replicates flash snapshots, and flash_every = 0 takes none; set flash_every' \
+  --set job.snapshot_replicas=1
 [ $fail = 0 ] && echo "wsd schedule: every step's learning rate as the formula gives; unread keys refused"
 exit $fail
