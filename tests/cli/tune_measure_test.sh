@@ -41,12 +41,13 @@ grep -q "^rates: .*; cached, --remeasure measures them again" "$work/second.txt"
 
 # With keys the trials' settings leave unread (evaluations, kept checkpoints, replicated flash
 # snapshots): the trials run with them at their defaults, and best.toml keeps the strategy's.
-unread=(--set job.eval_every=2 --set job.eval_batches=2 --set job.keep_checkpoints=5 --set job.flash_every=2 --set job.snapshot_replicas=1)
+unread=(--set job.eval_every=2 --set job.eval_batches=2 --set job.keep_checkpoints=5 --set job.flash_every=2 --set job.snapshot_replicas=1
+  --set job.max_restarts=2 --set job.restart_backoff=5 --set job.min_ranks=1)
 "$strata" tune $base -n 2 --top 1 --out "$work/tune3" "${sets[@]}" "${unread[@]}" --set parallel.tensor=2 --remeasure > "$work/third.txt" 2>&1 ||
   check "fixed tensor tune failed: $(cat "$work/third.txt")"
 grep -q "^rates: .*cached" "$work/third.txt" && check "--remeasure took the cached rates"
 grep -q "^tensor = 2$" "$work/tune3/best.toml" || check "best.toml lost the fixed tensor = 2"
-for kept in "eval_batches = 2" "keep_checkpoints = 5" "snapshot_replicas = 1"; do
+for kept in "eval_batches = 2" "keep_checkpoints = 5" "snapshot_replicas = 1" "restart_backoff = 5" "min_ranks = 1"; do
   grep -q "^$kept$" "$work/tune3/best.toml" || check "best.toml lost $kept"
 done
 exit $fail

@@ -67,5 +67,10 @@ refused 'error: \[job\] keep_checkpoints = 5 limits the checkpoints kept, and no
   --set job.checkpoint_every=0 --set job.checkpoint_at_end=false --set job.keep_checkpoints=5
 refused 'error: \[job\] snapshot_replicas = 1 replicates flash snapshots, and flash_every = 0 takes none; set flash_every' \
   --set job.snapshot_replicas=1
+refused 'error: \[job\] restart_backoff = 5.0 spaces restarts, and max_restarts = 0 allows none' --set job.restart_backoff=5
+refused 'error: \[job\] min_ranks = 2 bounds the ranks a restart or the health check.s exclusion may leave, and max_restarts = 0 and health_check = "report" do neither' \
+  --set job.min_ranks=2 --set 'job.health_check="report"'
+"$strata" plan "$strategy" --set job.min_ranks=2 --set 'job.health_check="exclude"' > "$work/exclude.log" 2>&1 ||
+  check "min_ranks with health_check = exclude refused: $(cat "$work/exclude.log")"
 [ $fail = 0 ] && echo "wsd schedule: every step's learning rate as the formula gives; unread keys refused"
 exit $fail

@@ -35,6 +35,13 @@ void check_job(const Config& job, Diagnostics& diagnostics) {
                                "flash_every = 0)");
   if (job.get_int("flash_every") == 0)
     refuse("snapshot_replicas", "replicates flash snapshots, and flash_every = 0 takes none; set flash_every");
+  if (job.get_int("max_restarts") == 0) {
+    refuse("restart_backoff", "spaces restarts, and max_restarts = 0 allows none");
+    const std::string health = job.get_string("health_check");
+    if (health != "exclude" && health != "exclude_stragglers")
+      refuse("min_ranks", "bounds the ranks a restart or the health check's exclusion may leave, and max_restarts = 0 and health_check = \"" +
+                              health + "\" do neither");
+  }
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 //               any schedule but "wsd" (engine/schedule.h)
 //   [job]       eval_batches with eval_every = 0 (no evaluation runs); keep_checkpoints with no
 //               checkpoint taken (checkpoint_every = 0, checkpoint_at_end = false, flash_every = 0);
-//               snapshot_replicas with flash_every = 0 (no flash snapshot to replicate)
+//               snapshot_replicas with flash_every = 0 (no flash snapshot to replicate);
+//               restart_backoff with max_restarts = 0; min_ranks with neither restarts nor the
+//               health check's exclusion
 #pragma once
 
 #include "strata/core/strategy.h"

@@ -33,7 +33,8 @@ struct TrialResult {
 
 // The `section.key=value` overrides every trial runs with: `steps` steps, no evaluation, no
 // checkpoint or flash snapshot, no restart, no console line; and the keys those settings leave
-// unread (eval_batches, keep_checkpoints, snapshot_replicas) back at their defaults, which
+// unread (eval_batches, keep_checkpoints, snapshot_replicas, restart_backoff, min_ranks) back at
+// their defaults, which
 // `check_plan` would refuse otherwise (a strategy that replicates its snapshots, say).
 STRATA_API std::vector<std::string> trial_overrides(int64_t steps);
 
