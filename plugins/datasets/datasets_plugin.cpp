@@ -104,8 +104,11 @@ Schema packing_keys(Schema schema) {
       .boolean("reset_positions", false, "Position ids restart at 0 at each document's first token (needs document_end)");
 }
 
+constexpr double kDefaultValFraction = 0.05;
+
 Schema split_keys(Schema schema) {
-  return packing_keys(schema.real("val_fraction", 0.05, "Share of the stream held out for evaluation (its tail)", between(0, 0.5)));
+  return packing_keys(
+      schema.real("val_fraction", kDefaultValFraction, "Share of the stream held out for evaluation (its tail)", between(0, 0.5)));
 }
 
 class Tokens final : public DatasetFactory {
@@ -117,6 +120,18 @@ class Tokens final : public DatasetFactory {
                                        .required_string("path", "Token file, or a directory holding train.bin and val.bin (relative: to the working directory; saved absolute)")
                                        .string("dtype", "uint16", "Token width in the file", {"uint16", "uint32"})
                                        .integer("vocab_size", 0, "Vocabulary size; 0 = largest token id + 1 found by a scan", at_least(0)))}) {}
+
+  // A directory's val.bin is the validation split: a val_fraction stated for it would be read by
+  // nothing (the default is kept: a saved strategy states every key).
+  void validate(const Config& c, const SourcePos& section, Diagnostics& diagnostics) const override {
+    DatasetFactory::validate(c, section, diagnostics);
+    std::error_code unreadable;
+    if (c.has("val_fraction") && c.get_float("val_fraction") != kDefaultValFraction && c.has("path") &&
+        fs::is_directory(c.get_string("path"), unreadable))
+      diagnostics.error(c.entry("val_fraction").pos, "[data] val_fraction holds out the tail of a single token file, and " +
+                                                         c.get_string("path") +
+                                                         " is a directory, whose val.bin is the validation split; remove val_fraction");
+  }
 
   std::unique_ptr<TokenDataset> open(const Config& c, const DataContext& context) const override {
     const int width = c.get_string("dtype") == "uint16" ? 2 : 4;

@@ -2,7 +2,8 @@
 # [optimizer] schedule = "wsd" (warmup-stable-decay, engine/schedule.h): the learning rate of every
 # step in metrics.jsonl against the formula, for linear and sqrt decay shapes; a resume from a
 # stable-phase checkpoint with more steps moves the decay to the new end. Keys another key's
-# setting leaves unread (a schedule's, evaluation's, kept checkpoints', snapshot replicas') are
+# setting leaves unread (a schedule's, evaluation's, kept checkpoints', snapshot replicas',
+# restarts', a token directory's val_fraction) are
 # refused at plan time (unread_keys.h), while a saved strategy (every key stated, defaults
 # included) resumes.
 # usage: wsd_and_unread_keys_test.sh STRATA DEFAULT_TOML WORK_DIR
@@ -72,5 +73,11 @@ refused 'error: \[job\] min_ranks = 2 bounds the ranks a restart or the health c
   --set job.min_ranks=2 --set 'job.health_check="report"'
 "$strata" plan "$strategy" --set job.min_ranks=2 --set 'job.health_check="exclude"' > "$work/exclude.log" 2>&1 ||
   check "min_ranks with health_check = exclude refused: $(cat "$work/exclude.log")"
+# A token directory's val.bin is its validation split: val_fraction is for a single file's tail.
+mkdir -p "$work/bins" && head -c 8000 /dev/zero > "$work/bins/train.bin" && head -c 8000 /dev/zero > "$work/bins/val.bin"
+refused "error: \[data\] val_fraction holds out the tail of a single token file, and $work/bins is a directory, whose val.bin is the validation split" \
+  --set 'job.dataset="tokens"' --set "data.path=\"$work/bins\"" --set data.val_fraction=0.1
+"$strata" plan "$strategy" --set 'job.dataset="tokens"' --set "data.path=\"$work/bins/train.bin\"" --set data.val_fraction=0.1 \
+  > "$work/single_file.log" 2>&1 || check "val_fraction of a single token file refused: $(cat "$work/single_file.log")"
 [ $fail = 0 ] && echo "wsd schedule: every step's learning rate as the formula gives; unread keys refused"
 exit $fail
