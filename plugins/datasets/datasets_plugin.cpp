@@ -130,7 +130,8 @@ class Tokens final : public DatasetFactory {
         fs::is_directory(c.get_string("path"), unreadable))
       diagnostics.error(c.entry("val_fraction").pos, "[data] val_fraction holds out the tail of a single token file, and " +
                                                          c.get_string("path") +
-                                                         " is a directory, whose val.bin is the validation split; remove val_fraction");
+                                                         " is a directory, whose val.bin is the validation split; remove val_fraction (`strata data "
+                                                         "prepare --val-fraction` chooses a prepared directory's split)");
   }
 
   std::unique_ptr<TokenDataset> open(const Config& c, const DataContext& context) const override {
