@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # [optimizer] schedule = "wsd" (warmup-stable-decay, engine/schedule.h): the learning rate of every
 # step in metrics.jsonl against the formula, for linear and sqrt decay shapes; a resume from a
-# stable-phase checkpoint with more steps moves the decay to the new end. Keys another key's
-# setting leaves unread (a schedule's, evaluation's, kept checkpoints', snapshot replicas',
-# restarts', a token directory's val_fraction) are
-# refused at plan time (unread_keys.h), while a saved strategy (every key stated, defaults
-# included) resumes.
+# stable-phase checkpoint with more steps moves the decay to the new end. Keys stated for a
+# feature whose switch the strategy left out (wsd's decay, evaluations, snapshot replicas,
+# restarts) are refused at plan time, naming the switch (unread_keys.h), as is a token
+# directory's val_fraction; a strategy that states the switch off plans, and a saved strategy
+# (every key stated) resumes.
 # usage: wsd_and_unread_keys_test.sh STRATA DEFAULT_TOML WORK_DIR
 set -uo pipefail
 strata=$1 strategy=$2 work=$3
@@ -50,34 +50,51 @@ rm -rf "$work/linear/checkpoints/step_00000010"
   check "the resume failed: $(tail -3 "$work/resume.log")"
 grep -q "step_00000005" "$work/resume.log" || check "did not resume from step 5: $(grep -i resum "$work/resume.log")"
 expect_lrs "$work/linear" linear 20 6
-# Keys the schedule does not read: refused, one line each, exit 2.
-refused() {  # refused PATTERN ARGS...
+# A key stated for a feature whose switch the strategy left out: refused, one line each, exit 2,
+# naming the switch. Stating the switch off (as `--set` does, or a saved strategy) is accepted.
+cat > "$work/bare.toml" <<'TOML'
+[job]
+model = "gpt"
+dataset = "text"
+steps = 2
+global_batch = 2
+threads = 1
+[model]
+n_layer = 1
+n_head = 2
+d_model = 32
+vocab_size = 256
+seq_len = 32
+[data]
+path = "data/kjv.txt"
+TOML
+refused() {  # refused PATTERN ARGS...: strata plan bare.toml ARGS is refused with one line matching PATTERN
   local pattern=$1; shift
   local msg status
-  msg=$("$strata" plan "$strategy" "$@" 2>&1); status=$?
+  msg=$("$strata" plan "$work/bare.toml" "$@" 2>&1); status=$?
   [ $status -eq 2 ] && [ "$(grep -c error <<<"$msg")" -eq 1 ] && grep -q -- "$pattern" <<<"$msg" || check "not refused as '$pattern' (exit $status): $msg"
 }
-refused '--set optimizer.min_lr_ratio=0.05: error: \[optimizer\] min_lr_ratio is where a decaying schedule (cosine, linear, wsd) ends, and schedule is "constant"' \
-  --set 'optimizer.schedule="constant"' --set optimizer.min_lr_ratio=0.05
-refused 'error: \[optimizer\] decay_fraction applies to schedule = "wsd" only, and schedule is "cosine"' --set optimizer.decay_fraction=0.5
-refused 'error: \[optimizer\] decay_shape applies to schedule = "wsd" only, and schedule is "linear"' \
-  --set 'optimizer.schedule="linear"' --set 'optimizer.decay_shape="cosine"'
-refused '--set job.eval_batches=2: error: \[job\] eval_batches = 2 sizes each evaluation, and eval_every = 0 runs none; set eval_every' \
-  --set job.eval_every=0 --set job.eval_batches=2
-refused 'error: \[job\] keep_checkpoints = 5 limits the checkpoints kept, and none is taken' \
-  --set job.checkpoint_every=0 --set job.checkpoint_at_end=false --set job.keep_checkpoints=5
-refused 'error: \[job\] snapshot_replicas = 1 replicates flash snapshots, and flash_every = 0 takes none; set flash_every' \
+accepted() {  # accepted ARGS...: strata plan bare.toml ARGS plans
+  "$strata" plan "$work/bare.toml" "$@" > "$work/accepted.log" 2>&1 || check "refused: $* : $(grep error "$work/accepted.log")"
+}
+refused '--set optimizer.decay_fraction=0.5: error: \[optimizer\] decay_fraction applies to schedule = "wsd", and schedule is left at "cosine"; set schedule = "wsd"' \
+  --set optimizer.decay_fraction=0.5
+accepted --set optimizer.decay_fraction=0.5 --set 'optimizer.schedule="cosine"'
+refused 'error: \[job\] eval_batches = 2 sizes each evaluation, and eval_every is left at 0, which runs none; set eval_every' --set job.eval_batches=2
+accepted --set job.eval_batches=2 --set job.eval_every=0
+refused 'error: \[job\] snapshot_replicas = 1 replicates flash snapshots, and flash_every is left at 0, which takes none; set flash_every' \
   --set job.snapshot_replicas=1
-refused 'error: \[job\] restart_backoff = 5.0 spaces restarts, and max_restarts = 0 allows none' --set job.restart_backoff=5
-refused 'error: \[job\] min_ranks = 2 bounds the ranks a restart or the health check.s exclusion may leave, and max_restarts = 0 and health_check = "report" do neither' \
-  --set job.min_ranks=2 --set 'job.health_check="report"'
-"$strata" plan "$strategy" --set job.min_ranks=2 --set 'job.health_check="exclude"' > "$work/exclude.log" 2>&1 ||
-  check "min_ranks with health_check = exclude refused: $(cat "$work/exclude.log")"
+accepted --set job.snapshot_replicas=1 --set job.flash_every=0
+refused 'error: \[job\] restart_backoff = 5.0 spaces restarts, and max_restarts is left at 0, which allows none; set max_restarts' \
+  --set job.restart_backoff=5
+accepted --set job.restart_backoff=5 --set job.max_restarts=0
+refused 'error: \[job\] min_ranks = 2 bounds the ranks a restart or the health check.s exclusion may leave, and max_restarts and health_check are left at 0 and "off"; set either' \
+  --set job.min_ranks=2
+accepted --set job.min_ranks=2 --set 'job.health_check="exclude"'
 # A token directory's val.bin is its validation split: val_fraction is for a single file's tail.
 mkdir -p "$work/bins" && head -c 8000 /dev/zero > "$work/bins/train.bin" && head -c 8000 /dev/zero > "$work/bins/val.bin"
 refused "error: \[data\] val_fraction holds out the tail of a single token file, and $work/bins is a directory, whose val.bin is the validation split" \
   --set 'job.dataset="tokens"' --set "data.path=\"$work/bins\"" --set data.val_fraction=0.1
-"$strata" plan "$strategy" --set 'job.dataset="tokens"' --set "data.path=\"$work/bins/train.bin\"" --set data.val_fraction=0.1 \
-  > "$work/single_file.log" 2>&1 || check "val_fraction of a single token file refused: $(cat "$work/single_file.log")"
+accepted --set 'job.dataset="tokens"' --set "data.path=\"$work/bins/train.bin\"" --set data.val_fraction=0.1
 [ $fail = 0 ] && echo "wsd schedule: every step's learning rate as the formula gives; unread keys refused"
 exit $fail

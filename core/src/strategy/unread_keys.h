@@ -1,13 +1,12 @@
-// Keys a strategy states that nothing would read, because another key turns their feature off:
-// refused at plan time, one line each, where they differ from their defaults (a saved strategy
-// states every key, defaults included). Nothing silently ignored.
-//   [optimizer] min_lr_ratio under schedule = "constant"; decay_fraction and decay_shape under
-//               any schedule but "wsd" (engine/schedule.h)
-//   [job]       eval_batches with eval_every = 0 (no evaluation runs); keep_checkpoints with no
-//               checkpoint taken (checkpoint_every = 0, checkpoint_at_end = false, flash_every = 0);
-//               snapshot_replicas with flash_every = 0 (no flash snapshot to replicate);
-//               restart_backoff with max_restarts = 0; min_ranks with neither restarts nor the
-//               health check's exclusion
+// Keys a strategy states for a feature it never switched on: refused at plan time, one line each,
+// naming the switch to set. A key is refused where it differs from its default and its switch
+// was left out (default origin), so it was likely forgotten; a strategy that states the switch
+// off (`--set job.eval_every=0` on a strategy that sizes its evaluations, a saved strategy, which
+// states every key) has said the feature is off, and its other keys wait unread. Nothing
+// silently ignored:
+//   [optimizer] decay_fraction, decay_shape: schedule = "wsd" (engine/schedule.h)
+//   [job]       eval_batches: eval_every; snapshot_replicas: flash_every; restart_backoff:
+//               max_restarts; min_ranks: max_restarts, or health_check's exclusion
 #pragma once
 
 #include "strata/core/strategy.h"

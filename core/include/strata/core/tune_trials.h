@@ -31,11 +31,10 @@ struct TrialResult {
   std::string verdict;    // "ok", or why not: "exit status 1: <its last error line>", "killed by signal 9", "timed out"
 };
 
-// The `section.key=value` overrides every trial runs with: `steps` steps, no evaluation, no
-// checkpoint or flash snapshot, no restart, no console line; and the keys those settings leave
-// unread (eval_batches, keep_checkpoints, snapshot_replicas, restart_backoff, min_ranks) back at
-// their defaults, which
-// `check_plan` would refuse otherwise (a strategy that replicates its snapshots, say).
+// The `section.key=value` overrides every trial runs with, one list for both runners: `steps`
+// steps, no evaluation, no checkpoint or flash snapshot, no restart, no console line, no profile.
+// Each switch is stated off, so the keys they leave unread (a strategy's snapshot_replicas, say)
+// wait unread instead of being refused (unread_keys.h).
 STRATA_API std::vector<std::string> trial_overrides(int64_t steps);
 
 // Trains one candidate for a few steps. `rank` is the candidate's place in the predicted order
