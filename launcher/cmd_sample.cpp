@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 
 #include <unistd.h>
 
@@ -37,17 +38,19 @@ fs::path prepared_tokenizer(const CheckpointModel& loaded) {
 std::string sample_through_tokenizer(CheckpointModel& loaded, const fs::path& tokenizer, const SampleOptions& options, bool special) {
   if (options.prompt.empty()) throw UserError("--prompt is empty: give the text to continue");
   const std::string python = tokenizers_python("strata sample");
-  char pattern[] = "/tmp/strata-sample-XXXXXX";
-  if (!mkdtemp(pattern)) throw UserError("cannot create a temporary directory");
+  std::string pattern = (fs::temp_directory_path() / "strata-sample-XXXXXX").string();  // $TMPDIR, else /tmp
+  if (!mkdtemp(pattern.data())) throw UserError("cannot create a temporary directory in " + fs::temp_directory_path().string());
   const fs::path tmp(pattern);
+  // Removed however this returns: a tokenizer the helper cannot read throws past the end.
+  const std::unique_ptr<const fs::path, void (*)(const fs::path*)> remove_tmp(&tmp, [](const fs::path* dir) {
+    std::error_code ignored;
+    fs::remove_all(*dir, ignored);
+  });
   std::ofstream(tmp / "prompt.txt") << options.prompt;
   const auto ids = nlohmann::json::parse(run_helper(python, "tokenize_text.py", {special ? "encode_special" : "encode", tokenizer.string(), (tmp / "prompt.txt").string()}));
   const std::vector<int64_t> continued = continue_tokens(loaded, ids.get<std::vector<int64_t>>(), options);
   std::ofstream(tmp / "ids.json") << nlohmann::json(continued).dump();
-  const std::string text = run_helper(python, "tokenize_text.py", {"decode", tokenizer.string(), (tmp / "ids.json").string()});
-  std::error_code ignored;
-  fs::remove_all(tmp, ignored);
-  return text;
+  return run_helper(python, "tokenize_text.py", {"decode", tokenizer.string(), (tmp / "ids.json").string()});
 }
 
 }  // namespace

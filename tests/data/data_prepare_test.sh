@@ -175,8 +175,11 @@ mkdir -p "$work/hf_without_tokenizer" && cp "$work/run-hf/config.json" "$work/ru
 expect_refused "an export without tokenizer.json" "has no tokenizer.json: strata sample needs the tokenizer" sample "$work/hf_without_tokenizer" --prompt hi
 mkdir -p "$work/hf_broken_tokenizer" && cp "$work/run-hf/config.json" "$work/run-hf/model.safetensors" "$work/hf_broken_tokenizer/"
 echo '{"model": {"type": "BPE", "vocab": 5}}' > "$work/hf_broken_tokenizer/tokenizer.json"
-expect_refused "a tokenizer.json the library cannot read" "$work/hf_broken_tokenizer/tokenizer.json is not a tokenizer.json the tokenizers library reads (invalid type" \
+mkdir -p "$work/tmp"
+TMPDIR=$work/tmp expect_refused "a tokenizer.json the library cannot read" \
+  "$work/hf_broken_tokenizer/tokenizer.json is not a tokenizer.json the tokenizers library reads (invalid type" \
   sample "$work/hf_broken_tokenizer" --prompt hi
+[ -z "$(ls -A "$work/tmp")" ] || check "strata sample left its temporary directory: $(ls "$work/tmp")"
 mkdir -p "$work/bert" && echo '{"model_type": "bert"}' > "$work/bert/config.json" && cp "$work/run-hf/tokenizer.json" "$work/bert/"
 expect_refused "a model type nothing loads" "describes a bert model, which no registered model loads" sample "$work/bert" --prompt hi
 expect_refused "no subcommand" "takes a subcommand: prepare" data
