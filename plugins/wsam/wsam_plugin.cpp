@@ -7,7 +7,9 @@
 // (nn::parameter_placements), and pipeline stages hold disjoint blocks. A synchronised gradient's
 // norm is clipping's (clip_gradient_norm with the topology: every whole tensor counted once over
 // the world); a local gradient (m-sharpness) is this data rank's alone, so its pieces are summed
-// over its model replica's tensor and pipeline ranks, which then perturb alike. Under a pipeline
+// over its model replica's tensor and pipeline ranks, which then perturb alike. WSAM averages a
+// local gradient itself, over the ranks that hold the same tensors: the data group, or for
+// experts split by expert parallel the data ranks holding the same experts. Under a pipeline
 // the wrapped stage runs the whole schedule, twice. The perturbation's scale and the perturbed
 // loss stay on the job's device: nothing is read to the host in the step.
 //
@@ -16,9 +18,15 @@
 // this rank's pieces of them, their gradients views of the reduced chunks). After changing them
 // in place it loads the state into itself, which is how a state's holder takes new values: the
 // parameters need nothing more, zero1 and zero2 all-gather the full parameters, fsdp gathers from
-// its pieces when it next runs. With sharding the perturbation must follow the synchronised
-// gradient (perturbation = "global"): zero2 and fsdp never hold a rank's whole local gradient.
+// its pieces when it next runs. A local perturbation under zero1 or zero2 is each rank's own, so
+// it cannot live in the shared pieces: it moves the full parameters those passes keep on every
+// rank, along this rank's own gradient of them (the passes leave an unsynchronised backward
+// alone), and restoring this rank's pieces (saved: they are views of the full parameters'
+// buffer) and reloading the state gathers them back exactly; the optimizer then
+// gets this rank's pieces of the averaged gradient. fsdp keeps no full parameters between uses,
+// so there the perturbation must follow the synchronised gradient (perturbation = "global").
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -34,30 +42,42 @@ struct Settings {
   bool adaptive, decouple, local;
 };
 
-// Averages tensors over a group with one all-reduce of their concatenation, in `dtype` if set.
-WorkPtr average(Communicator& group, const std::vector<at::Tensor>& tensors, std::optional<at::ScalarType> dtype,
-                at::Tensor& flat) {
-  std::vector<at::Tensor> views;
-  for (const auto& t : tensors) views.push_back(t.reshape(-1));
-  flat = at::cat(views);
-  if (dtype) flat = flat.to(*dtype);
-  return group.all_reduce(flat, ReduceOp::Avg);
+// Whether a tensor placed as `placement` is a piece of experts split by expert parallel.
+bool is_split_expert(const Placement& placement) {
+  const std::vector<Dim>& split = placement.sharded_over;  // (Placement::is_sharded_over is core-internal)
+  return std::find(split.begin(), split.end(), Dim::Expert) != split.end();
 }
 
-void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
-  int64_t offset = 0;
-  for (const auto& t : tensors) {
-    t.view(-1).copy_(flat.narrow(0, offset, t.numel()));
-    offset += t.numel();
+// An average of tensors over a group in flight: one all-reduce of their concatenation.
+struct Averaging {
+  std::vector<at::Tensor> tensors;
+  at::Tensor flat;
+  WorkPtr work;
+
+  Averaging(Communicator& group, std::vector<at::Tensor> of, std::optional<at::ScalarType> dtype) : tensors(std::move(of)) {
+    std::vector<at::Tensor> views;
+    for (const auto& t : tensors) views.push_back(t.reshape(-1));
+    flat = at::cat(views);
+    if (dtype) flat = flat.to(*dtype);
+    work = group.all_reduce(flat, ReduceOp::Avg);
   }
-}
+
+  // Waits, then writes the averages back into the tensors.
+  void finish() {
+    work->wait();
+    int64_t offset = 0;
+    for (const auto& t : tensors) {
+      t.view(-1).copy_(flat.narrow(0, offset, t.numel()));
+      offset += t.numel();
+    }
+  }
+};
 
 class Wsam {
  public:
   Wsam(Job& job, Settings settings)
       : settings_(settings),
         device_(job.device()),
-        group_(job.topology->group(Dim::Data)),
         reduce_dtype_(job.reduce_dtype),
         job_(job) {}
 
@@ -72,19 +92,24 @@ class Wsam {
     context.sync_gradients = true;
 
     at::NoGradGuard no_grad;
-    if (params_.empty()) find_master_weights();
-    std::vector<at::Tensor> g = take_gradients();
+    if (params_.empty()) find_weights();
+    // What the perturbation moves, and along which gradient: the master weights, or under zero1
+    // and zero2 with a local perturbation the full parameters (the header).
+    const bool moves_full = !full_params_.empty();
+    std::vector<at::Tensor>& moved = moves_full ? full_params_ : params_;
+    const std::vector<Placement>& moved_placements = moves_full ? full_placements_ : placements_;
+    std::vector<at::Tensor> g = take_gradients(moved);
+    // The master weights are saved whichever tensors move: zero's pieces are views of the full
+    // parameters' buffer, so moving those moves this rank's piece too.
     std::vector<at::Tensor> saved, scaled;
-    for (size_t i = 0; i < params_.size(); ++i) scaled.push_back(settings_.adaptive ? params_[i].abs() * g[i] : g[i]);
-    const at::Tensor scale = settings_.rho / (norm(scaled, /*synchronised=*/!settings_.local) + settings_.eps);
-    for (size_t i = 0; i < params_.size(); ++i) {
-      saved.push_back(params_[i].clone());
-      params_[i].add_((settings_.adaptive ? params_[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
-    }
-    propagate();
+    for (const auto& w : params_) saved.push_back(w.clone());
+    for (size_t i = 0; i < moved.size(); ++i) scaled.push_back(settings_.adaptive ? moved[i].abs() * g[i] : g[i]);
+    const at::Tensor scale = settings_.rho / (norm(scaled, moved_placements, /*synchronised=*/!settings_.local) + settings_.eps);
+    for (size_t i = 0; i < moved.size(); ++i) moved[i].add_((settings_.adaptive ? moved[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
+    if (!moves_full) propagate();  // (a reload would gather the full parameters back from the pieces)
     // The local gradient is averaged while the second pass runs.
-    at::Tensor flat;
-    WorkPtr pending = settings_.local && group_.size() > 1 ? average(group_, g, reduce_dtype_, flat) : nullptr;
+    std::vector<Averaging> averaging;
+    if (settings_.local) averaging = start_averaging(g, moved_placements);
 
     rng.restore();
     {
@@ -95,13 +120,11 @@ class Wsam {
       job_.program.report_device_figure("wsam_perturbed_loss", job_.reduce_loss(context.local_loss));
       context.local_loss = loss;
     }
-    std::vector<at::Tensor> perturbed = take_gradients();
+    std::vector<at::Tensor> perturbed = take_gradients(params_);
     for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(saved[i]);
     propagate();
-    if (pending) {
-      pending->wait();
-      unflatten(flat, g);
-    }
+    for (auto& pending : averaging) pending.finish();
+    if (moves_full) g = master_pieces_of(g);
     if (settings_.max_norm > 0) {
       // Both gradients are synchronised by now: each clipped by its whole-model norm.
       for (const auto* grads : {&g, &perturbed}) clip_gradient_norm(placed(*grads), settings_.max_norm, job_.topology.get(), device_);
@@ -140,14 +163,30 @@ class Wsam {
   // The master weights (the header) and their placements, once the optimizer holds them (their
   // gradients are attached by then): the model state's tensors that are trained, placed as the
   // passes left them; pipeline stages hold disjoint ones, as core's local_gradients places them.
-  void find_master_weights() {
+  // With a local perturbation over pieces of the data ranks' shared parameters (zero1, zero2),
+  // also the full parameters, placed as the model's layers left them.
+  void find_weights() {
     const Stateful& state = *job_.states().at("model");
     const Placements placements = state.placements();
+    bool pieces = false;
     for (const auto& [name, tensor] : state.save()) {
       if (!tensor.requires_grad() && !tensor.grad().defined()) continue;  // frozen
-      params_.push_back(tensor);
       const auto placement = placements.find(name);
-      placements_.push_back(nest(placement == placements.end() ? Placement{} : placement->second, 0, {Dim::Pipeline}));
+      const Placement placed = placement == placements.end() ? Placement{} : placement->second;
+      pieces = pieces || std::find(placed.sharded_over.begin(), placed.sharded_over.end(), Dim::Data) != placed.sharded_over.end();
+      params_.push_back(tensor);
+      names_.push_back(name);
+      offsets_.push_back(placed.offset);
+      placements_.push_back(nest(placed, 0, {Dim::Pipeline}));
+    }
+    if (!settings_.local || !pieces) return;
+    const Placements layer_placements = nn::parameter_placements(*job_.model);
+    for (const auto& p : job_.model->named_parameters()) {
+      if (!p.value().requires_grad() || nn::is_placeholder(p.value())) continue;
+      const auto placement = layer_placements.find(p.key());
+      full_index_.emplace(p.key(), full_params_.size());
+      full_params_.push_back(p.value());
+      full_placements_.push_back(nest(placement == layer_placements.end() ? Placement{} : placement->second, 0, {Dim::Pipeline}));
     }
   }
 
@@ -157,14 +196,36 @@ class Wsam {
     state.load(state.save());
   }
 
-  // Copies the master weights' gradients (zeros where one got none) and clears the model's
+  // Copies the gradients of `tensors` (zeros where one got none) and clears the model's
   // parameters' gradients, so the next backward starts from nothing. Copies: after ddp's or
   // zero1's reduction a gradient is a view of a buffer that the next reduction overwrites, and a
   // sharding pass's piece keeps its gradient view (the optimizer reads it).
-  std::vector<at::Tensor> take_gradients() {
+  std::vector<at::Tensor> take_gradients(const std::vector<at::Tensor>& tensors) {
     std::vector<at::Tensor> out;
-    for (auto& p : params_) out.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+    for (const auto& t : tensors) out.push_back(t.grad().defined() ? t.grad().clone() : at::zeros_like(t));
     for (auto& p : job_.model->parameters()) p.mutable_grad() = at::Tensor();
+    return out;
+  }
+
+  // Starts averaging this data rank's own gradients over the ranks that hold the same tensors:
+  // the data group, and for split experts the data ranks holding the same experts.
+  std::vector<Averaging> start_averaging(const std::vector<at::Tensor>& grads, const std::vector<Placement>& placements) {
+    std::vector<at::Tensor> dense, experts;
+    for (size_t i = 0; i < grads.size(); ++i) (is_split_expert(placements[i]) ? experts : dense).push_back(grads[i]);
+    std::vector<Averaging> out;
+    Communicator& data = job_.topology->group(Dim::Data);
+    if (data.size() > 1 && !dense.empty()) out.emplace_back(data, std::move(dense), reduce_dtype_);
+    Communicator& expert_data = job_.topology->expert_data_group();
+    if (expert_data.size() > 1 && !experts.empty()) out.emplace_back(expert_data, std::move(experts), reduce_dtype_);
+    return out;
+  }
+
+  // This rank's pieces of full-parameter gradients, shaped and placed as the master weights: a
+  // piece is the elements [offset, +numel) of its parameter's flattening.
+  std::vector<at::Tensor> master_pieces_of(const std::vector<at::Tensor>& full) const {
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < params_.size(); ++i)
+      out.push_back(full[full_index_.at(names_[i])].reshape(-1).narrow(0, offsets_[i], params_[i].numel()).view_as(params_[i]));
     return out;
   }
 
@@ -181,16 +242,17 @@ class Wsam {
     return out;
   }
 
-  // The 2-norm of the whole tensors `pieces` are this rank's pieces of (a 0-dim fp64 tensor on
-  // the job's device). Synchronised: equal on every data replica, so clipping's rule over the
-  // world. Local: this data rank's own, summed over its tensor and pipeline ranks (a piece
-  // replicated over the tensor group counted once); an expert's piece counts as this rank's.
-  at::Tensor norm(const std::vector<at::Tensor>& pieces, bool synchronised) const {
+  // The 2-norm of the whole tensors `pieces` (placed as `placements`) are this rank's pieces of
+  // (a 0-dim fp64 tensor on the job's device). Synchronised: equal on every data replica, so
+  // clipping's rule over the world. Local: this data rank's own, summed over its tensor and
+  // pipeline ranks (a piece replicated over the tensor group counted once); an expert's piece
+  // counts as this rank's.
+  at::Tensor norm(const std::vector<at::Tensor>& pieces, const std::vector<Placement>& placements, bool synchronised) const {
     if (synchronised) return clip_gradient_norm(placed(pieces), 0.0, job_.topology.get(), device_);
     const int tensor = job_.topology->size(Dim::Tensor);
     at::Tensor squared = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
     for (size_t i = 0; i < pieces.size(); ++i) {
-      const std::vector<Dim>& split = placements_[i].sharded_over;  // (Placement::is_sharded_over is core-internal)
+      const std::vector<Dim>& split = placements[i].sharded_over;
       const double copies = std::find(split.begin(), split.end(), Dim::Tensor) != split.end() ? 1.0 : tensor;
       squared += pieces[i].to(at::kFloat).square().sum().to(at::kDouble) / copies;
     }
@@ -201,11 +263,17 @@ class Wsam {
 
   Settings settings_;
   c10::Device device_;
-  Communicator& group_;
   std::optional<at::ScalarType> reduce_dtype_;
   Job& job_;  // its topology, its reduce_loss as the passes left it, and its program (device figures)
+  // The master weights: their names, offsets in their parameters (a sharding pass's pieces) and placements.
   std::vector<at::Tensor> params_;
-  std::vector<Placement> placements_;  // of params_
+  std::vector<std::string> names_;
+  std::vector<int64_t> offsets_;
+  std::vector<Placement> placements_;
+  // The full parameters a local perturbation moves under zero1 and zero2 (else empty).
+  std::vector<at::Tensor> full_params_;
+  std::vector<Placement> full_placements_;
+  std::map<std::string, size_t> full_index_;
   std::vector<at::Tensor> sharpness_;
 };
 
@@ -232,14 +300,13 @@ class WsamPass final : public Pass {
     if (config.get_float("gamma") >= 1.0) diagnostics.error(section, "pass 'wsam': gamma must be below 1 (alpha = gamma / (1 - gamma))");
   }
 
-  // A rank's own whole gradient (m-sharpness) is never held under zero2 and fsdp, which
-  // reduce-scatter in the backward, nor kept apart from the average by zero1.
+  // A rank's own perturbation (m-sharpness) moves its own full parameters, which fsdp does not
+  // keep between uses (zero1 and zero2 do).
   std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
     if (config.get_string("perturbation") != "local") return {};
-    for (const char* sharding : {"zero1", "zero2", "fsdp"})
-      if (std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), sharding) != facts.enabled_passes.end())
-        return std::string("pass 'wsam': perturbation = \"local\" needs each rank's own whole gradient, which ") + sharding +
-               " does not keep; set perturbation = \"global\"";
+    if (std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "fsdp") != facts.enabled_passes.end())
+      return "pass 'wsam': perturbation = \"local\" moves each rank's own full parameters, which fsdp does not keep; set "
+             "perturbation = \"global\", or shard with zero1 or zero2";
     return {};
   }
 

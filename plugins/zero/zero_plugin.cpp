@@ -51,8 +51,11 @@ class ZeroPass final : public Pass {
                                                        job.reduce_dtype, /*broadcast_buffers=*/true);
     auto reducer = std::make_shared<sharding::BucketReducer>(name(), units, sharding::ignores_unused_parameters(config));
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
-    job.add_hook(HookPoint::BeforeBackward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.last_backward); });
-    job.program.own(Stage::SyncGradients, [reducer](StepContext& c) { c.metrics.emplace_back("zero_exposed_comm_ms", reducer->finish()); });
+    // WSAM's local gradient (sync_gradients false) is left alone, as ddp leaves it.
+    job.add_hook(HookPoint::BeforeBackward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.sync_gradients && c.last_backward); });
+    job.program.own(Stage::SyncGradients, [reducer](StepContext& c) {
+      if (c.sync_gradients) c.metrics.emplace_back("zero_exposed_comm_ms", reducer->finish());
+    });
     sharding::shard_training_state(job, units);
   }
 
