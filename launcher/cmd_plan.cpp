@@ -160,6 +160,7 @@ int run_plan(const Args& args) {
   else
     print_text_plan(loaded.plan, loaded.order, registry);
   // On standard error, so --json output stays one document.
+  for (const std::string& note : loaded.unread_notes) std::cerr << "note: " << note << "\n";
   if (!loaded.data_not_checked.empty())
     std::cerr << "note: the data was not checked against the model and batch (" << loaded.data_not_checked
               << "); training will need it\n";

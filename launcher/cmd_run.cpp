@@ -313,6 +313,7 @@ int run_train(const Args& args) {
     ComponentRegistry registry;
     LoadedPlan checked;
     if (!load_plan(args, args.ranks, registry, checked)) return 2;
+    for (const std::string& note : checked.unread_notes) std::cerr << "strata: note: " << note << "\n";
     const fs::path out_dir = args.out_dir.empty() ? fs::path(checked.plan.job.get_string("run_dir")) : fs::path(args.out_dir);
     if (checked.plan.job.get_int("flash_every") > 0 && checked.plan.job.get_int("snapshot_replicas") > 0) {
       // Replicas need other nodes: refused here, before any rank starts, as the ranks would.
@@ -370,6 +371,8 @@ int run_train(const Args& args) {
                   : env.world_size > 1      ? "ranks started by another launcher are not restarted"
                                             : "a run in this process is not restarted")
               << "\n";
+  if (env.rank == 0 && !std::getenv(kRunDirectoryClaimedEnv))  // (else `strata run -n N` printed them)
+    for (const std::string& note : loaded.unread_notes) std::cerr << "strata: note: " << note << "\n";
   if (loaded.plan.job.get_string("health_check") != "off" && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
     std::cerr << "strata: note: [job] health_check applies under `strata run -n N`; this run is not checked (run `strata doctor` "
                  "before it)\n";

@@ -74,23 +74,44 @@ refused() {  # refused PATTERN ARGS...: strata plan bare.toml ARGS is refused wi
   msg=$("$strata" plan "$work/bare.toml" "$@" 2>&1); status=$?
   [ $status -eq 2 ] && [ "$(grep -c error <<<"$msg")" -eq 1 ] && grep -q -- "$pattern" <<<"$msg" || check "not refused as '$pattern' (exit $status): $msg"
 }
-accepted() {  # accepted ARGS...: strata plan bare.toml ARGS plans
+accepted() {  # accepted ARGS...: strata plan bare.toml ARGS plans, with no note of an unread key
   "$strata" plan "$work/bare.toml" "$@" > "$work/accepted.log" 2>&1 || check "refused: $* : $(grep error "$work/accepted.log")"
+  ! grep -q "is not read" "$work/accepted.log" || check "a note where every key is read: $* : $(grep note "$work/accepted.log")"
 }
-refused '--set optimizer.decay_fraction=0.5: error: \[optimizer\] decay_fraction applies to schedule = "wsd", and schedule is left at "cosine"; set schedule = "wsd"' \
+noted() {  # noted NOTE ARGS...: strata plan bare.toml ARGS plans and notes, on standard error, the one key nothing reads
+  local note=$1; shift
+  "$strata" plan "$work/bare.toml" "$@" > "$work/noted.out" 2> "$work/noted.err" || check "refused: $* : $(grep error "$work/noted.err")"
+  [ "$(grep -c "is not read" "$work/noted.err")" -eq 1 ] && grep -qxF "note: $note" "$work/noted.err" ||
+    check "not noted as '$note': $* : $(cat "$work/noted.err")"
+}
+refused '--set optimizer.decay_fraction=0.5: error: \[optimizer\] decay_fraction = 0.5 applies to schedule = "wsd", and schedule is left at "cosine"; set schedule = "wsd"' \
   --set optimizer.decay_fraction=0.5
-accepted --set optimizer.decay_fraction=0.5 --set 'optimizer.schedule="cosine"'
+noted '[optimizer] decay_fraction = 0.5 is not read: schedule = "cosine"' --set optimizer.decay_fraction=0.5 --set 'optimizer.schedule="cosine"'
+noted '[optimizer] min_lr_ratio = 0.05 is not read: schedule = "constant"' --set optimizer.min_lr_ratio=0.05 --set 'optimizer.schedule="constant"'
+accepted --set 'optimizer.schedule="constant"'
 refused 'error: \[job\] eval_batches = 2 sizes each evaluation, and eval_every is left at 0, which runs none; set eval_every' --set job.eval_batches=2
-accepted --set job.eval_batches=2 --set job.eval_every=0
+noted '[job] eval_batches = 2 is not read: eval_every = 0 runs no evaluation' --set job.eval_batches=2 --set job.eval_every=0
+accepted --set job.eval_batches=2 --set job.eval_every=3
 refused 'error: \[job\] snapshot_replicas = 1 replicates flash snapshots, and flash_every is left at 0, which takes none; set flash_every' \
   --set job.snapshot_replicas=1
-accepted --set job.snapshot_replicas=1 --set job.flash_every=0
+noted '[job] snapshot_replicas = 1 is not read: flash_every = 0 takes no flash snapshot' --set job.snapshot_replicas=1 --set job.flash_every=0
 refused 'error: \[job\] restart_backoff = 5.0 spaces restarts, and max_restarts is left at 0, which allows none; set max_restarts' \
   --set job.restart_backoff=5
-accepted --set job.restart_backoff=5 --set job.max_restarts=0
+noted '[job] restart_backoff = 5.0 is not read: max_restarts = 0 allows no restart' --set job.restart_backoff=5 --set job.max_restarts=0
 refused 'error: \[job\] min_ranks = 2 bounds the ranks a restart or the health check.s exclusion may leave, and max_restarts and health_check are left at 0 and "off"; set either' \
   --set job.min_ranks=2
 accepted --set job.min_ranks=2 --set 'job.health_check="exclude"'
+noted '[job] min_ranks = 2 is not read: max_restarts = 0 and health_check = "off" leave no rank out' --set job.min_ranks=2 \
+  --set 'job.health_check="off"'
+# strata run notes it once, from rank 0, before training; the run's saved strategy, which states
+# every key, notes it again on resume.
+{ cat "$work/bare.toml"; printf '[[pass]]\nname = "ddp"\n'; } > "$work/ddp.toml"
+"$strata" run -n 2 "$work/ddp.toml" --set job.steps=2 --set job.eval_batches=2 --set job.eval_every=0 --out "$work/noted_run" \
+  > "$work/noted_run.out" 2> "$work/noted_run.err" || check "the noted run failed: $(tail -3 "$work/noted_run.err")"
+[ "$(grep -c "^strata: note: \[job\] eval_batches = 2 is not read: eval_every = 0 runs no evaluation$" "$work/noted_run.err")" -eq 1 ] ||
+  check "strata run -n 2 did not note the unread key once: $(cat "$work/noted_run.err")"
+"$strata" plan "$work/noted_run/strategy.toml" 2>&1 >/dev/null | grep -q "note: \[job\] eval_batches = 2 is not read" ||
+  check "the saved strategy's plan does not note the unread key"
 # A token directory's val.bin is its validation split: val_fraction is for a single file's tail.
 mkdir -p "$work/bins" && head -c 8000 /dev/zero > "$work/bins/train.bin" && head -c 8000 /dev/zero > "$work/bins/val.bin"
 refused "error: \[data\] val_fraction holds out the tail of a single token file, and $work/bins is a directory, whose val.bin is the validation split" \

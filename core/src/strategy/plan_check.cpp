@@ -14,7 +14,7 @@ bool check_plan(const RawStrategy& raw, const ComponentRegistry& registry, int64
   out.plan = resolve_strategy(raw, registry, world_size, diagnostics);
   out.order = order_passes(out.plan.passes, diagnostics);
   check_claims(out.plan, registry, diagnostics);
-  check_unread_keys(out.plan, diagnostics);
+  check_unread_keys(out.plan, diagnostics, out.unread_notes);
   const bool resolved = diagnostics.ok();  // the sizes and data of a strategy with errors mean nothing
   check_sizes(out.plan, diagnostics);
   if (resolved) out.data_not_checked = check_data(out.plan, diagnostics);

@@ -1,4 +1,4 @@
-// Keys stated for a feature whose switch the strategy left out (unread_keys.h).
+// Keys stated for a feature that is off (unread_keys.h).
 #include "unread_keys.h"
 
 namespace strata {
@@ -12,39 +12,67 @@ bool differs_from_default(const Config& section, const Schema& schema, const std
 
 bool left_out(const Config& section, const std::string& key) { return !section.has(key) || section.entry(key).origin == Origin::Default; }
 
-void check_schedule(const Config& optimizer, Diagnostics& diagnostics) {
-  if (!left_out(optimizer, "schedule")) return;
-  for (const char* key : {"decay_fraction", "decay_shape"})
-    if (differs_from_default(optimizer, optimizer_common_schema(), key))
-      diagnostics.error(optimizer.entry(key).pos, std::string("[optimizer] ") + key + " applies to schedule = \"wsd\", and schedule is left at \"" +
-                                                      optimizer.get_string("schedule") + "\"; set schedule = \"wsd\"");
+// One section's keys that only a switched-on feature reads.
+class SectionCheck {
+ public:
+  SectionCheck(std::string name, const Config& section, const Schema& schema, Diagnostics& diagnostics, std::vector<std::string>& notes)
+      : name_(std::move(name)), section_(section), schema_(schema), diagnostics_(diagnostics), notes_(notes) {}
+
+  // `key`, which only the feature that `switches` turn on reads, while that feature is off as
+  // `off_state` says: refused with `refusal` where every switch was left out, else a note.
+  void key_of_feature_off(const std::string& key, std::initializer_list<const char*> switches, const std::string& off_state,
+                          const std::string& refusal) {
+    if (!differs_from_default(section_, schema_, key)) return;
+    const std::string stated = "[" + name_ + "] " + key + " = " + value_to_toml(section_.entry(key).value);
+    for (const char* s : switches)
+      if (!left_out(section_, s)) {
+        notes_.push_back(stated + " is not read: " + off_state);
+        return;
+      }
+    diagnostics_.error(section_.entry(key).pos, stated + " " + refusal);
+  }
+
+ private:
+  std::string name_;
+  const Config& section_;
+  const Schema& schema_;
+  Diagnostics& diagnostics_;
+  std::vector<std::string>& notes_;
+};
+
+void check_optimizer(const Config& optimizer, Diagnostics& diagnostics, std::vector<std::string>& notes) {
+  SectionCheck check("optimizer", optimizer, optimizer_common_schema(), diagnostics, notes);
+  const std::string schedule = optimizer.get_string("schedule");
+  const std::string state = "schedule = \"" + schedule + "\"";
+  if (schedule != "wsd")
+    for (const char* key : {"decay_fraction", "decay_shape"})
+      check.key_of_feature_off(key, {"schedule"}, state, "applies to schedule = \"wsd\", and schedule is left at \"" + schedule + "\"; set schedule = \"wsd\"");
+  if (schedule == "constant") check.key_of_feature_off("min_lr_ratio", {"schedule"}, state, "");  // "constant" is never a default
 }
 
-void check_job(const Config& job, Diagnostics& diagnostics) {
-  // refuse KEY if it is stated and every one of SWITCHES is left out with the feature off
-  auto refuse = [&](const std::string& key, std::initializer_list<const char*> switches, const std::string& why) {
-    for (const char* s : switches)
-      if (!left_out(job, s)) return;
-    if (differs_from_default(job, job_schema(), key))
-      diagnostics.error(job.entry(key).pos, "[job] " + key + " = " + value_to_toml(job.entry(key).value) + " " + why);
-  };
+void check_job(const Config& job, Diagnostics& diagnostics, std::vector<std::string>& notes) {
+  SectionCheck check("job", job, job_schema(), diagnostics, notes);
   if (job.get_int("eval_every") == 0)
-    refuse("eval_batches", {"eval_every"}, "sizes each evaluation, and eval_every is left at 0, which runs none; set eval_every");
+    check.key_of_feature_off("eval_batches", {"eval_every"}, "eval_every = 0 runs no evaluation",
+                             "sizes each evaluation, and eval_every is left at 0, which runs none; set eval_every");
   if (job.get_int("flash_every") == 0)
-    refuse("snapshot_replicas", {"flash_every"}, "replicates flash snapshots, and flash_every is left at 0, which takes none; set flash_every");
+    check.key_of_feature_off("snapshot_replicas", {"flash_every"}, "flash_every = 0 takes no flash snapshot",
+                             "replicates flash snapshots, and flash_every is left at 0, which takes none; set flash_every");
   if (job.get_int("max_restarts") == 0) {
-    refuse("restart_backoff", {"max_restarts"}, "spaces restarts, and max_restarts is left at 0, which allows none; set max_restarts");
-    refuse("min_ranks", {"max_restarts", "health_check"},
-           "bounds the ranks a restart or the health check's exclusion may leave, and max_restarts and health_check are left "
-           "at 0 and \"off\"; set either");
+    check.key_of_feature_off("restart_backoff", {"max_restarts"}, "max_restarts = 0 allows no restart",
+                             "spaces restarts, and max_restarts is left at 0, which allows none; set max_restarts");
+    if (job.get_string("health_check") == "off")
+      check.key_of_feature_off("min_ranks", {"max_restarts", "health_check"}, "max_restarts = 0 and health_check = \"off\" leave no rank out",
+                               "bounds the ranks a restart or the health check's exclusion may leave, and max_restarts and health_check "
+                               "are left at 0 and \"off\"; set either");
   }
 }
 
 }  // namespace
 
-void check_unread_keys(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
-  check_schedule(plan.optimizer, diagnostics);
-  if (plan.job.has("eval_every")) check_job(plan.job, diagnostics);
+void check_unread_keys(const ResolvedStrategy& plan, Diagnostics& diagnostics, std::vector<std::string>& notes) {
+  check_optimizer(plan.optimizer, diagnostics, notes);
+  if (plan.job.has("eval_every")) check_job(plan.job, diagnostics, notes);
 }
 
 }  // namespace strata

@@ -115,6 +115,9 @@ struct CheckedPlan {
   ResolvedStrategy plan;
   std::vector<size_t> order;
   std::string data_not_checked;  // why the data could not be opened, if it could not
+  // Keys stated for a feature the strategy states off, which nothing reads (unread_keys.h): a
+  // line each, for `strata plan` and `strata run` to print as notes.
+  std::vector<std::string> unread_notes;
 };
 // What `strata plan`, `strata run`, `strata tune`'s candidates and the library API run on a parsed
 // strategy (strategy/plan_check.cpp). Returns false with the problems in `diagnostics`.
