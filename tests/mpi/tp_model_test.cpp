@@ -128,6 +128,8 @@ void check_resharding(const std::string& name, const std::map<std::string, Value
     for (const auto& q : requests)
       EXPECT_TRUE(at::equal(q.target, expected->named_parameters()[q.name])) << name << " at tensor size " << parts << ": " << q.name;
   }
+  world->barrier()->wait();  // every rank has read it
+  if (rank == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(TensorParallelCheckpoints, GptShardsLoadAtTensorSizesOneTwoAndFour) {

@@ -65,6 +65,7 @@ TEST(Ema, CheckpointsHoldTheMovingAverage) {
     }
   }
   EXPECT_GE(checked, 3 * 10);
+  std::filesystem::remove_all(run);
 }
 
 TEST(Ema, DecayOutOfRangeIsRefused) {

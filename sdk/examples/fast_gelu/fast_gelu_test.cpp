@@ -66,6 +66,7 @@ vocab_size = 32
 )", run, {FAST_GELU_PLUGIN_DIR});
   EXPECT_EQ(summary.last_step, 3);
   EXPECT_TRUE(std::isfinite(summary.last_loss));
+  std::filesystem::remove_all(run);
 }
 
 }  // namespace
