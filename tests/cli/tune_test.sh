@@ -28,6 +28,14 @@ out=$("$strata" tune $base -n 4 --dry-run --top 1000 --set parallel.tensor=2) ||
 rows <<<"$out" | grep -v "tensor 2 (tensor_parallel)" | grep . && check "a candidate dropped the fixed tensor = 2"
 [ "$(rows <<<"$out" | wc -l)" -ge 5 ] || check "too few candidates with tensor = 2: $out"
 
+# A pass the strategy names switched off stays off: tests/cli/wsam.toml lists tensor, context and
+# pipeline parallel disabled, so no candidate uses those dimensions (none is refused for naming a
+# pass twice), and its enabled ddp serves data.
+out=$("$strata" tune tests/cli/wsam.toml -n 2 --dry-run --top 1000) || check "the search around wsam.toml failed: $out"
+grep -q "appears twice" <<<"$out" && check "candidates named a switched-off pass a second time: $out"
+rows <<<"$out" | grep -E "tensor|pipeline|context" && check "a candidate used a dimension whose only pass is switched off"
+rows <<<"$out" | grep -q "data 2 (ddp)" || check "no data 2 (ddp) candidate around wsam.toml: $out"
+
 # A 300M-parameter model (3.6 GB of model states at 12 bytes per parameter: fp32 weights, gradients and SGD's momentum)
 # on 4 ranks: without a budget the fastest predicted is chosen whatever its memory; with a budget
 # just under its peak (the peak includes the memory a process holds before it builds anything,

@@ -190,15 +190,17 @@ std::string other_choices(const TuneCandidate& c) {
 TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& registry, int64_t world_size,
                               const HardwareRates& rates, size_t limit) {
   OperatorTable::global().install(registry);
-  // Passes by the dimension they claim; the passes the strategy names (enabled or not: a pass the
-  // user switched off stays off).
+  // Passes by the dimension they claim, but those the strategy switched off (they stay off: a
+  // dimension only they could serve stays 1); the passes the strategy names, enabled or not.
   std::map<Dim, std::vector<const Pass*>> claimants;
   std::vector<const Pass*> optional;
   std::map<std::string, const RawSection*> named;
   for (const auto& section : base.passes) named[section_pass_name(section)] = &section;
   for (const Component* c : registry.components(ComponentKind::Pass)) {
     const auto* pass = static_cast<const Pass*>(c);
-    for (Dim d : pass->claims().dims) claimants[d].push_back(pass);
+    const bool switched_off = named.count(pass->name()) && !section_enabled(*named.at(pass->name()));
+    if (!switched_off)
+      for (Dim d : pass->claims().dims) claimants[d].push_back(pass);
     if (pass->claims().dims.empty() && pass->tune_use() == TuneUse::Try && !named.count(pass->name())) optional.push_back(pass);
   }
   std::vector<bool> free;  // the dimensions tune sizes
