@@ -71,7 +71,8 @@ void check_job(const Config& job, Diagnostics& diagnostics, std::vector<std::str
 }  // namespace
 
 void check_unread_keys(const ResolvedStrategy& plan, Diagnostics& diagnostics, std::vector<std::string>& notes) {
-  check_optimizer(plan.optimizer, diagnostics, notes);
+  // (A section that did not resolve, an unknown optimizer's, has no keys: its error is reported.)
+  if (plan.optimizer.has("schedule")) check_optimizer(plan.optimizer, diagnostics, notes);
   if (plan.job.has("eval_every")) check_job(plan.job, diagnostics, notes);
 }
 
