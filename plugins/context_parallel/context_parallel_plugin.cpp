@@ -11,7 +11,8 @@
 //                   tokens, so core's reduce_loss (mean over data x context) is the window's mean
 //   sync_gradients  wrapped: after the data-parallel pass has made gradients agree over the data
 //                   group, one all-reduce averages them over the context group (each rank's
-//                   gradient is that of its tokens' mean)
+//                   gradient is that of its tokens' mean), also in a backward left
+//                   unsynchronised (WSAM's local pass)
 //   evaluate        wrapped: the validation loss averaged over the context group
 //   statistics      layers that compute a statistic over the window's tokens (a mixture of
 //                   experts' balance loss and capacity, nn::SequenceStatisticsLayer) get the
@@ -185,6 +186,7 @@ class ContextParallelPass final : public Pass {
 
     job.program.wrap(Stage::SyncGradients, [&job, &group](StepContext& context, const StageFn& inner_stage) {
       inner_stage(context);
+      if (!context.sync_gradients) zero_missing_gradients(*job.model);
       average_gradients(job.local_gradients(), group);
     });
     job.program.wrap(Stage::Evaluate, [&job, &group](StepContext& context, const StageFn& inner_stage) {
@@ -203,6 +205,14 @@ class ContextParallelPass final : public Pass {
   }
 
  private:
+  // A backward left unsynchronised (WSAM's local pass) has no data-parallel pass fill in the
+  // gradients it did not reach (an expert no token of this rank chose): zeros, so that every
+  // context rank averages the same list.
+  static void zero_missing_gradients(nn::Model& model) {
+    for (auto& p : model.parameters())
+      if (p.requires_grad() && !p.grad().defined() && !nn::is_placeholder(p)) p.mutable_grad() = at::zeros_like(p);
+  }
+
   // One all-reduce per dtype of every gradient this rank holds, flattened: context ranks hold the
   // same placements, so piece k here and piece k there are the same piece.
   static void average_gradients(const std::vector<LocalGradient>& grads, Communicator& group) {

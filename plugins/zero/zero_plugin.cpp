@@ -51,12 +51,21 @@ class ZeroPass final : public Pass {
                                                        job.reduce_dtype, /*broadcast_buffers=*/true);
     auto reducer = std::make_shared<sharding::BucketReducer>(name(), units, sharding::ignores_unused_parameters(config));
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
-    // WSAM's local gradient (sync_gradients false) is left alone, as ddp leaves it.
-    job.add_hook(HookPoint::BeforeBackward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.sync_gradients && c.last_backward); });
+    // A backward left unsynchronised (WSAM's local pass, sync_gradients false) is left alone, as
+    // ddp leaves it: nothing is reduced into the pieces, so until the next synchronised one the
+    // gradients this rank holds are the parameters' own (amp unscales them, context parallel
+    // averages them).
+    auto synchronised = std::make_shared<bool>(true);
+    job.add_hook(HookPoint::BeforeBackward, [reducer, synchronised](StepContext& c) {
+      if (c.last_backward) *synchronised = c.sync_gradients;
+      reducer->begin_micro_batch(c.sync_gradients && c.last_backward);
+    });
     job.program.own(Stage::SyncGradients, [reducer](StepContext& c) {
       if (c.sync_gradients) c.metrics.emplace_back("zero_exposed_comm_ms", reducer->finish());
     });
+    const auto own_gradients = job.local_gradients;  // core's: every parameter's
     sharding::shard_training_state(job, units);
+    job.local_gradients = [own_gradients, pieces = job.local_gradients, synchronised] { return *synchronised ? pieces() : own_gradients(); };
   }
 
  private:
