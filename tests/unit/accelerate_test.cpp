@@ -204,6 +204,16 @@ TEST(Accelerate, ProblemsComeBackInTheStatus) {
   EXPECT_FALSE(fused.trainer);
 }
 
+TEST(Accelerate, NotesAKeyNothingReads) {
+  // Evaluation stated off with its size stated: planned, and the size named as unread.
+  ::testing::internal::CaptureStderr();
+  Accelerated noted = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {},
+                                 Strategy::from_toml(kTinyJob).set("job.eval_every=0").set("job.eval_batches=2"), in("accelerate_noted"));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(noted.ok) << noted.status;
+  EXPECT_NE(err.find("strata: note: [job] eval_batches = 2 is not read: eval_every = 0 runs no evaluation\n"), std::string::npos) << err;
+}
+
 TEST(Accelerate, OneTrainerPerProcessAtATime) {
   Accelerated first = accelerate(std::make_unique<MlpLanguageModel>(), {}, nullptr, {}, Strategy::from_toml(kTinyJob), in("accelerate_first"));
   ASSERT_TRUE(first.ok) << first.status;

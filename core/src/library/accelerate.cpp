@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -222,6 +223,8 @@ Accelerated accelerate(std::unique_ptr<ModelFactory> model, OptimizerSpec optimi
 
     CheckedPlan checked;
     if (!check_plan(raw, *out.registry, env.world_size, checked, diagnostics)) throw UserError(diagnostics.str());
+    if (env.rank == 0)  // keys nothing will read, as `strata run` notes them
+      for (const std::string& note : checked.unread_notes) std::cerr << "strata: note: " << note << "\n";
     if (const auto* plain = dynamic_cast<const PlainModuleFactory*>(checked.plan.model_component)) {
       const ParallelLayout& l = checked.plan.layout;
       for (const auto& [dim, size] : {std::pair<const char*, int64_t>{"tensor", l.mesh.tensor}, {"pipeline", l.mesh.pipeline}, {"context", l.mesh.context},
