@@ -125,8 +125,18 @@ class AmpPass final : public Pass {
   void validate(const Config& config, const SourcePos& section, Diagnostics& diagnostics) const override {
     if (config.get_float("backoff_factor") <= 0 || config.get_float("backoff_factor") >= 1)
       diagnostics.error(section, "pass 'amp' backoff_factor must be strictly between 0 and 1");
+    // bf16 scales no loss: the scaler's keys would be read by nothing. A saved strategy.toml
+    // states every key, defaults included: only a value other than the default is a choice.
+    if (config.get_string("dtype") != "fp16")
+      for (const char* key : {"init_scale", "growth_factor", "backoff_factor", "growth_interval"})
+        if (config.entry(key).origin != Origin::Default && config.entry(key).value != info().schema.find(key)->default_value)
+          diagnostics.error(config.entry(key).pos, std::string("pass 'amp' key '") + key + "' applies to dtype \"fp16\" (loss scaling) only, not \"" +
+                                                       config.get_string("dtype") + "\"");
   }
 
+  // The cuda_graph pass records the gradients stage, this pass's wrapper inside it. The
+  // non-finite check stays on the device now, but no GPU has replayed it in a graph yet (fp16's
+  // is refused by cuda_graph itself, from the compute dtype).
   // The cuda_graph pass records the gradients stage, this pass's wrapper inside it. The
   // non-finite check stays on the device now, but no GPU has replayed it in a graph yet (fp16's
   // is refused by cuda_graph itself, from the compute dtype).
@@ -142,9 +152,28 @@ class AmpPass final : public Pass {
     return config.get_string("dtype") == "fp16" ? at::kHalf : at::kBFloat16;
   }
 
+  std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
+    return unread_dtypes(config, facts) + cpu_products(config, facts);
+  }
+
+  // The dtypes amp hands the data-parallel passes are read only by them (fsdp's gathers; the
+  // reductions of ddp, zero1, zero2 and fsdp): a plan without them says so, as a strategy that
+  // switched fsdp off (a one-process baseline, a reshard) keeps them unread.
+  static std::string unread_dtypes(const Config& config, const PlanFacts& facts) {
+    const auto& passes = facts.enabled_passes;
+    const auto enabled = [&passes](const char* name) { return std::find(passes.begin(), passes.end(), name) != passes.end(); };
+    std::string out;
+    if (config.get_string("gather_dtype") != "compute" && !enabled("fsdp"))
+      out += "amp: gather_dtype = \"" + config.get_string("gather_dtype") + "\" is not read: it is the dtype fsdp gathers in, and fsdp is off\n";
+    if (config.get_string("reduce_dtype") != "fp32" && !enabled("ddp") && !enabled("zero1") && !enabled("zero2") && !enabled("fsdp"))
+      out += "amp: reduce_dtype = \"" + config.get_string("reduce_dtype") +
+             "\" is not read: it is the dtype ddp, zero1, zero2 and fsdp reduce in, and they are off\n";
+    return out;
+  }
+
   // On a CPU without native half-precision products amp cannot be faster than fp32, which a user
   // choosing amp for speed needs to know before the run.
-  std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
+  static std::string cpu_products(const Config& config, const PlanFacts& facts) {
     if (facts.device != c10::DeviceType::CPU) return {};
     const bool fp16 = config.get_string("dtype") == "fp16";
     const bool native = fp16 ? cpu_has(CpuFeature::avx512_fp16) || cpu_has(CpuFeature::amx_fp16)
