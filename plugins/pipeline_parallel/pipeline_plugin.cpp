@@ -25,6 +25,8 @@
 namespace strata::pipeline {
 namespace {
 
+constexpr int64_t kBalanceRepeats = 3;  // [pass] balance_repeats's default
+
 struct Settings {
   const Schedule* schedule = nullptr;
   ScheduleShape shape;
@@ -55,6 +57,8 @@ std::string resolve_settings(const Config& config, const MeshSizes& mesh, Settin
                       : "pass 'pipeline_parallel': partition = \"layout\" needs layout (block names per stage)";
   if (config.get_float("stage_memory_gb") > 0 && config.get_string("partition") != "balanced")
     return "pass 'pipeline_parallel': stage_memory_gb applies only to partition = \"balanced\"";
+  if (config.get_int("balance_repeats") != kBalanceRepeats && config.get_string("partition") != "balanced")
+    return "pass 'pipeline_parallel': balance_repeats applies only to partition = \"balanced\"";
   return {};
 }
 
@@ -145,7 +149,7 @@ class PipelineParallelPass final : public Pass {
                   .string("partition", "uniform", "How blocks are split into stages", {"uniform", "balanced", "layout"})
                   .strings("layout", {}, "partition = \"layout\": per stage, block names (\"embed h0 h1\") or runs (\"h2..head\")")
                   .real("stage_memory_gb", 0.0, "partition = \"balanced\": most estimated memory per stage; 0 = no cap", at_least(0))
-                  .integer("balance_repeats", 3, "partition = \"balanced\": timed runs of each block (the fastest counts)", between(1, 100))},
+                  .integer("balance_repeats", kBalanceRepeats, "partition = \"balanced\": timed runs of each block (the fastest counts)", between(1, 100))},
              {Phase::ModelRewrite, {}, {}, {}, {"tensor_parallel"}},
              {{Dim::Pipeline}, {{Stage::ForwardBackward, StageUse::Own}, {Stage::Evaluate, StageUse::Own}}}) {}
 
