@@ -376,6 +376,15 @@ int run_train(const Args& args) {
   if (loaded.plan.job.get_string("health_check") != "off" && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
     std::cerr << "strata: note: [job] health_check applies under `strata run -n N`; this run is not checked (run `strata doctor` "
                  "before it)\n";
+  for (const char* watch : {"hang_timeout", "start_timeout"}) {
+    const bool stated = loaded.plan.job.entry(watch).value != job_schema().find(watch)->default_value;
+    if (stated && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
+      std::cerr << "strata: note: [job] " << watch << " applies under `strata run -n N`, whose supervisor watches the ranks; "
+                << (env.launcher == "torchrun" ? "torchrun's own timeouts watch these"
+                    : env.world_size > 1      ? "ranks started by another launcher are not watched"
+                                              : "this process is not watched")
+                << "\n";
+  }
   // A worker group that torchelastic restarted (torchrun --max-restarts) continues the run from
   // its newest checkpoint, whatever the first attempt was told (the Trainer sees to it).
   const bool restarted = restarted_by_torchelastic(env);
