@@ -68,12 +68,28 @@ void check_job(const Config& job, Diagnostics& diagnostics, std::vector<std::str
   }
 }
 
+// Core reads these two keys of every dataset that declares them (Job::split_batch): a document
+// end no token can be, and position resets without one, would change nothing.
+void check_packing(const Config& data, const Config& model, Diagnostics& diagnostics) {
+  if (!data.has("document_end") || !data.has("reset_positions")) return;
+  const int64_t end = data.get_int("document_end");
+  if (data.get_bool("reset_positions") && end < 0)
+    diagnostics.error(data.entry("reset_positions").pos,
+                      "[data] reset_positions = true restarts positions at each document, and document_end is -1 (the stream is "
+                      "one document); set document_end to the token that ends each document");
+  if (end >= 0 && model.has("vocab_size") && end >= model.get_int("vocab_size"))
+    diagnostics.error(data.entry("document_end").pos, "[data] document_end = " + std::to_string(end) + " is no token of the model's "
+                                                          "vocabulary (vocab_size " + std::to_string(model.get_int("vocab_size")) +
+                                                          "), so no document would end; set it to a token id below that");
+}
+
 }  // namespace
 
 void check_unread_keys(const ResolvedStrategy& plan, Diagnostics& diagnostics, std::vector<std::string>& notes) {
   // (A section that did not resolve, an unknown optimizer's, has no keys: its error is reported.)
   if (plan.optimizer.has("schedule")) check_optimizer(plan.optimizer, diagnostics, notes);
   if (plan.job.has("eval_every")) check_job(plan.job, diagnostics, notes);
+  check_packing(plan.data, plan.model, diagnostics);
 }
 
 }  // namespace strata

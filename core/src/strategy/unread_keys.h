@@ -8,6 +8,8 @@
 //               any schedule but "constant"
 //   [job]       eval_batches: eval_every; snapshot_replicas: flash_every; restart_backoff:
 //               max_restarts; min_ranks: max_restarts, or health_check's exclusion
+// and, refused whether stated or not, [data] reset_positions without document_end, and a
+// document_end outside the model's vocabulary.
 #pragma once
 
 #include <string>
