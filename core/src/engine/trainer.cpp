@@ -412,6 +412,9 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   const bool disk_due = (checkpoint_every > 0 && at_step % checkpoint_every == 0) || (at_step == steps && job_cfg.get_bool("checkpoint_at_end"));
   const bool save_due = disk_due || (flash && at_step % job_cfg.get_int("flash_every") == 0);
   const bool profiled = at_step >= profile_first && at_step <= profile_last;
+  if (leader && at_step == steps && profile_last >= profile_first && at_step < profile_first)
+    console->message("note: [job] profile_steps: no step was profiled: profiling starts after 2 warm-up steps, at step " +
+                     std::to_string(profile_first) + ", and this run ended at step " + std::to_string(at_step));
   if (!(read_figures || eval_due || save_due || profiled || at_step % job_cfg.get_int("log_every") == 0)) return done.record;
 
   read_unread();

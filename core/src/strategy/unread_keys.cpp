@@ -52,6 +52,11 @@ void check_optimizer(const Config& optimizer, Diagnostics& diagnostics, std::vec
 
 void check_job(const Config& job, Diagnostics& diagnostics, std::vector<std::string>& notes) {
   SectionCheck check("job", job, job_schema(), diagnostics, notes);
+  // Profiling starts after two warm-up steps: a run of fewer than three steps never reaches it.
+  if (job.get_int("profile_steps") > 0 && job.get_int("steps") < 3)
+    diagnostics.error(job.entry("profile_steps").pos, "[job] profile_steps = " + std::to_string(job.get_int("profile_steps")) +
+                                                          " times the steps after 2 warm-up steps, and steps = " +
+                                                          std::to_string(job.get_int("steps")) + " leaves none; raise steps to 3 or more");
   if (job.get_int("eval_every") == 0)
     check.key_of_feature_off("eval_batches", {"eval_every"}, "eval_every = 0 runs no evaluation",
                              "sizes each evaluation, and eval_every is left at 0, which runs none; set eval_every");
