@@ -65,8 +65,10 @@ toml::table step_program_json(const StepProgram& program) {
   return out;
 }
 
-void print_json_plan(const ResolvedStrategy& plan, const std::vector<size_t>& order) {
+void print_json_plan(const ResolvedStrategy& plan, const std::vector<size_t>& order, const std::vector<std::string>& notes) {
   const ParallelLayout& l = plan.layout;
+  toml::array unread;
+  for (const auto& note : notes) unread.push_back(note);
   toml::array layout_order;
   for (const auto& d : l.order) layout_order.push_back(d);
   toml::array passes, disabled;
@@ -89,6 +91,7 @@ void print_json_plan(const ResolvedStrategy& plan, const std::vector<size_t>& or
       {"parallel", config_json(plan.parallel)},
       {"passes", std::move(passes)},
       {"disabled_passes", std::move(disabled)},
+      {"unread_keys", std::move(unread)},
       {"step_program", step_program_json(planned_step_program(plan, order))}});
 }
 
@@ -156,7 +159,7 @@ int run_plan(const Args& args) {
   LoadedPlan loaded;
   if (!load_plan(args, args.ranks, registry, loaded)) return 2;
   if (args.json)
-    print_json_plan(loaded.plan, loaded.order);
+    print_json_plan(loaded.plan, loaded.order, loaded.unread_notes);
   else
     print_text_plan(loaded.plan, loaded.order, registry);
   // On standard error, so --json output stays one document.

@@ -103,6 +103,10 @@ refused 'error: \[job\] min_ranks = 2 bounds the ranks a restart or the health c
 accepted --set job.min_ranks=2 --set 'job.health_check="exclude"'
 noted '[job] min_ranks = 2 is not read: max_restarts = 0 and health_check = "off" leave no rank out' --set job.min_ranks=2 \
   --set 'job.health_check="off"'
+# strata plan --json lists them under "unread_keys" (standard output stays one document).
+"$strata" plan "$work/bare.toml" --json --set job.eval_batches=2 --set job.eval_every=0 2>/dev/null |
+  python3 -c 'import json, sys; keys = json.load(sys.stdin)["unread_keys"]; sys.exit(keys != ["[job] eval_batches = 2 is not read: eval_every = 0 runs no evaluation"])' ||
+  check "strata plan --json does not list the unread key"
 # strata run notes it once, from rank 0, before training; the run's saved strategy, which states
 # every key, notes it again on resume.
 { cat "$work/bare.toml"; printf '[[pass]]\nname = "ddp"\n'; } > "$work/ddp.toml"
