@@ -36,6 +36,11 @@ grep -q "appears twice" <<<"$out" && check "candidates named a switched-off pass
 rows <<<"$out" | grep -E "tensor|pipeline|context" && check "a candidate used a dimension whose only pass is switched off"
 rows <<<"$out" | grep -q "data 2 (ddp)" || check "no data 2 (ddp) candidate around wsam.toml: $out"
 
+# A fixed expert size: only data sizes it divides are tried (the rest could not plan).
+out=$("$strata" tune examples/strategies/mixtral.toml -n 4 --dry-run --top 1000) || check "the search around mixtral.toml failed: $out"
+grep -q "does not divide the data size" <<<"$out" && check "candidates with a data size the expert size does not divide: $out"
+rows <<<"$out" | grep -q "data 2" || check "no data 2 candidate around mixtral.toml: $out"
+
 # A 300M-parameter model (3.6 GB of model states at 12 bytes per parameter: fp32 weights, gradients and SGD's momentum)
 # on 4 ranks: without a budget the fastest predicted is chosen whatever its memory; with a budget
 # just under its peak (the peak includes the memory a process holds before it builds anything,

@@ -100,6 +100,12 @@ std::vector<std::vector<int64_t>> candidate_meshes(const RawStrategy& base, cons
     std::vector<int64_t> start = sizes;
     factorisations(world_size, 0, start, free, meshes);
   }
+  // Experts split over groups of data ranks: a data size the strategy's expert size does not
+  // divide cannot plan.
+  if (const RawEntry* e = base.parallel.find("expert"); e && std::holds_alternative<int64_t>(e->value) && std::get<int64_t>(e->value) > 1) {
+    const int64_t experts = std::get<int64_t>(e->value);
+    std::erase_if(meshes, [experts](const std::vector<int64_t>& mesh) { return mesh[0] % experts != 0; });
+  }
   if (meshes.empty()) meshes.push_back(sizes);
   return meshes;
 }
