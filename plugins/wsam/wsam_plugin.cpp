@@ -310,6 +310,16 @@ class WsamPass final : public Pass {
     return {};
   }
 
+  // A step runs the gradients stage twice: twice the FLOPs, and the second backward's reduction
+  // as well as the first's (a local first gradient WSAM averages itself: the same bytes, in one
+  // message). Memory held through the second pass (a copy of the master weights, the first
+  // gradient) is not added: `strata tune` calibrates its memory on a measured trial.
+  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
+    c.flops *= 2;
+    c.comm_bytes *= 2;
+    c.messages += config.get_string("perturbation") == "local" ? 1 : c.messages;
+  }
+
   void apply(Job& job, const Config& config) const override {
     const double gamma = config.get_float("gamma");
     auto wsam = std::make_shared<Wsam>(
