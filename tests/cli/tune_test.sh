@@ -36,11 +36,12 @@ grep -q "appears twice" <<<"$out" && check "candidates named a switched-off pass
 rows <<<"$out" | grep -E "tensor|pipeline|context" && check "a candidate used a dimension whose only pass is switched off"
 rows <<<"$out" | grep -q "data 2 (ddp)" || check "no data 2 (ddp) candidate around wsam.toml: $out"
 
-# WSAM runs the gradients twice a step, and the prediction says so (measured here: 15.3 against
-# 6.9 ms a step; predicted 1.7x, the optimizer's pass once).
+# WSAM runs the gradients twice a step, and the prediction says so. How much more depends on the
+# rates this machine measured (the parameter pass and the layer overhead are not doubled): 1.7x
+# with rates measured alone, 1.4x with rates measured beside other tests; before, 1.0x.
 with=$(rows <<<"$out" | grep "data 2 (ddp) *job.micro_batch = 0$" | awk '{print $2}')
 without=$("$strata" tune tests/cli/wsam.toml -n 2 --dry-run --disable wsam | rows | grep "data 2 (ddp) *job.micro_batch = 0$" | awk '{print $2}')
-awk -v a="$with" -v b="$without" 'BEGIN {exit !(a >= 1.5 * b)}' || check "WSAM's step is not predicted near twice the base's: $with s against $without s"
+awk -v a="$with" -v b="$without" 'BEGIN {exit !(a >= 1.1 * b)}' || check "WSAM's step is not predicted above the base's: $with s against $without s"
 
 # A fixed expert size: only data sizes it divides are tried (the rest could not plan).
 out=$("$strata" tune examples/strategies/mixtral.toml -n 4 --dry-run --top 1000) || check "the search around mixtral.toml failed: $out"
