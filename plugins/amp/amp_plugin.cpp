@@ -137,9 +137,6 @@ class AmpPass final : public Pass {
   // The cuda_graph pass records the gradients stage, this pass's wrapper inside it. The
   // non-finite check stays on the device now, but no GPU has replayed it in a graph yet (fp16's
   // is refused by cuda_graph itself, from the compute dtype).
-  // The cuda_graph pass records the gradients stage, this pass's wrapper inside it. The
-  // non-finite check stays on the device now, but no GPU has replayed it in a graph yet (fp16's
-  // is refused by cuda_graph itself, from the compute dtype).
   std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
     const auto& passes = facts.enabled_passes;
     if (config.get_bool("skip_if_nonfinite") && std::find(passes.begin(), passes.end(), "cuda_graph") != passes.end())
