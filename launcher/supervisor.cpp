@@ -216,7 +216,14 @@ void HangWatch::watch() {
     if (finished) continue;
     bool starting = false;
     for (const auto& p : last) starting = starting || p.phase == static_cast<int32_t>(StepPhase::StartingUp);
-    const double deadline = starting ? start_timeout_s_ : timeout_s_ > 0 ? timeout_s_ : std::max(60.0, 10.0 * slowest_step);
+    // With hang_timeout = 0 the deadline scales with the steps seen; until one step has been timed
+    // it stays start_timeout: the first step holds the warm-up (allocations, GEMM and attention
+    // kernel choices, a CUDA graph's recording) and a large model's first forward on a CPU can take
+    // minutes, which a fixed 60 s declared a hang (torchtitan likewise keeps its init timeout until
+    // the first step ends).
+    const double deadline = starting || (timeout_s_ <= 0 && slowest_step == 0) ? start_timeout_s_
+                            : timeout_s_ > 0                                   ? timeout_s_
+                                                                               : std::max(60.0, 10.0 * slowest_step);
     const double idle = seconds_since(newest_change);
     if (idle < deadline) continue;
     describe_hang(last, changed, idle, deadline);
@@ -263,8 +270,11 @@ void HangWatch::describe_hang(const std::vector<ProgressRecord>& last, const std
       if (p.micro >= 0) cause << " (micro-batch " << p.micro << ", " << (p.micro_backward ? "backward" : "forward") << ")";
     }
   } else {
-    if (culprits.empty())
+    if (culprits.empty()) {
       cause << "every rank stopped at step " << behind.first << ", " << step_phase_name(static_cast<StepPhase>(behind.second));
+      // Every rank at one point with no collective in flight may be a step slower than the deadline.
+      if (collective.cause.empty()) cause << ", with no collective in flight (if a step can take this long, raise [job] hang_timeout)";
+    }
     else
       cause << "rank" << (culprits.find(',') == std::string::npos ? " " : "s ") << culprits << " behind at step " << behind.first << ", "
             << step_phase_name(static_cast<StepPhase>(behind.second)) << "; the others wait at step " << ahead.first << ", "
@@ -480,6 +490,12 @@ void shrink_if_blamed_twice(int blamed, int& previously_blamed, const Supervisor
   previously_blamed = -1;
 }
 
+// A failure and where the run had got to. A hang's cause names every rank's step already, so a
+// second step number would only confuse it.
+std::string failure_at(const std::string& cause, int64_t step_reached) {
+  return cause.rfind("hang", 0) == 0 ? cause : cause + " at step " + std::to_string(step_reached);
+}
+
 // The last line of a run that stops without finishing (a failure with no restart left, or
 // Ctrl-C): what happened, the newest checkpoint, and the command that continues the run. An
 // error the ranks reported themselves (bad input, an internal error) is on the terminal once
@@ -495,10 +511,10 @@ void say_why_stopped(const SupervisorOptions& options, int n, const AttemptResul
     std::cerr << "strata: interrupted at step " << step_reached << " (" << newest << "); continue with " << resume << "\n";
   else if (options.max_restarts > 0)
     std::cerr << "strata: error: giving up after " << n << " restart" << (n == 1 ? "" : "s") << " ([job] max_restarts = "
-              << options.max_restarts << "); last failure: " << cause << " at step " << step_reached << " (" << newest
+              << options.max_restarts << "); last failure: " << failure_at(cause, step_reached) << " (" << newest
               << "); continue with " << resume << "\n";
   else
-    std::cerr << "strata: error: " << cause << " at step " << step_reached << "; no restart ([job] max_restarts = 0) (" << newest
+    std::cerr << "strata: error: " << failure_at(cause, step_reached) << "; no restart ([job] max_restarts = 0) (" << newest
               << "); continue with " << resume << ", or set [job] max_restarts to restart automatically\n";
 }
 
@@ -619,7 +635,7 @@ int supervise(const SupervisorOptions& options,
     else
       shrink_if_blamed_twice(blamed, previously_blamed, options, slots, events, n);
     const double backoff = std::min(60.0, options.backoff_seconds * std::pow(2.0, static_cast<double>(n)));
-    std::cerr << "strata: " << cause << " at step " << step_reached << "; restarting all ranks from "
+    std::cerr << "strata: " << failure_at(cause, step_reached) << "; restarting all ranks from "
               << (checkpoint > 0 ? "the checkpoint of step " + std::to_string(checkpoint) : std::string("step 0")) << " in "
               << backoff << " s (restart " << n + 1 << " of " << options.max_restarts << ")\n";
     std::this_thread::sleep_for(std::chrono::duration<double>(backoff));

@@ -55,11 +55,11 @@ const Schema& job_schema() {
                between(0, 1000))
       .real("hang_timeout", 0.0,
             "Seconds without progress on any rank before `strata run -n N` declares a hang, names the ranks behind, and "
-            "restarts; 0 = the larger of 60 s and 10 x the slowest step",
+            "restarts; 0 = the larger of 60 s and 10 x the slowest step, and start_timeout until the first step has ended",
             between(0, 1e6))
       .real("start_timeout", 600.0,
             "Seconds `strata run -n N` waits for every rank to report its first progress before declaring a hang at "
-            "start-up and naming the ranks that never reported",
+            "start-up and naming the ranks that never reported (with hang_timeout = 0, also the deadline of the first step)",
             between(1, 1e6))
       .integer("rank_memory_limit_mb", 0,
                "Caps the memory each rank may allocate after start-up at this many MiB (the operating system's data "
