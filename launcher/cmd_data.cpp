@@ -4,9 +4,13 @@
 // over the cores), which lives in Python: this command checks the arguments and the inputs, finds
 // a Python that has the library (python_tokenizers.h) and runs launcher/data/prepare_tokens.py
 // (installed as share/strata/prepare_tokens.py), which
-// writes train.bin, val.bin, tokenizer.json and meta.json. A problem is one line and exit status 2.
+// writes train.bin, val.bin, tokenizer.json and meta.json. An input may be a directory: its text,
+// JSON Lines and Parquet files, at any depth, in path order. A problem is one line and exit status 2.
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -23,18 +27,62 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// What prepare_tokens.py reads, by extension (anything else named alone is read as plain text).
+const std::vector<std::string> kCorpusExtensions{".txt", ".md", ".jsonl", ".json", ".ndjson", ".parquet"};
+
+// The files a directory input contributes: those of the kinds above, at any depth, in path order
+// (hidden files and directories apart, as a corpus's .git is no text). The others are named on
+// one line, so that nothing the user gave is left out unsaid.
+std::vector<std::string> corpus_files(const std::string& dir) {
+  std::vector<fs::path> files, skipped;
+  std::error_code error;
+  for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (!name.empty() && name[0] == '.') {
+      if (it->is_directory()) it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file()) continue;
+    std::string extension = it->path().extension().string();
+    for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool readable = std::find(kCorpusExtensions.begin(), kCorpusExtensions.end(), extension) != kCorpusExtensions.end();
+    (readable ? files : skipped).push_back(it->path());
+  }
+  if (error) throw UserError("input " + dir + ": cannot list the directory (" + error.message() + ")");
+  std::string kinds;
+  for (const auto& extension : kCorpusExtensions) kinds += (kinds.empty() ? "" : ", ") + extension;
+  if (files.empty()) throw UserError("input " + dir + " holds no file of the kinds strata data prepare reads (" + kinds + ")");
+  std::sort(files.begin(), files.end());
+  std::sort(skipped.begin(), skipped.end());
+  std::cout << "strata data prepare: " << dir << ": " << files.size() << " file" << (files.size() == 1 ? "" : "s") << " read";
+  if (!skipped.empty())
+    std::cout << ", " << skipped.size() << " skipped (not " << kinds << "; the first: " << skipped.front().string() << ")";
+  std::cout << "\n" << std::flush;
+  return {files.begin(), files.end()};
+}
+
 int run_prepare(const Args& args) {
   allow_only(args, {"-o", "--output", "--tokenizer", "--train-tokenizer", "--text-field", "--val-fraction", "--eos"});
-  const std::vector<std::string> inputs(args.positional.begin() + 1, args.positional.end());
-  if (inputs.empty()) throw UserError("'strata data prepare' needs input files; see strata data --help");
+  const std::vector<std::string> named(args.positional.begin() + 1, args.positional.end());
+  if (named.empty()) throw UserError("'strata data prepare' needs input files or directories; see strata data --help");
   if (args.output.empty()) throw UserError("'strata data prepare' needs -o DIR, the directory to write");
   if (args.tokenizer.empty() == (args.train_tokenizer == 0))
     throw UserError("'strata data prepare' needs one of --tokenizer FILE (a Hugging Face tokenizer.json) or --train-tokenizer VOCAB_SIZE");
   if (args.train_tokenizer > 0 && args.train_tokenizer < 257)
     throw UserError("--train-tokenizer " + std::to_string(args.train_tokenizer) + ": a byte-level BPE needs a vocabulary above 256 (its bytes and the end-of-text token)");
   std::error_code unreadable;  // a name the system refuses (too long, no permission) is "not a file"
-  for (const auto& input : inputs)
-    if (!fs::is_regular_file(input, unreadable)) throw UserError("input " + input + " is not a file");
+  std::vector<std::string> inputs;
+  for (const auto& input : named) {
+    if (fs::is_directory(input, unreadable)) {
+      const std::vector<std::string> files = corpus_files(input);
+      inputs.insert(inputs.end(), files.begin(), files.end());
+    } else if (fs::is_regular_file(input, unreadable)) {
+      inputs.push_back(input);
+    } else {
+      throw UserError("input " + input + " is not a file or a directory");
+    }
+  }
   if (!args.tokenizer.empty() && !fs::is_regular_file(args.tokenizer, unreadable)) throw UserError("--tokenizer " + args.tokenizer + " is not a file");
   if (fs::exists(args.output, unreadable) && !fs::is_directory(args.output, unreadable))
     throw UserError("-o " + args.output + " exists and is not a directory");

@@ -120,12 +120,14 @@ const std::vector<Command>& commands() {
        "uint32 above 65536 tokens; every document ended by the end-of-text id), DIR/tokenizer.json and\n"
        "DIR/meta.json. A strategy with [data] path = DIR trains on it: [job] dataset (\"tokens\"),\n"
        "[model] vocab_size and [data] document_end come from meta.json when left out, and the export\n"
-       "carries the tokenizer.\n\n"
+       "carries the tokenizer. An INPUT may be a directory: its .txt, .md, .jsonl, .json, .ndjson and\n"
+       ".parquet files at any depth, in path order (hidden ones apart; the others are counted and named).\n\n"
        "  -o, --output DIR         the directory to write\n"
        "  --tokenizer FILE         tokenize with this tokenizer.json\n"
        "  --train-tokenizer V      train a byte-level BPE of vocabulary V on the inputs\n"
        "  --text-field NAME        the JSON Lines / Parquet field holding the text (default text)\n"
-       "  --val-fraction F         documents held out for validation, the last ones (default 0.05)\n"
+       "  --val-fraction F         documents held out for validation, the last ones (default 0.05);\n"
+       "                           the tail of the tokens when that is less than one document\n"
        "  --eos TOKEN              the end-of-text token (default: the first the tokenizer has of\n"
        "                           <|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eot_id|>)\n",
        run_data},

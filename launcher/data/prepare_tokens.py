@@ -8,7 +8,8 @@ Inputs: plain text files (each file one document), JSON Lines (one document per 
 --text-field) and Parquet when pyarrow is installed. Output directory:
   train.bin, val.bin   the token stream, little-endian uint16 (vocabulary <= 65536) or uint32,
                        every document followed by the end-of-text id; val.bin is the tail
-                       (--val-fraction of the documents, at least one when there are two or more)
+                       (--val-fraction of the documents; of the tokens when that is under one
+                       document)
   tokenizer.json       the tokenizer used (given, or trained on the corpus)
   meta.json            vocabulary size, end-of-text id and token, dtype, documents and tokens per
                        split, the inputs; the `tokens` dataset reads it
@@ -171,11 +172,12 @@ def main():
     documents = len(streams)
     if documents == 0:
         fail("the inputs hold no text" + (f" ({empty} empty documents)" if empty else ""))
-    val_documents = 0 if documents < 2 else max(1, int(round(documents * args.val_fraction)))
-    if documents == 1:
-        # One document: the tail of its tokens is the validation split, as the tokens dataset
-        # splits a single file.
-        stream = streams[0]
+    # Whole documents from the tail where there are enough of them; fewer than one document's
+    # share (a book or two) and the tail of the tokens is the validation split instead, as the
+    # tokens dataset splits a single file: holding out one of two books would take half the text.
+    val_documents = int(round(documents * args.val_fraction)) if documents * args.val_fraction >= 1 else 0
+    if val_documents == 0:
+        stream = np.concatenate(streams)
         cut = len(stream) - int(len(stream) * args.val_fraction)
         train, val = stream[:cut], stream[cut:]
     else:

@@ -133,6 +133,27 @@ msg=$("$strata" plan "$work/strategy.toml" --set data.dtype=uint32 2>&1); status
 [ $status -eq 2 ] && [[ $msg == *'dtype = "uint32" but'*"meta.json says the tokens are uint16"* ]] || check "a dtype other than the data's was not refused: $status $msg"
 "$strata" plan "$work/strategy.toml" --set data.document_end=-1 > /dev/null 2>&1 || check "document_end = -1 (one document) was refused"
 
+# A directory: its corpus files at any depth in path order, hidden ones apart, the others named.
+# Two documents: the validation split is the tail of the tokens, not one of the two.
+mkdir -p "$work/dir/b_sub" "$work/dir/.git" && cp "$work/extra.txt" "$work/dir/a.txt" && cp "$work/corpus.jsonl" "$work/dir/b_sub/c.JSONL"
+echo "ref: refs/heads/main" > "$work/dir/.git/HEAD" && echo "not text" > "$work/dir/notes.pdf"
+"$strata" data prepare "$work/dir" -o "$work/from_dir" --train-tokenizer 300 --text-field body > "$work/from_dir.txt" 2>&1 ||
+  check "prepare of a directory failed: $(cat "$work/from_dir.txt")"
+grep -qF "strata data prepare: $work/dir: 2 files read, 1 skipped (not .txt, .md, .jsonl, .json, .ndjson, .parquet; the first: $work/dir/notes.pdf)" "$work/from_dir.txt" &&
+  grep -q "^strata data prepare: 121 documents" "$work/from_dir.txt" || check "a directory's files were not read as they should: $(cat "$work/from_dir.txt")"
+"$python" -c "
+import json, sys
+m = json.load(open('$work/from_dir/meta.json'))
+sys.exit(0 if m['inputs'] == ['$work/dir/a.txt', '$work/dir/b_sub/c.JSONL'] else 1)" || check "a directory's files are not in path order: $(cat "$work/from_dir/meta.json")"
+mkdir -p "$work/two_books" && cp "$work/extra.txt" "$work/two_books/1.txt" && cp "$work/extra.txt" "$work/two_books/2.txt"
+"$strata" data prepare "$work/two_books" -o "$work/two" --train-tokenizer 300 > /dev/null 2>&1 || check "prepare of two books failed"
+"$python" -c "
+import json, sys
+m = json.load(open('$work/two/meta.json'))
+t = m['tokens']
+sys.exit(0 if m['documents'] == {'train': 2, 'val': 0} and 0.04 < t['val'] / (t['train'] + t['val']) < 0.06 else 1)" ||
+  check "two documents did not hold out 5% of their tokens: $(cat "$work/two/meta.json")"
+
 # Bad input: one line, exit status 2.
 expect_refused() {
   local what=$1 pattern=$2; shift 2
@@ -140,7 +161,7 @@ expect_refused() {
   [ $status -eq 2 ] && [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] && [[ $msg == *$pattern* ]] || check "$what: status $status: $msg"
 }
 expect_refused "no tokenizer option" "needs one of --tokenizer" data prepare "$work/extra.txt" -o "$work/x"
-expect_refused "a missing input" "is not a file" data prepare "$work/nothing.txt" -o "$work/x" --train-tokenizer 300
+expect_refused "a missing input" "is not a file or a directory" data prepare "$work/nothing.txt" -o "$work/x" --train-tokenizer 300
 expect_refused "a small vocabulary" "needs a vocabulary above 256" data prepare "$work/extra.txt" -o "$work/x" --train-tokenizer 100
 printf '{"text": "fine"}\nnot json\n' > "$work/bad.jsonl"
 expect_refused "a bad JSON line" "bad.jsonl:2: not a JSON line" data prepare "$work/bad.jsonl" -o "$work/x" --train-tokenizer 300
@@ -182,6 +203,8 @@ TMPDIR=$work/tmp expect_refused "a tokenizer.json the library cannot read" \
 [ -z "$(ls -A "$work/tmp")" ] || check "strata sample left its temporary directory: $(ls "$work/tmp")"
 mkdir -p "$work/bert" && echo '{"model_type": "bert"}' > "$work/bert/config.json" && cp "$work/run-hf/tokenizer.json" "$work/bert/"
 expect_refused "a model type nothing loads" "describes a bert model, which no registered model loads" sample "$work/bert" --prompt hi
+mkdir -p "$work/no_text" && echo x > "$work/no_text/a.png"
+expect_refused "a directory without text" "input $work/no_text holds no file of the kinds strata data prepare reads" data prepare "$work/no_text" -o "$work/x" --train-tokenizer 300
 expect_refused "no subcommand" "takes a subcommand: prepare" data
 expect_refused "an output directory under a file" "-o $work/bad.jsonl/out: cannot create the output directory (Not a directory)" \
   data prepare "$work/extra.txt" -o "$work/bad.jsonl/out" --train-tokenizer 300
