@@ -201,7 +201,14 @@ class Text final : public DatasetFactory {
       }
       all = FixedWidthTokens::Range{nullptr, text, 0, static_cast<int64_t>(text->size())};
     }
-    if (all.count < 2) throw UserError("[data] " + path.string() + " holds no text");
+    if (all.count < 2) {
+      // A directory `strata data prepare` wrote is token files, not text: name the dataset for it.
+      const bool prepared = fs::is_directory(path) && fs::exists(path / "meta.json");
+      throw UserError("[data] " + path.string() + (fs::is_directory(path) ? " holds no .txt file" : " holds no text") +
+                      (prepared ? "; it holds the token files strata data prepare wrote, which [job] dataset = \"tokens\" reads "
+                                  "(left out, it is chosen from the path)"
+                                : ""));
+    }
     auto [train, val] = split_tail(all, c.get_float("val_fraction"));
     return std::make_unique<FixedWidthTokens>(1, 256, train, val);
   }

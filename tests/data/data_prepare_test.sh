@@ -203,6 +203,12 @@ TMPDIR=$work/tmp expect_refused "a tokenizer.json the library cannot read" \
 [ -z "$(ls -A "$work/tmp")" ] || check "strata sample left its temporary directory: $(ls "$work/tmp")"
 mkdir -p "$work/bert" && echo '{"model_type": "bert"}' > "$work/bert/config.json" && cp "$work/run-hf/tokenizer.json" "$work/bert/"
 expect_refused "a model type nothing loads" "describes a bert model, which no registered model loads" sample "$work/bert" --prompt hi
+# The text dataset on a prepared directory: refused once (after the run's start line), naming
+# the dataset that reads it.
+msg=$("$strata" run "$work/strategy.toml" --set job.dataset=text --set model.vocab_size=256 --out "$work/text_on_tokens" 2>&1); status=$?
+[ $status -eq 2 ] && [ "$(printf '%s\n' "$msg" | grep -c error)" -eq 1 ] &&
+  [[ $msg == *"[data] $work/prepared holds no .txt file; it holds the token files strata data prepare wrote, which [job] dataset = \"tokens\" reads"* ]] ||
+  check "the text dataset on a prepared directory: status $status: $msg"
 mkdir -p "$work/no_text" && echo x > "$work/no_text/a.png"
 expect_refused "a directory without text" "input $work/no_text holds no file of the kinds strata data prepare reads" data prepare "$work/no_text" -o "$work/x" --train-tokenizer 300
 expect_refused "no subcommand" "takes a subcommand: prepare" data
