@@ -105,7 +105,16 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
   }
   world.barrier()->wait();
   const fs::path own = staging / shard_name(world.rank());
-  write_safetensors(own, tensors, checkpoint_file_metadata(meta.step, placements));
+  try {
+    write_safetensors(own, tensors, checkpoint_file_metadata(meta.step, placements));
+  } catch (const FileWriteError& e) {
+    // One line for every rank the file system refused (the supervisor prints each distinct
+    // message once): the checkpoint and the reason, not this rank's file. The checkpoints
+    // published before stay as they are.
+    const std::vector<fs::path> saved = step_dirs_newest_first(checkpoints_dir);
+    throw UserError("cannot save the checkpoint of step " + std::to_string(meta.step) + " in " + checkpoints_dir.string() + ": " +
+                    e.reason + (saved.empty() ? "; no checkpoint was saved before" : "; the newest saved before, " + saved.front().filename().string() + ", is intact"));
+  }
   // Each rank hashes what it wrote, in parallel; rank 0 collects 64 hex digits and 8 size bytes
   // per rank rather than reading every file again.
   constexpr int64_t kRecord = 72;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -118,6 +119,10 @@ std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& meta
   return prefix + text;
 }
 
+FileWriteError::FileWriteError(const std::filesystem::path& file, const std::string& why)
+    : UserError("cannot write " + file.string() + ": " + why), path(file), reason(why) {}
+FileWriteError::~FileWriteError() = default;
+
 void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {
   std::set<const void*> storages;
   for (const auto& [name, tensor] : tensors)
@@ -125,9 +130,17 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
       throw std::logic_error("safetensors: tensor '" + name + "' aliases another tensor");
   const std::string prefix = safetensors_prefix(tensors, metadata);
   const std::filesystem::path tmp = path.string() + ".tmp";
+  // The system's reason, and the partial file gone: a full disk keeps no half-written file.
+  const auto refused = [&tmp]() {
+    const std::string reason = errno ? std::strerror(errno) : "the write failed";
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    return FileWriteError(tmp, reason);
+  };
   {
+    errno = 0;
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw UserError("cannot write " + tmp.string());
+    if (!out) throw refused();
     out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
     // One tensor at a time brought to host memory in row-major order (a transposed view, a device
     // tensor): what is written costs one tensor's copy at most, not a copy of them all.
@@ -135,7 +148,7 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
       const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
       out.write(static_cast<const char*>(bytes.data_ptr()), static_cast<std::streamsize>(bytes.nbytes()));
     }
-    if (!out.flush()) throw UserError("cannot write " + tmp.string() + " (disk full?)");
+    if (!out.flush()) throw refused();
   }
   fsync_path(tmp, O_RDONLY);
   std::filesystem::rename(tmp, path);

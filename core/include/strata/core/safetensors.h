@@ -7,11 +7,23 @@
 #include <string>
 #include <string_view>
 
+#include "strata/errors.h"
 #include "strata/optimizer.h"
 
 namespace strata {
 
 using Metadata = std::map<std::string, std::string>;
+
+// What write_safetensors throws when the file system refuses the file (a full disk, no
+// permission): the file and the system's reason, apart, so that a caller writing one file per rank
+// can say the same line on every rank. The partial file is removed first.
+class STRATA_API FileWriteError : public UserError {
+ public:
+  FileWriteError(const std::filesystem::path& path, const std::string& reason);
+  ~FileWriteError() override;
+  std::filesystem::path path;
+  std::string reason;
+};
 
 // Writes to a temporary name, fsyncs, then renames over `path`. Tensors are written contiguous
 // and little-endian; names must be unique and tensors must not alias.
