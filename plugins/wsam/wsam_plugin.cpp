@@ -312,12 +312,18 @@ class WsamPass final : public Pass {
 
   // A step runs the gradients stage twice: twice the FLOPs, and the second backward's reduction
   // as well as the first's (a local first gradient WSAM averages itself: the same bytes, in one
-  // message). Memory held through the second pass (a copy of the master weights, the first
-  // gradient) is not added: `strata tune` calibrates its memory on a measured trial.
+  // message). Held through the second pass: a copy of the master weights and the first gradient,
+  // counted with the optimizer's state (they live as long as a step). A global first gradient is
+  // the synchronised one, as the layout keeps it; a local one is this rank's gradient of the full
+  // parameters it holds (ddp's, zero's: fsdp is refused), 4 bytes a parameter like the weights,
+  // and its average is taken in one flat buffer of the same size.
   void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
+    const bool local = config.get_string("perturbation") == "local";
     c.flops *= 2;
     c.comm_bytes *= 2;
-    c.messages += config.get_string("perturbation") == "local" ? 1 : c.messages;
+    c.messages += local ? 1 : c.messages;
+    c.optimizer_bytes += c.weight_bytes + (local ? c.weight_bytes : c.gradient_bytes);
+    if (local) c.transient_bytes = std::max(c.transient_bytes, c.weight_bytes);
   }
 
   void apply(Job& job, const Config& config) const override {
