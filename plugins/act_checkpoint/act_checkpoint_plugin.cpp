@@ -2,6 +2,7 @@
 // backward runs the block's forward again (with the random number generators rewound, so
 // dropout draws the same masks, and under the autocast state the forward saw, so amp recomputes
 // in the same dtypes) and differentiates that. Only each block's input is kept.
+#include <algorithm>
 #include <atomic>
 
 #include <ATen/ATen.h>
@@ -150,6 +151,12 @@ class ActCheckpointPass final : public Pass {
   }
 
   void apply(Job& job, const Config& config) const override {
+    // An entry naming no block is a typo that would leave those blocks' activations kept without
+    // a word. A pipeline rank holds its stages' blocks only: an entry is refused when no rank's match.
+    for (const auto& selector : config.get_strings("blocks"))
+      if (!found_on_any_rank(job, !job.model->find_blocks({selector}).empty()))
+        throw UserError("pass 'act_checkpoint': blocks entry \"" + selector + "\" is neither the name nor the type of a block of the model (" +
+                        block_kinds(job) + ")");
     std::vector<size_t> matching = job.model->find_blocks(config.get_strings("blocks"));
     // A pipeline stage may hold no matching block (the stage of the embedding alone): only a
     // selector that no stage matches is an error, found by every stage together.
@@ -181,6 +188,18 @@ class ActCheckpointPass final : public Pass {
     std::string out;
     for (const auto& s : list) out += (out.empty() ? "\"" : ", \"") + s + "\"";
     return out;
+  }
+
+  // The blocks a selector may name, for the line that refuses one naming none.
+  // Under a pipeline a rank holds its stages' blocks only, and every rank must say the same line.
+  static std::string block_kinds(const Job& job) {
+    if (job.topology && job.topology->size(Dim::Pipeline) > 1) return "`strata plan` lists each pipeline stage's blocks";
+    const nn::Model& model = *job.model;
+    StringList types;
+    for (size_t b = 0; b < model.num_blocks(); ++b)
+      if (std::find(types.begin(), types.end(), model.block(b).type()) == types.end()) types.push_back(model.block(b).type());
+    const size_t n = model.num_blocks();
+    return "types " + join(types) + "; names such as " + join({model.block_name(0), model.block_name(std::min<size_t>(1, n - 1)), model.block_name(n - 1)});
   }
 };
 

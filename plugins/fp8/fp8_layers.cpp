@@ -31,4 +31,10 @@ LayerChoice choose_layers(nn::Model& model, const StringList& include, const Str
   return choice;
 }
 
+bool names_a_linear(nn::Model& model, const std::string& part) {
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (dynamic_cast<nn::Linear*>(item.value().get()) && item.key().find(part) != std::string::npos) return true;
+  return false;
+}
+
 }  // namespace strata::fp8

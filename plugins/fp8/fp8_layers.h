@@ -27,4 +27,7 @@ struct LayerChoice {
 // include empty: every Linear; a name matches a list when it contains one of its entries.
 LayerChoice choose_layers(nn::Model& model, const StringList& include, const StringList& exclude);
 
+// Whether the name of a Linear layer of `model` contains `part` (an include or exclude entry).
+bool names_a_linear(nn::Model& model, const std::string& part);
+
 }  // namespace strata::fp8

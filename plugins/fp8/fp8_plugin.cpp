@@ -171,6 +171,18 @@ class Fp8Pass final : public Pass {
   }
 
   void apply(Job& job, const Config& config) const override {
+    // An include or exclude entry that names no Linear layer is a typo that would choose layers
+    // without a word: exclude = ["lm-head"] would run the output head in fp8. The default exclude
+    // (["lm_head"]) is not checked: a model may have no such layer. A pipeline rank holds its
+    // stages' layers only: an entry is refused when no rank's match.
+    for (const char* key : {"include", "exclude"}) {
+      const StringList& entries = config.get_strings(key);
+      if (std::string(key) == "exclude" && entries == StringList{"lm_head"}) continue;
+      for (const auto& entry : entries)
+        if (!found_on_any_rank(job, names_a_linear(*job.model, entry)))
+          throw UserError(std::string("pass 'fp8': ") + key + " entry \"" + entry + "\" is in the name of no Linear layer of model '" +
+                          job.job_config().get_string("model") + "' (`strata plan` lists the layers fp8 chooses)");
+    }
     const LayerChoice choice = choose_layers(*job.model, config.get_strings("include"), config.get_strings("exclude"));
     // Over every rank: a pipeline rank may hold no Linear layer of its own.
     const bool any_selected = found_on_any_rank(job, !choice.fp8.empty() || !choice.too_small.empty());

@@ -311,6 +311,14 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
 
   void apply(Job& job, const Config& config) const override {
     nn::Model& model = *job.model;
+    // An entry of wrap or ignored naming no block is a typo that would leave those blocks as they
+    // were without a word. A pipeline rank holds its stages' blocks only: an entry is refused when
+    // no rank's match.
+    for (const char* key : {"wrap", "ignored"})
+      for (const auto& selector : config.get_strings(key))
+        if (!found_on_any_rank(job, !model.find_blocks({selector}).empty()))
+          throw UserError(std::string("pass 'fsdp': ") + key + " entry \"" + selector +
+                          "\" is neither the name nor the type of a block of the model (" + block_kinds(job) + ")");
     Communicator& data_comm = job.topology->group(Dim::Data);
     Communicator& expert_comm = job.topology->expert_data_group();
     // HSDP: units shard over this rank's shard group and average gradients over its replica group
@@ -436,6 +444,18 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     std::string out = "[";
     for (const auto& s : list) out += (out.size() > 1 ? ", \"" : "\"") + s + "\"";
     return out + "]";
+  }
+
+  // The blocks a selector may name, for the line that refuses one naming none.
+  // Under a pipeline a rank holds its stages' blocks only, and every rank must say the same line.
+  static std::string block_kinds(const Job& job) {
+    if (job.topology && job.topology->size(Dim::Pipeline) > 1) return "`strata plan` lists each pipeline stage's blocks";
+    const nn::Model& model = *job.model;
+    StringList types;
+    for (size_t b = 0; b < model.num_blocks(); ++b)
+      if (std::find(types.begin(), types.end(), model.block(b).type()) == types.end()) types.push_back(model.block(b).type());
+    const size_t n = model.num_blocks();
+    return "types " + join(types) + ", names such as " + join({model.block_name(0), model.block_name(std::min<size_t>(1, n - 1)), model.block_name(n - 1)});
   }
 };
 

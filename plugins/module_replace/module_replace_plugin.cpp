@@ -190,12 +190,16 @@ class ModuleReplacePass final : public Pass {
       const ops::OperatorImplBase* impl = find_implementation(c, problem);
       if (!impl) throw UserError("pass 'module_replace' " + c.source + ": " + problem);
       std::vector<std::string> served;
+      // A pipeline rank holds its stages' blocks only: a choice is refused when no rank's blocks
+      // match, and rank 0 names the selectors rather than the blocks it holds.
+      const bool staged = job.topology && job.topology->size(Dim::Pipeline) > 1;
       if (!c.blocks.empty()) {
         const std::vector<size_t> found = job.model->find_blocks(c.blocks);
-        if (found.empty())
+        if (!found_on_any_rank(job, !found.empty()))
           throw UserError("pass 'module_replace' " + c.source + ": no block of the model is named or typed " + blocks_text(c.blocks).substr(7) +
-                          " (blocks: " + block_list(*job.model) + ")");
+                          (staged ? " (`strata plan` lists each pipeline stage's blocks)" : " (blocks: " + block_list(*job.model) + ")"));
         for (size_t b : found) served.push_back(job.model->block_name(b));
+        if (staged) served = c.blocks;
       }
       ops::pin(c.op, impl->name(), c.blocks);
       if (report) std::cout << "module_replace: " << impl->name() << " serves " << c.op << " in " << blocks_text(served) << "\n";
