@@ -1,5 +1,7 @@
 // strata run: train with a strategy, here or on N local ranks started through mpirun.
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,8 +35,8 @@ namespace fs = std::filesystem;
 
 // Forwards mpirun's standard error line by line, except its closing report (a block framed by
 // dashed lines) when the ranks said what went wrong themselves: that report repeats it once per
-// rank with mpirun's advice around it. Without rank reports (a rank killed by a signal) the
-// block is what names the rank, so it is printed.
+// rank with mpirun's advice around it, or when the run was stopped by Ctrl-C or SIGTERM. Without
+// rank reports (a rank killed by a signal) the block is what names the rank, so it is printed.
 class StderrFilter {
  public:
   void line(const std::string& text) {
@@ -130,8 +132,10 @@ int free_local_port() {
 }  // namespace
 
 namespace {
+// Ctrl-C and SIGTERM (a scheduler's preemption, `kill`) both stop a run gracefully: counted, as
+// a second one under the supervisor stops at once.
 volatile std::sig_atomic_t interrupted = 0;
-void note_interrupt(int) { interrupted = 1; }
+void note_interrupt(int) { interrupted = interrupted + 1; }
 
 // Ctrl-C's handler runs on a stack of its own: delivered on the thread's stack, the signal frame
 // overwrote memory below the stack pointer of the oneDNN GEMM it interrupted (a heap corrupted in
@@ -147,6 +151,7 @@ void catch_interrupt_on_own_stack() {
   action.sa_flags = SA_ONSTACK | SA_RESTART;
   sigemptyset(&action.sa_mask);
   ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
 }
 
 // `mpirun -np N ... strata ARGS`: this command's own arguments without -n (each rank is one
@@ -236,6 +241,12 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   if (::pipe(pipe_fds) != 0) throw UserError("cannot create a pipe: " + std::string(std::strerror(errno)));
   const pid_t child = ::fork();
   if (child == 0) {
+    // A process group of its own: the terminal's Ctrl-C reaches the supervisor alone, which stops
+    // the ranks gracefully (StopRelay). No terminal input (a background group reading it would be
+    // stopped), and mpirun ends its ranks when the supervisor dies, even by SIGKILL.
+    ::setpgid(0, 0);
+    if (const int null = ::open("/dev/null", O_RDONLY); null >= 0) ::dup2(null, STDIN_FILENO), ::close(null);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     ::dup2(pipe_fds[1], STDERR_FILENO);
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
@@ -261,10 +272,17 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
     ::_exit(2);
   }
   ::close(pipe_fds[1]);
-  // Ctrl-C reaches mpirun too (same process group); it stops the ranks and exits, and we report
-  // (and do not restart).
-  interrupted = 0;
-  ::signal(SIGINT, note_interrupt);
+  ::setpgid(child, child);  // as the child does, whichever runs first
+  // Ctrl-C or SIGTERM: the ranks stop after one agreed step and save it; a second stops them at
+  // once. Either way the run is reported and not restarted. (Not reset per attempt: one that
+  // came during a restart's backoff stops the next attempt after its first step.)
+  struct sigaction action {};
+  action.sa_handler = note_interrupt;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  StopRelay stops(progress, static_cast<int>(ranks), static_cast<int>(child), interrupted);
   HangWatch hangs(progress, static_cast<int>(ranks), options.hang_timeout, options.start_timeout, static_cast<int>(child));
   StderrFilter filter;
   std::string pending;
@@ -284,7 +302,7 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   }
   std::string reported_cause;
   const int reported = report_rank_errors(errors, ranks, reported_cause);
-  filter.finish(reported != 0);
+  filter.finish(reported != 0 || interrupted != 0);  // a stop asked for needs no report of how the ranks exited
   std::error_code ignored;
   fs::remove_all(errors, ignored);
   const std::string signalled = filter.cause();
@@ -397,12 +415,13 @@ int run_train(const Args& args) {
                         << " x context " << l.mesh.context << "), strategy " << loaded.plan.file << ", " << loaded.plan.job.get_int("steps")
                         << " steps\n" << std::flush;
   Trainer trainer(loaded.plan, loaded.order, registry, options);
-  // Ctrl-C in a single process stops before the next step and saves it; ranks under a launcher
-  // stop together only by its hand (a rank alone cannot take a collective checkpoint).
+  // Ctrl-C or SIGTERM in a single process stops before the next step and saves it; ranks under a
+  // launcher stop together only by its hand (a rank alone cannot take a collective checkpoint):
+  // the supervisor's request (Trainer::run) or the launcher's signal.
   const bool single = env.world_size == 1;
   if (single) interrupted = 0, catch_interrupt_on_own_stack();
   const RunSummary summary = trainer.run([&] { return single && interrupted != 0; });
-  if (single) ::signal(SIGINT, SIG_DFL);
+  if (single) ::signal(SIGINT, SIG_DFL), ::signal(SIGTERM, SIG_DFL);
   // The supervisor tells the ranks how many simulated nodes the job has now (it may have shrunk).
   const char* simulated = std::getenv(kSimulatedNodesEnv);
   const std::string nodes = env.world_size > 1 && simulated && std::atoi(simulated) > 0 ? "--simulate-nodes " + std::string(simulated) + " " : "";
@@ -410,8 +429,10 @@ int run_train(const Args& args) {
   const std::string resume = "strata run " + ranks + (out_dir / "strategy.toml").string() + " --out " + out_dir.string() + " --resume";
   if (trainer.completed_steps() < trainer.total_steps()) {
     trainer.save();
-    std::cout << "strata: interrupted at step " << trainer.completed_steps() << " of " << trainer.total_steps()
-              << " (checkpoint saved); continue with `" << resume << "`\n";
+    // Under the supervisor it says so, once.
+    if (single)
+      std::cout << "strata: interrupted at step " << trainer.completed_steps() << " of " << trainer.total_steps()
+                << " (checkpoint saved); continue with `" << resume << "`\n";
     return 130;
   }
   if (leader) {

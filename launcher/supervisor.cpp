@@ -128,6 +128,46 @@ HangWatch::HangWatch(fs::path dir, int ranks, double timeout_s, double start_tim
   thread_ = std::thread([this] { watch(); });
 }
 
+StopRelay::StopRelay(fs::path dir, int ranks, int launcher_pid, const volatile int& signals)
+    : dir_(std::move(dir)), ranks_(ranks), launcher_pid_(launcher_pid), signals_(signals) {
+  thread_ = std::thread([this] { relay(); });
+}
+
+StopRelay::~StopRelay() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void StopRelay::relay() {
+  bool asked = false, waiting = false;
+  while (!stop_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (signals_ > 1) {
+      ::kill(-launcher_pid_, SIGTERM);
+      return;
+    }
+    if (signals_ == 0 || asked) continue;
+    // One step past the furthest rank's current one: a rank that had begun it before the
+    // request arrived finishes it, and every rank stops after that same step.
+    int64_t furthest = 0;
+    bool starting = false;
+    for (int r = 0; r < ranks_; ++r) {
+      ProgressRecord p;
+      starting = starting || !read_progress(dir_, r, p) || p.phase == static_cast<int32_t>(StepPhase::StartingUp);
+      furthest = std::max(furthest, p.step);
+    }
+    // Ranks still starting up (building, restoring) are asked once they all run.
+    if (starting) {
+      if (!waiting) std::cerr << "strata: stopping once every rank has started (Ctrl-C again stops at once)\n";
+      waiting = true;
+      continue;
+    }
+    asked = true;
+    for (int r = 0; r < ranks_; ++r) request_stop(dir_, r, furthest + 1);
+    std::cerr << "strata: stopping: every rank stops after step " << furthest + 1 << " and saves it (Ctrl-C again stops at once)\n";
+  }
+}
+
 HangWatch::~HangWatch() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();
@@ -617,7 +657,7 @@ int supervise(const SupervisorOptions& options,
     const MetricsSummary reached = read_metrics(options.run_dir);
     const int64_t step_reached = std::max(reached.last_step, result.step_finished);
     const int64_t checkpoint = flash && restarts_next ? flash->breakpoint_step() : newest_checkpoint_step(options.run_dir);
-    const std::string cause = result.interrupted ? "interrupted (Ctrl-C)"
+    const std::string cause = result.interrupted ? "interrupted (Ctrl-C or SIGTERM)"
                               : !result.cause.empty() ? result.cause
                                                       : "ranks exited with status " + std::to_string(result.status);
     record_failure(events, n, result, cause, step_reached, checkpoint, options.run_dir);
@@ -625,8 +665,9 @@ int supervise(const SupervisorOptions& options,
     if (result.status == 2 || result.interrupted || n >= options.max_restarts) {
       say_why_stopped(options, n, result, cause, step_reached, checkpoint, slots.size(), nodes);
       if (flash && persisted) flash->remove();  // everything is on disk
-      // 2 (bad input) stays 2; any other failure (mpirun's 128 + signal included) is 1.
-      return result.status == 2 ? 2 : 1;
+      // 2 (bad input) stays 2; a stop by Ctrl-C or SIGTERM is 130, as in one process; any other
+      // failure (mpirun's 128 + signal included) is 1.
+      return result.status == 2 ? 2 : result.interrupted ? 130 : 1;
     }
     const int blamed = blamed_rank(cause);
     if (shrink_if_node_lost_twice(lost_node(blamed, options, nodes, slots.size()), previously_lost, options, nodes, slots, events, n,

@@ -98,6 +98,29 @@ class HangWatch {
   std::thread thread_;
 };
 
+// A Ctrl-C or SIGTERM to `strata run -n N` stops the run gracefully. The ranks run in a process
+// group of their own, so the terminal's Ctrl-C reaches the supervisor alone, which counts signals
+// in `signals`. At the first, every rank is asked through its progress file (request_stop) to
+// stop once one step more than the furthest rank had begun is done, save a checkpoint and exit:
+// the ranks agree on that step without a collective. A rank still starting up has nothing to
+// save: they are asked once all have started. A second signal sends the launcher's process
+// group SIGTERM (mpirun then ends the ranks).
+class StopRelay {
+ public:
+  StopRelay(std::filesystem::path dir, int ranks, int launcher_pid, const volatile int& signals);
+  ~StopRelay();
+  StopRelay(const StopRelay&) = delete;
+  StopRelay& operator=(const StopRelay&) = delete;
+
+ private:
+  void relay();
+  std::filesystem::path dir_;
+  int ranks_, launcher_pid_;
+  const volatile int& signals_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 struct SupervisorOptions {
   std::filesystem::path run_dir;
   int64_t max_restarts = 0;

@@ -537,7 +537,10 @@ RunSummary Trainer::run(const std::function<bool()>& stop_requested) {
   Impl& t = *impl_;
   RunSummary summary{t.first_step, t.step, t.last.loss};
   try {
-    while (t.step < t.steps && !stop_requested()) t.advance(/*read_figures=*/false);
+    // The supervisor's graceful stop (strata run -n N): every rank stops after the same step,
+    // one the supervisor chose past every rank's.
+    const auto supervisor_stop = [&t] { return t.progress->stop_after() > 0 && t.step >= t.progress->stop_after(); };
+    while (t.step < t.steps && !stop_requested() && !supervisor_stop()) t.advance(/*read_figures=*/false);
   } catch (...) {
     // The steps done before the failure are recorded, as when every step was read, with this
     // rank's own memory figures: the other ranks are not at this point, so no collective.

@@ -108,6 +108,19 @@ void ProgressBeacon::set_restore(double seconds, RestoreSource source, int64_t s
   record_->restored_peer_node = peer_node;
 }
 
+int64_t ProgressBeacon::stop_after() const { return record_ ? __atomic_load_n(&record_->stop_after, __ATOMIC_ACQUIRE) : 0; }
+
+bool request_stop(const std::filesystem::path& dir, int rank, int64_t steps) {
+  const int fd = ::open(progress_file(dir, rank).c_str(), O_RDWR);
+  if (fd < 0) return false;
+  void* map = ::mmap(nullptr, sizeof(ProgressFile), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return false;
+  __atomic_store_n(&static_cast<ProgressFile*>(map)->progress.stop_after, steps, __ATOMIC_RELEASE);
+  ::munmap(map, sizeof(ProgressFile));
+  return true;
+}
+
 int ProgressBeacon::add_group(const std::string& name, uint64_t members_hash, int size) {
   if (!file_ || record_->groups >= kFlightGroups) return -1;
   const int index = record_->groups;

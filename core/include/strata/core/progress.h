@@ -51,6 +51,9 @@ struct ProgressRecord {
   int32_t restored_peer_node = -1;  // with RestoreSource::PeerMemory: the node whose memory held it
   int64_t collectives = 0;    // collectives issued so far; the newest is flight[(collectives - 1) % kFlightLength]
   int64_t restored_step = -1; // the step restored (set_restore), -1 when none was
+  // Written by the supervisor, never by the rank (request_stop): stop once this many steps are
+  // done, save and exit (a Ctrl-C or SIGTERM to `strata run -n N`); 0: run on.
+  int64_t stop_after = 0;
 };
 
 enum class CollectiveOp : int32_t { AllReduce, ReduceScatter, AllGather, Broadcast, AllToAll, Send, Recv, BatchP2P, Barrier };
@@ -102,6 +105,8 @@ class STRATA_API ProgressBeacon {
   // `replica_seconds`: the part of it spent on snapshot replicas.
   void add_checkpoint_time(double seconds, double replica_seconds = 0);
   void set_restore(double seconds, RestoreSource source, int64_t step, int peer_node = -1);
+  // The supervisor's stop request (ProgressRecord::stop_after), 0 when none or no supervisor.
+  int64_t stop_after() const;
 
   // The flight recorder (used by core/flight_recorder.h's recording communicator). add_group
   // returns the group's index, or -1 when the table is full or there is no supervisor.
@@ -120,6 +125,9 @@ class STRATA_API ProgressBeacon {
 STRATA_API std::filesystem::path progress_file(const std::filesystem::path& dir, int rank);
 // The record a rank last published, if its file exists and is complete.
 STRATA_API bool read_progress(const std::filesystem::path& dir, int rank, ProgressRecord& out);
+// The supervisor's side of a graceful stop: asks the rank to stop once `steps` are done. False
+// when the rank's file is not there (the rank has not started).
+STRATA_API bool request_stop(const std::filesystem::path& dir, int rank, int64_t steps);
 // The whole file: progress, groups and flight ring. Entries may be mid-update (the rank runs on):
 // readers treat the ring as a hint, ordering entries by issue time.
 STRATA_API bool read_progress_file(const std::filesystem::path& dir, int rank, ProgressFile& out);
