@@ -315,6 +315,33 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
 }
 
 
+namespace {
+
+// The notes of a run whose ranks no supervisor of ours watches (one process, torchrun, srun): the
+// keys nothing reads, and the keys only `strata run -n N`'s supervisor honours.
+void note_unsupervised(const LoadedPlan& loaded, const LaunchEnv& env) {
+  for (const std::string& note : loaded.unread_notes) std::cerr << "strata: note: " << note << "\n";
+  const Config& job = loaded.plan.job;
+  const bool torchrun = env.launcher == "torchrun", others = env.world_size > 1;
+  // Restarting needs a process outside the ranks: `strata run -n N` is one, a rank is not.
+  if (job.get_int("max_restarts") > 0)
+    std::cerr << "strata: note: [job] max_restarts applies under `strata run -n N`; "
+              << (torchrun ? "under torchrun, torchrun --max-restarts restarts the ranks (they resume)"
+                  : others ? "ranks started by another launcher are not restarted"
+                           : "a run in this process is not restarted")
+              << "\n";
+  if (job.get_string("health_check") != "off")
+    std::cerr << "strata: note: [job] health_check applies under `strata run -n N`; this run is not checked (run `strata doctor` "
+                 "before it)\n";
+  for (const char* watch : {"hang_timeout", "start_timeout"})
+    if (job.entry(watch).value != job_schema().find(watch)->default_value)
+      std::cerr << "strata: note: [job] " << watch << " applies under `strata run -n N`, whose supervisor watches the ranks; "
+                << (torchrun ? "torchrun's own timeouts watch these" : others ? "ranks started by another launcher are not watched" : "this process is not watched")
+                << "\n";
+}
+
+}  // namespace
+
 int run_train(const Args& args) {
   allow_only(args, {"--set", "--disable", "--out", "--resume", "--overwrite", "-n", "--ranks", "--simulate-nodes"});
   if (args.resume && args.overwrite) throw UserError("--resume continues the run in the directory, --overwrite replaces it: give one");
@@ -382,27 +409,8 @@ int run_train(const Args& args) {
   ComponentRegistry registry;
   LoadedPlan loaded;
   if (!load_plan(args, env.world_size, registry, loaded)) return 2;
-  // Restarting needs a process outside the ranks: `strata run -n N` is one, a rank is not.
-  if (loaded.plan.job.get_int("max_restarts") > 0 && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
-    std::cerr << "strata: note: [job] max_restarts applies under `strata run -n N`; "
-              << (env.launcher == "torchrun" ? "under torchrun, torchrun --max-restarts restarts the ranks (they resume)"
-                  : env.world_size > 1      ? "ranks started by another launcher are not restarted"
-                                            : "a run in this process is not restarted")
-              << "\n";
-  if (env.rank == 0 && !std::getenv(kRunDirectoryClaimedEnv))  // (else `strata run -n N` printed them)
-    for (const std::string& note : loaded.unread_notes) std::cerr << "strata: note: " << note << "\n";
-  if (loaded.plan.job.get_string("health_check") != "off" && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
-    std::cerr << "strata: note: [job] health_check applies under `strata run -n N`; this run is not checked (run `strata doctor` "
-                 "before it)\n";
-  for (const char* watch : {"hang_timeout", "start_timeout"}) {
-    const bool stated = loaded.plan.job.entry(watch).value != job_schema().find(watch)->default_value;
-    if (stated && env.rank == 0 && !std::getenv("STRATA_RESTART_COUNT"))
-      std::cerr << "strata: note: [job] " << watch << " applies under `strata run -n N`, whose supervisor watches the ranks; "
-                << (env.launcher == "torchrun" ? "torchrun's own timeouts watch these"
-                    : env.world_size > 1      ? "ranks started by another launcher are not watched"
-                                              : "this process is not watched")
-                << "\n";
-  }
+  // Under `strata run -n N` its supervisor printed the notes, once; else rank 0 prints them.
+  if (env.rank == 0 && !std::getenv(kRunDirectoryClaimedEnv)) note_unsupervised(loaded, env);
   // A worker group that torchelastic restarted (torchrun --max-restarts) continues the run from
   // its newest checkpoint, whatever the first attempt was told (the Trainer sees to it).
   const bool restarted = restarted_by_torchelastic(env);
