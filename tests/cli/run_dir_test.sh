@@ -38,6 +38,19 @@ cp data/kjv.txt "$work/moved.txt"
 grep -q "resumed from .*step_00000006 at step 6" "$work/moved.log" || { echo "moved data refused"; cat "$work/moved.log"; exit 1; }
 cp "$work/strategy.first" "$run/strategy.toml"
 
+# The learning-rate schedule and clipping may change at a resume (they shape no state), said once
+# in a note; the new rate is the one the steps use. The optimizer's own keys may not.
+cp -r "$run" "$work/lr_run"
+"$strata" run "$strategy" --out "$work/lr_run" --resume "${small[@]}" --set job.steps=8 --set optimizer.lr=0.0005 \
+  --set optimizer.schedule=constant --set optimizer.grad_clip=0.5 > "$work/lr.log" 2> "$work/lr.err"
+grep -q "resumed from .*step_00000006 at step 6" "$work/lr.log" || { echo "a changed schedule was refused"; cat "$work/lr.log" "$work/lr.err"; exit 1; }
+grep -q "^strata: note: resuming with optimizer.lr = 5e-04 (0.00[0-9]* before)$" "$work/lr.err" &&
+  grep -q "^strata: note: resuming with optimizer.schedule = \"constant\" (\"cosine\" before)$" "$work/lr.err" &&
+  grep -q "^strata: note: resuming with optimizer.grad_clip = 0.5 (1.0 before)$" "$work/lr.err" || { echo "no notes of the changed schedule"; cat "$work/lr.err"; exit 1; }
+grep -q '"step":8,.*"lr":0.0005' "$work/lr_run/metrics.jsonl" || { echo "step 8 did not use the new rate"; tail -1 "$work/lr_run/metrics.jsonl"; exit 1; }
+fails "saved with another model, data or optimizer configuration: optimizer.beta2 = [0-9.]+ there, 0.9 here; resume with" \
+  "$strata" run "$strategy" --out "$run" --resume "${small[@]}" --set optimizer.beta2=0.9
+
 # 10: a record cut short (a full disk, a kill) and records past the checkpoint are dropped.
 printf '{"step":7,"loss":1.5}\n{"step":8,"lo' >> "$run/metrics.jsonl"
 "$strata" run "$strategy" --out "$run" --resume "${small[@]}" --set job.steps=8 > /dev/null

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <thread>
 
 #include <unistd.h>
@@ -123,13 +124,19 @@ void Trainer::Impl::claim_run_directory() {
     find_checkpoints();
     if (newest && !accepted_hashes.count(newest->meta().state_hash)) {
       // Name what changed, from the strategy the run directory's last run wrote.
-      const std::vector<std::string> changed = engine::state_differences(plan, out_dir / "strategy.toml");
+      std::vector<std::string> changed = engine::state_differences(plan, out_dir / "strategy.toml");
+      // A checkpoint saved before 2026-12-01 hashed the schedule's keys too.
+      if (changed.empty()) changed = engine::schedule_changes(plan, out_dir / "strategy.toml");
       std::string what;
       for (size_t i = 0; i < std::min<size_t>(changed.size(), 4); ++i) what += (i ? "; " : ": ") + changed[i];
       if (changed.size() > 4) what += "; and " + std::to_string(changed.size() - 4) + " more";
       throw UserError("checkpoint " + newest->path().string() + " was saved with another model, data or optimizer configuration" +
                       what + "; resume with the strategy.toml saved in " + out_dir.string());
     }
+    // A changed learning-rate schedule is the user's to make, and said once.
+    if (newest && leader)
+      for (const std::string& change : engine::schedule_changes(plan, out_dir / "strategy.toml"))
+        std::cerr << "strata: note: resuming with " << change << "\n";
   }
   fs::create_directories(out_dir / "logs");
   log::add_file((out_dir / "logs" / ("rank_" + std::to_string(env.rank) + ".log")).string());

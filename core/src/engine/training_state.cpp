@@ -308,6 +308,14 @@ bool at_default(const ResolvedStrategy& plan, const std::string& section, const 
   return spec && spec->default_value && *spec->default_value == value;
 }
 
+// [optimizer] keys of the learning-rate schedule and clipping: they shape no state (the rate is a
+// function of the step), so a resume may change them, as Megatron's
+// --override-opt_param-scheduler does; hashed until 2026-12-01.
+bool is_schedule_key(const std::string& section, const std::string& key) {
+  static const std::set<std::string> keys{"lr", "schedule", "warmup_steps", "min_lr_ratio", "decay_fraction", "decay_shape", "grad_clip", "weight_decay"};
+  return section == "optimizer" && keys.count(key) > 0;
+}
+
 struct IdentityEntry {
   std::string section, key, value;  // value: as TOML
   bool at_default;
@@ -319,11 +327,14 @@ struct IdentityEntry {
 // 2026-11-30, less the keys at their defaults that `known` (a saved strategy's keys) lacks: keys
 // added since. `relative_paths`: the paths as the working directory names them (the plan holds
 // them absolute since 2026-11-30; a strategy that named them relative hashed them so before).
+// `schedule`: with the schedule keys (is_schedule_key), as Strata hashed until 2026-12-01 (and
+// always with every_key).
 std::vector<IdentityEntry> state_identity(const ResolvedStrategy& plan, bool every_key, const std::map<std::string, std::string>* known = nullptr,
-                                          bool relative_paths = false) {
+                                          bool relative_paths = false, bool schedule = true) {
   std::vector<IdentityEntry> entries;
   auto add = [&](const std::string& section, const Config& config) {
     for (const auto& [key, entry] : config.entries()) {
+      if (!schedule && !every_key && is_schedule_key(section, key)) continue;
       const bool by_default = at_default(plan, section, key, entry.value), path = is_path_key(section, key);
       Value value = entry.value;
       if (const auto* name = std::get_if<std::string>(&value); path && relative_paths && name && !name->empty())
@@ -351,11 +362,27 @@ std::string identity_hash(const std::vector<IdentityEntry>& identity) {
 
 }  // namespace
 
-std::string state_hash(const ResolvedStrategy& plan) { return identity_hash(state_identity(plan, false)); }
+std::string state_hash(const ResolvedStrategy& plan) {
+  return identity_hash(state_identity(plan, false, nullptr, false, /*schedule=*/false));
+}
 
 std::set<std::string> accepted_state_hashes(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy) {
   const std::map<std::string, std::string> known = read_saved_strategy(saved_strategy);
-  return {state_hash(plan), identity_hash(state_identity(plan, true, &known)), identity_hash(state_identity(plan, true, &known, true))};
+  return {state_hash(plan), identity_hash(state_identity(plan, false)), identity_hash(state_identity(plan, true, &known)),
+          identity_hash(state_identity(plan, true, &known, true))};
+}
+
+std::vector<std::string> schedule_changes(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy) {
+  const std::map<std::string, std::string> saved = read_saved_strategy(saved_strategy);
+  std::vector<std::string> changes;
+  if (saved.empty()) return changes;
+  for (const auto& [key, entry] : plan.optimizer.entries()) {
+    if (!is_schedule_key("optimizer", key)) continue;
+    const std::string value = value_to_toml(entry.value);
+    if (const auto it = saved.find("optimizer." + key); it != saved.end() && it->second != value)
+      changes.push_back("optimizer." + key + " = " + value + " (" + it->second + " before)");
+  }
+  return changes;
 }
 
 std::vector<std::string> state_differences(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy) {
@@ -363,7 +390,7 @@ std::vector<std::string> state_differences(const ResolvedStrategy& plan, const s
   std::vector<std::string> differences;
   if (saved.empty()) return differences;
   for (const auto& e : state_identity(plan, true)) {
-    if (is_path_key(e.section, e.key)) continue;
+    if (is_path_key(e.section, e.key) || is_schedule_key(e.section, e.key)) continue;
     const std::string key = e.section + "." + e.key;
     const auto it = saved.find(key);
     if (it == saved.end()) {

@@ -46,17 +46,23 @@ NamedTensors for_disk(const NamedTensors& tensors);
 bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::string& problem);
 
 // Identifies what shapes the saved state and the sequence of batches: a resume with another
-// model, data or optimizer is refused. Ranks, parallel layout, passes, steps, logging and paths
-// ([data] path, [model] init_from) may change, and a key at its default counts as absent (a key
-// a later Strata adds keeps older checkpoints resumable); state a pass keeps is checked when it loads.
+// model, data or optimizer is refused. Ranks, parallel layout, passes, steps, logging, paths
+// ([data] path, [model] init_from) and the learning-rate schedule and clipping ([optimizer] lr,
+// schedule, warmup_steps, min_lr_ratio, decay_fraction, decay_shape, grad_clip, weight_decay)
+// may change, and a key at its default counts as absent (a key a later Strata adds keeps older
+// checkpoints resumable); state a pass keeps is checked when it loads.
 std::string state_hash(const ResolvedStrategy& plan);
-// The hashes a disk checkpoint holding this plan's state may carry: state_hash, and the one Strata
-// computed until 2026-11-30, over every key the run's `saved_strategy` (its strategy.toml, read
-// before this run rewrites it) names, with the paths absolute or as the working directory names them.
+// The hashes a disk checkpoint holding this plan's state may carry: state_hash; the one Strata
+// computed until 2026-12-01, with the schedule's keys; and the one until 2026-11-30, over every
+// key the run's `saved_strategy` (its strategy.toml, read before this run rewrites it) names, with
+// the paths absolute or as the working directory names them.
 std::set<std::string> accepted_state_hashes(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy);
 // The keys of that identity whose values differ from those in `saved_strategy` (a strategy.toml
 // Strata wrote), each as "section.key = there, here"; empty when the file is missing.
 std::vector<std::string> state_differences(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy);
+// The schedule keys a resume changes against `saved_strategy`, each as "optimizer.lr = 0.001
+// (0.002 before)", for the note that says so.
+std::vector<std::string> schedule_changes(const ResolvedStrategy& plan, const std::filesystem::path& saved_strategy);
 
 // Bytes held in model states, each storage counted once (views of one flat buffer, parameters
 // freed between uses), and the process's peak resident memory.
