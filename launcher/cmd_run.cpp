@@ -423,13 +423,15 @@ int run_train(const Args& args) {
                         << " x context " << l.mesh.context << "), strategy " << loaded.plan.file << ", " << loaded.plan.job.get_int("steps")
                         << " steps\n" << std::flush;
   Trainer trainer(loaded.plan, loaded.order, registry, options);
-  // Ctrl-C or SIGTERM in a single process stops before the next step and saves it; ranks under a
-  // launcher stop together only by its hand (a rank alone cannot take a collective checkpoint):
-  // the supervisor's request (Trainer::run) or the launcher's signal.
-  const bool single = env.world_size == 1;
-  if (single) interrupted = 0, catch_interrupt_on_own_stack();
-  const RunSummary summary = trainer.run([&] { return single && interrupted != 0; });
-  if (single) ::signal(SIGINT, SIG_DFL), ::signal(SIGTERM, SIG_DFL);
+  // Ctrl-C or SIGTERM in a single process stops before the next step and saves it. Ranks stop
+  // together (a rank alone cannot take a collective checkpoint): under our supervisor at its
+  // request; started by another launcher (torchrun, srun, mpirun), at the signal any of them got,
+  // agreed at the next logging step (Trainer::run).
+  const bool single = env.world_size == 1, supervised = std::getenv(kRunDirectoryClaimedEnv) != nullptr;
+  const bool catches = single || !supervised;
+  if (catches) interrupted = 0, catch_interrupt_on_own_stack();
+  const RunSummary summary = trainer.run([&] { return catches && interrupted != 0; });
+  if (catches) ::signal(SIGINT, SIG_DFL), ::signal(SIGTERM, SIG_DFL);
   // The supervisor tells the ranks how many simulated nodes the job has now (it may have shrunk).
   const char* simulated = std::getenv(kSimulatedNodesEnv);
   const std::string nodes = env.world_size > 1 && simulated && std::atoi(simulated) > 0 ? "--simulate-nodes " + std::string(simulated) + " " : "";
@@ -438,7 +440,7 @@ int run_train(const Args& args) {
   if (trainer.completed_steps() < trainer.total_steps()) {
     trainer.save();
     // Under the supervisor it says so, once.
-    if (single)
+    if (leader && !supervised)
       std::cout << "strata: interrupted at step " << trainer.completed_steps() << " of " << trainer.total_steps()
                 << " (checkpoint saved); continue with `" << resume << "`\n";
     return 130;

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# graceful_stop_test.sh STRATA STRATEGY WORKDIR
+# graceful_stop_test.sh STRATA STRATEGY WORKDIR [TORCHRUN]
 # SIGTERM (a scheduler's preemption) and Ctrl-C stop a run gracefully. Under `strata run -n 2` the
 # supervisor asks every rank to stop after one agreed step: the ranks save it and exit, the run
 # ends with status 130 and one line saying where it stopped, and resuming it gives the losses of
 # the run never stopped, bit for bit. Before, SIGTERM killed the supervisor alone and left mpirun
 # and the ranks training with nobody watching, and Ctrl-C by `kill -INT` did nothing. A supervisor
 # killed outright (SIGKILL) takes its ranks with it. One process: SIGTERM saves as Ctrl-C does.
+# Ranks torchrun started (TORCHRUN given): its agent passes SIGTERM on to them, they agree at
+# the next logging step, save it and exit; resumed, the losses are the run's never stopped.
 set -uo pipefail
-strata=$1 strategy=$2 work=$3
+strata=$1 strategy=$2 work=$3 torchrun=${4:-}
 rm -rf "$work" && mkdir -p "$work"
 fail=0
 check() { echo "graceful_stop_test: $1" >&2; fail=1; }
@@ -34,6 +36,26 @@ grep -q "^Primary job\|^mpirun" "$work/stopped.log" && check "mpirun's report of
 cmp -s <(grep -o '"step":[0-9]*,"loss":[^,]*,"grad_norm":[^,]*' "$work/stopped/metrics.jsonl") \
        <(grep -o '"step":[0-9]*,"loss":[^,]*,"grad_norm":[^,]*' "$work/whole/metrics.jsonl") ||
   check "the stopped and resumed run's losses differ from the run never stopped"
+
+if [ -n "$torchrun" ]; then
+  mkdir -p "$work/tmp"
+  TMPDIR=$work/tmp OMP_NUM_THREADS=1 "$torchrun" --standalone --nproc-per-node 2 --no-python "$strata" run "$strategy" "${args[@]}" \
+    --set job.log_every=10 --out "$work/torchrun" > "$work/torchrun.log" 2>&1 &
+  pid=$!
+  started "$work/torchrun" || check "the torchrun run did not start"
+  kill -TERM $pid
+  wait $pid
+  step=$(sed -nE 's/^strata: interrupted at step ([0-9]+) of 300 \(checkpoint saved\).*/\1/p' "$work/torchrun.log")
+  [ -n "$step" ] && [ "$(grep -c "^strata: interrupted at step" "$work/torchrun.log")" -eq 1 ] ||
+    check "torchrun: no single interrupted line: $(grep -v '^step' "$work/torchrun.log" | tail -5)"
+  [ -n "$step" ] && [ $((step % 10)) -eq 0 ] && [ -d "$work/torchrun/checkpoints/step_$(printf %08d "$step")" ] ||
+    check "torchrun: no checkpoint at a logging step ($step)"
+  "$strata" run -n 2 "$work/torchrun/strategy.toml" --out "$work/torchrun" --resume --set job.log_every=50 > "$work/torchrun_resumed.log" 2>&1 ||
+    check "torchrun: the resume failed: $(tail -3 "$work/torchrun_resumed.log")"
+  cmp -s <(grep -o '"step":[0-9]*,"loss":[^,]*,"grad_norm":[^,]*' "$work/torchrun/metrics.jsonl") \
+         <(grep -o '"step":[0-9]*,"loss":[^,]*,"grad_norm":[^,]*' "$work/whole/metrics.jsonl") ||
+    check "torchrun: the stopped and resumed run's losses differ from the run never stopped"
+fi
 
 # A supervisor killed outright: mpirun gets SIGTERM from the kernel and ends the ranks.
 "$strata" run -n 2 "$strategy" "${args[@]}" --set job.steps=100000 --out "$work/killed" > "$work/killed.log" 2>&1 &

@@ -492,6 +492,10 @@ void Trainer::Impl::read_unread(bool across_ranks) {
     for (const auto& figure : u.device_figures) values.push_back(figure.second);
   for (const auto& u : unread) memory.insert(memory.end(), u.memory.begin(), u.memory.end());
   const bool memory_agreed = across_ranks && topology->world().size() > 1;
+  // A stop signal rides on the memory figures' all-reduce (max): every rank learns at the same
+  // read whether any was signalled, without a collective of its own.
+  const bool ask_signal = memory_agreed && rank_signalled;
+  if (ask_signal) memory.push_back(rank_signalled() ? 1.0 : 0.0);
   if (memory_agreed) {
     at::Tensor memory_max = at::tensor(memory, at::kDouble).to(device);
     topology->world().all_reduce(memory_max, ReduceOp::Max)->wait();
@@ -505,6 +509,7 @@ void Trainer::Impl::read_unread(bool across_ranks) {
   for (auto& u : unread)
     for (const auto& [name, value] : u.device_figures) u.record.extra.emplace_back(name, *next++);
   if (memory_agreed) memory.assign(next, next + static_cast<std::ptrdiff_t>(memory.size())), next += static_cast<std::ptrdiff_t>(memory.size());
+  if (ask_signal) any_rank_signalled = memory.back() > 0, memory.pop_back();
   if (stages_summed) {
     const std::vector<engine::StageFigures::Named> summed = stage_figures->decode(std::vector<double>(next, figures.end()), model_figures);
     for (size_t i = 0; i < n; ++i) unread[i].record.extra.insert(unread[i].record.extra.end(), summed[i].begin(), summed[i].end());
@@ -542,12 +547,17 @@ RunSummary Trainer::run() {
 
 RunSummary Trainer::run(const std::function<bool()>& stop_requested) {
   Impl& t = *impl_;
+  // Ranks a launcher of another kind started stop together: a signal any of them got is agreed
+  // at the next read of the figures (a logging step), and all stop after that step.
+  const bool agreed = t.topology->world().size() > 1;
+  if (agreed) t.rank_signalled = stop_requested;
   RunSummary summary{t.first_step, t.step, t.last.loss};
   try {
     // The supervisor's graceful stop (strata run -n N): every rank stops after the same step,
     // one the supervisor chose past every rank's.
     const auto supervisor_stop = [&t] { return t.progress->stop_after() > 0 && t.step >= t.progress->stop_after(); };
-    while (t.step < t.steps && !stop_requested() && !supervisor_stop()) t.advance(/*read_figures=*/false);
+    const auto requested = [&] { return agreed ? t.any_rank_signalled : stop_requested(); };
+    while (t.step < t.steps && !requested() && !supervisor_stop()) t.advance(/*read_figures=*/false);
   } catch (...) {
     // The steps done before the failure are recorded, as when every step was read, with this
     // rank's own memory figures: the other ranks are not at this point, so no collective.

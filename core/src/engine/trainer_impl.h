@@ -106,6 +106,11 @@ struct Trainer::Impl {
   std::vector<UnreadStep> unread;
   std::optional<engine::StageFigures> stage_figures;  // with a pipeline (engine/stage_figures.h)
   std::chrono::steady_clock::time_point unread_since;  // when the first unread step started
+  // Ranks no supervisor of ours started (torchrun, srun, mpirun): whether this rank was signalled
+  // to stop (Trainer::run's stop_requested), asked of every rank at each read of the figures, and
+  // whether any had been at the last one: then all stop after that same step.
+  std::function<bool()> rank_signalled;
+  bool any_rank_signalled = false;
 
   // Built in these steps, in this order (trainer.cpp).
   Impl(const ResolvedStrategy& plan, std::vector<size_t> order, const ComponentRegistry& registry, RunOptions options);

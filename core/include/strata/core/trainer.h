@@ -64,9 +64,11 @@ class STRATA_API Trainer {
   // Steps through [job] steps, then waits for the last flash snapshot. Figures are read from
   // the device only on steps that log, evaluate or checkpoint (step() reads every step).
   RunSummary run();
-  // The same, stopping before a step when `stop_requested` says so (a single process's Ctrl-C)
-  // or the supervisor asked every rank to stop there (progress.h: request_stop); every step done
-  // is recorded. Then completed_steps() < total_steps().
+  // The same, stopping before a step when `stop_requested` says so (a single process's Ctrl-C or
+  // SIGTERM; over several ranks, when it said so on any rank at the last read of the figures, a
+  // logging step, so that all stop after the same step) or the supervisor asked every rank to
+  // stop there (progress.h: request_stop); every step done is recorded. Then completed_steps() <
+  // total_steps().
   RunSummary run(const std::function<bool()>& stop_requested);
   // A checkpoint of the last completed step on disk (collective); returns the seconds it took.
   double save();
