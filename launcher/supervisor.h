@@ -1,7 +1,7 @@
 // The supervisor of `strata run -n N`: it starts the ranks under mpirun, and when they fail (a
 // rank killed by a signal, crashed, or exiting non-zero) restarts all of them from the newest
-// checkpoint, up to [job] max_restarts with doubling backoff. Bad input (exit status 2) and
-// Ctrl-C stop it at once. Every start, failure and restart goes to events.jsonl in the run
+// checkpoint, up to [job] max_restarts with doubling backoff. Bad input (exit status 2) stops it
+// at once; Ctrl-C or SIGTERM stops the ranks after one agreed step, saved (StopRelay). Every start, failure and restart goes to events.jsonl in the run
 // directory, and the end of the run reports its goodput: the time of the steps it kept over the
 // wall time.
 #pragma once
