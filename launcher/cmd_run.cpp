@@ -406,6 +406,14 @@ int run_train(const Args& args) {
   }
   if (args.ranks > 1 && args.ranks != env.world_size)
     throw UserError("-n " + std::to_string(args.ranks) + " but the launcher started " + std::to_string(env.world_size) + " ranks");
+  // A rank of our supervisor's mpirun ends with it: a supervisor killed outright makes mpirun end
+  // its ranks (run_under_mpirun), and one that outlives mpirun would write into a run directory
+  // the next run may already hold.
+  if (std::getenv(kRunDirectoryClaimedEnv)) {
+    const pid_t launcher = ::getppid();
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) return 1;  // it ended before the request took hold
+  }
   ComponentRegistry registry;
   LoadedPlan loaded;
   if (!load_plan(args, env.world_size, registry, loaded)) return 2;

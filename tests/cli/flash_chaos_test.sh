@@ -90,15 +90,21 @@ done
 compgen -G "$out/checkpoints/.tmp-step_*" > /dev/null || { echo "kill_supervisor: no persist was ever in flight"; cat "$out.log"; exit 1; }
 kill -9 -- "-$leader" 2> /dev/null || true
 wait "$leader" 2> /dev/null || true
-# OpenMPI's shared-memory segments, which killed ranks cannot remove, are in the attempt's own
-# directory (named after its supervisor), not loose in /dev/shm; the next run removes it.
+# mpirun and the ranks run in a process group of their own and end with the supervisor (mpirun
+# at SIGTERM, which the kernel sends it when the supervisor dies; the ranks with mpirun): none is
+# left to write into the run directory the resume below takes.
+for _ in $(seq 1 100); do pgrep -f -- "--out $out( |$)" > /dev/null || break; sleep 0.1; done
+! pgrep -f -- "--out $out( |$)" > /dev/null || { echo "kill_supervisor: processes outlived the supervisor: $(pgrep -af -- "--out $out")"; exit 1; }
+# OpenMPI's shared-memory segments, which ranks killed by a signal cannot remove, are in the
+# attempt's own directory (named after its supervisor), not loose in /dev/shm; the killed
+# supervisor leaves that directory and the next run removes it. (mpirun, ending its ranks
+# itself, may have removed the segments already.)
 orphan=
 for named in /dev/shm/strata-progress-*/supervisor_pid /tmp/strata-progress-*/supervisor_pid; do
   [[ -f $named ]] && ! grep -qxF "${named%/supervisor_pid}" <<< "$progress_before" && ! kill -0 "$(cut -d' ' -f1 "$named")" 2> /dev/null &&
     orphan=${named%/supervisor_pid}
 done
-[[ -n $orphan ]] && compgen -G "$orphan/vader_segment.*" > /dev/null ||
-  { echo "kill_supervisor: no OpenMPI segments in the killed attempt's directory (${orphan:-none})"; ls /dev/shm; exit 1; }
+[[ -n $orphan ]] || { echo "kill_supervisor: the killed attempt's directory is gone or was never made"; ls /dev/shm; exit 1; }
 if [[ -f $out/checkpoints/latest ]]; then
   "$strata" ckpt info "$out" > "$out.info" 2>&1 || { echo "kill_supervisor: latest names a broken checkpoint:"; cat "$out.info"; exit 1; }
 fi
