@@ -95,7 +95,8 @@ std::string shard_name(int rank) {
 }
 
 void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta, const NamedTensors& tensors,
-                     const Placements& placements, int64_t keep, Communicator& world, c10::Device device) {
+                     const Placements& placements, int64_t keep, Communicator& world, c10::Device device,
+                     const std::function<void()>& heartbeat) {
   const fs::path staging = staging_dir(checkpoints_dir, meta.step);
   const bool leader = world.rank() == 0;
   if (leader) {
@@ -105,8 +106,14 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
   }
   world.barrier()->wait();
   const fs::path own = staging / shard_name(world.rank());
+  // Each rank hashes what it writes as it writes it, in parallel with the others (reading the
+  // file back took as long again); rank 0 collects 64 hex digits and 8 size bytes per rank.
+  Sha256 hash;
   try {
-    write_safetensors(own, tensors, checkpoint_file_metadata(meta.step, placements));
+    write_safetensors(own, tensors, checkpoint_file_metadata(meta.step, placements), [&](const void* data, size_t size) {
+      hash.update(data, size);
+      if (heartbeat) heartbeat();
+    });
   } catch (const FileWriteError& e) {
     // One line for every rank the file system refused (the supervisor prints each distinct
     // message once): the checkpoint and the reason, not this rank's file. The checkpoints
@@ -115,10 +122,8 @@ void save_checkpoint(const fs::path& checkpoints_dir, const CheckpointMeta& meta
     throw UserError("cannot save the checkpoint of step " + std::to_string(meta.step) + " in " + checkpoints_dir.string() + ": " +
                     e.reason + (saved.empty() ? "; no checkpoint was saved before" : "; the newest saved before, " + saved.front().filename().string() + ", is intact"));
   }
-  // Each rank hashes what it wrote, in parallel; rank 0 collects 64 hex digits and 8 size bytes
-  // per rank rather than reading every file again.
   constexpr int64_t kRecord = 72;
-  const std::string digest = sha256_file(own);
+  const std::string digest = hash.hex_digest();
   const uint64_t bytes = fs::file_size(own);
   at::Tensor mine = at::empty({kRecord}, at::kByte);
   std::memcpy(mine.data_ptr(), digest.data(), 64);

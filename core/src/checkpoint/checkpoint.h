@@ -30,10 +30,11 @@ struct CheckpointMeta {
 // Collective over `world`: every rank writes its own state (`tensors`, named
 // "<state key>/<tensor name>", with the placements of the pieces among them) as rank_NNNNN.safetensors and hashes
 // its own file; the sizes and hashes are gathered (through `device`, which the communicator
-// takes), and rank 0 writes the manifest and publishes the checkpoint.
+// takes), and rank 0 writes the manifest and publishes the checkpoint. `heartbeat` runs after
+// every piece of at most 64 MiB written: a long save is progress to the supervisor's hang watch.
 STRATA_API void save_checkpoint(const std::filesystem::path& checkpoints_dir, const CheckpointMeta& meta,
                      const NamedTensors& tensors, const Placements& placements, int64_t keep, Communicator& world,
-                     c10::Device device);
+                     c10::Device device, const std::function<void()>& heartbeat = {});
 
 // One rank's file of a checkpoint as its manifest records it.
 struct CheckpointFile {

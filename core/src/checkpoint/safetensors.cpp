@@ -123,7 +123,8 @@ FileWriteError::FileWriteError(const std::filesystem::path& file, const std::str
     : UserError("cannot write " + file.string() + ": " + why), path(file), reason(why) {}
 FileWriteError::~FileWriteError() = default;
 
-void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata) {
+void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata,
+                       const WrittenBytes& written) {
   std::set<const void*> storages;
   for (const auto& [name, tensor] : tensors)
     if (tensor.numel() > 0 && !storages.insert(tensor.storage().data()).second)
@@ -141,12 +142,20 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
     errno = 0;
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw refused();
-    out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
+    const auto write = [&](const char* data, size_t size) {
+      constexpr size_t kPiece = size_t{64} << 20;
+      for (size_t at = 0; at < size; at += kPiece) {
+        const size_t piece = std::min(kPiece, size - at);
+        out.write(data + at, static_cast<std::streamsize>(piece));
+        if (written) written(data + at, piece);
+      }
+    };
+    write(prefix.data(), prefix.size());
     // One tensor at a time brought to host memory in row-major order (a transposed view, a device
     // tensor): what is written costs one tensor's copy at most, not a copy of them all.
     for (const auto& [name, tensor] : tensors) {
       const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
-      out.write(static_cast<const char*>(bytes.data_ptr()), static_cast<std::streamsize>(bytes.nbytes()));
+      write(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
     }
     if (!out.flush()) throw refused();
   }

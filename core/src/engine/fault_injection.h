@@ -21,7 +21,10 @@ namespace strata::engine {
 //   "snapshot_done" (after the flash snapshot of step STEP) corrupt_snapshot: returns true, and
 //              the caller flips a byte of that snapshot;
 //   "replica"  (once the snapshot of step STEP is posted to its replicas, its bytes in flight)
-//              kill_in_replica: SIGKILL; lose_node_in_replica (RANK is a node): as lose_node.
+//              kill_in_replica: SIGKILL; lose_node_in_replica (RANK is a node): as lose_node;
+//   "evaluation" (as the evaluation of step STEP reads each validation batch) slow_evaluation, and
+//   "checkpoint" (after each piece of step STEP's disk checkpoint is written) slow_checkpoint:
+//              sleeps 200 ms, making a long phase that beats (the hang watch must wait it out).
 // `before_kill` runs before a "step" kill.
 bool inject_fault(int rank, int64_t step, const std::string& point = "step", const std::function<void()>& before_kill = {});
 

@@ -255,6 +255,7 @@ bool Trainer::load() {
   if (any && !t.newest) throw UserError("no checkpoint in " + t.checkpoints_dir.string() + " could be restored (see the lines above)");
   if (!t.newest) {
     t.console->message("no valid checkpoint in " + t.checkpoints_dir.string() + "; starting from step 0");
+    t.progress->set_restore(seconds_since(restore_started), RestoreSource::None, 0);  // the supervisor's resumed step
     t.continue_from(0);
     return false;
   }

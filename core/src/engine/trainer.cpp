@@ -212,6 +212,13 @@ void Trainer::Impl::compose_step() {
 
   // Core's step program, then the passes own or wrap its stages (their Claims say which).
   engine::provide_core_step(*job, *sampler, optimizer, engine::BatchShape{micro_batch, micro_count});
+  // Each validation batch read is a beat (whichever stage evaluates: core's, a pipeline's): an
+  // evaluation of many batches is progress to the hang watch, not a silent phase.
+  job->validation_batch = [this, read = job->validation_batch](int64_t index) {
+    progress->beat();
+    inject_fault(env.rank, step, "evaluation");
+    return read(index);
+  };
   if (options.loss) job->loss = ProgramLoss{options.loss};
   job->register_state("model", engine::model_state(job->model));
   OperatorTable::global().bind(*job);  // stateful operator implementations reach the job's groups
@@ -324,7 +331,11 @@ double Trainer::Impl::save(int64_t at_step, bool to_disk) {
   }
   if (to_disk)
     engine::save_checkpoint(checkpoints_dir, {at_step, engine::state_hash(plan), plan.layout.world_size}, engine::for_disk(state.tensors),
-                            state.placements, plan.job.get_int("keep_checkpoints"), topology->world(), device);
+                            state.placements, plan.job.get_int("keep_checkpoints"), topology->world(), device,
+                            [this, at_step] {
+                              progress->beat();
+                              inject_fault(env.rank, at_step, "checkpoint");
+                            });
   return seconds_since(started);
 }
 

@@ -87,6 +87,10 @@ void ProgressBeacon::beat(int64_t step, StepPhase phase) {
   __atomic_store_n(&record_->beats, record_->beats + 1, __ATOMIC_RELEASE);
 }
 
+void ProgressBeacon::beat() {
+  if (record_) __atomic_store_n(&record_->beats, record_->beats + 1, __ATOMIC_RELEASE);
+}
+
 void ProgressBeacon::beat_micro(int64_t micro, bool backward) {
   if (!record_) return;
   record_->micro = static_cast<int32_t>(micro);

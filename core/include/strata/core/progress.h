@@ -100,6 +100,9 @@ class STRATA_API ProgressBeacon {
   ProgressBeacon(const ProgressBeacon&) = delete;
   ProgressBeacon& operator=(const ProgressBeacon&) = delete;
   void beat(int64_t step, StepPhase phase);
+  // Progress within the phase already reported (an evaluation's batch, a checkpoint's 64 MiB):
+  // a long evaluation or save is not a hang.
+  void beat();
   // Within the gradient phase: the micro-batch whose forward or backward starts (a beat too).
   void beat_micro(int64_t micro, bool backward);
   // `replica_seconds`: the part of it spent on snapshot replicas.

@@ -2,7 +2,9 @@
 // (dtype, shape, data_offsets per tensor, optional __metadata__), then the raw data.
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -25,10 +27,14 @@ class STRATA_API FileWriteError : public UserError {
   std::string reason;
 };
 
+// Sees every byte write_safetensors writes, in file order, in pieces of at most 64 MiB: a caller
+// hashes the file as it is written (not reading it back) and counts a long write as progress.
+using WrittenBytes = std::function<void(const void* data, size_t size)>;
+
 // Writes to a temporary name, fsyncs, then renames over `path`. Tensors are written contiguous
 // and little-endian; names must be unique and tensors must not alias.
 STRATA_API void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
-                                  const Metadata& metadata = {});
+                                  const Metadata& metadata = {}, const WrittenBytes& written = {});
 
 // Reads and validates everything the format promises; any violation is a UserError naming the
 // file and the problem. Tensors come back on the CPU in file order.
