@@ -15,6 +15,8 @@ Inputs: plain text files (each file one document), JSON Lines (one document per 
                        split, the inputs; the `tokens` dataset reads it
 """
 import argparse
+import array
+import codecs
 import json
 import os
 import sys
@@ -24,7 +26,16 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOS_CANDIDATES = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>"]
-BATCH_DOCUMENTS = 1024
+# Memory stays bounded whatever the corpus: a plain text file is read in pieces of about
+# PIECE_CHARS characters, and the batch encoder gets at most BATCH_PIECES pieces or BATCH_CHARS
+# characters at a time (its encodings cost about 100 bytes a token); the tokens go to disk as
+# they come. Encoding a 50 MB text file whole took 9.1 GB.
+PIECE_CHARS = 1 << 20
+BATCH_PIECES = 1024
+BATCH_CHARS = 16 << 20
+# Around each cut of a plain text file, this many characters on either side are encoded whole
+# and apart: the cut stays only where both give the same tokens.
+WINDOW_CHARS = 4096
 
 
 def fail(message):
@@ -32,8 +43,55 @@ def fail(message):
     sys.exit(2)
 
 
+def first_bad_byte(path):
+    """The offset of the first byte of `path` that is not UTF-8 (read in blocks, as the text was)."""
+    decoder, offset = codecs.getincrementaldecoder("utf-8")("strict"), 0
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(1 << 20)
+            try:
+                decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                return max(0, offset + e.start - len(decoder.getstate()[0]))
+            if not raw:
+                return offset
+            offset += len(raw)
+
+
+def last_cut(text):
+    """Where to end a piece of plain text: just after its last newline that a non-space follows
+    (where the pre-tokenizers of byte-level BPEs split anyway); 0 when there is none."""
+    i = text.rfind("\n", 0, len(text) - 1)
+    while i >= 0 and text[i + 1].isspace():
+        i = text.rfind("\n", 0, i)
+    return i + 1
+
+
+def text_pieces(path):
+    """A plain text file as one document in pieces: yields (text, ends_document)."""
+    with open(path, encoding="utf-8", errors="strict") as f:
+        carry = ""
+        while True:
+            try:
+                block = f.read(PIECE_CHARS)
+            except UnicodeDecodeError:
+                fail(f"{path}: not UTF-8 text (byte {first_bad_byte(path)})")
+            if not block:
+                yield carry, True
+                return
+            text = carry + block
+            cut = last_cut(text)
+            if cut == 0 and len(text) < 16 * PIECE_CHARS:  # one long line: read on to its end
+                carry = text
+                continue
+            cut = cut or len(text)  # a line of 16 pieces: cut inside it (the encoder checks every cut)
+            yield text[:cut], False
+            carry = text[cut:]
+
+
 def read_documents(paths, text_field):
-    """Yields (path, text) for every document of every input, in order."""
+    """Yields (text, ends_document) for every piece of every document of every input, in order: a
+    JSON Lines record or a Parquet row is one piece, a plain text file is one document in pieces."""
     for path in paths:
         lower = path.lower()
         if lower.endswith((".jsonl", ".json", ".ndjson")):
@@ -47,22 +105,18 @@ def read_documents(paths, text_field):
                         fail(f"{path}:{number}: not a JSON line ({e.msg})")
                     if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
                         fail(f"{path}:{number}: no string field '{text_field}' (--text-field names it)")
-                    yield record[text_field]
+                    yield record[text_field], True
         elif lower.endswith(".parquet"):
             try:
                 import pyarrow.parquet as pq
             except ImportError:
                 fail(f"{path}: reading Parquet needs pyarrow in {sys.prefix} (pip install pyarrow)")
-            table = pq.read_table(path, columns=[text_field])
-            for text in table.column(text_field).to_pylist():
-                if isinstance(text, str):
-                    yield text
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_PIECES, columns=[text_field]):
+                for text in batch.column(0).to_pylist():
+                    if isinstance(text, str):
+                        yield text, True
         else:
-            with open(path, encoding="utf-8", errors="strict") as f:
-                try:
-                    yield f.read()
-                except UnicodeDecodeError as e:
-                    fail(f"{path}: not UTF-8 text (byte {e.start})")
+            yield from text_pieces(path)
 
 
 def train_tokenizer(paths, text_field, vocab_size, eos):
@@ -72,7 +126,7 @@ def train_tokenizer(paths, text_field, vocab_size, eos):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=sys.stderr.isatty())
-    tokenizer.train_from_iterator(read_documents(paths, text_field), trainer=trainer)
+    tokenizer.train_from_iterator((text for text, _ in read_documents(paths, text_field)), trainer=trainer)
     return tokenizer
 
 
@@ -110,6 +164,78 @@ class Progress:
               file=sys.stderr, flush=True)
 
 
+class TokenWriter:
+    """Pieces in, in order; their tokens out to `path` as they are encoded, an end-of-text id after
+    each document's last piece. The tokens of a document cut in pieces must be those of the whole
+    document: each cut is checked (a window around it encoded whole and apart) and a cut the
+    tokenizer does not allow is undone, its two pieces encoded together."""
+
+    def __init__(self, tokenizer, eos_id, dtype, path, progress):
+        self.tokenizer, self.eos_id, self.progress = tokenizer, eos_id, progress
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # ids only, when the library has it
+        self.out = open(path, "wb")
+        self.pending, self.pending_chars = [], 0  # [text, ends_document]
+        self.document_tokens = array.array("q")  # each document's tokens, its end-of-text id included
+        self.open_document = 0  # tokens of the document whose pieces are being written
+        self.in_document = False  # a piece came that did not end its document
+        self.cuts, self.cuts_undone, self.encode_s = 0, 0, 0.0
+
+    def ids(self, text):
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def cut_keeps_tokens(self, before, after):
+        a, b = before[-WINDOW_CHARS:], after[:WINDOW_CHARS]
+        return self.ids(a + b) == self.ids(a) + self.ids(b)
+
+    def add(self, text, ends_document):
+        in_document, self.in_document = self.in_document, not ends_document
+        self.cuts += in_document
+        if in_document and not self.cut_keeps_tokens(self.pending[-1][0], text):
+            self.cuts_undone += 1
+            self.pending[-1][0] += text
+            self.pending[-1][1] = ends_document
+        else:
+            self.pending.append([text, ends_document])
+        self.pending_chars += len(text)
+        if len(self.pending) >= BATCH_PIECES or self.pending_chars >= BATCH_CHARS:
+            self.flush(final=False)
+
+    def flush(self, final=True):
+        # A document's last piece written stays behind (unless this is the end) so that the next
+        # piece's cut can still be undone.
+        keep = [] if final or self.pending[-1][1] else [self.pending.pop()]
+        started = time.monotonic()
+        encodings = self.encode_batch([text for text, _ in self.pending], add_special_tokens=False)
+        self.encode_s += time.monotonic() - started
+        tokens = 0
+        for (text, ends_document), encoding in zip(self.pending, encodings):
+            ids = encoding.ids + [self.eos_id] if ends_document else encoding.ids
+            np.asarray(ids, dtype=self.dtype).tofile(self.out)
+            self.open_document += len(ids)
+            tokens += len(ids)
+            if ends_document:
+                self.document_tokens.append(self.open_document)
+                self.open_document = 0
+        self.progress.add(sum(len(text.encode("utf-8")) for text, _ in self.pending), tokens)
+        self.pending = keep
+        self.pending_chars = sum(len(text) for text, _ in keep)
+
+    def close(self):
+        if self.pending:
+            self.flush()
+        self.out.close()
+
+
+def split_tail(train_path, val_path, train_tokens, itemsize):
+    """Moves the tokens of `train_path` after the first `train_tokens` into `val_path`."""
+    with open(train_path, "r+b") as f, open(val_path, "wb") as val:
+        f.seek(train_tokens * itemsize)
+        while chunk := f.read(64 << 20):
+            val.write(chunk)
+        f.truncate(train_tokens * itemsize)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("inputs", nargs="+")
@@ -139,54 +265,43 @@ def main():
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
 
-    # Documents in order; each batch goes through the library's batch encoder (all cores).
+    # Documents in order, their tokens to disk as each batch is encoded; the validation split is
+    # the tail, moved out at the end.
     total_bytes = sum(os.path.getsize(p) for p in args.inputs)
     progress = Progress(total_bytes)
-    streams, lengths, batch = [], [], []
-    encode_s = 0.0
-
-    def flush():
-        nonlocal encode_s
-        t = time.monotonic()
-        encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
-        encode_s += time.monotonic() - t
-        for encoding in encodings:
-            ids = np.asarray(encoding.ids + [eos_id], dtype=dtype)
-            streams.append(ids)
-            lengths.append(len(ids))
-        progress.add(sum(len(text.encode("utf-8")) for text in batch), sum(len(e.ids) + 1 for e in encodings))
-        batch.clear()
-
+    train_path, val_path = os.path.join(args.out, "train.bin"), os.path.join(args.out, "val.bin")
+    writer = TokenWriter(tokenizer, eos_id, dtype, train_path + ".tmp", progress)
     encode_started = time.monotonic()
     empty = 0  # documents without text (an empty file, "text": ""): an end-of-text token alone teaches nothing
-    for text in read_documents(args.inputs, args.text_field):
-        if not text:
-            empty += 1
-            continue
-        batch.append(text)
-        if len(batch) == BATCH_DOCUMENTS:
-            flush()
-    if batch:
-        flush()
+    try:
+        for text, ends_document in read_documents(args.inputs, args.text_field):
+            if not text and ends_document and not writer.in_document:
+                empty += 1
+                continue
+            writer.add(text, ends_document)
+        writer.close()
+    except BaseException:  # a bad input found on the way (exit 2), an interrupt: no partial token file left
+        writer.out.close()
+        os.remove(train_path + ".tmp")
+        raise
     progress.add(0, 0, final=True)
-    documents = len(streams)
+    lengths = np.frombuffer(writer.document_tokens, dtype=np.int64) if writer.document_tokens else np.zeros(0, np.int64)
+    documents = int(lengths.size)
     if documents == 0:
+        os.remove(train_path + ".tmp")
         fail("the inputs hold no text" + (f" ({empty} empty documents)" if empty else ""))
     # Whole documents from the tail where there are enough of them; fewer than one document's
     # share (a book or two) and the tail of the tokens is the validation split instead, as the
     # tokens dataset splits a single file: holding out one of two books would take half the text.
+    total = int(lengths.sum())
     val_documents = int(round(documents * args.val_fraction)) if documents * args.val_fraction >= 1 else 0
-    if val_documents == 0:
-        stream = np.concatenate(streams)
-        cut = len(stream) - int(len(stream) * args.val_fraction)
-        train, val = stream[:cut], stream[cut:]
-    else:
-        train = np.concatenate(streams[: documents - val_documents])
-        val = np.concatenate(streams[documents - val_documents:])
-    train.astype("<" + np.dtype(dtype).str[1:]).tofile(os.path.join(args.out, "train.bin"))
-    val.astype("<" + np.dtype(dtype).str[1:]).tofile(os.path.join(args.out, "val.bin"))
+    val_tokens = int(lengths[documents - val_documents:].sum()) if val_documents else int(total * args.val_fraction)
+    split_tail(train_path + ".tmp", val_path, total - val_tokens, np.dtype(dtype).itemsize)
+    os.replace(train_path + ".tmp", train_path)
+    train_size, val_size = total - val_tokens, val_tokens
+    encode_s = writer.encode_s
     tokenizer.save(os.path.join(args.out, "tokenizer.json"))
-    tokens = int(train.size + val.size)
+    tokens = total
     elapsed = time.monotonic() - encode_started
     meta = {
         "format": "strata-tokens 1",
@@ -198,7 +313,7 @@ def main():
         "tokenizer_source": args.tokenizer or f"trained: byte-level BPE, vocabulary {args.train_tokenizer}",
         "documents": {"train": documents - val_documents, "val": val_documents},
         "empty_documents_skipped": empty,
-        "tokens": {"train": int(train.size), "val": int(val.size)},
+        "tokens": {"train": train_size, "val": val_size},
         "inputs": [os.path.abspath(p) for p in args.inputs],
         "seconds": {"train_tokenizer": round(trained_s, 3), "encode": round(encode_s, 3), "read_encode_write": round(elapsed, 3)},
     }
@@ -206,9 +321,13 @@ def main():
         json.dump(meta, f, indent=2)
         f.write("\n")
     skipped = f" ({empty} empty ones skipped)" if empty else ""
-    print(f"strata data prepare: {documents} documents{skipped}, {tokens:,} tokens ({int(train.size):,} train, {int(val.size):,} val) "
+    print(f"strata data prepare: {documents} documents{skipped}, {tokens:,} tokens ({train_size:,} train, {val_size:,} val) "
           f"in {elapsed:.1f} s ({tokens / max(elapsed, 1e-9):,.0f} tokens/s); vocabulary {vocab_size}, end of text "
           f"{eos_token!r} = {eos_id}; written to {args.out}")
+    if writer.cuts_undone:
+        print(f"strata data prepare: note: {writer.cuts_undone} of the {writer.cuts} cuts of plain text files gave other tokens "
+              "with this tokenizer (its normalizer or pre-tokenizer reads across lines) and were undone: those pieces were "
+              "encoded together, taking more memory")
     print("Train on it with, in the strategy ([job] dataset, [model] vocab_size and [data] document_end are read from meta.json "
           f"when left out):\n  [data]\n  path = \"{os.path.abspath(args.out)}\"")
 

@@ -51,6 +51,40 @@ for doc, end in zip(docs, ends):
     assert tok.decode(stream[begin:end].tolist()) == doc, (doc[:60], tok.decode(stream[begin:end].tolist())[:60])
     begin = end + 1
 PY
+# A plain text file of several pieces (the bundled text, 4.3 MB; pieces of 1 Mi characters) is
+# encoded in pieces in bounded memory: its ids are exactly those of the whole file encoded at once,
+# with the byte-level BPE (cuts after a newline are pre-token boundaries) and with a tokenizer
+# whose Metaspace pre-tokenizer prepends to each piece (every cut is undone, and said so).
+"$python" - "$work" <<'PY' || check "a Metaspace tokenizer could not be made"
+import sys
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+tok = Tokenizer(models.BPE(unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+text = open("data/kjv.txt", encoding="utf-8").read()
+tok.train_from_iterator([text[:200000]], trainers.BpeTrainer(vocab_size=500, special_tokens=["<unk>", "</s>"]))
+tok.save(f"{sys.argv[1]}/metaspace.json")
+open(f"{sys.argv[1]}/book.txt", "w", encoding="utf-8").write(text[:2500000])
+PY
+"$strata" data prepare data/kjv.txt -o "$work/whole_book" --tokenizer "$work/prepared/tokenizer.json" > "$work/whole_book.txt" 2>&1 ||
+  check "prepare of the bundled text failed: $(cat "$work/whole_book.txt")"
+grep -q "cuts of plain text files" "$work/whole_book.txt" && check "the byte-level BPE undid a cut: $(cat "$work/whole_book.txt")"
+"$strata" data prepare "$work/book.txt" -o "$work/metaspace" --tokenizer "$work/metaspace.json" > "$work/metaspace.txt" 2>&1 ||
+  check "prepare with a Metaspace tokenizer failed: $(cat "$work/metaspace.txt")"
+grep -Eq "note: ([0-9]+) of the \1 cuts of plain text files gave other tokens with this tokenizer" "$work/metaspace.txt" ||
+  check "the undone cuts were not said: $(cat "$work/metaspace.txt")"
+"$python" - data/kjv.txt "$work/whole_book" "$work/prepared/tokenizer.json" "$work/book.txt" "$work/metaspace" "$work/metaspace.json" <<'PY' ||
+import json, sys
+import numpy as np
+from tokenizers import Tokenizer
+for text_file, prepared, tokenizer in (sys.argv[1:4], sys.argv[4:7]):
+    tok, meta = Tokenizer.from_file(tokenizer), json.load(open(f"{prepared}/meta.json"))
+    kind = "<u2"
+    got = np.concatenate([np.fromfile(f"{prepared}/train.bin", kind), np.fromfile(f"{prepared}/val.bin", kind)]).tolist()
+    want = tok.encode(open(text_file, encoding="utf-8").read(), add_special_tokens=False).ids + [meta["eos_id"]]
+    assert got == want, (text_file, len(got), len(want), next(i for i, (a, b) in enumerate(zip(got, want)) if a != b))
+PY
+  check "a plain text file encoded in pieces gave other ids than the whole file"
+
 # The tokenizer it wrote, given back: the same ids.
 "$strata" data prepare "$work/corpus.jsonl" -o "$work/again" --tokenizer "$work/prepared/tokenizer.json" --text-field body \
   > "$work/again.txt" 2>&1 || check "prepare with --tokenizer failed: $(cat "$work/again.txt")"
