@@ -8,12 +8,14 @@
 // JSON Lines and Parquet files, at any depth, in path order. A problem is one line and exit status 2.
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +28,9 @@ namespace strata::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+volatile pid_t preparing_child = 0;
+void forward_to_child(int signal) { ::kill(preparing_child, signal); }
 
 // What prepare_tokens.py reads, by extension (anything else named alone is read as plain text).
 const std::vector<std::string> kCorpusExtensions{".txt", ".md", ".jsonl", ".json", ".ndjson", ".parquet"};
@@ -101,10 +106,27 @@ int run_prepare(const Args& args) {
     execvp(exec_args[0], exec_args.data());
     _exit(127);
   }
+  if (child < 0) throw UserError("strata data prepare: cannot start " + argv[0]);
+  // Until the child ends: a terminal's Ctrl-C reaches it too (one process group), and SIGTERM is
+  // passed on to it, so that it removes its temporary files and says so; this process waits.
+  preparing_child = child;
+  struct sigaction ignore {}, forward {}, old_int {}, old_term {};
+  ignore.sa_handler = SIG_IGN;
+  forward.sa_handler = forward_to_child;
+  ::sigaction(SIGINT, &ignore, &old_int);
+  ::sigaction(SIGTERM, &forward, &old_term);
   int status = 0;
-  if (child < 0 || waitpid(child, &status, 0) < 0) throw UserError("strata data prepare: cannot start " + argv[0]);
-  if (WIFEXITED(status)) return WEXITSTATUS(status) == 0 ? 0 : WEXITSTATUS(status) == 2 ? 2 : 1;
-  return 1;
+  pid_t waited;
+  while ((waited = waitpid(child, &status, 0)) < 0 && errno == EINTR) {
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  if (waited < 0) throw UserError("strata data prepare: cannot wait for " + argv[0]);
+  if (WIFEXITED(status)) {
+    const int code = WEXITSTATUS(status);
+    return code == 0 || code == 2 || code == 130 ? code : 1;
+  }
+  return WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM) ? 130 : 1;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ import array
 import codecs
 import json
 import os
+import signal
 import sys
 import time
 
@@ -266,11 +267,13 @@ def main():
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
 
     # Documents in order, their tokens to disk as each batch is encoded; the validation split is
-    # the tail, moved out at the end.
+    # the tail, moved out at the end. Every file is written under a temporary name and renamed
+    # at the very end: an interrupted or failed run leaves the directory as it was.
     total_bytes = sum(os.path.getsize(p) for p in args.inputs)
     progress = Progress(total_bytes)
-    train_path, val_path = os.path.join(args.out, "train.bin"), os.path.join(args.out, "val.bin")
-    writer = TokenWriter(tokenizer, eos_id, dtype, train_path + ".tmp", progress)
+    outputs = {name: os.path.join(args.out, name) for name in ("train.bin", "val.bin", "tokenizer.json", "meta.json")}
+    temporary = {name: path + ".tmp" for name, path in outputs.items()}
+    writer = TokenWriter(tokenizer, eos_id, dtype, temporary["train.bin"], progress)
     encode_started = time.monotonic()
     empty = 0  # documents without text (an empty file, "text": ""): an end-of-text token alone teaches nothing
     try:
@@ -280,46 +283,47 @@ def main():
                 continue
             writer.add(text, ends_document)
         writer.close()
-    except BaseException:  # a bad input found on the way (exit 2), an interrupt: no partial token file left
+        progress.add(0, 0, final=True)
+        lengths = np.frombuffer(writer.document_tokens, dtype=np.int64) if writer.document_tokens else np.zeros(0, np.int64)
+        documents = int(lengths.size)
+        if documents == 0:
+            fail("the inputs hold no text" + (f" ({empty} empty documents)" if empty else ""))
+        # Whole documents from the tail where there are enough of them; fewer than one document's
+        # share (a book or two) and the tail of the tokens is the validation split instead, as the
+        # tokens dataset splits a single file: holding out one of two books would take half the text.
+        total = int(lengths.sum())
+        val_documents = int(round(documents * args.val_fraction)) if documents * args.val_fraction >= 1 else 0
+        val_tokens = int(lengths[documents - val_documents:].sum()) if val_documents else int(total * args.val_fraction)
+        split_tail(temporary["train.bin"], temporary["val.bin"], total - val_tokens, np.dtype(dtype).itemsize)
+        train_size, val_size = total - val_tokens, val_tokens
+        tokenizer.save(temporary["tokenizer.json"])
+        elapsed = time.monotonic() - encode_started
+        meta = {
+            "format": "strata-tokens 1",
+            "vocab_size": vocab_size,
+            "eos_id": eos_id,
+            "eos_token": eos_token,
+            "dtype": "uint16" if dtype == np.uint16 else "uint32",
+            "tokenizer": "tokenizer.json",
+            "tokenizer_source": args.tokenizer or f"trained: byte-level BPE, vocabulary {args.train_tokenizer}",
+            "documents": {"train": documents - val_documents, "val": val_documents},
+            "empty_documents_skipped": empty,
+            "tokens": {"train": train_size, "val": val_size},
+            "inputs": [os.path.abspath(p) for p in args.inputs],
+            "seconds": {"train_tokenizer": round(trained_s, 3), "encode": round(writer.encode_s, 3), "read_encode_write": round(elapsed, 3)},
+        }
+        with open(temporary["meta.json"], "w") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+    except BaseException:  # a bad input found on the way (exit 2), an interrupt: no partial file left
         writer.out.close()
-        os.remove(train_path + ".tmp")
+        for path in temporary.values():
+            if os.path.exists(path):
+                os.remove(path)
         raise
-    progress.add(0, 0, final=True)
-    lengths = np.frombuffer(writer.document_tokens, dtype=np.int64) if writer.document_tokens else np.zeros(0, np.int64)
-    documents = int(lengths.size)
-    if documents == 0:
-        os.remove(train_path + ".tmp")
-        fail("the inputs hold no text" + (f" ({empty} empty documents)" if empty else ""))
-    # Whole documents from the tail where there are enough of them; fewer than one document's
-    # share (a book or two) and the tail of the tokens is the validation split instead, as the
-    # tokens dataset splits a single file: holding out one of two books would take half the text.
-    total = int(lengths.sum())
-    val_documents = int(round(documents * args.val_fraction)) if documents * args.val_fraction >= 1 else 0
-    val_tokens = int(lengths[documents - val_documents:].sum()) if val_documents else int(total * args.val_fraction)
-    split_tail(train_path + ".tmp", val_path, total - val_tokens, np.dtype(dtype).itemsize)
-    os.replace(train_path + ".tmp", train_path)
-    train_size, val_size = total - val_tokens, val_tokens
-    encode_s = writer.encode_s
-    tokenizer.save(os.path.join(args.out, "tokenizer.json"))
+    for name in ("train.bin", "val.bin", "tokenizer.json", "meta.json"):  # meta.json, which the dataset reads first, last
+        os.replace(temporary[name], outputs[name])
     tokens = total
-    elapsed = time.monotonic() - encode_started
-    meta = {
-        "format": "strata-tokens 1",
-        "vocab_size": vocab_size,
-        "eos_id": eos_id,
-        "eos_token": eos_token,
-        "dtype": "uint16" if dtype == np.uint16 else "uint32",
-        "tokenizer": "tokenizer.json",
-        "tokenizer_source": args.tokenizer or f"trained: byte-level BPE, vocabulary {args.train_tokenizer}",
-        "documents": {"train": documents - val_documents, "val": val_documents},
-        "empty_documents_skipped": empty,
-        "tokens": {"train": train_size, "val": val_size},
-        "inputs": [os.path.abspath(p) for p in args.inputs],
-        "seconds": {"train_tokenizer": round(trained_s, 3), "encode": round(encode_s, 3), "read_encode_write": round(elapsed, 3)},
-    }
-    with open(os.path.join(args.out, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=2)
-        f.write("\n")
     skipped = f" ({empty} empty ones skipped)" if empty else ""
     print(f"strata data prepare: {documents} documents{skipped}, {tokens:,} tokens ({train_size:,} train, {val_size:,} val) "
           f"in {elapsed:.1f} s ({tokens / max(elapsed, 1e-9):,.0f} tokens/s); vocabulary {vocab_size}, end of text "
@@ -332,8 +336,16 @@ def main():
           f"when left out):\n  [data]\n  path = \"{os.path.abspath(args.out)}\"")
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (a scheduler, `kill`) as Ctrl-C: the temporary files are removed
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         main()
+    except KeyboardInterrupt:
+        print("strata data prepare: interrupted; the output directory was left as it was", file=sys.stderr)
+        sys.exit(130)
     except OSError as e:  # a file that cannot be read or written (permissions, a full disk): one line, exit 2
         fail(f"{e.filename}: {e.strerror}" if e.filename else str(e))

@@ -85,6 +85,20 @@ for text_file, prepared, tokenizer in (sys.argv[1:4], sys.argv[4:7]):
 PY
   check "a plain text file encoded in pieces gave other ids than the whole file"
 
+# SIGTERM (a scheduler, `kill`) while it encodes: exit 130, one line, and the directory holds what it
+# held before (here the files of a finished run into it), no temporary file.
+cp -r "$work/whole_book" "$work/interrupted"
+for _ in 1 2 3 4; do cat data/kjv.txt; done > "$work/four_books.txt"
+"$strata" data prepare "$work/four_books.txt" -o "$work/interrupted" --tokenizer "$work/prepared/tokenizer.json" > "$work/interrupted.txt" 2>&1 &
+preparing=$!
+for _ in $(seq 300); do [[ -e $work/interrupted/train.bin.tmp ]] && break; sleep 0.1; done
+kill -TERM $preparing
+wait $preparing
+status=$?
+[[ $status == 130 ]] && [[ $(cat "$work/interrupted.txt") == "strata data prepare: interrupted; the output directory was left as it was" ]] &&
+  diff -r "$work/whole_book" "$work/interrupted" > /dev/null ||
+  check "SIGTERM during prepare: status $status, $(cat "$work/interrupted.txt"); $(diff -rq "$work/whole_book" "$work/interrupted")"
+
 # The tokenizer it wrote, given back: the same ids.
 "$strata" data prepare "$work/corpus.jsonl" -o "$work/again" --tokenizer "$work/prepared/tokenizer.json" --text-field body \
   > "$work/again.txt" 2>&1 || check "prepare with --tokenizer failed: $(cat "$work/again.txt")"
