@@ -5,7 +5,8 @@ Run by the strata command (launcher/cmd_data.cpp) with the Python that has Huggi
 library's own batch encoder (Rust, parallel over the cores); nothing here is a tokenizer.
 
 Inputs: plain text files (each file one document), JSON Lines (one document per line, its text in
---text-field) and Parquet when pyarrow is installed. Output directory:
+--text-field), a .json file holding one array (of such records, or of strings) and Parquet when
+pyarrow is installed. Output directory:
   train.bin, val.bin   the token stream, little-endian uint16 (vocabulary <= 65536) or uint32,
                        every document followed by the end-of-text id; val.bin is the tail
                        (--val-fraction of the documents; of the tokens when that is under one
@@ -90,12 +91,41 @@ def text_pieces(path):
             carry = text[cut:]
 
 
+def json_array(path):
+    """Whether a .json file is one JSON array (of records or strings) rather than JSON Lines."""
+    with open(path, encoding="utf-8") as f:
+        while (c := f.read(1)) and c.isspace():
+            pass
+    return c == "["
+
+
+def array_documents(path, text_field):
+    """The documents of a .json file that is one array: each element a record with `text_field`,
+    or a string. Parsed whole (the library has no streaming parser): JSON Lines is the format for
+    corpora larger than memory."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            elements = json.load(f)
+    except json.JSONDecodeError as e:
+        fail(f"{path}:{e.lineno}: not JSON ({e.msg})")
+    for number, element in enumerate(elements, 1):
+        if isinstance(element, str):
+            yield element, True
+        elif isinstance(element, dict) and isinstance(element.get(text_field), str):
+            yield element[text_field], True
+        else:
+            fail(f"{path}: element {number} of the array is neither a string nor a record with a string field '{text_field}' "
+                 "(--text-field names it)")
+
+
 def read_documents(paths, text_field):
     """Yields (text, ends_document) for every piece of every document of every input, in order: a
     JSON Lines record or a Parquet row is one piece, a plain text file is one document in pieces."""
     for path in paths:
         lower = path.lower()
-        if lower.endswith((".jsonl", ".json", ".ndjson")):
+        if lower.endswith(".json") and json_array(path):
+            yield from array_documents(path, text_field)
+        elif lower.endswith((".jsonl", ".json", ".ndjson")):
             with open(path, encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
                     if not line.strip():

@@ -107,6 +107,20 @@ import numpy as np, sys
 a = np.concatenate([np.fromfile('$work/again/train.bin', '<u2'), np.fromfile('$work/again/val.bin', '<u2')])
 b = np.concatenate([np.fromfile('$work/prepared/train.bin', '<u2'), np.fromfile('$work/prepared/val.bin', '<u2')])
 sys.exit(0 if np.array_equal(a, b[:a.size]) else 1)" || check "the same tokenizer gave other ids"
+# A .json file holding one array (of records, pretty-printed; or of strings) gives the ids the same
+# documents give as JSON Lines; an element that is neither is named.
+"$python" - "$work" <<'PY'
+import json, sys
+docs = [json.loads(l)["body"] for l in open(f"{sys.argv[1]}/corpus.jsonl")]
+json.dump([{"body": d} for d in docs], open(f"{sys.argv[1]}/records.json", "w"), indent=2)
+json.dump(docs, open(f"{sys.argv[1]}/strings.json", "w"))
+json.dump(docs[:3] + [{"title": "no body"}], open(f"{sys.argv[1]}/bad_array.json", "w"))
+PY
+for kind in records strings; do
+  "$strata" data prepare "$work/$kind.json" -o "$work/$kind" --tokenizer "$work/prepared/tokenizer.json" --text-field body > /dev/null 2>&1 &&
+    cmp -s "$work/$kind/train.bin" "$work/again/train.bin" && cmp -s "$work/$kind/val.bin" "$work/again/val.bin" ||
+    check "a JSON array of $kind did not give the JSON Lines' ids"
+done
 
 # Train on it naming only the directory (the tokens dataset, its vocabulary and document end from
 # meta.json); one rank, then two with fsdp; export; transformers.
@@ -214,6 +228,7 @@ expect_refused "a small vocabulary" "needs a vocabulary above 256" data prepare 
 printf '{"text": "fine"}\nnot json\n' > "$work/bad.jsonl"
 expect_refused "a bad JSON line" "bad.jsonl:2: not a JSON line" data prepare "$work/bad.jsonl" -o "$work/x" --train-tokenizer 300
 expect_refused "a missing text field" "no string field 'body'" data prepare "$work/bad.jsonl" -o "$work/x" --train-tokenizer 300 --text-field body
+expect_refused "an array element without the field" "bad_array.json: element 4 of the array is neither a string nor a record with a string field 'body'" data prepare "$work/bad_array.json" -o "$work/x" --train-tokenizer 300 --text-field body
 expect_refused "not a tokenizer" "not a Hugging Face tokenizer.json" data prepare "$work/extra.txt" -o "$work/x" --tokenizer "$work/bad.jsonl"
 : > "$work/empty.txt" && printf '{"text": ""}\n' > "$work/empty.jsonl"
 expect_refused "inputs without text" "the inputs hold no text (2 empty documents)" data prepare "$work/empty.txt" "$work/empty.jsonl" -o "$work/x" --train-tokenizer 300
