@@ -25,6 +25,7 @@
 #include "strata/core/run_directory.h"
 #include "strata/core/trainer.h"
 #include "strategy_input.h"
+#include "oom_kills.h"
 #include "supervisor.h"
 
 namespace strata::cli {
@@ -35,8 +36,9 @@ namespace fs = std::filesystem;
 
 // Forwards mpirun's standard error line by line, except its closing report (a block framed by
 // dashed lines) when the ranks said what went wrong themselves: that report repeats it once per
-// rank with mpirun's advice around it, or when the run was stopped by Ctrl-C or SIGTERM. Without
-// rank reports (a rank killed by a signal) the block is what names the rank, so it is printed.
+// rank with mpirun's advice around it, when the run was stopped by Ctrl-C or SIGTERM, or when it
+// names a rank killed by a signal (cause(), which the supervisor says on one line). Otherwise it
+// is all there is, so it is printed.
 class StderrFilter {
  public:
   void line(const std::string& text) {
@@ -237,6 +239,7 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   // unless the caller named one.
   const bool name_a_store = !std::getenv("MASTER_ADDR");
   const std::string store_port = name_a_store ? std::to_string(free_local_port()) : "";
+  const OomKillCount oom_kills_before = read_oom_kills();
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) throw UserError("cannot create a pipe: " + std::string(std::strerror(errno)));
   const pid_t child = ::fork();
@@ -302,10 +305,13 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   }
   std::string reported_cause;
   const int reported = report_rank_errors(errors, ranks, reported_cause);
-  filter.finish(reported != 0 || interrupted != 0);  // a stop asked for needs no report of how the ranks exited
+  // mpirun's report is not shown where the ranks reported their errors, where a stop was asked for
+  // (no report of how the ranks exited is needed) or where it names a rank killed by a signal (the
+  // supervisor's own line names it, the OOM killer too).
+  const std::string signalled = name_oom_kill(filter.cause(), oom_kills_before, read_oom_kills());
+  filter.finish(reported != 0 || interrupted != 0 || !signalled.empty());
   std::error_code ignored;
   fs::remove_all(errors, ignored);
-  const std::string signalled = filter.cause();
   AttemptResult result{reported ? reported : WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 1,
                        signalled.empty() ? reported_cause : signalled, interrupted != 0, {}};
   result.cause_shown = reported != 0 && signalled.empty();

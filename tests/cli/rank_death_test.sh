@@ -19,5 +19,7 @@ if kill -0 "$launcher" 2>/dev/null; then
 fi
 wait "$launcher"; status=$?
 echo "job ended $(( $(date +%s) - killed_at )) s after the kill with status $status"
-grep -E "process rank [0-9]+ .* exited on signal 9" "$work/log" || { tail -20 "$work/log"; exit 1; }
+# The supervisor's one line names the rank (mpirun's report around it is not shown).
+grep -E "^strata: error: rank [0-9]+ exited on signal 9 \(Killed\)" "$work/log" && ! grep -q "mpirun noticed" "$work/log" ||
+  { tail -20 "$work/log"; exit 1; }
 [ "$status" -ne 0 ]
