@@ -7,8 +7,9 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <random>
+#include <vector>
 
 #include "strata/plugin.h"
 
@@ -48,14 +49,48 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// Tokens of fixed width (1, 2 or 4 bytes, little-endian) in a byte buffer, split into train and
+// Mapped files read as one byte stream, in order: a directory of text files costs no memory of its
+// own, as one file does (reading them into one buffer took the corpus's size on every rank).
+class MappedStream {
+ public:
+  explicit MappedStream(const std::vector<fs::path>& files) {
+    for (const auto& file : files) {
+      auto mapped = std::make_shared<const MappedFile>(file);
+      if (mapped->size() == 0) continue;
+      starts_.push_back(size_);
+      size_ += mapped->size();
+      files_.push_back(std::move(mapped));
+    }
+  }
+  size_t size() const { return size_; }
+  size_t file_size(size_t i) const { return files_[i]->size(); }
+  // Bytes [offset, offset + n): a pointer into the one file that holds them all, or, where they
+  // span files, a copy in `spill`.
+  const unsigned char* bytes(size_t offset, size_t n, std::vector<unsigned char>& spill) const {
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin()) - 1;
+    if (offset + n <= starts_[i] + files_[i]->size()) return files_[i]->bytes() + (offset - starts_[i]);
+    spill.resize(n);
+    for (size_t done = 0; done < n; ++i) {
+      const size_t from = offset + done - starts_[i], take = std::min(n - done, files_[i]->size() - from);
+      std::memcpy(spill.data() + done, files_[i]->bytes() + from, take);
+      done += take;
+    }
+    return spill.data();
+  }
+
+ private:
+  std::vector<std::shared_ptr<const MappedFile>> files_;
+  std::vector<size_t> starts_;
+  size_t size_ = 0;
+};
+
+// Tokens of fixed width (1, 2 or 4 bytes, little-endian) in mapped files, split into train and
 // validation ranges.
 class FixedWidthTokens final : public TokenDataset {
  public:
   struct Range {
-    std::shared_ptr<const MappedFile> file;   // mapped source, or
-    std::shared_ptr<const std::string> text;  // in-memory bytes
-    int64_t first = 0, count = 0;             // in tokens
+    std::shared_ptr<const MappedStream> source;
+    int64_t first = 0, count = 0;  // in tokens
   };
 
   FixedWidthTokens(int width, int64_t vocab, Range train, Range val)
@@ -67,8 +102,9 @@ class FixedWidthTokens final : public TokenDataset {
   void read(Split split, int64_t begin, int64_t count, int64_t* out) const override {
     const Range& r = range(split);
     if (begin < 0 || begin + count > r.count) throw std::out_of_range("token read past the end of the split");
-    const unsigned char* base = (r.file ? r.file->bytes() : reinterpret_cast<const unsigned char*>(r.text->data())) +
-                                (r.first + begin) * width_;
+    if (count == 0) return;
+    std::vector<unsigned char> spill;
+    const unsigned char* base = r.source->bytes(static_cast<size_t>((r.first + begin) * width_), static_cast<size_t>(count * width_), spill);
     for (int64_t i = 0; i < count; ++i) {
       const unsigned char* p = base + i * width_;
       uint32_t v = p[0];
@@ -138,11 +174,11 @@ class Tokens final : public DatasetFactory {
     const int width = c.get_string("dtype") == "uint16" ? 2 : 4;
     const fs::path path = resolve(c.get_string("path"), context);
     auto map = [&](const fs::path& file) {
-      auto mapped = std::make_shared<const MappedFile>(file);
+      auto mapped = std::make_shared<const MappedStream>(std::vector<fs::path>{file});
       if (mapped->size() % width != 0)
         throw UserError("[data] " + file.string() + " has " + std::to_string(mapped->size()) +
                         " bytes, not a whole number of " + c.get_string("dtype") + " tokens");
-      return FixedWidthTokens::Range{mapped, nullptr, 0, static_cast<int64_t>(mapped->size() / width)};
+      return FixedWidthTokens::Range{mapped, 0, static_cast<int64_t>(mapped->size() / width)};
     };
     FixedWidthTokens::Range train, val;
     if (fs::is_directory(path)) {
@@ -186,21 +222,12 @@ class Text final : public DatasetFactory {
     } else {
       files.push_back(path);
     }
-    // One file is mapped, as token files are: opening it costs nothing, however large (strata
-    // tune opens the data once per candidate it plans). Several are read into one buffer.
-    FixedWidthTokens::Range all;
-    if (files.size() == 1 && fs::is_regular_file(files[0])) {
-      auto mapped = std::make_shared<const MappedFile>(files[0]);
-      all = FixedWidthTokens::Range{mapped, nullptr, 0, static_cast<int64_t>(mapped->size())};
-    } else {
-      auto text = std::make_shared<std::string>();
-      for (const auto& file : files) {
-        std::ifstream in(file, std::ios::binary);
-        if (!in) throw UserError("[data] cannot read " + file.string());
-        text->append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-      }
-      all = FixedWidthTokens::Range{nullptr, text, 0, static_cast<int64_t>(text->size())};
-    }
+    // Mapped, as token files are: opening them costs nothing, however large (strata tune opens the
+    // data once per candidate it plans), and the ranks of a machine share the pages.
+    for (const auto& file : files)
+      if (!fs::is_regular_file(file)) throw UserError("[data] cannot read " + file.string());
+    auto stream = std::make_shared<const MappedStream>(files);
+    const FixedWidthTokens::Range all{stream, 0, static_cast<int64_t>(stream->size())};
     if (all.count < 2) {
       // A directory `strata data prepare` wrote is token files, not text: name the dataset for it.
       const bool prepared = fs::is_directory(path) && fs::exists(path / "meta.json");

@@ -98,5 +98,31 @@ TEST_F(Datasets, TextIsBytesAndSyntheticIsSeeded) {
   EXPECT_EQ(read(*s1, Split::Train), read(*s2, Split::Train));
 }
 
+// A directory's text files are one byte stream in name order (mapped, not read into memory):
+// every read, whichever files it spans (an empty one among them), gives the concatenation's bytes,
+// and the validation tail is the concatenation's.
+TEST_F(Datasets, TextDirectoryIsItsFilesInNameOrder) {
+  const std::vector<std::pair<std::string, std::string>> files{
+      {"b.txt", "second file, "}, {"a.txt", "first file; "}, {"c.txt", ""}, {"d.txt", "the fourth and last."}, {"e.md", "not read"}};
+  for (const auto& [name, body] : files) std::ofstream(dir_ / name) << body;
+  const std::string whole = "first file; second file, the fourth and last.";
+  auto text = dataset("text").open(config(dataset("text"), {{"path", dir_.string()}, {"val_fraction", 0.25}}), {});
+  const int64_t train = text->num_tokens(Split::Train), val = text->num_tokens(Split::Val);
+  ASSERT_EQ(train + val, static_cast<int64_t>(whole.size()));
+  EXPECT_EQ(val, static_cast<int64_t>(whole.size() / 4));
+  std::string all;
+  for (int64_t v : read(*text, Split::Train)) all += static_cast<char>(v);
+  for (int64_t v : read(*text, Split::Val)) all += static_cast<char>(v);
+  EXPECT_EQ(all, whole);
+  for (int64_t begin = 0; begin < train; ++begin)
+    for (int64_t count = 0; begin + count <= train; count += 7) {
+      std::vector<int64_t> out(static_cast<size_t>(count));
+      text->read(Split::Train, begin, count, out.data());
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[static_cast<size_t>(i)], whole[static_cast<size_t>(begin + i)]) << begin << "+" << i;
+    }
+  std::vector<int64_t> one(1);
+  EXPECT_THROW(text->read(Split::Val, val, 1, one.data()), std::out_of_range);
+}
+
 }  // namespace
 }  // namespace strata
