@@ -4,7 +4,8 @@
 # [job] hang_timeout = 2 s, rank 0's evaluation and its disk save of step 6 are slowed through
 # STRATA_FAULT (200 ms per validation batch and per written piece: about 8 s and 3.6 s in all, each
 # pause far under 2 s). The run must finish with no failure and no restart, its metrics equal to
-# an unslowed run's. (A rank that stops beating is still a hang: chaos.stop_a_rank_ddp.)
+# an unslowed run's. (A rank that stops beating is still a hang: chaos.stop_a_rank_ddp.) Then a
+# resume whose restore is slowed past [job] start_timeout.
 set -euo pipefail
 strata=$1 strategy=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -21,4 +22,14 @@ fi
 checkpoint_ms=$(grep '"step":6,' "$work/slow/metrics.jsonl" | grep -o '"checkpoint_ms":[0-9.]*' | cut -d: -f2)
 awk -v ms="$checkpoint_ms" 'BEGIN { exit !(ms > 2000) }' || { echo "the save of step 6 took $checkpoint_ms ms: it was not slowed past the deadline"; exit 1; }
 diff <(metrics "$work/plain/metrics.jsonl") <(metrics "$work/slow/metrics.jsonl") || { echo "the slowed run's metrics differ"; exit 1; }
-echo "evaluation and a ${checkpoint_ms} ms save past hang_timeout = 2 s: no hang declared, metrics equal"
+# A resume whose checksums and restore take longer than [job] start_timeout = 3 s (200 ms per 4 MiB
+# hashed and per tensor read) is no start-up hang either: it resumes at step 8 and trains on.
+STRATA_FAULT="slow_restore 0 0" "$strata" run -n 2 "$work/slow/strategy.toml" --out "$work/slow" --resume --set job.steps=10 \
+  --set job.start_timeout=3 > "$work/resume.log" 2>&1 || { echo "the slowed resume failed:"; cat "$work/resume.log"; exit 1; }
+resume_events=$(tac "$work/slow/events.jsonl" | sed '/"event":"start"/q' | tac)
+resume_s=$(grep -o '"wall_s":[0-9.]*' <<<"$resume_events" | cut -d: -f2)
+if grep -q '"event":"failure"' <<<"$resume_events" || ! grep -q '"event":"finish".*"step":10,"restarts":0' <<<"$resume_events" ||
+   ! grep -q "resumed from .*step_00000008 at step 8" "$work/resume.log" || ! awk -v s="$resume_s" 'BEGIN { exit !(s > 3) }'; then
+  echo "a long restore was taken for a hang, or was not slowed past start_timeout:"; echo "$resume_events"; cat "$work/resume.log"; exit 1
+fi
+echo "evaluation and a ${checkpoint_ms} ms save past hang_timeout = 2 s, a ${resume_s} s resume past start_timeout = 3 s: no hang declared, metrics equal"

@@ -355,7 +355,7 @@ class Coverage {
 
 }  // namespace
 
-void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
+void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer, const std::function<void()>& heartbeat) const {
   std::vector<int> order{std::find(ranks_.begin(), ranks_.end(), prefer) != ranks_.end() ? prefer : 0};
   for (int r : ranks_)
     if (r != order.front()) order.push_back(r);
@@ -374,6 +374,7 @@ void Checkpoint::fill(std::vector<TensorRequest>& requests, int prefer) const {
     if (all_done()) break;
     const RankFile file = read_rank(rank);
     for (const auto& [name, stored] : file.tensors) {
+      if (heartbeat) heartbeat();
       auto found = file.slices.find(name);
       const Placement* stored_slice = found != file.slices.end() ? &found->second : nullptr;
       const std::vector<int64_t> whole_shape = stored_slice ? stored_slice->shape : stored.sizes().vec();
@@ -457,7 +458,8 @@ std::optional<Checkpoint> open_checkpoint_or_explain(const fs::path& dir, std::v
   }
 }
 
-std::optional<std::string> checksum_problem_together(const Checkpoint& checkpoint, Communicator& world, c10::Device device) {
+std::optional<std::string> checksum_problem_together(const Checkpoint& checkpoint, Communicator& world, c10::Device device,
+                                                     const std::function<void()>& heartbeat) {
   if (checkpoint.in_memory()) return std::nullopt;  // flash images were verified as they arrived
   std::vector<std::pair<std::string, std::string>> files;  // name, SHA-256 the manifest gives
   const nlohmann::json manifest = read_manifest(checkpoint.path());
@@ -468,7 +470,7 @@ std::optional<std::string> checksum_problem_together(const Checkpoint& checkpoin
   uintmax_t bytes = 0;
   for (size_t i = static_cast<size_t>(world.rank()); i < files.size() && failed == 0; i += static_cast<size_t>(world.size())) {
     const fs::path path = checkpoint.path() / files[i].first;
-    if (sha256_file(path) != files[i].second) failed = static_cast<int>(i) + 1;
+    if (sha256_file(path, heartbeat) != files[i].second) failed = static_cast<int>(i) + 1;
     ++hashed, bytes += fs::file_size(path);
   }
   log::record("checksums of " + checkpoint.path().string() + ": this rank hashed " + std::to_string(hashed) + " of the " +

@@ -107,7 +107,8 @@ class STRATA_API Checkpoint {
   // Fills every request, reading rank `prefer`'s file first (per-rank state such as the RNG
   // comes from it) and other files only for what it lacks. A tensor the checkpoint lacks, holds
   // with another whole shape or dtype, or covers only in part is a UserError naming it.
-  void fill(std::vector<TensorRequest>& requests, int prefer) const;
+  // `heartbeat` runs after each stored tensor is read (a long restore is progress).
+  void fill(std::vector<TensorRequest>& requests, int prefer, const std::function<void()>& heartbeat = {}) const;
 
   // Every name in the checkpoint, in file order of the lowest rank holding it.
   std::vector<StoredTensorInfo> describe() const;
@@ -134,7 +135,8 @@ std::optional<Checkpoint> open_checkpoint_or_explain(const std::filesystem::path
 // shares what they found, so each file is read once per job rather than once per rank (a
 // 1.4 GiB GPT-2 checkpoint at 4 ranks: 1.4 GiB hashed in all, not 5.6). Returns the reason the
 // checkpoint fails its checksums, the same on every rank, or nullopt.
-std::optional<std::string> checksum_problem_together(const Checkpoint& checkpoint, Communicator& world, c10::Device device);
+std::optional<std::string> checksum_problem_together(const Checkpoint& checkpoint, Communicator& world, c10::Device device,
+                                                     const std::function<void()>& heartbeat = {});
 
 // Writes `text` to `path` through a temporary file, fsync and rename, so readers see the old
 // file or the new one, never a part; a failed write is a UserError naming the file.

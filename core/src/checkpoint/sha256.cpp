@@ -40,7 +40,7 @@ std::string Sha256::hex_digest() {
   return out;
 }
 
-std::string sha256_file(const std::filesystem::path& path) {
+std::string sha256_file(const std::filesystem::path& path, const std::function<void()>& each_chunk) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("cannot read " + path.string());
   Sha256 hash;
@@ -48,6 +48,7 @@ std::string sha256_file(const std::filesystem::path& path) {
   while (in) {
     in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
     hash.update(chunk.data(), static_cast<size_t>(in.gcount()));
+    if (each_chunk) each_chunk();
   }
   if (in.bad()) throw UserError("cannot read " + path.string());
   return hash.hex_digest();

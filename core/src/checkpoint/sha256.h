@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX, kept out of every includer
@@ -22,7 +23,8 @@ class Sha256 {
   evp_md_ctx_st* context_;
 };
 
-// Hex digest of a whole file; throws UserError when it cannot be read.
-std::string sha256_file(const std::filesystem::path& path);
+// Hex digest of a whole file; throws UserError when it cannot be read. `each_chunk` runs after
+// every 4 MiB hashed (a long hash is progress to the supervisor's hang watch).
+std::string sha256_file(const std::filesystem::path& path, const std::function<void()>& each_chunk = {});
 
 }  // namespace strata

@@ -64,7 +64,8 @@ bool inject_fault(int rank, int64_t step, const std::string& point, const std::f
     if (point == "snapshot" && kind == "kill_in_snapshot") std::raise(SIGKILL);
     if (point == "replica" && kind == "kill_in_replica") std::raise(SIGKILL);
     if (point == "snapshot_done" && kind == "corrupt_snapshot") return true;
-    if ((point == "evaluation" && kind == "slow_evaluation") || (point == "checkpoint" && kind == "slow_checkpoint"))
+    if ((point == "evaluation" && kind == "slow_evaluation") || (point == "checkpoint" && kind == "slow_checkpoint") ||
+        (point == "restore" && kind == "slow_restore"))
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return false;

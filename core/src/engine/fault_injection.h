@@ -23,8 +23,10 @@ namespace strata::engine {
 //   "replica"  (once the snapshot of step STEP is posted to its replicas, its bytes in flight)
 //              kill_in_replica: SIGKILL; lose_node_in_replica (RANK is a node): as lose_node;
 //   "evaluation" (as the evaluation of step STEP reads each validation batch) slow_evaluation, and
-//   "checkpoint" (after each piece of step STEP's disk checkpoint is written) slow_checkpoint:
-//              sleeps 200 ms, making a long phase that beats (the hang watch must wait it out).
+//   "checkpoint" (after each piece of step STEP's disk checkpoint is written) slow_checkpoint, and
+//   "restore"  (STEP 0: after each 4 MiB hashed and each tensor read of a disk checkpoint a
+//              resuming rank restores) slow_restore: sleeps 200 ms, making a long phase that beats
+//              (the hang watch must wait it out).
 // `before_kill` runs before a "step" kill.
 bool inject_fault(int rank, int64_t step, const std::string& point = "step", const std::function<void()>& before_kill = {});
 

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include "fault_injection.h"
 #include "trainer_impl.h"
 #include "training_state.h"
 #include "strata/core/log.h"
@@ -234,15 +235,21 @@ bool Trainer::load() {
     }
   }
   const bool any = t.newest.has_value();
+  // Each 4 MiB hashed and each tensor read is a beat: a large checkpoint's checksums and restore,
+  // on slow storage, are progress to the hang watch, not a silent start-up.
+  const auto restoring = [&t] {
+    t.progress->beat();
+    engine::inject_fault(t.env.rank, 0, "restore");
+  };
   while (t.newest) {
     std::string problem;
     // Every rank runs each step of this loop for the same checkpoint: the checksums (each rank
     // hashing its share of the files) and the restore agree across the ranks.
     if (!t.accepted_hashes.count(t.newest->meta().state_hash))
       problem = "saved with another model, data or optimizer configuration";
-    else if (auto bad = engine::checksum_problem_together(*t.newest, t.topology->world(), t.device))
+    else if (auto bad = engine::checksum_problem_together(*t.newest, t.topology->world(), t.device, restoring))
       problem = *bad;
-    else if (engine::restore_state(*t.job, *t.newest, t.env.rank, problem))
+    else if (engine::restore_state(*t.job, *t.newest, t.env.rank, problem, restoring))
       break;
     t.skipped.push_back("checkpoint " + t.newest->path().string() + ": " + problem);
     t.newest.reset();

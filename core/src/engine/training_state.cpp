@@ -213,7 +213,8 @@ NamedTensors for_disk(const NamedTensors& tensors) {
   return out;
 }
 
-bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::string& problem) {
+bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::string& problem,
+                   const std::function<void()>& heartbeat) {
   std::vector<TensorRequest> requests;
   std::vector<std::pair<size_t, size_t>> ranges;  // per state: its requests
   for (const auto& [key, state] : job.states()) {
@@ -228,7 +229,7 @@ bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::
   }
   int failed = 0;
   try {
-    checkpoint.fill(requests, rank);
+    checkpoint.fill(requests, rank, heartbeat);
   } catch (const UserError& e) {
     problem = e.what();
     failed = 1;

@@ -3,8 +3,9 @@
 #pragma once
 
 #include <filesystem>
-#include <set>
+#include <functional>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "checkpoint/checkpoint.h"
@@ -43,7 +44,8 @@ NamedTensors for_disk(const NamedTensors& tensors);
 // checkpoint saved by any number of ranks under any layout loads here. A checkpoint that passed
 // its checksums but cannot be read (a damaged shard under a manifest rewritten to match it)
 // loads nothing on any rank: the ranks agree before loading, and `problem` says what failed.
-bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::string& problem);
+bool restore_state(const Job& job, const Checkpoint& checkpoint, int rank, std::string& problem,
+                   const std::function<void()>& heartbeat = {});
 
 // Identifies what shapes the saved state and the sequence of batches: a resume with another
 // model, data or optimizer is refused. Ranks, parallel layout, passes, steps, logging, paths
