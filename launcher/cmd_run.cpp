@@ -462,8 +462,12 @@ int run_train(const Args& args) {
   if (leader) {
     std::ostringstream line;
     line.precision(5);
-    line << "strata: done: step " << summary.last_step << ", loss " << summary.last_loss;
-    if (trainer.metrics().val_loss) line << ", val_loss " << *trainer.metrics().val_loss;
+    // A resume of a finished run computes no step: no loss to report, and more steps are the way on.
+    if (summary.first_step > summary.last_step)
+      line << "strata: done: the checkpoint of step " << summary.last_step << " ends the run ([job] steps = " << trainer.total_steps()
+           << "); nothing was trained";
+    else line << "strata: done: step " << summary.last_step << ", loss " << summary.last_loss;
+    if (trainer.metrics().val_loss && summary.first_step <= summary.last_step) line << ", val_loss " << *trainer.metrics().val_loss;
     if (loaded.plan.job.get_bool("checkpoint_at_end")) {
       line << "; checkpoint in " << (out_dir / "checkpoints").string() << "; `strata report " << out_dir.string()
            << "` charts it, `strata ckpt export " << out_dir.string() << " DIR` exports it for transformers, and `" << resume

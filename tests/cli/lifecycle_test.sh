@@ -15,6 +15,10 @@ grep -q "^strata: training in $work/done: world 1 (data 1 x tensor 1 x pipeline 
   || { echo "FAIL: no start line"; cat "$work/done.log"; exit 1; }
 grep -Eq "^strata: done: step 3, loss [0-9.]+; checkpoint in $work/done/checkpoints; .strata report $work/done. .*strata ckpt export $work/done DIR.*strata run $work/done/strategy.toml --out $work/done --resume --set job.steps=N" "$work/done.log" \
   || { echo "FAIL: no closing line"; cat "$work/done.log"; exit 1; }
+# Resuming a finished run trains nothing and says so (it said "done: step 3, loss 0").
+"$strata" run "$work/done/strategy.toml" --out "$work/done" --resume > "$work/again.log"
+grep -q "^strata: done: the checkpoint of step 3 ends the run (\[job\] steps = 3); nothing was trained; checkpoint in $work/done/checkpoints" \
+  "$work/again.log" || { echo "FAIL: the resume of a finished run"; cat "$work/again.log"; exit 1; }
 # Ctrl-C: a long run, interrupted once it has started stepping.
 "$strata" run "$strategy" --out "$work/long" "${small[@]}" --set job.steps=1000000 --set job.checkpoint_every=0 > "$work/long.log" 2>&1 &
 pid=$!
