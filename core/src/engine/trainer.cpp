@@ -4,8 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include <unistd.h>
@@ -422,6 +424,8 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   done.memory = {memory.params, memory.grads, memory.optimizer, memory.peak, memory.device_peak};
   done.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   done.host_reads = host_read_count() - reads_before;
+  done.skipped = context.skip_step;
+  if (const at::Tensor flag = job.program.skip_flag(); flag.defined()) done.skip_flag = flag.clone();  // the pass's flag changes every step
   step = at_step;
 
   const int64_t eval_every = job_cfg.get_int("eval_every"), checkpoint_every = job_cfg.get_int("checkpoint_every");
@@ -436,6 +440,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   if (!(read_figures || eval_due || save_due || profiled || at_step % job_cfg.get_int("log_every") == 0)) return done.record;
 
   read_unread();
+  stop_if_diverged();  // before this step's evaluation and checkpoint
   StepRecord& record = unread.back().record;
   if (profiled) {
     profile.add_step(record.step_ms);
@@ -477,6 +482,30 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   return last;
 }
 
+// A step whose loss or gradient norm is not finite and that no pass skipped (amp skips fp16
+// overflows) has put NaN or inf into the weights: every later step and checkpoint would carry
+// them, and with keep_checkpoints the good ones would rotate out. Megatron stops there too
+// (check_for_nan_in_loss_and_grad). With [job] nonfinite = "stop" the run ends at the first such
+// step read, before that step's evaluation and checkpoint, on every rank alike (the loss and the
+// norm are reduced over the ranks): its metrics are recorded, and the one line says what to change.
+void Trainer::Impl::stop_if_diverged() {
+  if (plan.job.get_string("nonfinite") != "stop") return;
+  for (const UnreadStep& u : unread) {
+    const StepRecord& r = u.record;
+    if (u.skipped || (std::isfinite(r.loss) && std::isfinite(r.grad_norm))) continue;
+    const bool loss = !std::isfinite(r.loss);
+    std::ostringstream value;
+    value << (loss ? r.loss : r.grad_norm);
+    const std::vector<fs::path> saved = engine::checkpoint_dirs_newest_first(checkpoints_dir);
+    record_unread();
+    throw UserError("training diverged at step " + std::to_string(r.step) + ": the " + (loss ? "loss" : "gradient norm") + " is " +
+                    value.str() + " and no pass skipped the step, so the weights are no longer finite; " +
+                    (saved.empty() ? std::string("no checkpoint was saved before it")
+                                   : "the newest checkpoint, " + saved.front().filename().string() + ", was saved before it") +
+                    ". Lower [optimizer] lr or raise warmup_steps, or set grad_clip, and resume; [job] nonfinite = \"continue\" trains on regardless");
+  }
+}
+
 // The figures of every unread step in one read: losses, gradient norms and, across ranks, the
 // largest memory figures (what the busiest rank needs). On a device with a queue the host's time
 // per step says when a step was queued, not when it ran, so each unread step is given the mean
@@ -501,6 +530,8 @@ void Trainer::Impl::read_unread(bool across_ranks) {
   for (const auto& u : unread) values.push_back(u.loss), values.push_back(u.grad_norm);
   for (const auto& u : unread)
     for (const auto& figure : u.device_figures) values.push_back(figure.second);
+  for (const auto& u : unread)
+    if (u.skip_flag.defined()) values.push_back(u.skip_flag);
   for (const auto& u : unread) memory.insert(memory.end(), u.memory.begin(), u.memory.end());
   const bool memory_agreed = across_ranks && topology->world().size() > 1;
   // A stop signal rides on the memory figures' all-reduce (max): every rank learns at the same
@@ -519,6 +550,8 @@ void Trainer::Impl::read_unread(bool across_ranks) {
   auto next = figures.begin() + static_cast<std::ptrdiff_t>(2 * n);  // the device figures, the memory figures, the stage sums
   for (auto& u : unread)
     for (const auto& [name, value] : u.device_figures) u.record.extra.emplace_back(name, *next++);
+  for (auto& u : unread)
+    if (u.skip_flag.defined()) u.skipped = *next++ != 0 || u.skipped;
   if (memory_agreed) memory.assign(next, next + static_cast<std::ptrdiff_t>(memory.size())), next += static_cast<std::ptrdiff_t>(memory.size());
   if (ask_signal) any_rank_signalled = memory.back() > 0, memory.pop_back();
   if (stages_summed) {
@@ -580,6 +613,7 @@ RunSummary Trainer::run(const std::function<bool()>& stop_requested) {
     throw;
   }
   t.read_unread();  // a stop between reads
+  t.stop_if_diverged();
   t.record_unread();
   summary.last_loss = t.last.loss;
   summary.last_step = t.step;

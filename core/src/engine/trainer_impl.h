@@ -102,6 +102,8 @@ struct Trainer::Impl {
     std::array<double, 5> memory{};  // this rank's engine::MemoryFigures, in their order
     double host_ms = 0;
     int64_t host_reads = 0;  // read_on_host calls during the step
+    at::Tensor skip_flag;  // StepProgram::skip_flag() as this step left it (undefined: no pass can skip a step)
+    bool skipped = false;  // a pass or hook skipped the update (known once read)
   };
   std::vector<UnreadStep> unread;
   std::optional<engine::StageFigures> stage_figures;  // with a pipeline (engine/stage_figures.h)
@@ -132,6 +134,7 @@ struct Trainer::Impl {
   const StepRecord& advance(bool read_figures);  // one step (trainer.cpp)
   void read_unread(bool across_ranks = true);
   void record_unread();
+  void stop_if_diverged();
 };
 
 }  // namespace strata

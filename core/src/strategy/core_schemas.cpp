@@ -34,6 +34,11 @@ const Schema& job_schema() {
                at_least(0))
       .integer("eval_every", 0, "Optimizer steps between evaluations; 0 = never", at_least(0))
       .integer("checkpoint_every", 0, "Optimizer steps between checkpoints; 0 = only at the end", at_least(0))
+      .string("nonfinite", "stop",
+              "A step whose loss or gradient norm is not finite and that no pass skipped (amp skips fp16 overflows): stop "
+              "ends the run there, exit 2, before that step's evaluation and checkpoint; continue trains on with the "
+              "non-finite weights",
+              {"stop", "continue"})
       .boolean("checkpoint_at_end", true,
                "Write a checkpoint after the last step (with flash_every, the supervisor persists the last snapshot); false "
                "writes none at the end, for benchmarks and tuning trials (with checkpoint_every = 0 the run writes none at all)")
