@@ -35,6 +35,21 @@ std::string parse_export_dtype(const std::string& option, const std::string& tex
   throw UserError(option + " expects fp32, bf16 or fp16, got '" + text + "'");
 }
 
+// ckpt export's largest weight file: bytes, or with a unit as transformers writes it (5GB,
+// 500MB, 2GiB; GB and MB are powers of ten, GiB and MiB of two).
+uint64_t parse_byte_size(const std::string& option, const std::string& text) {
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  const std::string unit(end, text.data() + text.size());
+  static const std::vector<std::pair<std::string, double>> units{{"", 1},       {"B", 1},         {"KB", 1e3},
+                                                                 {"MB", 1e6},   {"GB", 1e9},      {"KiB", 1024.0},
+                                                                 {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  const auto it = std::find_if(units.begin(), units.end(), [&](const auto& u) { return u.first == unit; });
+  if (ec != std::errc() || it == units.end() || !(value * it->second >= 1) || value * it->second > 1e15)
+    throw UserError(option + " expects a size such as 5GB, 500MB or 2GiB (or bytes), got '" + text + "'");
+  return static_cast<uint64_t>(value * it->second);
+}
+
 // A whole number from 0 on (sample's --tokens, --top-k, --seed).
 int64_t parse_natural(const std::string& option, const std::string& text) {
   int64_t value = 0;
@@ -127,6 +142,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--val-fraction") args.given.push_back(arg), args.val_fraction = parse_fraction(arg, value());
     else if (arg == "--eos") args.given.push_back(arg), args.eos = value();
     else if (arg == "--dtype") args.given.push_back(arg), args.dtype = parse_export_dtype(arg, value());
+    else if (arg == "--max-shard-size") args.given.push_back(arg), args.max_shard_bytes = parse_byte_size(arg, value());
     else if (arg.size() > 1 && arg[0] == '-') throw UserError("unknown option '" + arg + "'; see strata --help");
     else if (args.command.empty()) args.command = arg;
     else args.positional.push_back(arg);

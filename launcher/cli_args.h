@@ -40,6 +40,7 @@ struct Args {
   double val_fraction = 0.05;           // data prepare: documents held out for validation
   std::string eos;                      // data prepare: the end-of-text token; empty = the tokenizer's usual one
   std::string dtype;                    // ckpt export: the weights' dtype (fp32, bf16, fp16); empty = fp32
+  uint64_t max_shard_bytes = 5'000'000'000;  // ckpt export: the largest weight file (strata::ExportOptions)
   int argc = 0;  // the raw command line, for commands that re-execute themselves
   char** argv = nullptr;
   std::vector<std::string> given;  // option names as typed, to refuse those a command does not take

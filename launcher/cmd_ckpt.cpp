@@ -8,17 +8,30 @@
 
 namespace strata::cli {
 
+namespace fs = std::filesystem;
+
 int run_ckpt(const Args& args) {
   const bool exporting = !args.positional.empty() && args.positional[0] == "export";
-  allow_only(args, exporting ? std::vector<std::string>{"--dtype"} : std::vector<std::string>{});
+  allow_only(args, exporting ? std::vector<std::string>{"--dtype", "--max-shard-size"} : std::vector<std::string>{});
   if (args.positional.size() == 3 && exporting) {
     ComponentRegistry registry;
     load_plugins(registry);
-    const at::ScalarType dtype = args.dtype == "bf16" ? at::kBFloat16 : args.dtype == "fp16" ? at::kHalf : at::kFloat;
-    auto used = export_hf(args.positional[1], args.positional[2], registry, dtype);
-    const bool tokenizer = std::filesystem::exists(std::filesystem::path(args.positional[2]) / "tokenizer.json");
-    std::cout << "exported " << used.string() << " to " << args.positional[2] << " (model.safetensors in " << (args.dtype.empty() ? "fp32" : args.dtype) << ", config.json"
-              << (tokenizer ? ", tokenizer.json, tokenizer_config.json" : "") << ")\n";
+    const fs::path out = args.positional[2];
+    ExportOptions options;
+    options.dtype = args.dtype == "bf16" ? at::kBFloat16 : args.dtype == "fp16" ? at::kHalf : at::kFloat;
+    options.max_shard_bytes = args.max_shard_bytes;
+    const fs::path used = export_hf(args.positional[1], out, registry, options);
+    const fs::path index = out / "model.safetensors.index.json";
+    std::string weights = "model.safetensors";
+    if (fs::exists(index)) {
+      size_t files = 0;
+      for (const auto& entry : fs::directory_iterator(out)) files += entry.path().extension() == ".safetensors";
+      weights = std::to_string(files) + " weight files with model.safetensors.index.json";
+    }
+    const bool tokenizer = fs::exists(out / "tokenizer.json");
+    std::cout << "exported " << used.string() << " to " << out.string() << " (" << weights << " in "
+              << (args.dtype.empty() ? "fp32" : args.dtype) << ", config.json" << (tokenizer ? ", tokenizer.json, tokenizer_config.json" : "")
+              << ")\n";
     return 0;
   }
   if (args.positional.size() == 3 && args.positional[0] == "consolidate") {

@@ -97,7 +97,7 @@ const std::vector<Command>& commands() {
        "forces the fallbacks).\n",
        run_ops},
       {"ckpt", "Work with checkpoints: export to Hugging Face format, consolidate, describe",
-       "usage: strata ckpt export RUN_DIR|CHECKPOINT_DIR OUT_DIR [--dtype fp32|bf16|fp16]\n"
+       "usage: strata ckpt export RUN_DIR|CHECKPOINT_DIR OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size SIZE]\n"
        "       strata ckpt consolidate RUN_DIR|CHECKPOINT_DIR OUT.safetensors\n"
        "       strata ckpt info RUN_DIR|CHECKPOINT_DIR\n\n"
        "A RUN_DIR stands for its newest valid checkpoint. Checkpoints saved by any number of ranks\n"
@@ -105,7 +105,10 @@ const std::vector<Command>& commands() {
        "  export       OUT_DIR/model.safetensors and OUT_DIR/config.json in the layout transformers\n"
        "               loads (GPT2LMHeadModel, LlamaForCausalLM); [model] init_from reads it back;\n"
        "               --dtype casts the weights (default fp32, the checkpoint's master weights) and\n"
-       "               sets config.json's torch_dtype\n"
+       "               sets config.json's torch_dtype; weights above --max-shard-size (default 5GB;\n"
+       "               500MB, 2GiB, bytes) are split as save_pretrained splits them, into\n"
+       "               model-00001-of-0000N.safetensors and model.safetensors.index.json. It holds\n"
+       "               the model in fp32 and one tensor's copy\n"
        "  consolidate  every tensor (model/, optimizer/, data/, rng/ and pass state) whole in one\n"
        "               safetensors file; per-rank state comes from rank 0\n"
        "  info         step, ranks, size, and each tensor's dtype, whole shape and how it is stored\n",

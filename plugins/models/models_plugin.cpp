@@ -53,7 +53,9 @@ NamedTensors map_to_hf(const nn::Model& model, ToHfName to_hf_name) {
   NamedTensors out;
   for (const auto& p : model.named_parameters()) {
     HfName hf = to_hf_name(p.key());
-    out.emplace_back(hf.name, hf.transposed ? p.value().detach().t().contiguous() : p.value().detach());
+    // Views, transposed ones too: the writer lays each out as it writes it, so an export holds
+    // the model and one tensor's copy, not a second model.
+    out.emplace_back(hf.name, hf.transposed ? p.value().detach().t() : p.value().detach());
   }
   return out;
 }

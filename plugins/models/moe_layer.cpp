@@ -88,7 +88,7 @@ NamedTensors hub_experts_from_stacked(const NamedTensors& tensors) {
   for (const auto& [name, tensor] : tensors) {
     const auto hub = hub_expert_names(name, tensor.size(0));
     for (size_t j = 0; j < hub.size(); ++j)
-      out.emplace_back(hub[j], tensor[static_cast<int64_t>(j)].clone());  // a tensor of its own: safetensors refuses aliases
+      out.emplace_back(hub[j], tensor[static_cast<int64_t>(j)]);  // a view: the slices do not overlap
     if (hub.empty()) out.emplace_back(name, tensor);
   }
   return out;

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <unistd.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -56,6 +57,30 @@ TEST(Safetensors, RoundTripKeepsNamesOrderDtypesAndMetadata) {
   unsigned char le[8];
   in.read(reinterpret_cast<char*>(le), 8);
   EXPECT_EQ(le[0] % 8, 0);
+  std::filesystem::remove(path);
+}
+
+// An export writes views of the model's parameters: transposed ones, the experts' slices of one
+// stacked tensor, each cast to bf16 as it is written. Views that do not overlap are separate
+// tensors; a tensor listed twice (a tied weight) or overlapping another is refused.
+TEST(Safetensors, WritesViewsAndCastsThemAsItWrites) {
+  const auto path = std::filesystem::temp_directory_path() / ("strata_views_" + std::to_string(::getpid()) + ".safetensors");
+  const at::Tensor stacked = at::randn({3, 4, 5}), weight = at::randn({6, 7});
+  NamedTensors views{{"expert.0", stacked[0]}, {"expert.2", stacked[2]}, {"weight.t", weight.t()},
+                     {"column", at::randn({6, 7}).select(1, 2)}, {"ids", at::arange(4, at::kLong)}};
+  write_safetensors(path, views, {}, {}, at::kBFloat16);
+  const NamedTensors back = read_safetensors(path);
+  ASSERT_EQ(back.size(), views.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    const at::ScalarType wanted = views[i].first == "ids" ? at::kLong : at::kBFloat16;
+    EXPECT_EQ(back[i].second.scalar_type(), wanted) << views[i].first;
+    EXPECT_TRUE(at::equal(back[i].second, views[i].second.to(wanted))) << views[i].first;
+  }
+  for (const NamedTensors& overlapping : {NamedTensors{{"a", weight}, {"tied", weight}},
+                                          NamedTensors{{"rows", weight.narrow(0, 0, 4)}, {"more_rows", weight.narrow(0, 3, 3)}},
+                                          NamedTensors{{"whole", stacked}, {"expert.1", stacked[1]}}}) {
+    EXPECT_THROW(write_safetensors(path, overlapping), std::logic_error) << overlapping[1].first;
+  }
   std::filesystem::remove(path);
 }
 

@@ -1,6 +1,8 @@
 // strata ckpt: export a checkpoint's model to Hugging Face layout, consolidate it, describe it.
+#include <cstdio>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 
 #include <c10/util/accumulate.h>
@@ -54,6 +56,57 @@ std::string ranks_text(const std::vector<int>& ranks) {
   std::string out;
   for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
   return out;
+}
+
+// transformers' file names: one model.safetensors, or model-00001-of-00003.safetensors ... with
+// model.safetensors.index.json mapping each tensor to its file. A directory written before with
+// another count would mix old and new files (transformers reads model.safetensors first, where
+// one is left): every weight file of either form is removed before the new ones are written.
+std::string shard_name(size_t index, size_t count) {
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
+  return name;
+}
+
+bool is_weight_file(const std::string& name) {
+  static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  return name == "model.safetensors" || name == "model.safetensors.index.json" || std::regex_match(name, shard);
+}
+
+// Splits the weights, in order, into files of at most `max_bytes` as transformers' save_pretrained
+// does (a tensor larger than that gets a file of its own) and writes them, one tensor's copy at a
+// time, with `dtype` for the floating-point ones.
+void write_hf_weights(const fs::path& out, const NamedTensors& weights, at::ScalarType dtype, uint64_t max_bytes) {
+  std::vector<NamedTensors> shards(1);
+  std::vector<uint64_t> shard_bytes(1, 0);
+  uint64_t total = 0;
+  for (const auto& [name, tensor] : weights) {
+    const at::ScalarType stored = at::isFloatingType(tensor.scalar_type()) ? dtype : tensor.scalar_type();
+    const uint64_t bytes = static_cast<uint64_t>(tensor.numel()) * c10::elementSize(stored);
+    if (!shards.back().empty() && shard_bytes.back() + bytes > max_bytes) shards.emplace_back(), shard_bytes.push_back(0);
+    shards.back().emplace_back(name, tensor);
+    shard_bytes.back() += bytes, total += bytes;
+  }
+  for (const auto& entry : fs::directory_iterator(out))
+    if (entry.is_regular_file() && is_weight_file(entry.path().filename().string())) fs::remove(entry.path());
+  if (shards.size() == 1) {
+    write_safetensors(out / "model.safetensors", shards[0], {{"format", "pt"}}, {}, dtype);
+    return;
+  }
+  nlohmann::json map = nlohmann::json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = shard_name(i, shards.size());
+    write_safetensors(out / file, shards[i], {{"format", "pt"}}, {}, dtype);
+    for (const auto& [name, tensor] : shards[i]) map[name] = file;
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+  const fs::path index_path = out / "model.safetensors.index.json", tmp = index_path.string() + ".tmp";
+  {
+    std::ofstream file(tmp);
+    file << index.dump(2) << "\n";
+    if (!file.flush()) throw FileWriteError(tmp, "the write failed");
+  }
+  fs::rename(tmp, index_path);
 }
 
 }  // namespace
@@ -130,22 +183,26 @@ CheckpointModel load_hf_model(const fs::path& dir, const ComponentRegistry& regi
 }
 
 fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry) {
-  return export_hf(source, out, registry, at::kFloat);
+  return export_hf(source, out, registry, ExportOptions{});
 }
 
 fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry, at::ScalarType dtype) {
+  return export_hf(source, out, registry, ExportOptions{dtype});
+}
+
+fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentRegistry& registry, const ExportOptions& options) {
+  const at::ScalarType dtype = options.dtype;
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
     throw UserError(std::string("export writes float32, bfloat16 or float16 weights, not ") + c10::toString(dtype));
+  if (options.max_shard_bytes < 1) throw UserError("an export's largest weight file must hold at least 1 byte");
   refuse_inside_run(out, "the export directory");
   const CheckpointModel loaded = load_checkpoint_model(source, registry);
   const auto* factory = static_cast<const ModelFactory*>(loaded.plan.model_component);
   const Config& config = loaded.model_config;
   fs::create_directories(out);
-  NamedTensors weights = factory->to_hf(*loaded.model, config);
-  // Cast one by one, each replacing its fp32 tensor (a transposed copy is freed as it goes).
-  for (auto& [name, tensor] : weights)
-    if (at::isFloatingType(tensor.scalar_type()) && tensor.scalar_type() != dtype) tensor = tensor.to(dtype);
-  write_safetensors(out / "model.safetensors", weights, {{"format", "pt"}});
+  // Views of the model's parameters (transposed where transformers' layout is): each is cast and
+  // laid out as it is written, so the export holds the model and one tensor's copy.
+  write_hf_weights(out, factory->to_hf(*loaded.model, config), dtype, options.max_shard_bytes);
   std::ofstream(out / "config.json") << factory->hf_config_json(config);
   // The tokenizer where the run's data says which one it was: bytes for the text dataset, the
   // prepared directory's for token files `strata data prepare` wrote. Otherwise no tokenizer and

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -95,9 +96,38 @@ void fsync_path(const std::filesystem::path& path, int flags) {
   }
 }
 
+// The dtype a tensor is stored in: `floating_as` for a floating-point tensor when given.
+at::ScalarType stored_dtype(const at::Tensor& tensor, at::ScalarType floating_as) {
+  return floating_as != at::ScalarType::Undefined && at::isFloatingType(tensor.scalar_type()) ? floating_as : tensor.scalar_type();
+}
+
+// Two tensors whose bytes overlap (a tied weight listed twice) would be written twice and read
+// back as two: refused. Views of one storage that do not overlap (the experts of a stacked
+// tensor, each its own slice) are written as the separate tensors they are.
+void refuse_overlaps(const NamedTensors& tensors) {
+  struct Span {
+    size_t begin, end;
+    const std::string* name;
+  };
+  std::map<const void*, std::vector<Span>> by_storage;
+  for (const auto& [name, tensor] : tensors) {
+    if (tensor.numel() == 0) continue;
+    int64_t last = 0;  // the furthest element from the first, in elements
+    for (int64_t d = 0; d < tensor.dim(); ++d) last += (tensor.size(d) - 1) * std::abs(tensor.stride(d));
+    const size_t item = tensor.element_size(), begin = static_cast<size_t>(tensor.storage_offset()) * item;
+    by_storage[tensor.storage().data()].push_back({begin, begin + static_cast<size_t>(last + 1) * item, &name});
+  }
+  for (auto& [storage, spans] : by_storage) {
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < spans.size(); ++i)
+      if (spans[i].begin < spans[i - 1].end)
+        throw std::logic_error("safetensors: tensor '" + *spans[i].name + "' aliases tensor '" + *spans[i - 1].name + "'");
+  }
+}
+
 }  // namespace
 
-std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& metadata) {
+std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& metadata, at::ScalarType floating_as) {
   // The header is written entry by entry: an ordered JSON object finds keys by a linear scan, so
   // building one of n tensors costs n^2 (minutes at 80,000 tensors).
   std::string text = "{";
@@ -106,9 +136,10 @@ std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& meta
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (!names.insert(name).second) throw std::logic_error("safetensors: tensor name '" + name + "' repeats");
-    const uint64_t bytes = static_cast<uint64_t>(tensor.nbytes());
+    const at::ScalarType dtype = stored_dtype(tensor, floating_as);
+    const uint64_t bytes = static_cast<uint64_t>(tensor.numel()) * c10::elementSize(dtype);
     const nlohmann::ordered_json entry = {
-        {"dtype", dtype_name(tensor.scalar_type())}, {"shape", tensor.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+        {"dtype", dtype_name(dtype)}, {"shape", tensor.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     text += (text.size() > 1 ? "," : "") + nlohmann::json(name).dump() + ":" + entry.dump();
     offset += bytes;
   }
@@ -124,12 +155,9 @@ FileWriteError::FileWriteError(const std::filesystem::path& file, const std::str
 FileWriteError::~FileWriteError() = default;
 
 void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata,
-                       const WrittenBytes& written) {
-  std::set<const void*> storages;
-  for (const auto& [name, tensor] : tensors)
-    if (tensor.numel() > 0 && !storages.insert(tensor.storage().data()).second)
-      throw std::logic_error("safetensors: tensor '" + name + "' aliases another tensor");
-  const std::string prefix = safetensors_prefix(tensors, metadata);
+                       const WrittenBytes& written, at::ScalarType floating_as) {
+  refuse_overlaps(tensors);
+  const std::string prefix = safetensors_prefix(tensors, metadata, floating_as);
   const std::filesystem::path tmp = path.string() + ".tmp";
   // The system's reason, and the partial file gone: a full disk keeps no half-written file.
   const auto refused = [&tmp]() {
@@ -154,7 +182,10 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
     // One tensor at a time brought to host memory in row-major order (a transposed view, a device
     // tensor): what is written costs one tensor's copy at most, not a copy of them all.
     for (const auto& [name, tensor] : tensors) {
-      const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
+      at::Tensor bytes = tensor.detach();
+      const at::ScalarType dtype = stored_dtype(bytes, floating_as);
+      if (!bytes.device().is_cpu() || bytes.scalar_type() != dtype || !bytes.is_contiguous())  // one copy: host, dtype, row-major at once
+        bytes = at::empty(bytes.sizes(), at::TensorOptions().dtype(dtype)).copy_(bytes);
       write(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
     }
     if (!out.flush()) throw refused();

@@ -38,7 +38,9 @@ class STRATA_API ModelFactory : public Component {
   virtual ModelShape shape(const Config& config) const;
 
   // Hugging Face interchange (transformers' names and layouts). A model without an equivalent
-  // keeps these defaults, which refuse with a UserError.
+  // keeps these defaults, which refuse with a UserError. to_hf may return views of the model's
+  // parameters (transposed, sliced; not overlapping one another): the export lays each out as it
+  // writes it, so it never holds a second model.
   virtual NamedTensors to_hf(const nn::Model& model, const Config& config) const;
   virtual NamedTensors from_hf(const NamedTensors& hf, const Config& config) const;
   virtual std::string hf_config_json(const Config& config) const;

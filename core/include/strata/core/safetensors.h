@@ -32,9 +32,12 @@ class STRATA_API FileWriteError : public UserError {
 using WrittenBytes = std::function<void(const void* data, size_t size)>;
 
 // Writes to a temporary name, fsyncs, then renames over `path`. Tensors are written contiguous
-// and little-endian; names must be unique and tensors must not alias.
+// and little-endian, one at a time (a view, a device tensor or a cast costs that tensor's copy
+// alone); names must be unique and tensors must not overlap. With `floating_as`, floating-point
+// tensors are stored in that dtype (an export's bf16 weights from fp32 parameters).
 STRATA_API void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
-                                  const Metadata& metadata = {}, const WrittenBytes& written = {});
+                                  const Metadata& metadata = {}, const WrittenBytes& written = {},
+                                  at::ScalarType floating_as = at::ScalarType::Undefined);
 
 // Reads and validates everything the format promises; any violation is a UserError naming the
 // file and the problem. Tensors come back on the CPU in file order.
@@ -46,6 +49,7 @@ STRATA_API NamedTensors parse_safetensors(std::string_view bytes, const std::str
 // The bytes of a file before its data: the 8-byte length and the JSON header (padded to a
 // multiple of 8) for `tensors` laid out contiguously in order. The data follows as each tensor's
 // bytes, contiguous, in the same order: what a writer into memory copies after the prefix.
-STRATA_API std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& metadata = {});
+STRATA_API std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& metadata = {},
+                                          at::ScalarType floating_as = at::ScalarType::Undefined);
 
 }  // namespace strata

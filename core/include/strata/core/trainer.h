@@ -117,12 +117,23 @@ STRATA_API CheckpointModel load_checkpoint_model(const std::filesystem::path& so
 STRATA_API bool is_hf_directory(const std::filesystem::path& dir);
 STRATA_API CheckpointModel load_hf_model(const std::filesystem::path& dir, const ComponentRegistry& registry);
 
-// Writes OUT/model.safetensors and OUT/config.json in Hugging Face layout (and the tokenizer
-// where the run's data names one: bytes for the text dataset).
+// How `strata ckpt export` writes the weights: their floating-point dtype (float32, bfloat16 or
+// float16; cast one tensor at a time as it is written, config.json's torch_dtype saying which) and
+// the largest weight file. A model within it is one model.safetensors; a larger one is split as
+// transformers' save_pretrained splits it, model-00001-of-0000N.safetensors with
+// model.safetensors.index.json (5 GB, huggingface_hub's default: files the hub and its tools take).
+struct ExportOptions {
+  at::ScalarType dtype = at::kFloat;
+  uint64_t max_shard_bytes = 5'000'000'000;
+};
+
+// Writes OUT's weights, OUT/config.json in Hugging Face layout (and the tokenizer where the run's
+// data names one: bytes for the text dataset). It holds the model in float32 and one tensor's copy.
+STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
+                                           const ComponentRegistry& registry, const ExportOptions& options);
 STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
                                            const ComponentRegistry& registry);
-// The same with the weights written in `dtype` (float32, bfloat16 or float16; the floating-point
-// tensors are cast one at a time as they are written), config.json's torch_dtype saying which.
+// The same with the weights written in `dtype` (ExportOptions{dtype}).
 STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
                                            const ComponentRegistry& registry, at::ScalarType dtype);
 
