@@ -5,7 +5,9 @@
 # transformers loads the split export with the same tensors and logits as the one-file export;
 # `strata sample` continues a prompt alike from both; [model] init_from trains from the split one
 # to the same loss as from the other; exporting again into a directory with the other form leaves
-# no file of the old one; a size that is no size is refused with exit 2.
+# no file of the old one; a re-export killed between two weight files leaves the previous export
+# as it was (it is staged in a hidden directory, moved in whole); a size that is no size is
+# refused with exit 2.
 set -uo pipefail
 strata=$1 python=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -59,6 +61,15 @@ done
   check "exporting again failed"
 [[ $(ls "$work/llama.split" | grep -c '^model') == 1 && -f $work/llama.split/model.safetensors ]] || check "split files left: $(ls "$work/llama.split")"
 [[ ! -e $work/llama.one/model.safetensors && -f $work/llama.one/model.safetensors.index.json ]] || check "one file left: $(ls "$work/llama.one")"
+# Killed after its first weight file: the export there before is untouched, and the next one clears the staging.
+before=$(cd "$work/llama.split" && sha256sum * | sort)
+STRATA_FAULT="kill_in_export 0 0" "$strata" ckpt export "$work/llama" "$work/llama.split" --dtype bf16 --max-shard-size 40KiB > /dev/null 2>&1
+status=$?
+[[ $status == 137 && $(cd "$work/llama.split" && sha256sum * | sort) == "$before" ]] ||
+  check "a killed re-export (status $status) changed the export before it: $(ls -a "$work/llama.split")"
+"$strata" ckpt export "$work/llama" "$work/llama.split" --max-shard-size 40KiB > /dev/null || check "exporting after a killed export failed"
+[[ ! -e $work/llama.split/.strata-export.tmp && ! -e $work/llama.split/model.safetensors && -f $work/llama.split/model.safetensors.index.json ]] ||
+  check "after a killed export: $(ls -a "$work/llama.split")"
 msg=$("$strata" ckpt export "$work/llama" "$work/bad" --max-shard-size 5XB 2>&1); status=$?
 [[ $status == 2 && $msg == "strata: error: --max-shard-size expects a size such as 5GB, 500MB or 2GiB (or bytes), got '5XB'" ]] ||
   check "a bad size: status $status, $msg"

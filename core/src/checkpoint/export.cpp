@@ -3,11 +3,13 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <c10/util/accumulate.h>
 #include <nlohmann/json.hpp>
 
+#include "../engine/fault_injection.h"
 #include "../strategy/components_from_files.h"
 #include "checkpoint.h"
 #include "ir/initial_draws.h"
@@ -59,9 +61,7 @@ std::string ranks_text(const std::vector<int>& ranks) {
 }
 
 // transformers' file names: one model.safetensors, or model-00001-of-00003.safetensors ... with
-// model.safetensors.index.json mapping each tensor to its file. A directory written before with
-// another count would mix old and new files (transformers reads model.safetensors first, where
-// one is left): every weight file of either form is removed before the new ones are written.
+// model.safetensors.index.json mapping each tensor to its file.
 std::string shard_name(size_t index, size_t count) {
   char name[64];
   std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
@@ -74,40 +74,70 @@ bool is_weight_file(const std::string& name) {
 }
 
 // Splits the weights, in order, into files of at most `max_bytes` as transformers' save_pretrained
-// does (a tensor larger than that gets a file of its own) and writes them, one tensor's copy at a
-// time, with `dtype` for the floating-point ones.
-void write_hf_weights(const fs::path& out, const NamedTensors& weights, at::ScalarType dtype, uint64_t max_bytes) {
+// does (a tensor larger than that gets a file of its own) and writes them into `dir`, one
+// tensor's copy at a time, with `dtype` for the floating-point ones.
+void write_hf_weights(const fs::path& dir, const NamedTensors& weights, at::ScalarType dtype, uint64_t max_bytes) {
   std::vector<NamedTensors> shards(1);
   std::vector<uint64_t> shard_bytes(1, 0);
   uint64_t total = 0;
   for (const auto& [name, tensor] : weights) {
-    const at::ScalarType stored = at::isFloatingType(tensor.scalar_type()) ? dtype : tensor.scalar_type();
-    const uint64_t bytes = static_cast<uint64_t>(tensor.numel()) * c10::elementSize(stored);
+    const uint64_t bytes = static_cast<uint64_t>(tensor.numel()) * c10::elementSize(safetensors_stored_dtype(tensor, dtype));
     if (!shards.back().empty() && shard_bytes.back() + bytes > max_bytes) shards.emplace_back(), shard_bytes.push_back(0);
     shards.back().emplace_back(name, tensor);
     shard_bytes.back() += bytes, total += bytes;
   }
-  for (const auto& entry : fs::directory_iterator(out))
-    if (entry.is_regular_file() && is_weight_file(entry.path().filename().string())) fs::remove(entry.path());
   if (shards.size() == 1) {
-    write_safetensors(out / "model.safetensors", shards[0], {{"format", "pt"}}, {}, dtype);
+    write_safetensors(dir / "model.safetensors", shards[0], {{"format", "pt"}}, {}, dtype);
     return;
   }
   nlohmann::json map = nlohmann::json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file = shard_name(i, shards.size());
-    write_safetensors(out / file, shards[i], {{"format", "pt"}}, {}, dtype);
+    write_safetensors(dir / file, shards[i], {{"format", "pt"}}, {}, dtype);
+    engine::inject_fault(0, 0, "export");  // chaos: a re-export killed between two weight files
     for (const auto& [name, tensor] : shards[i]) map[name] = file;
   }
   const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
-  const fs::path index_path = out / "model.safetensors.index.json", tmp = index_path.string() + ".tmp";
-  {
-    std::ofstream file(tmp);
-    file << index.dump(2) << "\n";
-    if (!file.flush()) throw FileWriteError(tmp, "the write failed");
-  }
-  fs::rename(tmp, index_path);
+  std::ofstream file(dir / "model.safetensors.index.json");
+  file << index.dump(2) << "\n";
+  if (!file.flush()) throw FileWriteError(dir / "model.safetensors.index.json", "the write failed");
 }
+
+// An export is written whole into a hidden directory inside `out` (the same file system, so that
+// moving a file in is a rename) and moved in only once every file is there: a re-export that fails
+// or is killed part-way leaves the previous export as it was (a leftover staging directory is
+// cleared by the next export; transformers ignores it). Moving in, the weight files of either form
+// the new export does not write go first (transformers reads a model.safetensors left beside a
+// new index first), then each new file replaces its old one by a rename. Other files are kept.
+class StagedExport {
+ public:
+  explicit StagedExport(const fs::path& out) : out_(out), staging_(out / ".strata-export.tmp") {
+    fs::create_directories(out_);
+    fs::remove_all(staging_);
+    fs::create_directories(staging_);
+  }
+  ~StagedExport() {
+    std::error_code ignored;
+    fs::remove_all(staging_, ignored);
+  }
+  StagedExport(const StagedExport&) = delete;
+  StagedExport& operator=(const StagedExport&) = delete;
+
+  const fs::path& dir() const { return staging_; }
+
+  void publish() {
+    std::set<std::string> staged;
+    for (const auto& entry : fs::directory_iterator(staging_)) staged.insert(entry.path().filename().string());
+    for (const auto& entry : fs::directory_iterator(out_)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_regular_file() && is_weight_file(name) && !staged.count(name)) fs::remove(entry.path());
+    }
+    for (const std::string& name : staged) fs::rename(staging_ / name, out_ / name);
+  }
+
+ private:
+  fs::path out_, staging_;
+};
 
 }  // namespace
 
@@ -199,11 +229,16 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   const CheckpointModel loaded = load_checkpoint_model(source, registry);
   const auto* factory = static_cast<const ModelFactory*>(loaded.plan.model_component);
   const Config& config = loaded.model_config;
-  fs::create_directories(out);
+  StagedExport staged(out);
+  const fs::path& dir = staged.dir();
   // Views of the model's parameters (transposed where transformers' layout is): each is cast and
   // laid out as it is written, so the export holds the model and one tensor's copy.
-  write_hf_weights(out, factory->to_hf(*loaded.model, config), dtype, options.max_shard_bytes);
-  std::ofstream(out / "config.json") << factory->hf_config_json(config);
+  write_hf_weights(dir, factory->to_hf(*loaded.model, config), dtype, options.max_shard_bytes);
+  {
+    std::ofstream file(dir / "config.json");
+    file << factory->hf_config_json(config);
+    if (!file.flush()) throw FileWriteError(dir / "config.json", "the write failed");
+  }
   // The tokenizer where the run's data says which one it was: bytes for the text dataset, the
   // prepared directory's for token files `strata data prepare` wrote. Otherwise no tokenizer and
   // no special ids the run never had.
@@ -212,9 +247,10 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   if (data.has("document_end") && data.get_int("document_end") >= 0) eos = data.get_int("document_end");
   const std::string dataset = loaded.plan.dataset_component ? loaded.plan.dataset_component->name() : "";
   const int64_t context = model_context(config, config.get_int("seq_len"));
-  if (dataset == "text") write_byte_level_tokenizer(out, context, eos);
-  if (dataset == "tokens" && data.has("path")) copy_prepared_tokenizer(out, data.get_string("path"), context);
-  complete_hf_config(out / "config.json", eos, dtype);
+  if (dataset == "text") write_byte_level_tokenizer(dir, context, eos);
+  if (dataset == "tokens" && data.has("path")) copy_prepared_tokenizer(dir, data.get_string("path"), context);
+  complete_hf_config(dir / "config.json", eos, dtype);
+  staged.publish();
   return loaded.checkpoint;
 }
 

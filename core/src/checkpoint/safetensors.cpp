@@ -96,11 +96,6 @@ void fsync_path(const std::filesystem::path& path, int flags) {
   }
 }
 
-// The dtype a tensor is stored in: `floating_as` for a floating-point tensor when given.
-at::ScalarType stored_dtype(const at::Tensor& tensor, at::ScalarType floating_as) {
-  return floating_as != at::ScalarType::Undefined && at::isFloatingType(tensor.scalar_type()) ? floating_as : tensor.scalar_type();
-}
-
 // Two tensors whose bytes overlap (a tied weight listed twice) would be written twice and read
 // back as two: refused. Views of one storage that do not overlap (the experts of a stacked
 // tensor, each its own slice) are written as the separate tensors they are.
@@ -136,7 +131,7 @@ std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& meta
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (!names.insert(name).second) throw std::logic_error("safetensors: tensor name '" + name + "' repeats");
-    const at::ScalarType dtype = stored_dtype(tensor, floating_as);
+    const at::ScalarType dtype = safetensors_stored_dtype(tensor, floating_as);
     const uint64_t bytes = static_cast<uint64_t>(tensor.numel()) * c10::elementSize(dtype);
     const nlohmann::ordered_json entry = {
         {"dtype", dtype_name(dtype)}, {"shape", tensor.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
@@ -148,6 +143,10 @@ std::string safetensors_prefix(const NamedTensors& tensors, const Metadata& meta
   std::string prefix(8, '\0');
   for (int i = 0; i < 8; ++i) prefix[static_cast<size_t>(i)] = static_cast<char>(text.size() >> (8 * i));  // explicit little-endian
   return prefix + text;
+}
+
+at::ScalarType safetensors_stored_dtype(const at::Tensor& tensor, at::ScalarType floating_as) {
+  return floating_as != at::ScalarType::Undefined && at::isFloatingType(tensor.scalar_type()) ? floating_as : tensor.scalar_type();
 }
 
 FileWriteError::FileWriteError(const std::filesystem::path& file, const std::string& why)
@@ -183,7 +182,7 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
     // tensor): what is written costs one tensor's copy at most, not a copy of them all.
     for (const auto& [name, tensor] : tensors) {
       at::Tensor bytes = tensor.detach();
-      const at::ScalarType dtype = stored_dtype(bytes, floating_as);
+      const at::ScalarType dtype = safetensors_stored_dtype(bytes, floating_as);
       if (!bytes.device().is_cpu() || bytes.scalar_type() != dtype || !bytes.is_contiguous())  // one copy: host, dtype, row-major at once
         bytes = at::empty(bytes.sizes(), at::TensorOptions().dtype(dtype)).copy_(bytes);
       write(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());

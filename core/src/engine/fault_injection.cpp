@@ -63,6 +63,7 @@ bool inject_fault(int rank, int64_t step, const std::string& point, const std::f
     if (point == "backward" && kind == "stop_in_backward") std::raise(SIGSTOP);
     if (point == "snapshot" && kind == "kill_in_snapshot") std::raise(SIGKILL);
     if (point == "replica" && kind == "kill_in_replica") std::raise(SIGKILL);
+    if (point == "export" && kind == "kill_in_export") std::raise(SIGKILL);
     if (point == "snapshot_done" && kind == "corrupt_snapshot") return true;
     if ((point == "evaluation" && kind == "slow_evaluation") || (point == "checkpoint" && kind == "slow_checkpoint") ||
         (point == "restore" && kind == "slow_restore"))

@@ -26,7 +26,9 @@ namespace strata::engine {
 //   "checkpoint" (after each piece of step STEP's disk checkpoint is written) slow_checkpoint, and
 //   "restore"  (STEP 0: after each 4 MiB hashed and each tensor read of a disk checkpoint a
 //              resuming rank restores) slow_restore: sleeps 200 ms, making a long phase that beats
-//              (the hang watch must wait it out).
+//              (the hang watch must wait it out);
+//   "export"   (strata ckpt export, RANK 0 STEP 0: after each weight file of a split export is
+//              staged) kill_in_export: SIGKILL.
 // `before_kill` runs before a "step" kill.
 bool inject_fault(int rank, int64_t step, const std::string& point = "step", const std::function<void()>& before_kill = {});
 

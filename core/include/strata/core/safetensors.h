@@ -39,6 +39,11 @@ STRATA_API void write_safetensors(const std::filesystem::path& path, const Named
                                   const Metadata& metadata = {}, const WrittenBytes& written = {},
                                   at::ScalarType floating_as = at::ScalarType::Undefined);
 
+// The dtype write_safetensors stores `tensor` in: `floating_as` for a floating-point tensor when
+// given, else its own.
+STRATA_API at::ScalarType safetensors_stored_dtype(const at::Tensor& tensor,
+                                                   at::ScalarType floating_as = at::ScalarType::Undefined);
+
 // Reads and validates everything the format promises; any violation is a UserError naming the
 // file and the problem. Tensors come back on the CPU in file order.
 STRATA_API NamedTensors read_safetensors(const std::filesystem::path& path, Metadata* metadata = nullptr);
