@@ -39,14 +39,6 @@ namespace {
 
 constexpr const char* kFormat = "strata-checkpoint-1";
 
-void fsync_dir(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
 std::vector<fs::path> step_dirs_newest_first(const fs::path& checkpoints_dir) {
   std::vector<fs::path> dirs;
   std::error_code ec;
@@ -71,19 +63,35 @@ nlohmann::json read_manifest(const fs::path& dir) {
 
 }  // namespace
 
+void fsync_directory(const fs::path& dir) {
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
 void write_text_durably(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
+  std::error_code ignored;
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << text;
-    if (!out.flush()) throw UserError("cannot write " + tmp.string() + ": " + std::strerror(errno));
+    if (!out.flush()) {
+      const std::string reason = std::strerror(errno);
+      fs::remove(tmp, ignored);
+      throw FileWriteError(path, reason);
+    }
   }
   int fd = ::open(tmp.c_str(), O_RDONLY);
   if (fd >= 0) ::fsync(fd), ::close(fd);
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) throw UserError("cannot replace " + path.string() + ": " + ec.message());
-  fsync_dir(path.parent_path());
+  if (ec) {
+    fs::remove(tmp, ignored);
+    throw FileWriteError(path, ec.message());
+  }
+  fsync_directory(path.parent_path());
 }
 
 std::vector<fs::path> checkpoint_dirs_newest_first(const fs::path& checkpoints_dir) { return step_dirs_newest_first(checkpoints_dir); }
@@ -156,13 +164,13 @@ void publish_checkpoint(const fs::path& checkpoints_dir, const fs::path& staging
                              {"world_size", meta.world_size},
                              {"files", listed}};
   write_text_durably(staging / "manifest.json", manifest.dump(2) + "\n");
-  fsync_dir(staging);
+  fsync_directory(staging);
 
   const std::string name = step_dir_name(meta.step);
   const fs::path final_dir = checkpoints_dir / name;
   fs::remove_all(final_dir);
   fs::rename(staging, final_dir);
-  fsync_dir(checkpoints_dir);
+  fsync_directory(checkpoints_dir);
   write_text_durably(checkpoints_dir / "latest", name + "\n");
 
   std::vector<fs::path> dirs = step_dirs_newest_first(checkpoints_dir);

@@ -139,8 +139,12 @@ std::optional<std::string> checksum_problem_together(const Checkpoint& checkpoin
                                                      const std::function<void()>& heartbeat = {});
 
 // Writes `text` to `path` through a temporary file, fsync and rename, so readers see the old
-// file or the new one, never a part; a failed write is a UserError naming the file.
+// file or the new one, never a part; a failed write is a FileWriteError naming the file (the
+// temporary file removed).
 void write_text_durably(const std::filesystem::path& path, const std::string& text);
+
+// Makes the entries of `dir` (files renamed into it) durable: fsync of the directory.
+void fsync_directory(const std::filesystem::path& dir);
 
 // The newest checkpoint that passes every check. Each one that does not is reported through
 // `warn` with the reason, and skipped.

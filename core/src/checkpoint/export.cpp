@@ -98,9 +98,7 @@ void write_hf_weights(const fs::path& dir, const NamedTensors& weights, at::Scal
     for (const auto& [name, tensor] : shards[i]) map[name] = file;
   }
   const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
-  std::ofstream file(dir / "model.safetensors.index.json");
-  file << index.dump(2) << "\n";
-  if (!file.flush()) throw FileWriteError(dir / "model.safetensors.index.json", "the write failed");
+  engine::write_text_durably(dir / "model.safetensors.index.json", index.dump(2) + "\n");
 }
 
 // An export is written whole into a hidden directory inside `out` (the same file system, so that
@@ -133,6 +131,7 @@ class StagedExport {
       if (entry.is_regular_file() && is_weight_file(name) && !staged.count(name)) fs::remove(entry.path());
     }
     for (const std::string& name : staged) fs::rename(staging_ / name, out_ / name);
+    engine::fsync_directory(out_);  // every staged file was fsynced as it was written
   }
 
  private:
@@ -234,11 +233,7 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   // Views of the model's parameters (transposed where transformers' layout is): each is cast and
   // laid out as it is written, so the export holds the model and one tensor's copy.
   write_hf_weights(dir, factory->to_hf(*loaded.model, config), dtype, options.max_shard_bytes);
-  {
-    std::ofstream file(dir / "config.json");
-    file << factory->hf_config_json(config);
-    if (!file.flush()) throw FileWriteError(dir / "config.json", "the write failed");
-  }
+  engine::write_text_durably(dir / "config.json", factory->hf_config_json(config));
   // The tokenizer where the run's data says which one it was: bytes for the text dataset, the
   // prepared directory's for token files `strata data prepare` wrote. Otherwise no tokenizer and
   // no special ids the run never had.

@@ -1,10 +1,12 @@
 #include "tokenizer_export.h"
 
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint.h"
 #include "strata/core/prepared_data.h"
 #include "strata/errors.h"
 
@@ -17,11 +19,7 @@ using json = nlohmann::ordered_json;
 // The byte-level pre-tokenizer and decoder: bytes to the alphabet and back, no splitting.
 json byte_level() { return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}; }
 
-void write_json(const std::filesystem::path& path, const json& j) {
-  std::ofstream f(path);
-  f << j.dump(2) << "\n";
-  if (!f) throw UserError("cannot write " + path.string());
-}
+void write_json(const std::filesystem::path& path, const json& j) { engine::write_text_durably(path, j.dump(2) + "\n"); }
 
 }  // namespace
 
@@ -70,7 +68,13 @@ void write_byte_level_tokenizer(const std::filesystem::path& out, int64_t model_
 bool copy_prepared_tokenizer(const std::filesystem::path& out, const std::filesystem::path& data_dir, int64_t model_max_length) {
   const std::optional<PreparedData> prepared = read_prepared_data(data_dir);
   if (!prepared || prepared->tokenizer.empty() || !prepared->eos_token) return false;
-  std::filesystem::copy_file(prepared->tokenizer, out / "tokenizer.json", std::filesystem::copy_options::overwrite_existing);
+  {  // read whole and written durably, as the files beside it
+    std::ifstream in(prepared->tokenizer, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in) throw UserError("cannot read " + prepared->tokenizer.string());
+    engine::write_text_durably(out / "tokenizer.json", text.str());
+  }
   const std::string eos = *prepared->eos_token;
   write_json(out / "tokenizer_config.json", {{"tokenizer_class", "PreTrainedTokenizerFast"},
                                              {"model_max_length", model_max_length},
