@@ -79,21 +79,49 @@ std::string cpu_paths_text() {
   return text;
 }
 
-void expect_close(const at::Tensor& ours, const at::Tensor& ref, double tol, const std::string& what) {
-  ASSERT_EQ(ours.sizes(), ref.sizes()) << what;
-  ASSERT_EQ(ours.scalar_type(), ref.scalar_type()) << what;
-  const at::Tensor a = ours.to(at::kDouble), b = ref.to(at::kDouble);
-  // -inf (rows that see nothing) must match exactly; compare the finite entries by value.
+// max |a - b| over the finite entries, after checking that both have the same infinities (rows
+// that see nothing) and no NaN.
+double max_error(const at::Tensor& a_in, const at::Tensor& b_in, const std::string& what) {
+  const at::Tensor a = a_in.to(at::kDouble), b = b_in.to(at::kDouble);
   const at::Tensor a_inf = a.isinf(), b_inf = b.isinf();
   EXPECT_TRUE(at::equal(a_inf, b_inf)) << what << ": infinities differ";
   EXPECT_FALSE(a.isnan().any().item<bool>()) << what << ": NaN";
   const at::Tensor fa = at::where(a_inf, at::zeros_like(a), a), fb = at::where(b_inf, at::zeros_like(b), b);
-  const double scale = std::max(1.0, fb.abs().max().item<double>());
-  const double err = (fa - fb).abs().max().item<double>();
+  return (fa - fb).abs().max().item<double>();
+}
+
+// The largest finite magnitude, at least 1: tolerances are relative to it.
+double magnitude(const at::Tensor& x) {
+  const at::Tensor d = x.to(at::kDouble);
+  return std::max(1.0, at::where(d.isinf(), at::zeros_like(d), d).abs().max().item<double>());
+}
+
+void expect_close(const at::Tensor& ours, const at::Tensor& ref, double tol, const std::string& what) {
+  ASSERT_EQ(ours.sizes(), ref.sizes()) << what;
+  ASSERT_EQ(ours.scalar_type(), ref.scalar_type()) << what;
+  const double scale = magnitude(ref), err = max_error(ours, ref, what);
   EXPECT_LE(err, tol * scale) << what << " differs by " << err << " (scale " << scale << ")\n" << cpu_paths_text();
 }
 
-// Both implementations, the loss sum(out w1) + sum(finite lse w2), values and gradients.
+// Ours against the exact result (the reference on the same inputs in fp64), allowed the
+// tolerance or twice the reference's own error in our dtype, whichever is larger (the criterion
+// of FlashAttention's tests): both implementations are measured against the same yardstick, not
+// one against the other. Here both stay within 2e-7 of it in fp32 (NoMask); CI's runs on this
+// kind of machine twice saw fp32 outputs 3.4e-5 from the fp32 reference, never reproduced here
+// under any ISA limit, thread count or load, and the message says which side was off.
+void expect_accurate(const at::Tensor& ours, const at::Tensor& ref, const at::Tensor& exact, double tol, const std::string& what) {
+  ASSERT_EQ(ours.sizes(), exact.sizes()) << what;
+  ASSERT_EQ(ours.scalar_type(), ref.scalar_type()) << what;
+  const double scale = magnitude(exact);
+  const double ours_off = max_error(ours, exact, what), ref_off = max_error(ref, exact, what + " (reference)");
+  EXPECT_LE(ours_off, std::max(tol * scale, 2 * ref_off))
+      << what << ": ours is " << ours_off << " from the fp64 result, the reference in " << ours.scalar_type() << " "
+      << ref_off << ", ours from the reference " << max_error(ours, ref, what) << " (scale " << scale << ")\n"
+      << cpu_paths_text();
+}
+
+// Both implementations, the loss sum(out w1) + sum(finite lse w2), values and gradients; in fp32
+// and 16-bit dtypes both against the reference's result on the same inputs in fp64.
 void check(at::ScalarType dtype, int64_t batch, int64_t heads, int64_t kv_heads, int64_t tq, int64_t tk, int64_t dim,
            const ops::AttentionMask& mask, int64_t block_q = kBlockQ, int64_t block_k = kBlockK) {
   const auto opts = at::TensorOptions().dtype(dtype);
@@ -106,26 +134,35 @@ void check(at::ScalarType dtype, int64_t batch, int64_t heads, int64_t kv_heads,
   const at::Tensor w2 = at::randn({batch, heads, tq}, opts.dtype(at::kDouble));
   const Tolerance tol = tolerance(dtype);
 
-  auto run = [&](bool fused) {
-    const ops::AttentionResult r =
-        fused ? kernels::attention_blocked_cpu(q, k, v, mask, true, block_q, block_k) : reference(q, k, v, mask, true);
+  enum class Impl { ours, reference, exact };
+  auto run = [&](Impl impl) {
+    std::vector<at::Tensor> xs = inputs;
+    if (impl == Impl::exact)  // q, k, v as fp64 leaves; an additive mask stays, the reference widens it
+      for (size_t i = 0; i < 3; ++i) xs[i] = inputs[i].detach().to(at::kDouble).requires_grad_(true);
+    const ops::AttentionResult r = impl == Impl::ours ? kernels::attention_blocked_cpu(q, k, v, mask, true, block_q, block_k)
+                                                      : reference(xs[0], xs[1], xs[2], mask, true);
     const at::Tensor finite_lse = at::where(r.lse.isinf(), at::zeros_like(r.lse), r.lse);
     const at::Tensor loss = (r.out.to(at::kDouble) * w1).sum() + (finite_lse.to(at::kDouble) * w2).sum();
-    return std::make_pair(r, torch::autograd::grad({loss}, inputs));
+    return std::make_pair(r, torch::autograd::grad({loss}, xs));
   };
-  const auto [ours, our_grads] = run(true);
-  const auto [ref, ref_grads] = run(false);
-  expect_close(ours.out, ref.out, tol.value, "out");
-  expect_close(ours.lse, ref.lse, tol.value, "lse");
+  const auto [ours, our_grads] = run(Impl::ours);
+  const auto [ref, ref_grads] = run(Impl::reference);
   const char* names[] = {"dq", "dk", "dv", "dadditive"};
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    ASSERT_TRUE(our_grads[i].defined()) << names[i];
-    expect_close(our_grads[i], ref_grads[i], tol.grad, names[i]);
+  for (size_t i = 0; i < inputs.size(); ++i) ASSERT_TRUE(our_grads[i].defined()) << names[i];
+  if (dtype == at::kDouble) {  // the reference is the fp64 result
+    expect_close(ours.out, ref.out, tol.value, "out");
+    expect_close(ours.lse, ref.lse, tol.value, "lse");
+    for (size_t i = 0; i < inputs.size(); ++i) expect_close(our_grads[i], ref_grads[i], tol.grad, names[i]);
+  } else {
+    const auto [exact, exact_grads] = run(Impl::exact);
+    expect_accurate(ours.out, ref.out, exact.out, tol.value, "out");
+    expect_accurate(ours.lse, ref.lse, exact.lse, tol.value, "lse");
+    for (size_t i = 0; i < inputs.size(); ++i) expect_accurate(our_grads[i], ref_grads[i], exact_grads[i], tol.grad, names[i]);
   }
-  // Without lse: the same output, no lse.
+  // Without lse: the same output, bit for bit, and no lse.
   const ops::AttentionResult plain = kernels::attention_blocked_cpu(q, k, v, mask, false, block_q, block_k);
   EXPECT_FALSE(plain.lse.defined());
-  expect_close(plain.out, ref.out, tol.value, "out without lse");
+  expect_close(plain.out, ours.out, 0.0, "out without lse");
 }
 
 at::Tensor documents(int64_t batch, int64_t t, int64_t seed) {
