@@ -63,13 +63,16 @@ nlohmann::json read_manifest(const fs::path& dir) {
 
 }  // namespace
 
-void fsync_directory(const fs::path& dir) {
-  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
+namespace {
+void fsync_opened(const fs::path& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd >= 0) ::fsync(fd), ::close(fd);
 }
+}  // namespace
+
+void fsync_file(const fs::path& file) { fsync_opened(file, O_RDONLY); }
+
+void fsync_directory(const fs::path& dir) { fsync_opened(dir.empty() ? fs::path(".") : dir, O_RDONLY | O_DIRECTORY); }
 
 void write_text_durably(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
@@ -83,8 +86,7 @@ void write_text_durably(const fs::path& path, const std::string& text) {
       throw FileWriteError(path, reason);
     }
   }
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) ::fsync(fd), ::close(fd);
+  fsync_file(tmp);
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {

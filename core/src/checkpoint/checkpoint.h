@@ -143,7 +143,11 @@ std::optional<std::string> checksum_problem_together(const Checkpoint& checkpoin
 // temporary file removed).
 void write_text_durably(const std::filesystem::path& path, const std::string& text);
 
-// Makes the entries of `dir` (files renamed into it) durable: fsync of the directory.
+// Makes the bytes of a written file durable (before it is renamed into place): fsync of the file.
+void fsync_file(const std::filesystem::path& file);
+
+// Makes the entries of `dir` (files renamed into it) durable: fsync of the directory ("" is the
+// working directory).
 void fsync_directory(const std::filesystem::path& dir);
 
 // The newest checkpoint that passes every check. Each one that does not is reported through

@@ -19,6 +19,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint.h"
 #include "strata/core/safetensors_view.h"
 #include "strata/errors.h"
 
@@ -86,14 +87,6 @@ std::string dtype_name(at::ScalarType type) {
   for (const auto& [name, t] : dtype_names())
     if (t == type) return name;
   throw UserError(std::string("safetensors cannot store dtype ") + c10::toString(type));
-}
-
-void fsync_path(const std::filesystem::path& path, int flags) {
-  int fd = ::open(path.c_str(), flags);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 // Two tensors whose bytes overlap (a tied weight listed twice) would be written twice and read
@@ -189,9 +182,15 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
     }
     if (!out.flush()) throw refused();
   }
-  fsync_path(tmp, O_RDONLY);
-  std::filesystem::rename(tmp, path);
-  fsync_path(path.parent_path().empty() ? "." : path.parent_path(), O_RDONLY | O_DIRECTORY);
+  engine::fsync_file(tmp);
+  std::error_code renamed;
+  std::filesystem::rename(tmp, path, renamed);
+  if (renamed) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw FileWriteError(path, renamed.message());
+  }
+  engine::fsync_directory(path.parent_path());
 }
 
 NamedTensors parse_safetensors(const std::string& bytes, const std::string& label, Metadata* metadata) {
