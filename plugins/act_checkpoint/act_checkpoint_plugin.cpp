@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "../common/block_selectors.h"
 #include "strata/plugin.h"
 #include "strata/rng.h"
 
@@ -151,12 +152,8 @@ class ActCheckpointPass final : public Pass {
   }
 
   void apply(Job& job, const Config& config) const override {
-    // An entry naming no block is a typo that would leave those blocks' activations kept without
-    // a word. A pipeline rank holds its stages' blocks only: an entry is refused when no rank's match.
-    for (const auto& selector : config.get_strings("blocks"))
-      if (!found_on_any_rank(job, !job.model->find_blocks({selector}).empty()))
-        throw UserError("pass 'act_checkpoint': blocks entry \"" + selector + "\" is neither the name nor the type of a block of the model (" +
-                        block_kinds(job) + ")");
+    // An entry naming no block on any rank is a typo that would keep those blocks' activations: refused.
+    block_selectors::refuse_unmatched(job, "act_checkpoint", "blocks", config.get_strings("blocks"));
     std::vector<size_t> matching = job.model->find_blocks(config.get_strings("blocks"));
     // A pipeline stage may hold no matching block (the stage of the embedding alone): only a
     // selector that no stage matches is an error, found by every stage together.
@@ -167,7 +164,7 @@ class ActCheckpointPass final : public Pass {
       matched = count.item<double>();
     }
     if (matched == 0)
-      throw UserError("pass 'act_checkpoint': no block of the model matches blocks = [" + join(config.get_strings("blocks")) + "]");
+      throw UserError("pass 'act_checkpoint': no block of the model matches blocks = [" + block_selectors::quoted_list(config.get_strings("blocks")) + "]");
     const auto every = static_cast<size_t>(config.get_int("every"));
     // Counts recomputations, reported per step as "recomputed_blocks" in metrics.jsonl.
     auto recomputed = std::make_shared<std::atomic<int64_t>>(0);
@@ -181,25 +178,6 @@ class ActCheckpointPass final : public Pass {
     job.add_hook(HookPoint::AfterStep, [recomputed](StepContext& context) {
       context.metrics.emplace_back("recomputed_blocks", static_cast<double>(recomputed->exchange(0)));
     });
-  }
-
- private:
-  static std::string join(const StringList& list) {
-    std::string out;
-    for (const auto& s : list) out += (out.empty() ? "\"" : ", \"") + s + "\"";
-    return out;
-  }
-
-  // The blocks a selector may name, for the line that refuses one naming none.
-  // Under a pipeline a rank holds its stages' blocks only, and every rank must say the same line.
-  static std::string block_kinds(const Job& job) {
-    if (job.topology && job.topology->size(Dim::Pipeline) > 1) return "`strata plan` lists each pipeline stage's blocks";
-    const nn::Model& model = *job.model;
-    StringList types;
-    for (size_t b = 0; b < model.num_blocks(); ++b)
-      if (std::find(types.begin(), types.end(), model.block(b).type()) == types.end()) types.push_back(model.block(b).type());
-    const size_t n = model.num_blocks();
-    return "types " + join(types) + "; names such as " + join({model.block_name(0), model.block_name(std::min<size_t>(1, n - 1)), model.block_name(n - 1)});
   }
 };
 

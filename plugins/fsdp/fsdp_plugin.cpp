@@ -20,6 +20,7 @@
 
 #include <ATen/ATen.h>
 
+#include "../common/block_selectors.h"
 #include "../sharding/sharded_training.h"
 #include "fsdp_hybrid.h"
 #include "fsdp_sharded_init.h"
@@ -311,14 +312,8 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
 
   void apply(Job& job, const Config& config) const override {
     nn::Model& model = *job.model;
-    // An entry of wrap or ignored naming no block is a typo that would leave those blocks as they
-    // were without a word. A pipeline rank holds its stages' blocks only: an entry is refused when
-    // no rank's match.
-    for (const char* key : {"wrap", "ignored"})
-      for (const auto& selector : config.get_strings(key))
-        if (!found_on_any_rank(job, !model.find_blocks({selector}).empty()))
-          throw UserError(std::string("pass 'fsdp': ") + key + " entry \"" + selector +
-                          "\" is neither the name nor the type of a block of the model (" + block_kinds(job) + ")");
+    // An entry of wrap or ignored naming no block on any rank is a typo: refused.
+    for (const char* key : {"wrap", "ignored"}) block_selectors::refuse_unmatched(job, "fsdp", key, config.get_strings(key));
     Communicator& data_comm = job.topology->group(Dim::Data);
     Communicator& expert_comm = job.topology->expert_data_group();
     // HSDP: units shard over this rank's shard group and average gradients over its replica group
@@ -353,7 +348,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     const auto split_expert = sharding::split_expert_predicate(model);
     const UnitPlan plan = plan_units(model, config);
     if (plan.runs.empty())
-      throw UserError("pass 'fsdp': no block of the model is wrapped (wrap = " + join(config.get_strings("wrap")) +
+      throw UserError("pass 'fsdp': no block of the model is wrapped (wrap = [" + block_selectors::quoted_list(config.get_strings("wrap")) + "]" +
                       ", min_params = " + std::to_string(config.get_int("min_params")) + ")");
     std::map<std::string, at::Tensor> by_name;
     for (size_t b = 0; b < model.num_blocks(); ++b)
@@ -437,25 +432,6 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     // Step metrics count the training step's collectives, not an evaluation's.
     job.add_hook(HookPoint::AfterEvaluate, [sharder](StepContext&) { sharder->after_evaluate(), sharder->take_traffic(); });
     sharding::shard_training_state(job, sharder->all_units());
-  }
-
- private:
-  static std::string join(const StringList& list) {
-    std::string out = "[";
-    for (const auto& s : list) out += (out.size() > 1 ? ", \"" : "\"") + s + "\"";
-    return out + "]";
-  }
-
-  // The blocks a selector may name, for the line that refuses one naming none.
-  // Under a pipeline a rank holds its stages' blocks only, and every rank must say the same line.
-  static std::string block_kinds(const Job& job) {
-    if (job.topology && job.topology->size(Dim::Pipeline) > 1) return "`strata plan` lists each pipeline stage's blocks";
-    const nn::Model& model = *job.model;
-    StringList types;
-    for (size_t b = 0; b < model.num_blocks(); ++b)
-      if (std::find(types.begin(), types.end(), model.block(b).type()) == types.end()) types.push_back(model.block(b).type());
-    const size_t n = model.num_blocks();
-    return "types " + join(types) + ", names such as " + join({model.block_name(0), model.block_name(std::min<size_t>(1, n - 1)), model.block_name(n - 1)});
   }
 };
 
