@@ -12,6 +12,7 @@
 #include "../engine/fault_injection.h"
 #include "../strategy/components_from_files.h"
 #include "checkpoint.h"
+#include "parameter_stream.h"
 #include "ir/initial_draws.h"
 #include "tokenizer_export.h"
 #include "strata/core/log.h"
@@ -76,7 +77,8 @@ bool is_weight_file(const std::string& name) {
 // Splits the weights, in order, into files of at most `max_bytes` as transformers' save_pretrained
 // does (a tensor larger than that gets a file of its own) and writes them into `dir`, one
 // tensor's copy at a time, with `dtype` for the floating-point ones.
-void write_hf_weights(const fs::path& dir, const NamedTensors& weights, at::ScalarType dtype, uint64_t max_bytes) {
+void write_hf_weights(const fs::path& dir, const NamedTensors& weights, at::ScalarType dtype, uint64_t max_bytes,
+                      const TensorWriteHooks& hooks) {
   std::vector<NamedTensors> shards(1);
   std::vector<uint64_t> shard_bytes(1, 0);
   uint64_t total = 0;
@@ -87,13 +89,13 @@ void write_hf_weights(const fs::path& dir, const NamedTensors& weights, at::Scal
     shard_bytes.back() += bytes, total += bytes;
   }
   if (shards.size() == 1) {
-    write_safetensors(dir / "model.safetensors", shards[0], {{"format", "pt"}}, {}, dtype);
+    write_safetensors(dir / "model.safetensors", shards[0], {{"format", "pt"}}, {}, dtype, hooks);
     return;
   }
   nlohmann::json map = nlohmann::json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file = shard_name(i, shards.size());
-    write_safetensors(dir / file, shards[i], {{"format", "pt"}}, {}, dtype);
+    write_safetensors(dir / file, shards[i], {{"format", "pt"}}, {}, dtype, hooks);
     engine::inject_fault(0, 0, "export");  // chaos: a re-export killed between two weight files
     for (const auto& [name, tensor] : shards[i]) map[name] = file;
   }
@@ -140,9 +142,21 @@ class StagedExport {
 
 }  // namespace
 
-CheckpointModel load_checkpoint_model(const fs::path& source, const ComponentRegistry& registry) {
+namespace {
+
+// A checkpoint's model built without its values (every parameter allocated, no page touched),
+// and one fill request per parameter, the parameter itself its target.
+struct UnfilledModel {
+  std::shared_ptr<nn::Model> model;
+  ResolvedStrategy plan;
+  Config config;
+  engine::Checkpoint checkpoint;
+  std::vector<engine::TensorRequest> parameters;
+};
+
+UnfilledModel build_unfilled_model(const fs::path& source, const ComponentRegistry& registry) {
   const fs::path run_dir = is_checkpoint_dir(source) ? source.parent_path().parent_path() : source;
-  const engine::Checkpoint checkpoint = open_source(source);
+  engine::Checkpoint checkpoint = open_source(source);
   Diagnostics diagnostics;
   RawStrategy raw = load_strategy_file(run_dir / "strategy.toml", diagnostics);
   // Resolved for the world size that saved the checkpoint, so fixed [parallel] sizes (data = 2,
@@ -152,21 +166,26 @@ CheckpointModel load_checkpoint_model(const fs::path& source, const ComponentReg
                                          diagnostics.items().front().message);
 
   const auto* factory = static_cast<const ModelFactory*>(plan.model_component);
-  const Config config = without_init_from(plan.model);
-  // Every parameter is filled from the checkpoint below (fill refuses one it cannot fill whole).
+  Config config = without_init_from(plan.model);
+  // Every parameter is filled from the checkpoint (fill refuses one it cannot fill whole).
   std::shared_ptr<nn::Model> model;
   {
     nn::SkipInitialDraws no_draws;
     model = factory->create(config);
   }
+  std::vector<engine::TensorRequest> parameters;
+  for (const auto& p : model->named_parameters()) parameters.push_back({"model/" + p.key(), p.value().detach(), std::nullopt});
+  return {std::move(model), std::move(plan), std::move(config), std::move(checkpoint), std::move(parameters)};
+}
+
+}  // namespace
+
+CheckpointModel load_checkpoint_model(const fs::path& source, const ComponentRegistry& registry) {
+  UnfilledModel m = build_unfilled_model(source, registry);
   // Filled in place: the parameters themselves are the targets (no second copy of the model).
-  std::vector<engine::TensorRequest> requests;
-  for (const auto& p : model->named_parameters()) requests.push_back({"model/" + p.key(), p.value().detach(), std::nullopt});
-  checkpoint.fill(requests, 0);
-  for (const auto& q : requests)  // a NaN or infinity would export a model that generates nothing
-    if (!at::isfinite(q.target).all().item<bool>())
-      throw UserError("checkpoint " + checkpoint.path().string() + ": tensor for '" + q.name.substr(6) + "' holds NaN or infinite values");
-  return {std::move(model), std::move(plan), std::move(config), checkpoint.path()};
+  m.checkpoint.fill(m.parameters, 0);
+  for (const auto& q : m.parameters) engine::refuse_non_finite(m.checkpoint, q);
+  return {std::move(m.model), std::move(m.plan), std::move(m.config), m.checkpoint.path()};
 }
 
 bool is_hf_directory(const fs::path& dir) {
@@ -225,14 +244,23 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
     throw UserError(std::string("export writes float32, bfloat16 or float16 weights, not ") + c10::toString(dtype));
   if (options.max_shard_bytes < 1) throw UserError("an export's largest weight file must hold at least 1 byte");
   refuse_inside_run(out, "the export directory");
-  const CheckpointModel loaded = load_checkpoint_model(source, registry);
+  UnfilledModel loaded = build_unfilled_model(source, registry);
   const auto* factory = static_cast<const ModelFactory*>(loaded.plan.model_component);
-  const Config& config = loaded.model_config;
+  const Config& config = loaded.config;
   StagedExport staged(out);
   const fs::path& dir = staged.dir();
-  // Views of the model's parameters (transposed where transformers' layout is): each is cast and
-  // laid out as it is written, so the export holds the model and one tensor's copy.
-  write_hf_weights(dir, factory->to_hf(*loaded.model, config), dtype, options.max_shard_bytes);
+  // Views of the model's parameters (transposed where transformers' layout is), each filled from
+  // the checkpoint, cast and laid out as it is written and its memory given back after: the
+  // export holds one parameter and its copy at a time (parameter_stream.h). A model whose to_hf
+  // computes tensors is filled whole first.
+  NamedTensors hf = factory->to_hf(*loaded.model, config);
+  engine::ParameterStream parameters(loaded.checkpoint, loaded.parameters, hf);
+  if (!parameters.streams()) {
+    parameters.fill_all();
+    hf = factory->to_hf(*loaded.model, config);
+  }
+  write_hf_weights(dir, hf, dtype, options.max_shard_bytes, parameters.hooks());
+  hf.clear();
   engine::write_text_durably(dir / "config.json", factory->hf_config_json(config));
   // The tokenizer where the run's data says which one it was: bytes for the text dataset, the
   // prepared directory's for token files `strata data prepare` wrote. Otherwise no tokenizer and
@@ -246,7 +274,7 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
   if (dataset == "tokens" && data.has("path")) copy_prepared_tokenizer(dir, data.get_string("path"), context);
   complete_hf_config(dir / "config.json", eos, dtype);
   staged.publish();
-  return loaded.checkpoint;
+  return loaded.checkpoint.path();
 }
 
 fs::path consolidate_checkpoint(const fs::path& source, const fs::path& out) {

@@ -147,7 +147,7 @@ FileWriteError::FileWriteError(const std::filesystem::path& file, const std::str
 FileWriteError::~FileWriteError() = default;
 
 void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, const Metadata& metadata,
-                       const WrittenBytes& written, at::ScalarType floating_as) {
+                       const WrittenBytes& written, at::ScalarType floating_as, const TensorWriteHooks& hooks) {
   refuse_overlaps(tensors);
   const std::string prefix = safetensors_prefix(tensors, metadata, floating_as);
   const std::filesystem::path tmp = path.string() + ".tmp";
@@ -174,11 +174,15 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
     // One tensor at a time brought to host memory in row-major order (a transposed view, a device
     // tensor): what is written costs one tensor's copy at most, not a copy of them all.
     for (const auto& [name, tensor] : tensors) {
-      at::Tensor bytes = tensor.detach();
-      const at::ScalarType dtype = safetensors_stored_dtype(bytes, floating_as);
-      if (!bytes.device().is_cpu() || bytes.scalar_type() != dtype || !bytes.is_contiguous())  // one copy: host, dtype, row-major at once
-        bytes = at::empty(bytes.sizes(), at::TensorOptions().dtype(dtype)).copy_(bytes);
-      write(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
+      if (hooks.before) hooks.before(name);
+      {
+        at::Tensor bytes = tensor.detach();
+        const at::ScalarType dtype = safetensors_stored_dtype(bytes, floating_as);
+        if (!bytes.device().is_cpu() || bytes.scalar_type() != dtype || !bytes.is_contiguous())  // one copy: host, dtype, row-major at once
+          bytes = at::empty(bytes.sizes(), at::TensorOptions().dtype(dtype)).copy_(bytes);
+        write(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
+      }
+      if (hooks.after) hooks.after(name);
     }
     if (!out.flush()) throw refused();
   }

@@ -1,9 +1,9 @@
 // strata sample: a checkpoint's model continues a prompt, for a look at what a run learned without
 // leaving Strata.
 //
-// The model is loaded whole in this process from any layout (load_checkpoint_model, as export
-// does) and runs autoregressively on the CPU: each new token recomputes the window of the last
-// tokens of the context the model is made for (no key/value cache: a sample is short and the
+// The model is loaded whole in this process from any layout (load_checkpoint_model; the export
+// fills one parameter at a time instead) and runs autoregressively on the CPU: each new token
+// recomputes the window of the last tokens of the context the model is made for (no key/value cache: a sample is short and the
 // models Strata trains on a CPU are small). That context is [model] max_positions where the model
 // has that key and it is set (what the export's config.json states, so transformers' generate sees
 // the same window), else seq_len. The next token is the argmax at temperature 0; otherwise it is drawn from the softmax of

@@ -31,13 +31,20 @@ class STRATA_API FileWriteError : public UserError {
 // hashes the file as it is written (not reading it back) and counts a long write as progress.
 using WrittenBytes = std::function<void(const void* data, size_t size)>;
 
+// Called with a tensor's name just before write_safetensors reads its values and just after it
+// has written them (the header needs shapes and dtypes only): an export fills each parameter
+// from the checkpoint as it comes up and gives its memory back once written (export.cpp).
+struct TensorWriteHooks {
+  std::function<void(const std::string& name)> before, after;
+};
+
 // Writes to a temporary name, fsyncs, then renames over `path`. Tensors are written contiguous
 // and little-endian, one at a time (a view, a device tensor or a cast costs that tensor's copy
 // alone); names must be unique and tensors must not overlap. With `floating_as`, floating-point
 // tensors are stored in that dtype (an export's bf16 weights from fp32 parameters).
 STRATA_API void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                                   const Metadata& metadata = {}, const WrittenBytes& written = {},
-                                  at::ScalarType floating_as = at::ScalarType::Undefined);
+                                  at::ScalarType floating_as = at::ScalarType::Undefined, const TensorWriteHooks& hooks = {});
 
 // The dtype write_safetensors stores `tensor` in: `floating_as` for a floating-point tensor when
 // given, else its own.

@@ -128,7 +128,8 @@ struct ExportOptions {
 };
 
 // Writes OUT's weights, OUT/config.json in Hugging Face layout (and the tokenizer where the run's
-// data names one: bytes for the text dataset). It holds the model in float32 and one tensor's copy.
+// data names one: bytes for the text dataset). It holds one parameter and its copy at a time:
+// each is filled from the checkpoint as it is written (core/src/checkpoint/parameter_stream.h).
 STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
                                            const ComponentRegistry& registry, const ExportOptions& options);
 STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
