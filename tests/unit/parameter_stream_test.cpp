@@ -1,6 +1,6 @@
 // engine::ParameterStream (core/src/checkpoint/parameter_stream.h), the export's way of holding
 // one parameter at a time: a parameter is filled when the first tensor viewing it is about to be
-// written and not before; one viewed by two written tensors is filled once; one nothing writes is
+// written and not before (with the ones written next, up to a batch of bytes); one viewed by two written tensors is filled once; one nothing writes is
 // filled at once; a non-finite value is refused naming the tensor; and a written tensor that is
 // no view of a parameter (a to_hf that computes), or two parameters sharing storage, turn the
 // stream off (the caller fills everything first).
@@ -43,8 +43,9 @@ TEST_F(ParameterStreamTest, FillsEachParameterJustBeforeItsFirstWrite) {
   const at::Tensor a = unfilled({2, 3}), b = unfilled({4}), c = unfilled({2});
   // a written transposed; b as two halves (two written tensors, one parameter); c written by nothing.
   const NamedTensors written{{"A", a.t()}, {"B0", b.narrow(0, 0, 2)}, {"B1", b.narrow(0, 2, 2)}};
+  // Batches of at most 1 byte beyond the parameter written next: one parameter a fill.
   engine::ParameterStream stream(checkpoint, {{"model/a", a, std::nullopt}, {"model/b", b, std::nullopt}, {"model/c", c, std::nullopt}},
-                                 written);
+                                 written, engine::ParameterStream::NonFinite::refused, /*batch_bytes=*/1);
   ASSERT_TRUE(stream.streams());
   EXPECT_TRUE(at::equal(c, at::full({2}, 3.0f))) << "a parameter nothing writes is filled at once";
   EXPECT_TRUE(at::equal(a, unfilled({2, 3})) && at::equal(b, unfilled({4}))) << "nothing else before its write";
@@ -60,6 +61,28 @@ TEST_F(ParameterStreamTest, FillsEachParameterJustBeforeItsFirstWrite) {
   hooks.before("B1");
   EXPECT_TRUE(at::equal(b, at::full({4}, 5.0f)));
   hooks.after("B1");
+}
+
+TEST_F(ParameterStreamTest, FillsTheParametersWrittenNextTogetherUpToTheBatch) {
+  const engine::Checkpoint checkpoint = open();
+  const at::Tensor a = unfilled({2, 3}), b = unfilled({4}), c = unfilled({2});
+  // a (24 bytes) first: a batch of 30 bytes takes b (16) too, not c.
+  engine::ParameterStream stream(checkpoint, {{"model/a", a, std::nullopt}, {"model/b", b, std::nullopt}, {"model/c", c, std::nullopt}},
+                                 {{"A", a}, {"B", b}, {"C", c}}, engine::ParameterStream::NonFinite::refused, /*batch_bytes=*/30);
+  stream.hooks().before("A");
+  EXPECT_TRUE(at::equal(a, at::arange(6, at::kFloat).view({2, 3})));
+  EXPECT_TRUE(at::equal(b, at::full({4}, 2.0f)));
+  EXPECT_TRUE(at::equal(c, unfilled({2})));
+  stream.hooks().before("C");
+  EXPECT_TRUE(at::equal(c, at::full({2}, 3.0f)));
+}
+
+TEST_F(ParameterStreamTest, KeepsNonFiniteValuesWhenAsked) {
+  const engine::Checkpoint checkpoint = open();
+  const at::Tensor bad = unfilled({2});
+  engine::ParameterStream stream(checkpoint, {{"model/bad", bad, std::nullopt}}, {{"BAD", bad}}, engine::ParameterStream::NonFinite::kept);
+  stream.hooks().before("BAD");
+  EXPECT_TRUE(bad.isnan().all().item<bool>());
 }
 
 TEST_F(ParameterStreamTest, RefusesANonFiniteParameterByName) {

@@ -280,18 +280,22 @@ fs::path export_hf(const fs::path& source, const fs::path& out, const ComponentR
 fs::path consolidate_checkpoint(const fs::path& source, const fs::path& out) {
   refuse_inside_run(out.has_parent_path() ? out.parent_path() : fs::path("."), "the consolidated file's directory");
   const engine::Checkpoint checkpoint = open_source(source);
+  // Each tensor allocated (untouched), filled as it is written and its pages given back after: one
+  // tensor in memory at a time, not the model and its optimizer state (parameter_stream.h).
   std::vector<engine::TensorRequest> requests;
-  for (const auto& info : checkpoint.describe())
-    requests.push_back({info.name, at::empty(info.shape, at::TensorOptions().dtype(info.dtype)), std::nullopt});
-  checkpoint.fill(requests, 0);
   NamedTensors tensors;
-  for (auto& q : requests) tensors.emplace_back(q.name, q.target);
+  for (const auto& info : checkpoint.describe()) {
+    requests.push_back({info.name, at::empty(info.shape, at::TensorOptions().dtype(info.dtype)), std::nullopt});
+    tensors.emplace_back(info.name, requests.back().target);
+  }
+  engine::ParameterStream stream(checkpoint, std::move(requests), tensors, engine::ParameterStream::NonFinite::kept);
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
   write_safetensors(out, tensors,
                     {{"format", "strata-consolidated-1"},
                      {"step", std::to_string(checkpoint.meta().step)},
                      {"state_hash", checkpoint.meta().state_hash},
-                     {"saved_by_ranks", std::to_string(checkpoint.meta().world_size)}});
+                     {"saved_by_ranks", std::to_string(checkpoint.meta().world_size)}},
+                    {}, at::ScalarType::Undefined, stream.hooks());
   return checkpoint.path();
 }
 

@@ -34,8 +34,10 @@ void refuse_non_finite(const Checkpoint& checkpoint, const TensorRequest& reques
                     "' holds NaN or infinite values");
 }
 
-ParameterStream::ParameterStream(const Checkpoint& checkpoint, std::vector<TensorRequest> parameters, const NamedTensors& written)
-    : checkpoint_(checkpoint), parameters_(std::move(parameters)), writes_left_(parameters_.size(), 0), filled_(parameters_.size(), false) {
+ParameterStream::ParameterStream(const Checkpoint& checkpoint, std::vector<TensorRequest> parameters, const NamedTensors& written,
+                                 NonFinite non_finite, int64_t batch_bytes)
+    : checkpoint_(checkpoint), parameters_(std::move(parameters)), writes_left_(parameters_.size(), 0), filled_(parameters_.size(), false),
+      non_finite_(non_finite), batch_bytes_(batch_bytes) {
   std::map<c10::StorageImpl*, size_t> by_storage;
   for (size_t i = 0; i < parameters_.size(); ++i)
     if (!by_storage.emplace(storage_of(parameters_[i].target), i).second) streams_ = false;  // two parameters, one storage
@@ -46,8 +48,10 @@ ParameterStream::ParameterStream(const Checkpoint& checkpoint, std::vector<Tenso
       continue;
     }
     parameter_of_[name] = found->second;
-    ++writes_left_[found->second];
+    if (writes_left_[found->second]++ == 0) fill_order_.push_back(found->second);
   }
+  order_at_.assign(parameters_.size(), 0);
+  for (size_t k = 0; k < fill_order_.size(); ++k) order_at_[fill_order_[k]] = k;
   if (!streams_) return;
   // A parameter no written tensor views is filled now: the checkpoint must still hold it whole.
   std::vector<TensorRequest> unwritten;
@@ -58,7 +62,8 @@ ParameterStream::ParameterStream(const Checkpoint& checkpoint, std::vector<Tenso
 
 void ParameterStream::fill(std::vector<TensorRequest>& requests) {
   checkpoint_.fill(requests, 0);
-  for (const TensorRequest& q : requests) refuse_non_finite(checkpoint_, q);
+  if (non_finite_ == NonFinite::refused)
+    for (const TensorRequest& q : requests) refuse_non_finite(checkpoint_, q);
 }
 
 void ParameterStream::fill_all() {
@@ -75,9 +80,17 @@ TensorWriteHooks ParameterStream::hooks() {
   hooks.before = [this](const std::string& name) {
     const size_t i = parameter_of_.at(name);
     if (filled_[i]) return;
-    std::vector<TensorRequest> one{parameters_[i]};
-    fill(one);
-    filled_[i] = true;
+    // This parameter and the ones written after it, up to batch_bytes_ (at least this one).
+    std::vector<TensorRequest> batch;
+    int64_t bytes = 0;
+    for (size_t k = order_at_[i]; k < fill_order_.size() && (batch.empty() || bytes < batch_bytes_); ++k) {
+      const size_t j = fill_order_[k];
+      if (filled_[j]) continue;
+      batch.push_back(parameters_[j]);
+      bytes += static_cast<int64_t>(parameters_[j].target.nbytes());
+      filled_[j] = true;
+    }
+    fill(batch);
   };
   hooks.after = [this](const std::string& name) {
     const size_t i = parameter_of_.at(name);

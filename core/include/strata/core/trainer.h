@@ -128,8 +128,9 @@ struct ExportOptions {
 };
 
 // Writes OUT's weights, OUT/config.json in Hugging Face layout (and the tokenizer where the run's
-// data names one: bytes for the text dataset). It holds one parameter and its copy at a time:
-// each is filled from the checkpoint as it is written (core/src/checkpoint/parameter_stream.h).
+// data names one: bytes for the text dataset). It holds a few parameters at a time (up to 8 MiB
+// beyond the one being written), each filled from the checkpoint as it comes up for writing
+// (core/src/checkpoint/parameter_stream.h).
 STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
                                            const ComponentRegistry& registry, const ExportOptions& options);
 STRATA_API std::filesystem::path export_hf(const std::filesystem::path& source, const std::filesystem::path& out,
