@@ -98,6 +98,16 @@ TEST_F(ParameterStreamTest, RefusesANonFiniteParameterByName) {
   }
 }
 
+TEST_F(ParameterStreamTest, AWriteItsHookRefusesLeavesNoFile) {
+  const engine::Checkpoint checkpoint = open();
+  const at::Tensor bad = unfilled({2});
+  engine::ParameterStream stream(checkpoint, {{"model/bad", bad, std::nullopt}}, {{"BAD", bad}});
+  const fs::path out = dir_ / "out.safetensors";
+  EXPECT_THROW(write_safetensors(out, {{"BAD", bad}}, {}, {}, at::ScalarType::Undefined, stream.hooks()), UserError);
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(dir_ / "out.safetensors.tmp"));
+}
+
 TEST_F(ParameterStreamTest, TensorsThatAreNoViewsOrSharedStorageTurnTheStreamOff) {
   const engine::Checkpoint checkpoint = open();
   const at::Tensor a = unfilled({2, 3});

@@ -4,7 +4,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-
 #include <ATen/ATen.h>
 
 #include "strata/errors.h"

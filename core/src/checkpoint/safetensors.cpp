@@ -173,16 +173,24 @@ void write_safetensors(const std::filesystem::path& path, const NamedTensors& te
     write(prefix.data(), prefix.size());
     // One tensor at a time brought to host memory in row-major order (a transposed view, a device
     // tensor): what is written costs one tensor's copy at most, not a copy of them all.
-    for (const auto& [name, tensor] : tensors) {
-      if (hooks.before) hooks.before(name);
-      {
-        at::Tensor bytes = tensor.detach();
-        const at::ScalarType dtype = safetensors_stored_dtype(bytes, floating_as);
-        if (!bytes.device().is_cpu() || bytes.scalar_type() != dtype || !bytes.is_contiguous())  // one copy: host, dtype, row-major at once
-          bytes = at::empty(bytes.sizes(), at::TensorOptions().dtype(dtype)).copy_(bytes);
-        write(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
+    // A hook that throws (a tensor the checkpoint cannot fill) leaves no partial file either.
+    try {
+      for (const auto& [name, tensor] : tensors) {
+        if (hooks.before) hooks.before(name);
+        {
+          at::Tensor bytes = tensor.detach();
+          const at::ScalarType dtype = safetensors_stored_dtype(bytes, floating_as);
+          if (!bytes.device().is_cpu() || bytes.scalar_type() != dtype || !bytes.is_contiguous())  // one copy: host, dtype, row-major at once
+            bytes = at::empty(bytes.sizes(), at::TensorOptions().dtype(dtype)).copy_(bytes);
+          write(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
+        }
+        if (hooks.after) hooks.after(name);
       }
-      if (hooks.after) hooks.after(name);
+    } catch (...) {
+      out.close();
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);
+      throw;
     }
     if (!out.flush()) throw refused();
   }
