@@ -13,6 +13,9 @@
 // and replicate it across groups (HSDP, fsdp_hybrid.h); split experts shard over the ranks of
 // the shard group holding the same experts and replicate across the same groups (or, when the
 // expert groups span several shard groups, stay whole and average over the expert-data group).
+// A backward left unsynchronised (WSAM's local pass) is reduced nowhere: each parameter keeps
+// its own full gradient. A change of the full parameters the shards do not carry (WSAM's local
+// perturbation, Job::offset_full_parameters) is added to every gather until it is cleared.
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -114,9 +117,15 @@ class Sharder {
       if (!held(*unit)) unit->release();
   }
 
-  // The root and the ending run, held through each evaluation batch's loss.
-  void after_evaluate() {
+  // After an evaluation (the root and the ending run were held through each batch's loss) or an
+  // unsynchronised backward: every unit let go, nothing reduced.
+  void release_all() {
     for (auto& unit : all_) unit->release();
+  }
+
+  // Job::offset_full_parameters: every unit adds its parameters' offsets to its gathers.
+  void set_full_offsets(const NamedTensors& offsets) {
+    for (auto& unit : all_) unit->set_full_offsets(offsets);
   }
 
   void begin_micro_batch(bool last) {
@@ -416,9 +425,21 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     model.add_post_forward_hook(model.num_blocks() - 1, [sharder](nn::Block&, const at::Tensor&) { sharder->after_model(); });
 
     sharding::on_gradient_accumulated(sharder->all_units(), [sharder](size_t unit, size_t param) { sharder->gradient_ready(unit, param); });
-    job.add_hook(HookPoint::BeforeBackward, [sharder](StepContext& c) { sharder->begin_micro_batch(c.last_backward); });
+    // A backward left unsynchronised (WSAM's local pass, sync_gradients false) is reduced nowhere,
+    // as under ddp and zero: each parameter keeps its own full gradient, which until the next
+    // synchronised backward is what this rank holds (amp unscales it, context parallel averages
+    // it), and the sync stage lets the units go.
+    auto synchronised = std::make_shared<bool>(true);
+    job.add_hook(HookPoint::BeforeBackward, [sharder, synchronised](StepContext& c) {
+      if (c.last_backward) *synchronised = c.sync_gradients;
+      sharder->begin_micro_batch(c.last_backward && c.sync_gradients);
+    });
     job.add_hook(HookPoint::AfterBackward, [sharder](StepContext&) { sharder->after_backward(); });
-    job.program.own(Stage::SyncGradients, [sharder](StepContext& c) { c.metrics.emplace_back("fsdp_exposed_comm_ms", sharder->finish()); });
+    job.program.own(Stage::SyncGradients, [sharder](StepContext& c) {
+      if (c.sync_gradients) c.metrics.emplace_back("fsdp_exposed_comm_ms", sharder->finish());
+      else sharder->release_all();
+    });
+    job.set_offset_full_parameters([sharder](const NamedTensors& offsets) { sharder->set_full_offsets(offsets); });
     // The job keeps HSDP's groups alive, not the sharder: the parameters' gradient hooks hold the
     // sharder, which holds the parameters, so it outlives the job, and a group left at exit would
     // keep MPI from finalizing.
@@ -430,8 +451,10 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
       if (hybrid) c.metrics.emplace_back("fsdp_replica_reduce_bytes", static_cast<double>(traffic.replica_reduce_bytes));
     });
     // Step metrics count the training step's collectives, not an evaluation's.
-    job.add_hook(HookPoint::AfterEvaluate, [sharder](StepContext&) { sharder->after_evaluate(), sharder->take_traffic(); });
+    job.add_hook(HookPoint::AfterEvaluate, [sharder](StepContext&) { sharder->release_all(), sharder->take_traffic(); });
+    const auto own_gradients = job.local_gradients;  // core's: every parameter's
     sharding::shard_training_state(job, sharder->all_units());
+    job.local_gradients = [own_gradients, pieces = job.local_gradients, synchronised] { return *synchronised ? pieces() : own_gradients(); };
   }
 };
 

@@ -1,6 +1,7 @@
 #include "flat_unit.h"
 
 #include <stdexcept>
+#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
@@ -163,6 +164,39 @@ void FlatUnit::wait_gathered() {
     gather_work_.reset();
     gather_input_ = at::Tensor();
     state_ = State::Gathered;
+    add_full_offsets();
+  }
+}
+
+void FlatUnit::add_full_offsets() {
+  at::NoGradGuard no_grad;
+  // Through the flat buffer, not the parameters: their version counters are autograd's, and a
+  // backward's re-gather refills tensors its graph saved.
+  for (size_t i = 0; i < full_offsets_.size(); ++i)
+    if (full_offsets_[i].defined()) full_.narrow(0, offsets_[i], full_offsets_[i].numel()).add_(full_offsets_[i]);
+}
+
+void FlatUnit::set_full_offsets(const NamedTensors& offsets) {
+  at::NoGradGuard no_grad;
+  if (persistent_ && unoffset_.defined()) full_.copy_(unoffset_), unoffset_ = at::Tensor();
+  full_offsets_.clear();
+  if (!offsets.empty()) {
+    std::unordered_map<std::string, size_t> index;
+    for (size_t i = 0; i < params_.size(); ++i) index.emplace(params_[i].first, i);
+    full_offsets_.resize(params_.size());
+    for (const auto& [name, offset] : offsets) {
+      const auto found = index.find(name);
+      if (found == index.end()) continue;  // another unit's
+      const size_t i = found->second;
+      if (!offset.sizes().equals(params_[i].second.sizes()))
+        throw std::logic_error("flat unit '" + name_ + "': the offset of '" + name + "' is not of its shape");
+      full_offsets_[i] = offset.reshape(-1).to(full_.options());
+    }
+  }
+  if (persistent_) {
+    if (!full_offsets_.empty()) unoffset_ = full_.clone(), add_full_offsets();
+  } else {
+    release();  // the next gather adds them, or gives the chunks' values back
   }
 }
 

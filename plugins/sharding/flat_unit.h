@@ -78,6 +78,14 @@ class FlatUnit {
   void wait_gathered();
   void release();
 
+  // A change of this rank's full parameters that the chunks do not carry (Job's
+  // offset_full_parameters; WSAM's local perturbation): `offsets` by parameter name, in the
+  // parameters' shapes, absent names unchanged. A unit that gathers before use lets its full
+  // parameters go now and adds the offsets to every later gather; a persistent one adds them at
+  // once and, when they are cleared (called with none), takes back the exact values it had.
+  // Called outside forward and backward.
+  void set_full_offsets(const NamedTensors& offsets);
+
   // Gradients: count parameters whose gradient is final in this backward; the last one makes
   // the unit complete.
   void begin_backward();
@@ -113,6 +121,7 @@ class FlatUnit {
   at::Tensor data_chunk() const;
   void lay_out();      // offsets_, numel_, padded_, chunk_, chunk_begin_
   void make_pieces();  // pieces_ over the data and gradient chunks
+  void add_full_offsets();  // full_offsets_ into the full buffer
 
   std::string name_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
@@ -132,6 +141,8 @@ class FlatUnit {
   at::Tensor staging_;       // [padded], reduce dtype: the gradients a reduction sends
   at::Tensor reduced_;       // [chunk], reduce dtype: what a reduce-scatter receives
   std::vector<Piece> pieces_;
+  std::vector<at::Tensor> full_offsets_;  // by parameter, flat; empty (or undefined entries) when none
+  at::Tensor unoffset_;                   // a persistent unit's full buffer before its offsets were added
   State state_ = State::Gathered;
   WorkPtr gather_work_, reduce_work_;
   std::vector<bool> ready_;

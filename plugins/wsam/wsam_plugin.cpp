@@ -23,11 +23,14 @@
 // rank, along this rank's own gradient of them (the passes leave an unsynchronised backward
 // alone), and restoring this rank's pieces (saved: they are views of the full parameters'
 // buffer) and reloading the state gathers them back exactly; the optimizer then
-// gets this rank's pieces of the averaged gradient. fsdp keeps no full parameters between uses,
-// so there the perturbation must follow the synchronised gradient (perturbation = "global").
+// gets this rank's pieces of the averaged gradient. fsdp keeps no full parameters between uses:
+// there the unsynchronised backward leaves each parameter its own full gradient, and the
+// perturbation goes to fsdp as offsets it adds to every gather of the full parameters until WSAM
+// clears them (Job::offset_full_parameters); the pieces never move, so nothing is restored.
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <stdexcept>
 
 #include <ATen/ATen.h>
 
@@ -93,20 +96,30 @@ class Wsam {
 
     at::NoGradGuard no_grad;
     if (params_.empty()) find_weights();
-    // What the perturbation moves, and along which gradient: the master weights, or under zero1
-    // and zero2 with a local perturbation the full parameters (the header).
+    // What the perturbation moves, and along which gradient: the master weights, or with a local
+    // perturbation over pieces the full parameters, in place (zero1, zero2) or as offsets to
+    // their gathers (fsdp) (the header).
     const bool moves_full = !full_params_.empty();
+    const bool as_offsets = moves_full && gathered_;
     std::vector<at::Tensor>& moved = moves_full ? full_params_ : params_;
     const std::vector<Placement>& moved_placements = moves_full ? full_placements_ : placements_;
     std::vector<at::Tensor> g = take_gradients(moved);
-    // The master weights are saved whichever tensors move: zero's pieces are views of the full
-    // parameters' buffer, so moving those moves this rank's piece too.
+    // The master weights are saved whichever tensors move in place: zero's pieces are views of
+    // the full parameters' buffer, so moving those moves this rank's piece too.
     std::vector<at::Tensor> saved, scaled;
-    for (const auto& w : params_) saved.push_back(w.clone());
+    if (!as_offsets)
+      for (const auto& w : params_) saved.push_back(w.clone());
+    // (adaptive needs the full weights, which fsdp does not keep: refused at plan time there)
     for (size_t i = 0; i < moved.size(); ++i) scaled.push_back(settings_.adaptive ? moved[i].abs() * g[i] : g[i]);
     const at::Tensor scale = settings_.rho / (norm(scaled, moved_placements, /*synchronised=*/!settings_.local) + settings_.eps);
-    for (size_t i = 0; i < moved.size(); ++i) moved[i].add_((settings_.adaptive ? moved[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
-    if (!moves_full) propagate();  // (a reload would gather the full parameters back from the pieces)
+    if (as_offsets) {
+      NamedTensors offsets;
+      for (size_t i = 0; i < moved.size(); ++i) offsets.emplace_back(full_names_[i], g[i] * scale.to(at::kFloat));
+      job_.offset_full_parameters()(offsets);
+    } else {
+      for (size_t i = 0; i < moved.size(); ++i) moved[i].add_((settings_.adaptive ? moved[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
+      if (!moves_full) propagate();  // (a reload would gather the full parameters back from the pieces)
+    }
     // The local gradient is averaged while the second pass runs.
     std::vector<Averaging> averaging;
     if (settings_.local) averaging = start_averaging(g, moved_placements);
@@ -121,8 +134,12 @@ class Wsam {
       context.local_loss = loss;
     }
     std::vector<at::Tensor> perturbed = take_gradients(params_);
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(saved[i]);
-    propagate();
+    if (as_offsets) {
+      job_.offset_full_parameters()({});  // the next gathers give w back from the untouched pieces
+    } else {
+      for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(saved[i]);
+      propagate();
+    }
     for (auto& pending : averaging) pending.finish();
     if (moves_full) g = master_pieces_of(g);
     if (settings_.max_norm > 0) {
@@ -180,11 +197,16 @@ class Wsam {
       placements_.push_back(nest(placed, 0, {Dim::Pipeline}));
     }
     if (!settings_.local || !pieces) return;
+    // Where a pass gathers the full parameters before each use, they hold nothing between uses
+    // (placeholders, to nn::is_placeholder): their gradients are what this reads.
+    gathered_ = static_cast<bool>(job_.offset_full_parameters());
+    if (gathered_ && settings_.adaptive) throw std::logic_error("pass 'wsam': adaptive local perturbation under a pass that gathers");
     const Placements layer_placements = nn::parameter_placements(*job_.model);
     for (const auto& p : job_.model->named_parameters()) {
-      if (!p.value().requires_grad() || nn::is_placeholder(p.value())) continue;
+      if (!p.value().requires_grad() || (!gathered_ && nn::is_placeholder(p.value()))) continue;
       const auto placement = layer_placements.find(p.key());
       full_index_.emplace(p.key(), full_params_.size());
+      full_names_.push_back(p.key());
       full_params_.push_back(p.value());
       full_placements_.push_back(nest(placement == layer_placements.end() ? Placement{} : placement->second, 0, {Dim::Pipeline}));
     }
@@ -270,8 +292,11 @@ class Wsam {
   std::vector<std::string> names_;
   std::vector<int64_t> offsets_;
   std::vector<Placement> placements_;
-  // The full parameters a local perturbation moves under zero1 and zero2 (else empty).
+  // The full parameters a local perturbation moves under zero1, zero2 and fsdp (else empty), and
+  // whether a pass gathers them before each use (fsdp: moved by offsets to its gathers).
   std::vector<at::Tensor> full_params_;
+  std::vector<std::string> full_names_;
+  bool gathered_ = false;
   std::vector<Placement> full_placements_;
   std::map<std::string, size_t> full_index_;
   std::vector<at::Tensor> sharpness_;
@@ -300,13 +325,14 @@ class WsamPass final : public Pass {
     if (config.get_float("gamma") >= 1.0) diagnostics.error(section, "pass 'wsam': gamma must be below 1 (alpha = gamma / (1 - gamma))");
   }
 
-  // A rank's own perturbation (m-sharpness) moves its own full parameters, which fsdp does not
-  // keep between uses (zero1 and zero2 do).
+  // A rank's own perturbation (m-sharpness) under fsdp is added to its gathers of the full
+  // parameters, which fsdp does not keep between uses: scaling it by those weights (adaptive)
+  // would need them whole on every rank.
   std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
-    if (config.get_string("perturbation") != "local") return {};
+    if (config.get_string("perturbation") != "local" || !config.get_bool("adaptive")) return {};
     if (std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "fsdp") != facts.enabled_passes.end())
-      return "pass 'wsam': perturbation = \"local\" moves each rank's own full parameters, which fsdp does not keep; set "
-             "perturbation = \"global\", or shard with zero1 or zero2";
+      return "pass 'wsam': adaptive = true with perturbation = \"local\" scales each rank's own perturbation by its full weights, "
+             "which fsdp does not keep; set adaptive = false or perturbation = \"global\", or shard with zero1 or zero2";
     return {};
   }
 
@@ -315,13 +341,22 @@ class WsamPass final : public Pass {
   // message). Held through the second pass: a copy of the master weights and the first gradient,
   // counted with the optimizer's state (they live as long as a step). A global first gradient is
   // the synchronised one, as the layout keeps it; a local one is this rank's gradient of the full
-  // parameters it holds (ddp's, zero's: fsdp is refused), 4 bytes a parameter like the weights,
-  // and its average is taken in one flat buffer of the same size.
-  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
+  // parameters it holds (ddp's, zero's), 4 bytes a parameter like the weights, and its average
+  // is taken in one flat buffer of the same size. Under fsdp the full parameters are not held:
+  // the local gradient, the offsets fsdp adds to its gathers and the averaging buffer are each
+  // of this replica's full parameters (of its tensor and pipeline share), and nothing is copied.
+  void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
     const bool local = config.get_string("perturbation") == "local";
+    const bool gathers = std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "fsdp") != facts.enabled_passes.end();
     c.flops *= 2;
     c.comm_bytes *= 2;
     c.messages += local ? 1 : c.messages;
+    if (local && gathers) {
+      const double full = 4.0 * static_cast<double>(c.model.parameters) / static_cast<double>(c.tensor * c.pipeline);
+      c.optimizer_bytes += 2 * full;
+      c.transient_bytes = std::max(c.transient_bytes, full);
+      return;
+    }
     c.optimizer_bytes += c.weight_bytes + (local ? c.weight_bytes : c.gradient_bytes);
     if (local) c.transient_bytes = std::max(c.transient_bytes, c.weight_bytes);
   }

@@ -122,5 +122,51 @@ TEST(FlatUnitPrecision, PersistentUnitsRefuseAnotherGatherDtype) {
                std::logic_error);
 }
 
+// Offsets to the full parameters (Job::offset_full_parameters, WSAM's local perturbation under
+// fsdp): each rank's own, added to every gather while set, once per gather, through the flat
+// buffer (the parameters' autograd version is untouched); cleared, the next gather gives the
+// shards' values back. A persistent unit adds them at once and takes back its exact values.
+at::Tensor rank_offset(const at::Tensor& p, int rank) { return at::full(p.sizes(), 0.25 * (rank + 1), at::kFloat); }
+
+TEST(FlatUnitOffsets, EveryGatherAddsThemUntilCleared) {
+  auto& comm = *testing::mpi_world();
+  const NamedParams original = make_params();
+  NamedParams params;
+  for (const auto& [name, p] : original) params.emplace_back(name, p.detach().clone().requires_grad_());
+  FlatUnit unit("unit", params, comm, GradReduce::ReduceScatter, /*persistent_params=*/false);
+  const at::Tensor& a = params[0].second;
+  unit.wait_gathered();
+  const auto version = a._version();
+  unit.set_full_offsets({{"a", rank_offset(a, comm.rank())}, {"elsewhere", at::ones({2})}});
+  EXPECT_FALSE(unit.gathered()) << "a gathered unit lets its parameters go when the offsets change";
+  for (int gather = 0; gather < 2; ++gather) {
+    unit.wait_gathered();
+    EXPECT_TRUE(at::equal(a, original[0].second.detach() + rank_offset(a, comm.rank()))) << "gather " << gather;
+    EXPECT_TRUE(at::equal(params[1].second, original[1].second.detach())) << "b has no offset";
+    unit.wait_gathered();  // already gathered: nothing added again
+    EXPECT_TRUE(at::equal(a, original[0].second.detach() + rank_offset(a, comm.rank())));
+    unit.release();
+  }
+  EXPECT_EQ(a._version(), version);
+  unit.set_full_offsets({});
+  unit.wait_gathered();
+  EXPECT_TRUE(at::equal(a, original[0].second.detach()));
+  EXPECT_THROW(unit.set_full_offsets({{"a", at::ones({15})}}), std::logic_error) << "an offset of another shape";
+}
+
+TEST(FlatUnitOffsets, APersistentUnitTakesBackItsExactValues) {
+  auto& comm = *testing::mpi_world();
+  const NamedParams original = make_params();
+  NamedParams params;
+  for (const auto& [name, p] : original) params.emplace_back(name, p.detach().clone().requires_grad_());
+  FlatUnit unit("ignored", params, comm, GradReduce::AllReduce, /*persistent_params=*/true);
+  // 1/3 is not exact in fp32: subtracting it again would not give the values back.
+  unit.set_full_offsets({{"b", at::full({7}, 1.0 / 3.0, at::kFloat)}});
+  EXPECT_TRUE(at::allclose(params[1].second, original[1].second.detach() + 1.0 / 3.0));
+  EXPECT_TRUE(at::equal(params[0].second, original[0].second.detach()));
+  unit.set_full_offsets({});
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i].second, original[i].second.detach())) << params[i].first;
+}
+
 }  // namespace
 }  // namespace strata

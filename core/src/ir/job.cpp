@@ -29,10 +29,11 @@ struct detail::JobState {
   c10::Device device;
   std::map<HookPoint, std::vector<StepHook>> hooks;
   std::map<std::string, std::shared_ptr<Stateful>> states;
+  Job::FullParameterOffsets offset_full_parameters;
 };
 
 Job::Job(Config job, Config model, Config data, Config optimizer, c10::Device device)
-    : state_(std::make_unique<detail::JobState>(detail::JobState{std::move(job), std::move(model), std::move(data), std::move(optimizer), device, {}, {}})) {}
+    : state_(std::make_unique<detail::JobState>(detail::JobState{std::move(job), std::move(model), std::move(data), std::move(optimizer), device, {}, {}, {}})) {}
 Job::~Job() = default;
 const Config& Job::job_config() const { return state_->job; }
 const Config& Job::model_config() const { return state_->model; }
@@ -40,6 +41,9 @@ const Config& Job::data_config() const { return state_->data; }
 const Config& Job::optimizer_config() const { return state_->optimizer; }
 c10::Device Job::device() const { return state_->device; }
 const std::map<std::string, std::shared_ptr<Stateful>>& Job::states() const { return state_->states; }
+
+void Job::set_offset_full_parameters(FullParameterOffsets offset) { state_->offset_full_parameters = std::move(offset); }
+const Job::FullParameterOffsets& Job::offset_full_parameters() const { return state_->offset_full_parameters; }
 
 void Job::add_hook(HookPoint point, StepHook hook) { state_->hooks[point].push_back(std::move(hook)); }
 

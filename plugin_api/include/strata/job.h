@@ -122,6 +122,17 @@ class STRATA_API Job {
   void replace_state(const std::string& key, std::shared_ptr<Stateful> state);
   const std::map<std::string, std::shared_ptr<Stateful>>& states() const;
 
+  // A change of this rank's full parameters that the master weights do not carry: WSAM's local
+  // perturbation, each data rank's own. A pass that gathers full parameters before each use
+  // (fsdp) keeps none between uses to change in place, so it registers here how it takes such a
+  // change (1.8): called with tensors by parameter name (model->named_parameters()' names and
+  // shapes), it adds them to those parameters wherever it gathers them from then on; called with
+  // none, it stops. Both calls come between steps' forward and backward passes, never inside
+  // one. Unset (an empty function) when no pass gathers.
+  using FullParameterOffsets = std::function<void(const NamedTensors& offsets)>;
+  void set_offset_full_parameters(FullParameterOffsets offset);
+  const FullParameterOffsets& offset_full_parameters() const;
+
  private:
   // Configs, hooks and states live in core (one pointer here). The public members above are
   // frozen for 1.x; what the job gains comes as functions.
