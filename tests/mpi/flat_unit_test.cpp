@@ -24,6 +24,13 @@ NamedParams make_params() {
   return params;
 }
 
+// Parameters of the same values that a unit may take over (it moves their data into its buffer).
+NamedParams copy_of(const NamedParams& original) {
+  NamedParams params;
+  for (const auto& [name, p] : original) params.emplace_back(name, p.detach().clone().requires_grad_());
+  return params;
+}
+
 // Rank k's gradient of every element: `fine` ones are 1 + (k + 1) / 1024, which bf16 rounds to
 // 1; the others are 1 + k / 128, exact in bf16 while their average is not.
 double rank_gradient(int k, bool fine) { return fine ? 1.0 + (k + 1) / 1024.0 : 1.0 + k / 128.0; }
@@ -48,8 +55,7 @@ void set_gradients(FlatUnit& unit, int rank, bool fine) {
 TEST(FlatUnitPrecision, GathersInTheComputeDtypeFromFp32Shards) {
   auto& comm = *testing::mpi_world();
   const NamedParams original = make_params();
-  NamedParams params;
-  for (const auto& [name, p] : original) params.emplace_back(name, p.detach().clone().requires_grad_());
+  NamedParams params = copy_of(original);
   FlatUnit unit("unit", params, comm, GradReduce::ReduceScatter, /*persistent_params=*/false,
                 UnitDtypes{at::kBFloat16, at::kFloat});
 
@@ -131,8 +137,7 @@ at::Tensor rank_offset(const at::Tensor& p, int rank) { return at::full(p.sizes(
 TEST(FlatUnitOffsets, EveryGatherAddsThemUntilCleared) {
   auto& comm = *testing::mpi_world();
   const NamedParams original = make_params();
-  NamedParams params;
-  for (const auto& [name, p] : original) params.emplace_back(name, p.detach().clone().requires_grad_());
+  NamedParams params = copy_of(original);
   FlatUnit unit("unit", params, comm, GradReduce::ReduceScatter, /*persistent_params=*/false);
   const at::Tensor& a = params[0].second;
   unit.wait_gathered();
@@ -157,8 +162,7 @@ TEST(FlatUnitOffsets, EveryGatherAddsThemUntilCleared) {
 TEST(FlatUnitOffsets, APersistentUnitTakesBackItsExactValues) {
   auto& comm = *testing::mpi_world();
   const NamedParams original = make_params();
-  NamedParams params;
-  for (const auto& [name, p] : original) params.emplace_back(name, p.detach().clone().requires_grad_());
+  NamedParams params = copy_of(original);
   FlatUnit unit("ignored", params, comm, GradReduce::AllReduce, /*persistent_params=*/true);
   // 1/3 is not exact in fp32: subtracting it again would not give the values back.
   unit.set_full_offsets({{"b", at::full({7}, 1.0 / 3.0, at::kFloat)}});
