@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
@@ -334,6 +335,28 @@ class WsamPass final : public Pass {
       return "pass 'wsam': adaptive = true with perturbation = \"local\" scales each rank's own perturbation by its full weights, "
              "which fsdp does not keep; set adaptive = false or perturbation = \"global\", or shard with zero1 or zero2";
     return {};
+  }
+
+  // One line for `strata plan`: which gradient the perturbation follows and what it moves.
+  std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
+    const auto enabled = [&facts](const char* pass) {
+      return std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), pass) != facts.enabled_passes.end();
+    };
+    const std::string own = "e follows each data rank's own first gradient (left unreduced, then averaged by WSAM) and ";
+    std::string moves;
+    if (config.get_string("perturbation") == "global")
+      moves = "e follows the data-parallel average of the first gradient and moves the master weights, restored after the second backward";
+    else if (enabled("fsdp"))
+      moves = own + "is added to fsdp's gathers of the full parameters until the second backward ends";
+    else if (enabled("zero1") || enabled("zero2"))
+      moves = own + "moves the full parameters zero keeps, restored after the second backward";
+    else
+      moves = own + "moves the parameters, restored after the second backward";
+    std::ostringstream numbers;
+    numbers << "(rho = " << config.get_float("rho") << "): " << moves << "; the optimizer steps with the averaged first gradient and alpha = "
+            << config.get_float("gamma") / (1.0 - config.get_float("gamma")) << " times the sharpness difference "
+            << (config.get_bool("decouple") ? "after its step" : "folded in");
+    return "wsam: two forward/backward passes a step, the second at w + e " + numbers.str();
   }
 
   // A step runs the gradients stage twice: twice the FLOPs, and the second backward's reduction
