@@ -27,6 +27,8 @@
 // there the unsynchronised backward leaves each parameter its own full gradient, and the
 // perturbation goes to fsdp as offsets it adds to every gather of the full parameters until WSAM
 // clears them (Job::offset_full_parameters); the pieces never move, so nothing is restored.
+// Scaled by |w| (adaptive), it takes |w| of the full parameters from the pieces: one all-reduce
+// (a maximum) over the data ranks.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -46,27 +48,33 @@ struct Settings {
   bool adaptive, decouple, local;
 };
 
+bool enabled(const PlanFacts& facts, const char* pass) {
+  return std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), pass) != facts.enabled_passes.end();
+}
+
 // Whether a tensor placed as `placement` is a piece of experts split by expert parallel.
 bool is_split_expert(const Placement& placement) {
   const std::vector<Dim>& split = placement.sharded_over;  // (Placement::is_sharded_over is core-internal)
   return std::find(split.begin(), split.end(), Dim::Expert) != split.end();
 }
 
-// An average of tensors over a group in flight: one all-reduce of their concatenation.
-struct Averaging {
+// An all-reduce of tensors over a group in flight: one message, their concatenation (in `dtype`
+// where set).
+struct FlatAllReduce {
   std::vector<at::Tensor> tensors;
   at::Tensor flat;
   WorkPtr work;
 
-  Averaging(Communicator& group, std::vector<at::Tensor> of, std::optional<at::ScalarType> dtype) : tensors(std::move(of)) {
+  FlatAllReduce(Communicator& group, std::vector<at::Tensor> of, ReduceOp op, std::optional<at::ScalarType> dtype)
+      : tensors(std::move(of)) {
     std::vector<at::Tensor> views;
     for (const auto& t : tensors) views.push_back(t.reshape(-1));
     flat = at::cat(views);
     if (dtype) flat = flat.to(*dtype);
-    work = group.all_reduce(flat, ReduceOp::Avg);
+    work = group.all_reduce(flat, op);
   }
 
-  // Waits, then writes the averages back into the tensors.
+  // Waits, then writes the results back into the tensors.
   void finish() {
     work->wait();
     int64_t offset = 0;
@@ -110,20 +118,24 @@ class Wsam {
     std::vector<at::Tensor> saved, scaled;
     if (!as_offsets)
       for (const auto& w : params_) saved.push_back(w.clone());
-    // (adaptive needs the full weights, which fsdp does not keep: refused at plan time there)
-    for (size_t i = 0; i < moved.size(); ++i) scaled.push_back(settings_.adaptive ? moved[i].abs() * g[i] : g[i]);
+    // Adaptive: |w| of the moved tensors; fsdp keeps none between uses, so they are put together.
+    std::vector<at::Tensor> magnitudes;
+    if (settings_.adaptive) magnitudes = as_offsets ? full_magnitudes(g) : abs_of(moved);
+    for (size_t i = 0; i < moved.size(); ++i) scaled.push_back(settings_.adaptive ? magnitudes[i] * g[i] : g[i]);
     const at::Tensor scale = settings_.rho / (norm(scaled, moved_placements, /*synchronised=*/!settings_.local) + settings_.eps);
     if (as_offsets) {
       NamedTensors offsets;
-      for (size_t i = 0; i < moved.size(); ++i) offsets.emplace_back(full_names_[i], g[i] * scale.to(at::kFloat));
+      for (size_t i = 0; i < moved.size(); ++i)
+        offsets.emplace_back(full_names_[i], (settings_.adaptive ? magnitudes[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
       job_.offset_full_parameters()(offsets);
+      magnitudes.clear();  // not held through the second pass
     } else {
       for (size_t i = 0; i < moved.size(); ++i) moved[i].add_((settings_.adaptive ? moved[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
       if (!moves_full) propagate();  // (a reload would gather the full parameters back from the pieces)
     }
     // The local gradient is averaged while the second pass runs.
-    std::vector<Averaging> averaging;
-    if (settings_.local) averaging = start_averaging(g, moved_placements);
+    std::vector<FlatAllReduce> averaging;
+    if (settings_.local) averaging = start_over_data(g, moved_placements, ReduceOp::Avg, reduce_dtype_);
 
     rng.restore();
     {
@@ -201,7 +213,6 @@ class Wsam {
     // Where a pass gathers the full parameters before each use, they hold nothing between uses
     // (placeholders, to nn::is_placeholder): their gradients are what this reads.
     gathered_ = static_cast<bool>(job_.offset_full_parameters());
-    if (gathered_ && settings_.adaptive) throw std::logic_error("pass 'wsam': adaptive local perturbation under a pass that gathers");
     const Placements layer_placements = nn::parameter_placements(*job_.model);
     for (const auto& p : job_.model->named_parameters()) {
       if (!p.value().requires_grad() || (!gathered_ && nn::is_placeholder(p.value()))) continue;
@@ -230,16 +241,38 @@ class Wsam {
     return out;
   }
 
-  // Starts averaging this data rank's own gradients over the ranks that hold the same tensors:
-  // the data group, and for split experts the data ranks holding the same experts.
-  std::vector<Averaging> start_averaging(const std::vector<at::Tensor>& grads, const std::vector<Placement>& placements) {
+  // Starts an all-reduce of this data rank's full tensors (placed as `placements`) over the
+  // ranks that hold the same tensors: the data group, and for split experts the data ranks
+  // holding the same experts.
+  std::vector<FlatAllReduce> start_over_data(const std::vector<at::Tensor>& tensors, const std::vector<Placement>& placements,
+                                             ReduceOp op, std::optional<at::ScalarType> dtype) {
     std::vector<at::Tensor> dense, experts;
-    for (size_t i = 0; i < grads.size(); ++i) (is_split_expert(placements[i]) ? experts : dense).push_back(grads[i]);
-    std::vector<Averaging> out;
+    for (size_t i = 0; i < tensors.size(); ++i) (is_split_expert(placements[i]) ? experts : dense).push_back(tensors[i]);
+    std::vector<FlatAllReduce> out;
     Communicator& data = job_.topology->group(Dim::Data);
-    if (data.size() > 1 && !dense.empty()) out.emplace_back(data, std::move(dense), reduce_dtype_);
+    if (data.size() > 1 && !dense.empty()) out.emplace_back(data, std::move(dense), op, dtype);
     Communicator& expert_data = job_.topology->expert_data_group();
-    if (expert_data.size() > 1 && !experts.empty()) out.emplace_back(expert_data, std::move(experts), reduce_dtype_);
+    if (expert_data.size() > 1 && !experts.empty()) out.emplace_back(expert_data, std::move(experts), op, dtype);
+    return out;
+  }
+
+  static std::vector<at::Tensor> abs_of(const std::vector<at::Tensor>& tensors) {
+    std::vector<at::Tensor> out;
+    for (const auto& t : tensors) out.push_back(t.abs());
+    return out;
+  }
+
+  // |w| of the full parameters, shaped as their gradients `like`, from the master weights'
+  // pieces, where a pass gathers the parameters before each use (fsdp): each rank writes |its
+  // pieces| into zeros, and a maximum over the ranks sharing the tensors fills in the rest. The
+  // pieces are disjoint or equal (HSDP's replicas, ignored blocks), so the maximum is exactly
+  // |w| (a sum would count the replicas twice): one all-reduce of the full parameters, in fp32.
+  std::vector<at::Tensor> full_magnitudes(const std::vector<at::Tensor>& like) {
+    std::vector<at::Tensor> out;
+    for (const auto& g : like) out.push_back(at::zeros(g.sizes(), params_.front().options()));
+    for (size_t i = 0; i < params_.size(); ++i)
+      out[full_index_.at(names_[i])].view(-1).narrow(0, offsets_[i], params_[i].numel()).copy_(params_[i].abs().reshape(-1));
+    for (auto& pending : start_over_data(out, full_placements_, ReduceOp::Max, std::nullopt)) pending.finish();
     return out;
   }
 
@@ -326,32 +359,19 @@ class WsamPass final : public Pass {
     if (config.get_float("gamma") >= 1.0) diagnostics.error(section, "pass 'wsam': gamma must be below 1 (alpha = gamma / (1 - gamma))");
   }
 
-  // A rank's own perturbation (m-sharpness) under fsdp is added to its gathers of the full
-  // parameters, which fsdp does not keep between uses: scaling it by those weights (adaptive)
-  // would need them whole on every rank.
-  std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
-    if (config.get_string("perturbation") != "local" || !config.get_bool("adaptive")) return {};
-    if (std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "fsdp") != facts.enabled_passes.end())
-      return "pass 'wsam': adaptive = true with perturbation = \"local\" scales each rank's own perturbation by its full weights, "
-             "which fsdp does not keep; set adaptive = false or perturbation = \"global\", or shard with zero1 or zero2";
-    return {};
-  }
-
   // One line for `strata plan`: which gradient the perturbation follows and what it moves.
   std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
-    const auto enabled = [&facts](const char* pass) {
-      return std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), pass) != facts.enabled_passes.end();
-    };
-    const std::string own = "e follows each data rank's own first gradient (left unreduced, then averaged by WSAM) and ";
+    const std::string own = "e follows each data rank's own first gradient (left unreduced, then averaged by WSAM) and";
     std::string moves;
     if (config.get_string("perturbation") == "global")
       moves = "e follows the data-parallel average of the first gradient and moves the master weights, restored after the second backward";
-    else if (enabled("fsdp"))
-      moves = own + "is added to fsdp's gathers of the full parameters until the second backward ends";
-    else if (enabled("zero1") || enabled("zero2"))
-      moves = own + "moves the full parameters zero keeps, restored after the second backward";
+    else if (enabled(facts, "fsdp"))
+      moves = own + (config.get_bool("adaptive") ? ", scaled by |w| of the full parameters (put together from fsdp's pieces), " : " ") +
+              "is added to fsdp's gathers of the full parameters until the second backward ends";
+    else if (enabled(facts, "zero1") || enabled(facts, "zero2"))
+      moves = own + " moves the full parameters zero keeps, restored after the second backward";
     else
-      moves = own + "moves the parameters, restored after the second backward";
+      moves = own + " moves the parameters, restored after the second backward";
     std::ostringstream numbers;
     numbers << "(rho = " << config.get_float("rho") << "): " << moves << "; the optimizer steps with the averaged first gradient and alpha = "
             << config.get_float("gamma") / (1.0 - config.get_float("gamma")) << " times the sharpness difference "
@@ -367,17 +387,24 @@ class WsamPass final : public Pass {
   // parameters it holds (ddp's, zero's), 4 bytes a parameter like the weights, and its average
   // is taken in one flat buffer of the same size. Under fsdp the full parameters are not held:
   // the local gradient, the offsets fsdp adds to its gathers and the averaging buffer are each
-  // of this replica's full parameters (of its tensor and pipeline share), and nothing is copied.
+  // of this replica's full parameters (of its tensor and pipeline share), and nothing is copied;
+  // adaptive adds |w| of them and its all-reduce buffer, briefly, and that all-reduce.
   void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
     const bool local = config.get_string("perturbation") == "local";
-    const bool gathers = std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), "fsdp") != facts.enabled_passes.end();
+    const bool gathers = enabled(facts, "fsdp");
     c.flops *= 2;
     c.comm_bytes *= 2;
     c.messages += local ? 1 : c.messages;
     if (local && gathers) {
       const double full = 4.0 * static_cast<double>(c.model.parameters) / static_cast<double>(c.tensor * c.pipeline);
       c.optimizer_bytes += 2 * full;
-      c.transient_bytes = std::max(c.transient_bytes, full);
+      const bool adaptive = config.get_bool("adaptive");
+      c.transient_bytes = std::max(c.transient_bytes, adaptive ? 2 * full : full);
+      if (adaptive) {
+        const double d = static_cast<double>(c.data);
+        c.comm_bytes += 2 * (d - 1) / d * full;  // a ring all-reduce's
+        c.messages += 1;
+      }
       return;
     }
     c.optimizer_bytes += c.weight_bytes + (local ? c.weight_bytes : c.gradient_bytes);
