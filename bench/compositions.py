@@ -242,9 +242,10 @@ def main():
     with open(args.results, "w") as f:
         f.write("# Random compositions through the life of a run (bench/compositions.py)\n\n")
         f.write("Command: `%s`  \nCPU: %s\n\n" % (" ".join(["python", "bench/compositions.py"] + sys.argv[1:]), cpu_model()))
-        f.write("Each row: trained 6 steps; parity and reshard (to one process and to another layout) within %g where the run is fp32 without a local "
-                "WSAM perturbation; resumed with the saved strategy, steps 4-6 bit-equal; exported and loaded by "
-                "transformers.\n\n" % TOLERANCE)
+        f.write("Each row: trained 6 steps; parity and reshard (to one process and to another layout) within %g where the run "
+                "is exactly the single process's (fp32, WSAM's perturbation global or of one data rank, no capacity; amp "
+                "runs are not compared); resumed with the saved strategy, steps 4-6 bit-equal; exported and loaded by "
+                "transformers, or the export refused in one line where transformers' class cannot hold the model.\n\n" % TOLERANCE)
         f.write("| # | model | layout | optimizer and passes | outcome | checks |\n|---|---|---|---|---|---|\n")
         f.write("\n".join(rows) + "\n\n%d of %d failed.\n" % (failures, len(rows)))
     sys.exit(1 if failures else 0)
