@@ -115,23 +115,27 @@ class Wsam {
     std::vector<at::Tensor> g = take_gradients(moved);
     // The master weights are saved whichever tensors move in place: zero's pieces are views of
     // the full parameters' buffer, so moving those moves this rank's piece too.
-    std::vector<at::Tensor> saved, scaled;
+    std::vector<at::Tensor> saved;
     if (!as_offsets)
       for (const auto& w : params_) saved.push_back(w.clone());
-    // Adaptive: |w| of the moved tensors; fsdp keeps none between uses, so they are put together.
-    std::vector<at::Tensor> magnitudes;
-    if (settings_.adaptive) magnitudes = as_offsets ? full_magnitudes(g) : abs_of(moved);
-    for (size_t i = 0; i < moved.size(); ++i) scaled.push_back(settings_.adaptive ? magnitudes[i] * g[i] : g[i]);
-    const at::Tensor scale = settings_.rho / (norm(scaled, moved_placements, /*synchronised=*/!settings_.local) + settings_.eps);
-    if (as_offsets) {
-      NamedTensors offsets;
-      for (size_t i = 0; i < moved.size(); ++i)
-        offsets.emplace_back(full_names_[i], (settings_.adaptive ? magnitudes[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
-      job_.offset_full_parameters()(offsets);
-      magnitudes.clear();  // not held through the second pass
-    } else {
-      for (size_t i = 0; i < moved.size(); ++i) moved[i].add_((settings_.adaptive ? moved[i].square() * g[i] : g[i]) * scale.to(at::kFloat));
-      if (!moves_full) propagate();  // (a reload would gather the full parameters back from the pieces)
+    {  // |w| and the scaled gradient are not held through the second pass
+      // Adaptive: |w| of the moved tensors; fsdp keeps none between uses, so they are put together.
+      std::vector<at::Tensor> magnitudes, scaled;
+      if (settings_.adaptive) magnitudes = as_offsets ? full_magnitudes(g) : abs_of(moved);
+      for (size_t i = 0; i < moved.size(); ++i) scaled.push_back(settings_.adaptive ? magnitudes[i] * g[i] : g[i]);
+      const at::Tensor scale = settings_.rho / (norm(scaled, moved_placements, /*synchronised=*/!settings_.local) + settings_.eps);
+      // e of moved tensor i: rho (|w|^2 if adaptive) g / n (|w|^2 is w^2 exactly).
+      const auto perturbation = [&](size_t i) {
+        return (settings_.adaptive ? magnitudes[i].square() * g[i] : g[i]) * scale.to(at::kFloat);
+      };
+      if (as_offsets) {
+        NamedTensors offsets;
+        for (size_t i = 0; i < moved.size(); ++i) offsets.emplace_back(full_names_[i], perturbation(i));
+        job_.offset_full_parameters()(offsets);
+      } else {
+        for (size_t i = 0; i < moved.size(); ++i) moved[i].add_(perturbation(i));
+        if (!moves_full) propagate();  // (a reload would gather the full parameters back from the pieces)
+      }
     }
     // The local gradient is averaged while the second pass runs.
     std::vector<FlatAllReduce> averaging;
