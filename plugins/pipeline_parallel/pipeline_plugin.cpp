@@ -160,10 +160,7 @@ class PipelineParallelPass final : public Pass {
 
   // What the runtime would find only after every rank has built the model: more stages than
   // blocks, a layout that names a block the model lacks, leaves one out or repeats one (the model
-  // is built here for its block names, as describe_plan builds it), and a gradient-sync pass that frees parameters between uses (fsdp) under a schedule
-  // whose rank gets its last gradients in several actions (chunks > 1 or held-back weight
-  // gradients), which opens the sync window after the backward by a backward through the
-  // parameters themselves (StageRuntime::open_sync_window_after_split_backward).
+  // is built here for its block names, as describe_plan builds it).
   std::string plan_problem(const Config& config, const PlanFacts& facts) const override {
     Settings s;
     if (!resolve_settings(config, facts.mesh, s).empty()) return {};  // size_problem says why
@@ -178,14 +175,6 @@ class PipelineParallelPass final : public Pass {
         if (!problem.empty()) return "pass 'pipeline_parallel': " + problem;
       }
     }
-    const auto& passes = facts.enabled_passes;
-    if (std::find(passes.begin(), passes.end(), "fsdp") == passes.end()) return {};
-    bool splits = s.shape.chunks > 1;
-    for (const auto& program : s.schedule->compute_order(s.shape))
-      for (const Action& a : program) splits |= a.kind == ActionKind::BackwardInput;
-    if (splits)
-      return "pass 'pipeline_parallel': schedule '" + s.schedule->name() +
-             "' does not compose with pass 'fsdp', which frees parameters between uses; use schedule \"gpipe\" or \"1f1b\" with it";
     return {};
   }
 

@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "strata/errors.h"
 
 namespace strata::pipeline {
 
@@ -258,16 +257,15 @@ void StageRuntime::report_idle() {
 // gradient of the step's last backward as it accumulates) cannot open inside one of them.
 // It opens here instead, after every gradient is complete: one backward that adds zero to each
 // parameter's gradient runs the sync hooks on the final sums. No reduction overlaps the
-// backward then.
+// backward then. That backward reads gradients only, never the parameters' values, so fsdp's
+// parameters may be released (their storage freed) meanwhile: the units' full gradients, which
+// accumulated over the schedule as over any micro-batch but the last, are reduce-scattered here.
 void StageRuntime::open_sync_window_after_split_backward(StepContext& context) {
   const std::string provider = job_.program.provider(Stage::SyncGradients);
   if (provider.rfind("core", 0) == 0) return;  // nothing synchronises gradients
   std::vector<at::Tensor> params, zeros;
   for (const auto& p : job_.model->parameters()) {
     if (!p.requires_grad()) continue;
-    if (!p.has_storage() || p.storage().nbytes() < static_cast<size_t>(p.numel() * p.element_size()))
-      throw UserError("pass 'pipeline_parallel': schedule '" + layout_.schedule + "' does not compose with pass '" + provider +
-                      "', which frees parameters between uses; use schedule \"gpipe\" or \"1f1b\" with it");
     params.push_back(p);
     zeros.push_back(at::zeros_like(p));
   }
