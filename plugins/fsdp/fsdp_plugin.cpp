@@ -13,6 +13,10 @@
 // and replicate it across groups (HSDP, fsdp_hybrid.h); split experts shard over the ranks of
 // the shard group holding the same experts and replicate across the same groups (or, when the
 // expert groups span several shard groups, stay whole and average over the expert-data group).
+// Gradient accumulation holds each parameter's full gradient until the step's last backward
+// reduces it, or, with reduce_every_micro_batch, reduce-scatters each micro-batch's share as the
+// unit's backward completes and sums the shares in the gradient chunk (more communication, no
+// full gradient held between micro-batches: what lets a large model accumulate).
 // A backward left unsynchronised (WSAM's local pass) is reduced nowhere: each parameter keeps
 // its own full gradient. A change of the full parameters the shards do not carry (WSAM's local
 // perturbation, Job::offset_full_parameters) is added to every gather until it is cleared.
@@ -52,6 +56,7 @@ struct Options {
   bool reshard_after_forward;
   bool forward_prefetch;
   int64_t limit_all_gathers;
+  bool reduce_every_micro_batch;
 };
 
 NamedParams block_params(const nn::Model& model, size_t b) {
@@ -75,8 +80,9 @@ using UnitSet = Units;
 // and under fused_loss the loss itself multiplies by the output projection's weight.
 class Sharder {
  public:
-  Sharder(std::vector<UnitSet> wrapped, std::optional<size_t> ending, UnitSet root, UnitSet ignored, Options options)
-      : wrapped_(std::move(wrapped)), ending_(ending), root_(std::move(root)), options_(options) {
+  // `routed`: the units of split experts, whose gradients depend on the routing.
+  Sharder(std::vector<UnitSet> wrapped, std::optional<size_t> ending, UnitSet root, UnitSet ignored, Units routed, Options options)
+      : wrapped_(std::move(wrapped)), ending_(ending), root_(std::move(root)), routed_(std::move(routed)), options_(options) {
     for (auto& set : wrapped_) all_.insert(all_.end(), set.begin(), set.end());
     all_.insert(all_.end(), root_.begin(), root_.end());
     all_.insert(all_.end(), ignored.begin(), ignored.end());
@@ -128,13 +134,16 @@ class Sharder {
     for (auto& unit : all_) unit->set_full_offsets(offsets);
   }
 
-  void begin_micro_batch(bool last) {
+  // `synchronised`: the step's gradients are reduced (not WSAM's local pass); `last`: and this is
+  // its last backward.
+  void begin_micro_batch(bool synchronised, bool last) {
+    synchronised_ = synchronised;
     last_ = last;
     for (auto& unit : all_) unit->begin_backward();
   }
 
   void gradient_ready(size_t unit, size_t param) {
-    if (all_[unit]->mark_ready(param)) unit_backward_done(*all_[unit]);
+    if (all_[unit]->mark_ready(param)) unit_backward_done(*all_[unit], /*complete=*/true);
   }
 
   // After each backward: units some parameters of which got no gradient finish here.
@@ -143,7 +152,7 @@ class Sharder {
     for (auto& unit : all_)
       if (!unit->complete()) {
         if (last_) unit->fill_missing_gradients();
-        unit_backward_done(*unit);
+        unit_backward_done(*unit, /*complete=*/last_);
       }
   }
 
@@ -184,11 +193,21 @@ class Sharder {
     return n;
   }
 
-  // Gradients are reduced only in the last micro-batch (earlier ones accumulate locally); full
-  // parameters are freed unless the next micro-batch reuses them without resharding.
-  void unit_backward_done(FlatUnit& unit) {
-    if (last_) {
-      unit.start_reduce(), traffic_.reduce_bytes += unit.reduce_bytes(), traffic_.replica_reduce_bytes += unit.replica_reduce_bytes();
+  // Gradients are reduced in the last micro-batch; earlier ones accumulate locally or, with
+  // reduce_every_micro_batch, reduce their share as each unit's backward completes, so a unit's
+  // full gradient lives only through its backward. Full parameters are freed unless the next
+  // micro-batch reuses them without resharding.
+  // A share is reduced only where every data rank reduces it alike, which the schedule decides:
+  // a unit complete in this backward (not one left incomplete, e.g. its weight gradients held
+  // back by zero_bubble, which the next share or the last carries), of dense parameters (a split
+  // expert's gradient depends on where tokens were routed) and reduce-scattered (the ignored
+  // unit keeps whole, all-reduced gradients).
+  void unit_backward_done(FlatUnit& unit, bool complete) {
+    const bool routed = std::any_of(routed_.begin(), routed_.end(), [&](const auto& u) { return u.get() == &unit; });
+    const bool share = !last_ && synchronised_ && options_.reduce_every_micro_batch && complete && unit.reduce_scatters() && !routed;
+    if (last_ || share) {
+      unit.start_reduce(/*final=*/last_), traffic_.reduce_bytes += unit.reduce_bytes();
+      if (last_) traffic_.replica_reduce_bytes += unit.replica_reduce_bytes();
       // A reduction holds its unit's whole gradient (what it sends) until it completes: waiting for
       // the oldest before a third starts keeps backward's gradients to about two units, where
       // leaving them all to the sync held the whole model's in fp32 (GPT-2 medium, fsdp 4, amp
@@ -214,12 +233,13 @@ class Sharder {
   std::vector<UnitSet> wrapped_;
   std::optional<size_t> ending_;
   UnitSet root_;
+  Units routed_;
   Units all_;
   Options options_;
   static constexpr size_t kReductionsInFlight = 2;
   std::deque<FlatUnit*> reducing_;  // units whose gradient reduction is in flight, oldest first
   double waited_ms_ = 0;            // spent in backward waiting for the oldest of them
-  bool last_ = true;
+  bool synchronised_ = true, last_ = true;
   Traffic traffic_;
 };
 
@@ -241,6 +261,10 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
                   .tuned({true, false})
                   .boolean("forward_prefetch", false, "All-gather the next unit during the current forward")
                   .integer("limit_all_gathers", 2, "Most all-gathers in flight at once", at_least(1))
+                  .boolean("reduce_every_micro_batch", false,
+                           "Reduce-scatter each micro-batch's gradients as each unit's backward completes (FSDP2's default), so no full "
+                           "gradient outlives its unit's backward; false: accumulate full gradients over the step and reduce once "
+                           "(less communication, full gradients held through the step)")
                   .boolean("sync_module_states", true, "Broadcast initial parameters from rank 0")
                   .integer("shard_size", 0,
                            "Hybrid sharding (HSDP): shard over groups of this many contiguous data ranks, replicate across the groups; "
@@ -264,7 +288,8 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
 
   // Model states all sharded (16/d bytes per fp32 AdamW parameter) plus what is gathered at once:
   // the root unit (embeddings, head, final norm) and up to limit_all_gathers layers, with their
-  // gradients before the reduce-scatter. Parameters are all-gathered for forward and again for
+  // gradients before the reduce-scatter; with several micro-batches accumulated whole, the full
+  // gradients as well. Parameters are all-gathered for forward and again for
   // backward when resharded after forward; gradients reduce-scattered.
   // Under HSDP (fsdp_hybrid.h) the same within a shard group of S, plus the gradient chunks'
   // all-reduce over the D/S replicas.
@@ -274,7 +299,14 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     const double full_weights = c.weight_bytes;
     c.comm_bytes += (config.get_bool("reshard_after_forward") ? 2 : 1) * (d - 1) / d * full_weights + (d - 1) / d * c.gradient_bytes +
                     2 * (replicas - 1) / replicas * c.gradient_bytes / d;
-    c.weight_bytes /= d, c.gradient_bytes /= d, c.optimizer_bytes /= d;
+    // reduce_every_micro_batch: every micro-batch's gradients reduce-scattered, not only the last's.
+    if (config.get_bool("reduce_every_micro_batch"))
+      c.comm_bytes += static_cast<double>(c.micro_batches - 1) * (d - 1) / d * c.gradient_bytes;
+    // Accumulating over micro-batches without reduce_every_micro_batch holds every full gradient
+    // from the step's first backward to its last, besides this rank's chunk.
+    const double held_full_gradients =
+        c.micro_batches > 1 && !config.get_bool("reduce_every_micro_batch") ? c.gradient_bytes : 0;
+    c.weight_bytes /= d, c.gradient_bytes = c.gradient_bytes / d + held_full_gradients, c.optimizer_bytes /= d;
     const double layer = static_cast<double>(c.model.layer_parameters);
     const double root = static_cast<double>(c.model.parameters) - static_cast<double>(c.model.layers) * layer;
     c.transient_bytes += 2 * 4 * (root + static_cast<double>(config.get_int("limit_all_gathers")) * layer) / t;
@@ -311,12 +343,24 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
                   " of the model states, replicated across the groups; " + describe_groups(shard_ranks, facts.mesh.data) + "\n"
             : std::string();
     const std::string why = whole_build_reason(config, shard_ranks);
-    if (why.empty())
-      return hybrid + "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(shard_ranks) + " of every unit" +
-             (facts.mesh.pipeline > 1 ? " of its pipeline stage" : "") +
-             expert_share(experts ? facts.mesh.expert : 1, expert_shard_size(shard_ranks, facts.mesh.data, facts.mesh.expert)) +
-             " as the model is built";
-    return hybrid + "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
+    const std::string build =
+        why.empty() ? "fsdp: sharded initialisation: each rank keeps 1/" + std::to_string(shard_ranks) + " of every unit" +
+                          (facts.mesh.pipeline > 1 ? " of its pipeline stage" : "") +
+                          expert_share(experts ? facts.mesh.expert : 1, expert_shard_size(shard_ranks, facts.mesh.data, facts.mesh.expert)) +
+                          " as the model is built"
+                    : "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
+    return hybrid + build + describe_accumulation(config, facts.mesh.micro_batches);
+  }
+
+  // Where a step's gradients live between its micro-batches: what gradient accumulation costs.
+  static std::string describe_accumulation(const Config& config, int64_t micro_batches) {
+    if (micro_batches < 2) return {};
+    const std::string m = std::to_string(micro_batches);
+    if (config.get_bool("reduce_every_micro_batch"))
+      return "\nfsdp: gradients: each of the " + m + " micro-batches reduce-scatters its share as a unit's backward ends (" + m +
+             " reductions per unit and step; split experts' units and held-back weight gradients reduce with a later share)";
+    return "\nfsdp: gradients: full gradients accumulate over the " + m +
+           " micro-batches and are reduce-scattered once (reduce_every_micro_batch = true keeps no full gradient between them)";
   }
 
   void apply(Job& job, const Config& config) const override {
@@ -374,6 +418,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     // whole, in their own dtype. Each becomes a set: its dense parameters over the data ranks, its
     // split experts (if any) over the expert-data ranks.
     const sharding::UnitDtypes gathered{job.gather_dtype, job.reduce_dtype}, whole{std::nullopt, job.reduce_dtype};
+    Units routed;  // split experts' units
     auto unit_set = [&](const std::string& name, NamedParams params, GradReduce reduce, bool persistent, sharding::UnitDtypes dtypes) {
       NamedParams dense, experts;
       for (auto& np : params) (split_expert(np.first) ? experts : dense).push_back(std::move(np));
@@ -393,6 +438,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
       }
       if (!experts.empty()) {
         set.push_back(flat_unit(name + ".experts", std::move(experts), experts_over));
+        routed.push_back(set.back());
         if (expert_replicas) set.back()->replicate_across(*expert_replicas, expert_pieces);
       }
       return set;
@@ -408,13 +454,13 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     UnitSet ignored = unit_set("ignored", named(plan.ignored), GradReduce::AllReduce, true, whole);
     job.build_keeper.reset();
     const Options options{sharding::ignores_unused_parameters(config), config.get_bool("reshard_after_forward"), config.get_bool("forward_prefetch"),
-                          config.get_int("limit_all_gathers")};
+                          config.get_int("limit_all_gathers"), config.get_bool("reduce_every_micro_batch")};
     // The run ending the model: its last block is the model's head (on the last stage, where
     // pipeline_parallel kept only this rank's blocks).
     std::optional<size_t> ending;
     const bool holds_head = job.topology->rank_in(Dim::Pipeline) == job.topology->size(Dim::Pipeline) - 1;
     if (!wrapped_run.empty() && holds_head && plan.runs[wrapped_run.back()].last + 1 == model.num_blocks()) ending = wrapped_run.size() - 1;
-    auto sharder = std::make_shared<Sharder>(wrapped, ending, root, ignored, options);
+    auto sharder = std::make_shared<Sharder>(wrapped, ending, root, ignored, routed, options);
 
     for (size_t u = 0; u < wrapped_run.size(); ++u) {
       const BlockRun& run = plan.runs[wrapped_run[u]];
@@ -432,7 +478,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     auto synchronised = std::make_shared<bool>(true);
     job.add_hook(HookPoint::BeforeBackward, [sharder, synchronised](StepContext& c) {
       if (c.last_backward) *synchronised = c.sync_gradients;
-      sharder->begin_micro_batch(c.last_backward && c.sync_gradients);
+      sharder->begin_micro_batch(c.sync_gradients, c.last_backward && c.sync_gradients);
     });
     job.add_hook(HookPoint::AfterBackward, [sharder](StepContext&) { sharder->after_backward(); });
     job.program.own(Stage::SyncGradients, [sharder](StepContext& c) {

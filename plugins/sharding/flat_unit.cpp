@@ -234,27 +234,38 @@ void FlatUnit::fill_missing_gradients() {
   }
 }
 
-void FlatUnit::start_reduce() {
+void FlatUnit::start_reduce(bool final) {
+  if (!final && reduce_ != GradReduce::ReduceScatter) throw std::logic_error("FlatUnit " + name_ + ": only a reduce-scatter sums shares");
+  if (reduce_work_) wait_reduced();  // its buffers are reused, and its share must be in the chunk
   at::NoGradGuard no_grad;
+  final_ = final;
   const at::TensorOptions options = at::TensorOptions().dtype(reduce_dtype_).device(full_.device());
   const bool in_place = reduce_ == GradReduce::AllReduce && reduce_dtype_ == master_dtype_;
   staging_ = in_place ? full_grad_ : at::zeros({padded_}, options);
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i].second;
-    staging_.narrow(0, offsets_[i], p.numel()).copy_(p.grad().reshape(-1));
+    if (p.grad().defined()) staging_.narrow(0, offsets_[i], p.numel()).copy_(p.grad().reshape(-1));
     if (reduce_ == GradReduce::ReduceScatter) p.mutable_grad() = at::Tensor();
   }
   if (reduce_ == GradReduce::AllReduce) {
     reduce_work_ = comm_.all_reduce(staging_, ReduceOp::Avg);
     return;
   }
-  reduced_ = reduce_dtype_ == master_dtype_ ? grad_chunk_ : at::empty({chunk_}, options);
+  // The first share of a step lands in the chunk itself; later ones beside it, to be added.
+  reduced_ = reduce_dtype_ == master_dtype_ && !chunk_holds_shares_ ? grad_chunk_ : at::empty({chunk_}, options);
   reduce_work_ = comm_.reduce_scatter(reduced_, staging_, ReduceOp::Avg);
 }
 
 void FlatUnit::start_replica_reduce() {
-  if (!replicas_ || !reduce_work_ || replica_reduce_started_) return;
+  if (!replicas_ || !reduce_work_ || replica_reduce_started_ || !final_) return;
   reduce_work_->wait();
+  if (chunk_holds_shares_) {
+    // The replicas average the step's summed shares, in the master dtype.
+    at::NoGradGuard no_grad;
+    grad_chunk_.add_(reduced_);
+    reduced_ = grad_chunk_;
+    chunk_holds_shares_ = false;
+  }
   reduce_work_ = replicas_->all_reduce(reduce_ == GradReduce::AllReduce ? staging_ : reduced_, ReduceOp::Avg);
   replica_reduce_started_ = true;
 }
@@ -267,7 +278,11 @@ void FlatUnit::wait_reduced() {
   reduce_work_.reset();
   at::NoGradGuard no_grad;
   if (reduce_ == GradReduce::ReduceScatter) {
-    if (!reduced_.is_same(grad_chunk_)) grad_chunk_.copy_(reduced_);
+    if (chunk_holds_shares_)
+      grad_chunk_.add_(reduced_);
+    else if (!reduced_.is_same(grad_chunk_))
+      grad_chunk_.copy_(reduced_);
+    chunk_holds_shares_ = !final_;
   } else {
     if (!staging_.is_same(full_grad_)) full_grad_.copy_(staging_);
     for (size_t i = 0; i < params_.size(); ++i) {

@@ -64,6 +64,7 @@ class FlatUnit {
   const std::string& name() const { return name_; }
   const std::vector<std::pair<std::string, at::Tensor>>& params() const { return params_; }
   int64_t numel() const { return numel_; }
+  bool reduce_scatters() const { return reduce_ == GradReduce::ReduceScatter; }
   // Size of the full buffer each all-gather fills and each gradient reduction sends.
   int64_t gather_bytes() const;
   int64_t reduce_bytes() const;
@@ -96,7 +97,12 @@ class FlatUnit {
   // Gives parameters without a gradient a zero one, so the unit can be reduced.
   void fill_missing_gradients();
   // Launches the reduction of the parameters' (accumulated) gradients; ReduceScatter frees them.
-  void start_reduce();
+  // A reduction that is not `final` (ReduceScatter only: fsdp's reduce_every_micro_batch) is one
+  // micro-batch's share: its chunk is added to the gradient chunk, which sums the step's shares;
+  // the final one adds the last share and (HSDP) averages the sum over the replicas. A parameter
+  // whose gradient is absent (already reduced, or a weight gradient still held back) adds zero.
+  // An earlier reduction of this unit still in flight completes first.
+  void start_reduce(bool final = true);
   // HSDP: waits for the reduction within the shard group and launches the average over the
   // replicas (a second collective on another communicator must not start before the first has
   // filled its input); nothing otherwise. wait_reduced() calls it when it has not run.
@@ -129,6 +135,8 @@ class FlatUnit {
   Communicator& comm_;
   Communicator* replicas_ = nullptr;  // HSDP's replica group, or none
   bool replica_reduce_started_ = false;
+  bool final_ = true;                 // of the reduction in flight
+  bool chunk_holds_shares_ = false;   // grad_chunk_ sums this step's earlier (not final) reductions
   GradReduce reduce_;
   bool persistent_;
   at::ScalarType master_dtype_, gather_dtype_, reduce_dtype_;

@@ -101,6 +101,35 @@ TEST_P(ReduceScatterDtype, AveragesIntoFp32Chunks) {
   }
 }
 
+
+// fsdp's reduce_every_micro_batch: shares reduced before the final one are summed in the chunk.
+// Three micro-batches, the first two reductions not final and the second started while the first
+// is still in flight; the third finds b's gradient absent (reduced already, as a held-back weight
+// gradient would be) and adds zero for it. Each share's average is rounded to the reduce dtype,
+// the sum kept in fp32; the next step's first share overwrites the chunk.
+TEST_P(ReduceScatterDtype, SharesSumInTheChunk) {
+  auto& comm = *testing::mpi_world();
+  NamedParams params = make_params();
+  FlatUnit unit("unit", params, comm, GradReduce::ReduceScatter, /*persistent_params=*/false, UnitDtypes{at::kBFloat16, GetParam()});
+  unit.wait_gathered();
+  const double share = expected_average(comm.size(), /*fine=*/false, GetParam());
+  for (int step = 0; step < 2; ++step) {
+    set_gradients(unit, comm.rank(), /*fine=*/false);
+    unit.start_reduce(/*final=*/false);
+    set_gradients(unit, comm.rank(), /*fine=*/false);
+    unit.start_reduce(/*final=*/false);
+    set_gradients(unit, comm.rank(), /*fine=*/false);
+    params[1].second.mutable_grad() = at::Tensor();
+    unit.start_reduce(/*final=*/true);
+    unit.wait_reduced();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const sharding::Piece& piece = unit.pieces()[i];
+      if (!piece.grad.defined()) continue;
+      const double expected = (i == 0 ? 3 : 2) * share;
+      EXPECT_TRUE(at::all(piece.grad == expected).item<bool>()) << "step " << step << " " << piece.name << " " << piece.grad << " vs " << expected;
+    }
+  }
+}
 INSTANTIATE_TEST_SUITE_P(Dtypes, ReduceScatterDtype, ::testing::Values(at::kFloat, at::kBFloat16));
 
 // zero1's persistent fp32 units with gradients averaged in bf16: the averages lose the parts bf16
