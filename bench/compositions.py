@@ -3,7 +3,8 @@
 CTest proves each layout and many pairs of them; this samples the rest of the space. Each
 composition (model gpt, llama or mixtral; ddp, zero1, zero2, fsdp, HSDP or none; tensor, pipeline,
 context and expert parallel sizes with at most 4 ranks, with their passes' keys drawn too
-(sequence parallel, the pipeline schedule, the context method, fsdp's reshard_after_forward);
+(sequence parallel, the pipeline schedule, the context method, fsdp's reshard_after_forward and
+reduce_every_micro_batch);
 Mixtral's shared experts, bias balance and capacity; amp bf16/fp16; WSAM local, adaptive or
 global; act_checkpoint; fused_loss; AdamW, AGD or SGD) must either be refused at plan time with
 exit status 2 and an error line, or:
@@ -53,7 +54,8 @@ def sample(rng, like=None):
     keys = {"tensor_parallel": [f"sequence_parallel = {rng.choice(['false', 'true'])}"],
             "pipeline_parallel": [f'schedule = "{rng.choice(["1f1b", "gpipe", "interleaved", "zero_bubble"])}"'],
             "context_parallel": [f'method = "{rng.choice(["auto", "ulysses", "ring", "2d"])}"'],
-            "fsdp": [f"reshard_after_forward = {rng.choice(['true', 'false'])}"]}
+            "fsdp": [f"reshard_after_forward = {rng.choice(['true', 'false'])}",
+                     f"reduce_every_micro_batch = {rng.choice(['true', 'false'])}"]}
     layout = dict(model=model, shard=shard, data=data, tensor=tensor, pipeline=pipeline, context=context, expert=expert, keys=keys)
     if like:
         return {**like, **layout}
