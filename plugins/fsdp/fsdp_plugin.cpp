@@ -22,12 +22,13 @@
 // perturbation, Job::offset_full_parameters) is added to every gather until it is cleared.
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <optional>
 
 #include <ATen/ATen.h>
 
 #include "../common/block_selectors.h"
+#include "../sharding/gradient_accumulation.h"
+#include "../sharding/reduction_window.h"
 #include "../sharding/sharded_training.h"
 #include "fsdp_hybrid.h"
 #include "fsdp_sharded_init.h"
@@ -163,8 +164,7 @@ class Sharder {
     // HSDP: every unit's average over the replicas is in flight before the first is waited for.
     for (auto& unit : all_) unit->start_replica_reduce();
     for (auto& unit : all_) unit->wait_reduced(), unit->release();
-    reducing_.clear();
-    return std::exchange(waited_ms_, 0.0) + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
+    return reductions_.finish() + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
   }
 
   // This step's collectives: how many all-gathers, the bytes of the full buffers gathered and
@@ -208,17 +208,7 @@ class Sharder {
     if (last_ || share) {
       unit.start_reduce(/*final=*/last_), traffic_.reduce_bytes += unit.reduce_bytes();
       if (last_) traffic_.replica_reduce_bytes += unit.replica_reduce_bytes();
-      // A reduction holds its unit's whole gradient (what it sends) until it completes: waiting for
-      // the oldest before a third starts keeps backward's gradients to about two units, where
-      // leaving them all to the sync held the whole model's in fp32 (GPT-2 medium, fsdp 4, amp
-      // bf16, SGD: a rank's peak fell from 4.44 to 2.86 GB).
-      reducing_.push_back(&unit);
-      while (reducing_.size() > kReductionsInFlight) {
-        const auto waiting = std::chrono::steady_clock::now();
-        reducing_.front()->wait_reduced();
-        reducing_.pop_front();
-        waited_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
-      }
+      reductions_.started(unit);  // at most two units' gradients in flight (reduction_window.h)
     }
     const bool keep = !last_ && (held(unit) || !options_.reshard_after_forward);
     if (!keep) unit.release();
@@ -236,9 +226,7 @@ class Sharder {
   Units routed_;
   Units all_;
   Options options_;
-  static constexpr size_t kReductionsInFlight = 2;
-  std::deque<FlatUnit*> reducing_;  // units whose gradient reduction is in flight, oldest first
-  double waited_ms_ = 0;            // spent in backward waiting for the oldest of them
+  sharding::ReductionWindow reductions_;  // gradient reductions in flight during backward
   bool synchronised_ = true, last_ = true;
   Traffic traffic_;
 };
@@ -349,19 +337,11 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
                           expert_share(experts ? facts.mesh.expert : 1, expert_shard_size(shard_ranks, facts.mesh.data, facts.mesh.expert)) +
                           " as the model is built"
                     : "fsdp: every rank builds the whole model, then keeps its shards (" + why + ")";
-    return hybrid + build + describe_accumulation(config, facts.mesh.micro_batches);
+    const std::string accumulation =
+        sharding::describe_accumulation("fsdp", "unit", config.get_bool("reduce_every_micro_batch"), facts.mesh.micro_batches);
+    return hybrid + build + (accumulation.empty() ? "" : "\n" + accumulation);
   }
 
-  // Where a step's gradients live between its micro-batches: what gradient accumulation costs.
-  static std::string describe_accumulation(const Config& config, int64_t micro_batches) {
-    if (micro_batches < 2) return {};
-    const std::string m = std::to_string(micro_batches);
-    if (config.get_bool("reduce_every_micro_batch"))
-      return "\nfsdp: gradients: each of the " + m + " micro-batches reduce-scatters its share as a unit's backward ends (" + m +
-             " reductions per unit and step; split experts' units and held-back weight gradients reduce with a later share)";
-    return "\nfsdp: gradients: full gradients accumulate over the " + m +
-           " micro-batches and are reduce-scattered once (reduce_every_micro_batch = true keeps no full gradient between them)";
-  }
 
   void apply(Job& job, const Config& config) const override {
     nn::Model& model = *job.model;

@@ -1,6 +1,8 @@
 #include "bucketing.h"
 
+#include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 #include <ATen/ATen.h>
 
@@ -40,17 +42,41 @@ Units make_data_parallel_buckets(nn::Model& model, Communicator& data, Communica
   return units;
 }
 
-BucketReducer::BucketReducer(std::string pass, Units units, bool ignore_unused)
-    : pass_(std::move(pass)), units_(std::move(units)), ignore_unused_(ignore_unused) {}
+BucketReducer::BucketReducer(std::string pass, Units units, bool ignore_unused, bool reduce_every_micro_batch, Units routed)
+    : pass_(std::move(pass)),
+      units_(std::move(units)),
+      ignore_unused_(ignore_unused),
+      reduce_every_micro_batch_(reduce_every_micro_batch),
+      routed_(std::move(routed)) {
+  for (const auto& unit : units_)
+    if (reduce_every_micro_batch_ && !unit->reduce_scatters())
+      throw std::logic_error("BucketReducer: only reduce-scattered buckets reduce every micro-batch (" + unit->name() + ")");
+}
 
-void BucketReducer::begin_micro_batch(bool last) {
-  syncing_ = last;
-  if (last)
+void BucketReducer::begin_micro_batch(bool synchronised, bool last) {
+  syncing_ = synchronised && last;
+  sharing_ = synchronised && !last && reduce_every_micro_batch_;
+  if (syncing_ || sharing_)
     for (auto& unit : units_) unit->begin_backward();
 }
 
+bool BucketReducer::routed(const FlatUnit& unit) const {
+  return std::any_of(routed_.begin(), routed_.end(), [&](const auto& u) { return u.get() == &unit; });
+}
+
+// A share is reduced only where every data rank reduces it alike: a bucket complete in this
+// backward (an incomplete one, e.g. its weight gradients held back by zero_bubble, carries them
+// to the next share or the last) of dense parameters.
 void BucketReducer::gradient_ready(size_t unit, size_t param) {
-  if (syncing_ && units_[unit]->mark_ready(param)) units_[unit]->start_reduce();
+  FlatUnit& bucket = *units_[unit];
+  if (!(syncing_ || sharing_) || !bucket.mark_ready(param)) return;
+  if (syncing_ || !routed(bucket)) start(bucket, /*final=*/syncing_);
+}
+
+void BucketReducer::start(FlatUnit& unit, bool final) {
+  unit.start_reduce(final);
+  reduce_bytes_ += unit.reduce_bytes();
+  if (unit.reduce_scatters()) window_.started(unit);
 }
 
 double BucketReducer::finish() {
@@ -58,12 +84,12 @@ double BucketReducer::finish() {
   for (auto& unit : units_)
     if (!unit->complete()) {
       unit->fill_missing_gradients();
-      unit->start_reduce();
+      start(*unit, /*final=*/true);
     }
   const auto waiting = std::chrono::steady_clock::now();
   for (auto& unit : units_) unit->wait_reduced();
   syncing_ = false;
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
+  return window_.finish() + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waiting).count();
 }
 
 }  // namespace strata::sharding

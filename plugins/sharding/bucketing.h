@@ -7,7 +7,9 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 
+#include "reduction_window.h"
 #include "sharded_training.h"
 
 namespace strata::sharding {
@@ -25,25 +27,43 @@ Units make_buckets(nn::Model& model, Communicator& comm, double bucket_mb, GradR
 Units make_data_parallel_buckets(nn::Model& model, Communicator& data, Communicator& expert_data, double bucket_mb,
                                  GradReduce reduce, std::optional<at::ScalarType> reduce_dtype, bool broadcast_buffers);
 
-// Reduces each bucket as soon as backward has finished all of its gradients.
+// Reduces each bucket as soon as backward has finished all of its gradients. Reduce-scattered
+// buckets (zero2) keep at most two reductions in flight (reduction_window.h), so backward never
+// holds every bucket's staged gradient at once; all-reduced ones (ddp, zero1) keep their
+// averaged gradient whole anyway and are not held back.
 class BucketReducer {
  public:
-  BucketReducer(std::string pass, Units units, bool ignore_unused);
+  // `reduce_every_micro_batch` (reduce-scattered buckets only): every synchronised micro-batch
+  // reduces its share of a bucket once the bucket is complete and the shares are summed in the
+  // gradient chunk, so full gradients do not outlive the micro-batch; `routed`: buckets of split
+  // experts, whose completeness depends on the routing, which keep accumulating to the last.
+  BucketReducer(std::string pass, Units units, bool ignore_unused, bool reduce_every_micro_batch = false, Units routed = {});
 
-  // Call at BeforeBackward: only the step's last backward reduces (`last`); earlier ones
-  // accumulate locally.
-  void begin_micro_batch(bool last);
+  // Call at BeforeBackward: `synchronised` (not WSAM's local pass) and `last` (the step's last
+  // backward). Only the last reduces, unless reduce_every_micro_batch; earlier ones accumulate
+  // locally.
+  void begin_micro_batch(bool synchronised, bool last);
   void gradient_ready(size_t unit, size_t param);
   // After the last backward (the pass's sync_gradients stage): checks for parameters without a
   // gradient, reduces what is left and waits. Returns the milliseconds spent waiting for
   // communication that backward did not hide.
   double finish();
+  // The full buffers reduced since the last call (every share counted).
+  int64_t take_reduce_bytes() { return std::exchange(reduce_bytes_, 0); }
 
  private:
+  void start(FlatUnit& unit, bool final);
+  bool routed(const FlatUnit& unit) const;
+
   std::string pass_;
   Units units_;
   bool ignore_unused_;
-  bool syncing_ = false;
+  bool reduce_every_micro_batch_;
+  Units routed_;
+  bool syncing_ = false;  // the step's last backward
+  bool sharing_ = false;  // an earlier synchronised one that reduces its shares
+  ReductionWindow window_;
+  int64_t reduce_bytes_ = 0;
 };
 
 }  // namespace strata::sharding

@@ -2,7 +2,10 @@
 // backward each bucket's gradients are reduced as soon as they are all final, overlapping
 // backward. Each rank's optimizer updates only its chunk of every bucket, then the chunks are
 // all-gathered. Stage 1 all-reduces (every rank keeps the averaged gradient); stage 2
-// reduce-scatters (every rank keeps only its chunk of it). Gradients travel in amp's
+// reduce-scatters (every rank keeps only its chunk of it) with at most two buckets' reductions
+// in flight, so backward holds a few buckets of full gradient, not the model's; with
+// reduce_every_micro_batch, every micro-batch reduce-scatters its share (gradient_accumulation.h)
+// and full gradients are not held between micro-batches either (DeepSpeed's stage 2). Gradients travel in amp's
 // reduce_dtype when one is set. Experts split by expert_parallel are bucketed, reduced and
 // sharded over the data ranks that hold the same experts (Topology::expert_data_group): their
 // pieces are sharded over Dim::Expert (which experts) and Dim::Data (which chunk of them).
@@ -14,6 +17,7 @@
 #include <ATen/ATen.h>
 
 #include "../sharding/bucketing.h"
+#include "../sharding/gradient_accumulation.h"
 #include "strata/plugin.h"
 
 namespace strata::zero {
@@ -25,9 +29,7 @@ using sharding::Units;
 class ZeroPass final : public Pass {
  public:
   ZeroPass(int stage, std::string summary)
-      : Pass({ComponentKind::Pass, "zero" + std::to_string(stage), std::move(summary),
-              sharding::add_unused_parameters_key(
-                  Schema().real("bucket_mb", 25.0, "Bucket size in MiB: the unit of gradient reduction and of sharding", at_least(0.001)))},
+      : Pass({ComponentKind::Pass, "zero" + std::to_string(stage), std::move(summary), schema(stage)},
              {Phase::Wrapping, {}, conflicts(stage), {}, {}}, {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}),
         stage_(stage) {}
 
@@ -39,9 +41,21 @@ class ZeroPass final : public Pass {
     c.messages += 2 * std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));  // reduce, then gather, per bucket
     c.comm_bytes += (stage_ == 1 ? 2 : 1) * (d - 1) / d * c.gradient_bytes + (d - 1) / d * c.weight_bytes;
     c.optimizer_bytes /= d;
-    // ZeRO-2 keeps a shard of the gradients, but each bucket's full gradient is staged for its
-    // reduce-scatter and the stages of all buckets are alive when backward ends.
-    if (stage_ == 2) c.transient_bytes = std::max(c.transient_bytes, c.gradient_bytes), c.gradient_bytes /= d;
+    // ZeRO-2 keeps a shard of the gradients; backward stages a few buckets' full gradients for
+    // their reduce-scatters (the window of reductions in flight and the bucket filling), or,
+    // accumulating several micro-batches whole, every full gradient until the last backward.
+    if (stage_ == 2) {
+      const bool every = config.get_bool("reduce_every_micro_batch");
+      const double buckets = (sharding::ReductionWindow::kDefaultLimit + 1) * config.get_float("bucket_mb") * (1 << 20);
+      const double staged = c.micro_batches > 1 && !every ? c.gradient_bytes : std::min(c.gradient_bytes, buckets);
+      if (every) c.comm_bytes += static_cast<double>(c.micro_batches - 1) * (d - 1) / d * c.gradient_bytes;
+      c.transient_bytes = std::max(c.transient_bytes, staged), c.gradient_bytes /= d;
+    }
+  }
+
+  std::string describe_plan(const Config& config, const PlanFacts& facts) const override {
+    if (stage_ != 2) return {};
+    return sharding::describe_accumulation(name(), "bucket", config.get_bool("reduce_every_micro_batch"), facts.mesh.micro_batches);
   }
 
   void apply(Job& job, const Config& config) const override {
@@ -49,7 +63,13 @@ class ZeroPass final : public Pass {
                                                        config.get_float("bucket_mb"),
                                                        stage_ == 1 ? sharding::GradReduce::AllReduce : sharding::GradReduce::ReduceScatter,
                                                        job.reduce_dtype, /*broadcast_buffers=*/true);
-    auto reducer = std::make_shared<sharding::BucketReducer>(name(), units, sharding::ignores_unused_parameters(config));
+    // Split experts' buckets: whether they complete in a micro-batch depends on the routing.
+    const auto split_expert = sharding::split_expert_predicate(*job.model);
+    Units routed;
+    for (const auto& unit : units)
+      if (split_expert(unit->params().front().first)) routed.push_back(unit);
+    auto reducer = std::make_shared<sharding::BucketReducer>(name(), units, sharding::ignores_unused_parameters(config),
+                                                             stage_ == 2 && config.get_bool("reduce_every_micro_batch"), routed);
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
     // A backward left unsynchronised (WSAM's local pass, sync_gradients false) is left alone, as
     // ddp leaves it: nothing is reduced into the pieces, so until the next synchronised one the
@@ -58,10 +78,12 @@ class ZeroPass final : public Pass {
     auto synchronised = std::make_shared<bool>(true);
     job.add_hook(HookPoint::BeforeBackward, [reducer, synchronised](StepContext& c) {
       if (c.last_backward) *synchronised = c.sync_gradients;
-      reducer->begin_micro_batch(c.sync_gradients && c.last_backward);
+      reducer->begin_micro_batch(c.sync_gradients, c.last_backward);
     });
     job.program.own(Stage::SyncGradients, [reducer](StepContext& c) {
-      if (c.sync_gradients) c.metrics.emplace_back("zero_exposed_comm_ms", reducer->finish());
+      if (!c.sync_gradients) return;
+      c.metrics.emplace_back("zero_exposed_comm_ms", reducer->finish());
+      c.metrics.emplace_back("zero_reduce_bytes", static_cast<double>(reducer->take_reduce_bytes()));
     });
     const auto own_gradients = job.local_gradients;  // core's: every parameter's
     sharding::shard_training_state(job, units);
@@ -69,6 +91,16 @@ class ZeroPass final : public Pass {
   }
 
  private:
+  static Schema schema(int stage) {
+    Schema schema = sharding::add_unused_parameters_key(
+        Schema().real("bucket_mb", 25.0, "Bucket size in MiB: the unit of gradient reduction and of sharding", at_least(0.001)));
+    if (stage == 2)
+      schema.boolean("reduce_every_micro_batch", false,
+                     "Reduce-scatter each micro-batch's gradients as each bucket completes (DeepSpeed's stage 2), so no full gradient "
+                     "is held between micro-batches; false: accumulate full gradients over the step and reduce once (less "
+                     "communication, full gradients held through the step)");
+    return schema;
+  }
   static StringList conflicts(int stage) {
     return stage == 1 ? StringList{"ddp", "zero2", "fsdp"} : StringList{"ddp", "zero1", "fsdp"};
   }
