@@ -3,8 +3,8 @@
 CTest proves each layout and many pairs of them; this samples the rest of the space. Each
 composition (model gpt, llama or mixtral; ddp, zero1, zero2, fsdp, HSDP or none; tensor, pipeline,
 context and expert parallel sizes with at most 4 ranks, with their passes' keys drawn too
-(sequence parallel, the pipeline schedule, the context method, fsdp's reshard_after_forward and
-reduce_every_micro_batch);
+(sequence parallel, the pipeline schedule, the context method, fsdp's reshard_after_forward,
+fsdp's and zero2's reduce_every_micro_batch);
 Mixtral's shared experts, bias balance and capacity; amp bf16/fp16; WSAM local, adaptive or
 global; act_checkpoint; fused_loss; AdamW, AGD or SGD) must either be refused at plan time with
 exit status 2 and an error line, or:
@@ -55,7 +55,8 @@ def sample(rng, like=None):
             "pipeline_parallel": [f'schedule = "{rng.choice(["1f1b", "gpipe", "interleaved", "zero_bubble"])}"'],
             "context_parallel": [f'method = "{rng.choice(["auto", "ulysses", "ring", "2d"])}"'],
             "fsdp": [f"reshard_after_forward = {rng.choice(['true', 'false'])}",
-                     f"reduce_every_micro_batch = {rng.choice(['true', 'false'])}"]}
+                     f"reduce_every_micro_batch = {rng.choice(['true', 'false'])}"],
+            "zero2": [f"reduce_every_micro_batch = {rng.choice(['true', 'false'])}"]}
     layout = dict(model=model, shard=shard, data=data, tensor=tensor, pipeline=pipeline, context=context, expert=expert, keys=keys)
     if like:
         return {**like, **layout}
@@ -147,7 +148,7 @@ def resume_from_step_3(full, to, strategy_path, ranks):
 def describe(c):
     """The layout in words, with the keys its passes were given."""
     used = {"tensor_parallel": c["tensor"] > 1, "pipeline_parallel": c["pipeline"] > 1, "context_parallel": c["context"] > 1,
-            "fsdp": c["shard"] in ("fsdp", "hsdp")}
+            "fsdp": c["shard"] in ("fsdp", "hsdp"), "zero2": c["shard"] == "zero2"}
     keys = [k.replace('"', "").replace(" = ", "=") for name, ks in c["keys"].items() if used[name] for k in ks]
     return "%s, data %d, tensor %d, pipeline %d, context %d, expert %d%s" % (
         c["shard"], c["data"], c["tensor"], c["pipeline"], c["context"], c["expert"], (" (" + ", ".join(keys) + ")") if keys else "")

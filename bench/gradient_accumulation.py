@@ -1,19 +1,22 @@
-"""Gradient accumulation under fsdp: full gradients held through the step (reduced once) vs each
-micro-batch's share reduce-scattered as it is computed, in Strata (`reduce_every_micro_batch`
-false / true) and in PyTorch FSDP2 (`set_requires_gradient_sync(False)` on all but the last
-micro-batch / FSDP2's default), side by side: peak RSS, bytes reduced, step time.
+"""Gradient accumulation under the reduce-scattering passes: full gradients held through the step
+(reduced once) vs each micro-batch's share reduce-scattered as it is computed, in Strata's fsdp
+and zero2 (`reduce_every_micro_batch` false / true) and in PyTorch FSDP2
+(`set_requires_gradient_sync(False)` on all but the last micro-batch / FSDP2's default), side by
+side: peak RSS, bytes reduced, step time.
 
-usage: python bench/fsdp_accumulation.py [--strata build/bin/strata] [--rounds 2]
-                                         [--out bench/results/fsdp_accumulation_cpu.md]
+usage: python bench/gradient_accumulation.py [--strata build/bin/strata] [--rounds 2]
+                                             [--out bench/results/gradient_accumulation_cpu.md]
 
 Every configuration trains the same GPT (8 layers, d_model 512, seq 128, vocab 256, tied
 embedding and head) for 3 steps of 4 micro-batches of one sequence per rank (global batch 4 x
 ranks), AdamW, gradients clipped to 1, one thread per rank, at 2 and 4 ranks; each layer is an
-fsdp unit (FSDP2: fully_shard on each block, then on the model). Rounds are interleaved (every
+fsdp unit (FSDP2: fully_shard on each block, then on the model); zero2's buckets are of
+BUCKET_MB. Rounds are interleaved (every
 configuration once per round); the table gives medians over rounds. Peak RSS is the process's
 high-water mark (Strata's `mem_peak_bytes`, PyTorch's ru_maxrss), maximum over ranks; it
 includes each framework's own baseline, so compare the two modes within a framework. Step time
-is the median of steps 2 and 3 (rank 0). Strata's bytes reduced are `fsdp_reduce_bytes`.
+is the median of steps 2 and 3 (rank 0). Strata's bytes reduced are `fsdp_reduce_bytes` /
+`zero_reduce_bytes`.
 """
 import argparse
 import json
@@ -38,6 +41,8 @@ from step_time import Gpt  # noqa: E402
 N_LAYER, N_HEAD, D_MODEL, SEQ, VOCAB = 8, 8, 512, 128, 256
 MICRO_BATCHES, STEPS = 4, 3
 RANKS = [2, 4]
+BUCKET_MB = 4  # zero2: a few buckets in flight are a small part of this model's 97 MiB of gradients
+PASSES = ["fsdp", "zero2"]
 STRATEGY = f"""
 [job]
 model = "gpt"
@@ -58,19 +63,20 @@ seq_len = {SEQ}
 [data]
 vocab_size = {VOCAB}
 [[pass]]
-name = "fsdp"
+name = "{{name}}"
 reduce_every_micro_batch = {{every}}
-"""
+{{keys}}"""
 
 
-def strata_run(strata, work, ranks, every, round_):
-    strategy = work / f"strata_{ranks}_{every}.toml"
-    strategy.write_text(STRATEGY.format(batch=MICRO_BATCHES * ranks, every="true" if every else "false"))
-    out = work / f"strata_{ranks}_{every}_{round_}"
+def strata_run(strata, work, name, ranks, every, round_):
+    strategy = work / f"{name}_{ranks}_{every}.toml"
+    keys = f"bucket_mb = {BUCKET_MB}\n" if name == "zero2" else ""
+    strategy.write_text(STRATEGY.format(batch=MICRO_BATCHES * ranks, name=name, every="true" if every else "false", keys=keys))
+    out = work / f"{name}_{ranks}_{every}_{round_}"
     subprocess.run([strata, "run", "-n", str(ranks), str(strategy), "--out", str(out)], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"peak": records[-1]["mem_peak_bytes"], "reduced": records[-1]["fsdp_reduce_bytes"],
+    return {"peak": records[-1]["mem_peak_bytes"], "reduced": records[-1]["fsdp_reduce_bytes" if name == "fsdp" else "zero_reduce_bytes"],
             "step_ms": statistics.median(r["step_ms"] for r in records[1:]), "loss": records[-1]["loss"]}
 
 
@@ -123,15 +129,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", default="build/bin/strata")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default="bench/results/fsdp_accumulation_cpu.md")
+    ap.add_argument("--out", default="bench/results/gradient_accumulation_cpu.md")
     args = ap.parse_args()
     mib = 1024.0 * 1024.0
-    configs = [(f, r, e) for r in RANKS for f in ("strata", "pytorch") for e in (False, True)]
+    frameworks = [f"strata {name}" for name in PASSES] + ["pytorch"]
+    configs = [(f, r, e) for r in RANKS for f in frameworks for e in (False, True)]
     samples = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for framework, ranks, every in configs:
-                figures = strata_run(args.strata, pathlib.Path(tmp), ranks, every, round_) if framework == "strata" else torch_run(ranks, every)
+                figures = (torch_run(ranks, every) if framework == "pytorch"
+                           else strata_run(args.strata, pathlib.Path(tmp), framework.split()[1], ranks, every, round_))
                 samples[(framework, ranks, every)].append(figures)
                 print(round_, framework, ranks, every, figures, flush=True)
 
@@ -141,38 +149,40 @@ def main():
     # Full gradients of the layers (fp32): what holding them through the step costs at most.
     layer = 12 * D_MODEL * D_MODEL + 13 * D_MODEL
     layer_gradients = 4.0 * N_LAYER * layer
+    names = {f"strata {name}": f"Strata {name}" for name in PASSES} | {"pytorch": "PyTorch FSDP2"}
     rows, reading = [], []
     for ranks in RANKS:
-        for framework in ("strata", "pytorch"):
+        for framework in frameworks:
             for every in (False, True):
                 c = (framework, ranks, every)
-                reduced = f"{median(c, 'reduced') / mib:.2f}" if framework == "strata" else "-"
-                loss = f"{samples[c][0]['loss']:.6f}" if framework == "strata" else "-"
+                strata = framework != "pytorch"
+                reduced = f"{median(c, 'reduced') / mib:.2f}" if strata else "-"
+                loss = f"{samples[c][0]['loss']:.6f}" if strata else "-"
                 mode = "each micro-batch reduced" if every else "held, reduced once"
-                name = "Strata" if framework == "strata" else "PyTorch FSDP2"
-                rows.append(f"| {name} | {ranks} | {mode} | {median(c, 'peak') / mib:.0f} | {reduced} | {median(c, 'step_ms'):.0f} | {loss} |")
-        for framework, name in (("strata", "Strata"), ("pytorch", "PyTorch FSDP2")):
+                rows.append(f"| {names[framework]} | {ranks} | {mode} | {median(c, 'peak') / mib:.0f} | {reduced} | {median(c, 'step_ms'):.0f} | {loss} |")
+        for framework in frameworks:
             held, every = (framework, ranks, False), (framework, ranks, True)
-            reading.append(f"* {ranks} ranks, {name}: reducing every micro-batch changes peak RSS by "
-                           f"{(median(every, 'peak') - median(held, 'peak')) / mib:+.0f} MiB "
-                           f"and step time {median(every, 'step_ms') / median(held, 'step_ms'):.2f}x.")
-        held, every = ("strata", ranks, False), ("strata", ranks, True)
-        reading.append(f"* {ranks} ranks, Strata: bytes reduced {median(every, 'reduced') / median(held, 'reduced'):.2f}x "
-                       f"(formula: every unit reduces each of the m = {MICRO_BATCHES} micro-batches' gradients, {MICRO_BATCHES}x).")
-    lines = [f"# fsdp gradient accumulation: full gradients held vs reduced every micro-batch (CPU, {platform.processor() or platform.machine()})", "",
-             f"Command: `~/.local/share/strata/venv/bin/python bench/fsdp_accumulation.py --rounds {args.rounds}`.",
+            line = (f"* {ranks} ranks, {names[framework]}: reducing every micro-batch changes peak RSS by "
+                    f"{(median(every, 'peak') - median(held, 'peak')) / mib:+.0f} MiB "
+                    f"and step time {median(every, 'step_ms') / median(held, 'step_ms'):.2f}x")
+            if framework != "pytorch":
+                line += f"; bytes reduced {median(every, 'reduced') / median(held, 'reduced'):.2f}x (formula: m = {MICRO_BATCHES})"
+            reading.append(line + ".")
+    lines = [f"# Gradient accumulation under fsdp and zero2: full gradients held vs reduced every micro-batch (CPU, {platform.processor() or platform.machine()})", "",
+             f"Command: `~/.local/share/strata/venv/bin/python bench/gradient_accumulation.py --rounds {args.rounds}`.",
              f"GPT {N_LAYER} layers, d_model {D_MODEL}, seq {SEQ}, vocab {VOCAB}; {MICRO_BATCHES} micro-batches of 1 sequence per rank,",
              f"{STEPS} steps, AdamW, one thread per rank, gloo (PyTorch) and mpi (Strata) on one host; medians over {args.rounds} interleaved rounds.",
+             f"zero2's buckets: {BUCKET_MB} MiB (its window holds two in flight and one filling).",
              "Peak RSS is the process's high-water mark, maximum over ranks (each framework's baseline differs: compare",
              "modes within a framework). Step time: median of steps 2 and 3.", "",
              f"Formula: holding the layers' full fp32 gradients through the step costs up to 4 x L x Ψ_layer = "
              f"{layer_gradients / mib:.0f} MiB per rank",
              "(less the units whose gradients are in flight either way, and the shares' chunk); reducing each micro-batch",
              "sends (m-1)(d-1)/d of the gradient bytes more per step.", "",
-             "| framework | ranks | gradients between micro-batches | peak RSS MiB | reduced MiB per step | step ms | Strata loss at step 3 |",
+             "| pass | ranks | gradients between micro-batches | peak RSS MiB | reduced MiB per step | step ms | Strata loss at step 3 |",
              "|---|---|---|---|---|---|---|"] + rows + ["", "Reading:"] + reading + [
              "",
-             "`fsdp_reduce_bytes` counts the full buffers the reduce-scatters reduced (a ring sends (d-1)/d of each). A peak RSS",
+             "`fsdp_reduce_bytes` / `zero_reduce_bytes` count the full buffers the reduce-scatters reduced (a ring sends (d-1)/d of each). A peak RSS",
              "difference below the formula means the high-water mark was set where the held gradients are not all alive",
              "(the last backward frees them unit by unit). Why FSDP2's peak RSS rises when it reduces every micro-batch on",
              "gloo was not investigated; its absolute RSS includes the Python interpreter and the torch import.",
