@@ -20,11 +20,11 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from step_time import VOCAB, Gpt  # noqa: E402
+from torch_ranks import run_ranks  # noqa: E402
 
 N_LAYER, N_HEAD, D_MODEL, SEQ, GLOBAL_BATCH, BUCKET_MB, WARMUP = 4, 4, 256, 128, 16, 4, 5
 
@@ -75,19 +75,6 @@ def torch_worker(rank, steps, port, result):
     dist.destroy_process_group()
 
 
-def torch_run(steps):
-    ctx = mp.get_context("spawn")
-    result = ctx.Queue()
-    port = 29500 + os.getpid() % 1000
-    procs = [ctx.Process(target=torch_worker, args=(r, steps, port, result)) for r in range(2)]
-    for p in procs:
-        p.start()
-    value = result.get()
-    for p in procs:
-        p.join()
-    return value
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--strata", default="build/bin/strata")
@@ -96,7 +83,7 @@ def main():
     args = parser.parse_args()
     strata_ms, exposed = strata_run(args.strata, args.steps, BUCKET_MB)
     single_ms, exposed_single = strata_run(args.strata, args.steps, 1000)
-    torch_ms = torch_run(args.steps)
+    torch_ms = run_ranks(torch_worker, 2, args.steps)
     hidden = 1 - exposed / exposed_single if exposed_single > 0 else float("nan")
     params = sum(p.numel() for p in Gpt(N_LAYER, N_HEAD, D_MODEL, SEQ).parameters())
     print(f"strata {strata_ms:.1f} ms (exposed comm {exposed:.2f} ms), single bucket {single_ms:.1f} ms "

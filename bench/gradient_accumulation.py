@@ -20,7 +20,6 @@ is the median of steps 2 and 3 (rank 0). Strata's bytes reduced are `fsdp_reduce
 """
 import argparse
 import json
-import os
 import pathlib
 import platform
 import resource
@@ -32,11 +31,11 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from step_time import Gpt  # noqa: E402
+from torch_ranks import run_ranks  # noqa: E402
 
 N_LAYER, N_HEAD, D_MODEL, SEQ, VOCAB = 8, 8, 512, 128, 256
 MICRO_BATCHES, STEPS = 4, 3
@@ -80,7 +79,7 @@ def strata_run(strata, work, name, ranks, every, round_):
             "step_ms": statistics.median(r["step_ms"] for r in records[1:]), "loss": records[-1]["loss"]}
 
 
-def torch_worker(rank, ranks, every, port, result):
+def torch_worker(rank, ranks, every, port, result):  # run_ranks' worker
     from torch.distributed.fsdp import fully_shard
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
@@ -112,19 +111,6 @@ def torch_worker(rank, ranks, every, port, result):
     dist.destroy_process_group()
 
 
-def torch_run(ranks, every):
-    ctx = mp.get_context("spawn")
-    result = ctx.Queue()
-    port = 29500 + (os.getpid() + 7 * ranks + every) % 2000
-    procs = [ctx.Process(target=torch_worker, args=(r, ranks, every, port, result)) for r in range(ranks)]
-    for p in procs:
-        p.start()
-    value = result.get()
-    for p in procs:
-        p.join()
-    return value
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", default="build/bin/strata")
@@ -138,7 +124,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for framework, ranks, every in configs:
-                figures = (torch_run(ranks, every) if framework == "pytorch"
+                figures = (run_ranks(torch_worker, ranks, ranks, every) if framework == "pytorch"
                            else strata_run(args.strata, pathlib.Path(tmp), framework.split()[1], ranks, every, round_))
                 samples[(framework, ranks, every)].append(figures)
                 print(round_, framework, ranks, every, figures, flush=True)
