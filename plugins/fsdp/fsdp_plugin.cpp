@@ -253,6 +253,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
                            "Reduce-scatter each micro-batch's gradients as each unit's backward completes (FSDP2's default), so no full "
                            "gradient outlives its unit's backward; false: accumulate full gradients over the step and reduce once "
                            "(less communication, full gradients held through the step)")
+                  .tuned({false, true})
                   .boolean("sync_module_states", true, "Broadcast initial parameters from rank 0")
                   .integer("shard_size", 0,
                            "Hybrid sharding (HSDP): shard over groups of this many contiguous data ranks, replicate across the groups; "

@@ -98,7 +98,8 @@ class ZeroPass final : public Pass {
       schema.boolean("reduce_every_micro_batch", false,
                      "Reduce-scatter each micro-batch's gradients as each bucket completes (DeepSpeed's stage 2), so no full gradient "
                      "is held between micro-batches; false: accumulate full gradients over the step and reduce once (less "
-                     "communication, full gradients held through the step)");
+                     "communication, full gradients held through the step)")
+          .tuned({false, true});
     return schema;
   }
   static StringList conflicts(int stage) {

@@ -69,6 +69,23 @@ grep -q "over --memory-gb $budget" <<<"$out" || check "no candidate was over the
 awk -v budget="$budget" '{exit !($3 <= budget * 1024)}' <<<"$top" || check "the top candidate is over the budget of $budget GiB: $top"
 grep -Eq "fsdp|zero|tensor|pipeline" <<<"$top" || check "the top candidate under the budget is not sharded: $top"
 
+# fsdp's and zero2's reduce_every_micro_batch is searched where a step accumulates micro-batches,
+# and is no candidate of its own where a step has one (micro_batch 0: global_batch 8 / data 4).
+out=$("$strata" tune $base -n 4 --dry-run --top 1000) || check "plain search failed: $out"
+rows <<<"$out" | grep "job.micro_batch = 0;" | grep -q "reduce_every_micro_batch = true" \
+  && check "a one-micro-batch candidate differs from another only by reduce_every_micro_batch: $out"
+rows <<<"$out" | grep "data 4 (fsdp)" | grep "job.micro_batch = 1;" | grep -q "fsdp.reduce_every_micro_batch = true" \
+  || check "no accumulating fsdp candidate reduces every micro-batch: $out"
+# ... and a budget the accumulated full gradients do not fit in picks it (the 300M model, two
+# micro-batches of one sequence per rank): fsdp with it peaks lowest, zero2 with it next.
+out=$("$strata" tune $base -n 4 --dry-run --top 1000 $big --set parallel.data=4 --set job.micro_batch=1) || check "accumulating search failed: $out"
+fsdp_every=$(rows <<<"$out" | grep "fsdp.reduce_every_micro_batch = true" | head -1 | awk '{print $3}')
+zero2_every=$(rows <<<"$out" | grep "zero2.reduce_every_micro_batch = true" | head -1 | awk '{print $3}')
+budget=$(awk -v a="$fsdp_every" -v b="$zero2_every" 'BEGIN {printf "%.2f", (a + b) / 2 / 1024}')
+top=$("$strata" tune $base -n 4 --dry-run $big --set parallel.data=4 --set job.micro_batch=1 --memory-gb "$budget" | rows | head -1)
+grep -q "fsdp.reduce_every_micro_batch = true" <<<"$top" \
+  || check "under --memory-gb $budget (fsdp reducing every micro-batch: $fsdp_every MiB, zero2: $zero2_every MiB) the top is not fsdp with it: $top"
+
 # Errors: exit status 2 with one line.
 "$strata" tune $base -n 4 --dry-run --out /tmp/x 2>&1 | grep -q "measures nothing and writes nothing" || check "--dry-run took --out"
 "$strata" tune $base -n 4 --dry-run --set parallel.tensor=3 >/dev/null 2>&1; [ $? -eq 2 ] || check "an impossible fixed size did not exit 2"

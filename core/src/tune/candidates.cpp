@@ -27,13 +27,52 @@ bool section_enabled(const RawSection& section) {
   return !enabled || !std::holds_alternative<bool>(enabled->value) || std::get<bool>(enabled->value);
 }
 
+// One searched key: where it goes and the values tried.
+struct Axis {
+  std::string pass;  // empty: [job]
+  std::string key;
+  std::vector<Value> values;
+};
+
+// What tune compares of two plans' estimates: the step's predicted memory and work.
+bool same_estimate(const CostEstimate& a, const CostEstimate& b) {
+  return a.peak_bytes() == b.peak_bytes() && a.flops == b.flops && a.comm_bytes == b.comm_bytes && a.messages == b.messages &&
+         a.bubble == b.bubble;
+}
+
+// A searched switch (a pass's boolean key) turned away from its default where this plan gives it
+// nothing to do (fsdp's reduce_every_micro_batch in a step of one micro-batch) is put back to its
+// default: the plan then reads as the candidate it duplicates. "Nothing to do" is what Strata can
+// see: the estimate predicts the same memory and work, and the pass describes the same step in
+// `strata plan`. Only switches: a choice among named alternatives (a pipeline schedule) names
+// itself in the description, which for a pipeline builds the model.
+void default_idle_switches(ResolvedStrategy& plan, const std::vector<size_t>& order, const CostEstimate& core, const CostEstimate& cost,
+                           const std::vector<Axis>& axes) {
+  for (const Axis& axis : axes) {
+    if (axis.pass.empty()) continue;
+    for (size_t i = 0; i < plan.passes.size(); ++i) {
+      const PassEntry& entry = plan.passes[i];
+      if (!entry.enabled || entry.pass->name() != axis.pass || !entry.config.has(axis.key)) continue;
+      const KeySpec* spec = entry.pass->info().schema.find(axis.key);
+      if (!spec || spec->type != ValueType::Bool || !spec->default_value || entry.config.entry(axis.key).value == *spec->default_value) continue;
+      ResolvedStrategy at_default = plan;
+      at_default.passes[i].config.set(axis.key, Config::Entry{*spec->default_value});
+      if (same_estimate(cost, add_pass_estimates(at_default, order, core)) &&
+          entry.pass->describe_plan(entry.config, plan_facts(plan)) ==
+              entry.pass->describe_plan(at_default.passes[i].config, plan_facts(at_default)))
+        plan = std::move(at_default);
+    }
+  }
+}
+
 // What a planned candidate trains, written so that equivalent choices read the same: the
 // resolved strategy with micro_batch as the size it resolves to (0 and global_batch / data are
-// one choice).
-std::string effective_strategy(const ResolvedStrategy& plan) {
-  ResolvedStrategy copy = plan;
-  const MeshSizes& mesh = plan.layout.mesh;
-  copy.job.set("micro_batch", Config::Entry{plan.job.get_int("global_batch") / std::max<int64_t>(1, mesh.data) / mesh.micro_batches});
+// one choice) and searched switches with nothing to do at their defaults.
+std::string effective_strategy(const CheckedPlan& checked, const CostEstimate& core, const CostEstimate& cost, const std::vector<Axis>& axes) {
+  ResolvedStrategy copy = checked.plan;
+  const MeshSizes& mesh = copy.layout.mesh;
+  copy.job.set("micro_batch", Config::Entry{copy.job.get_int("global_batch") / std::max<int64_t>(1, mesh.data) / mesh.micro_batches});
+  default_idle_switches(copy, checked.order, core, cost, axes);
   copy.file = "strategy.toml";  // the same for every candidate
   return resolved_strategy_toml(copy);
 }
@@ -72,13 +111,6 @@ void factorisations(int64_t n, size_t dim, std::vector<int64_t>& sizes, const st
     }
   sizes[dim] = 1;
 }
-
-// One searched key: where it goes and the values tried.
-struct Axis {
-  std::string pass;  // empty: [job]
-  std::string key;
-  std::vector<Value> values;
-};
 
 // The meshes to try: every factorisation of `world_size` over the dimensions some pass claims; a
 // dimension the strategy sizes stays that size and one no pass can serve stays 1 (`free` says
@@ -241,10 +273,11 @@ TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& 
           TuneCandidate c = make_candidate(base, mesh, free, added, axes, value);
           Diagnostics diagnostics;
           const bool planned = check_plan(c.raw, registry, world_size, c.checked, diagnostics);
-          if (planned && !seen.insert(effective_strategy(c.checked.plan)).second) {
+          const CostEstimate core = planned ? core_estimate(c.checked.plan) : CostEstimate{};
+          if (planned) c.cost = add_pass_estimates(c.checked.plan, c.checked.order, core);
+          if (planned && !seen.insert(effective_strategy(c.checked, core, c.cost, axes)).second) {
             ++space.duplicates;
           } else if (planned) {
-            c.cost = estimate_cost(c.checked.plan, c.checked.order);
             c.predicted_s = predicted_step_seconds(c.cost, rates);
             c.predicted_bytes = predicted_peak_bytes(c.cost, rates);
           } else {

@@ -29,7 +29,7 @@ double optimizer_bytes_per_element(const ResolvedStrategy& plan) {
 
 }  // namespace
 
-CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_t>& order) {
+CostEstimate core_estimate(const ResolvedStrategy& plan) {
   const PlanFacts facts = plan_facts(plan);
   CostEstimate c;
   c.model = facts.model_factory.shape(plan.model);
@@ -57,11 +57,20 @@ CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_
     const double tokens = b * static_cast<double>(c.micro_batches) * s;
     c.flops = 6 * params * tokens + 12 * static_cast<double>(m.layers) * h * s * tokens;
   }
+  return c;
+}
+
+CostEstimate add_pass_estimates(const ResolvedStrategy& plan, const std::vector<size_t>& order, CostEstimate c) {
+  const PlanFacts facts = plan_facts(plan);
   for (size_t i : order) {
     const PassEntry& p = plan.passes[i];
     if (p.enabled) p.pass->estimate(p.config, facts, c);
   }
   return c;
+}
+
+CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_t>& order) {
+  return add_pass_estimates(plan, order, core_estimate(plan));
 }
 
 double predicted_step_seconds(const CostEstimate& cost, const HardwareRates& rates) {

@@ -24,9 +24,12 @@
 
 namespace strata {
 
-// The cost model: core's single-process figures for the data rank's share, then every enabled
-// pass's Pass::estimate in pass order.
+// The cost model: core's single-process figures for the data rank's share (core_estimate: it
+// weighs the model's shape and the optimizer's state, the costly part), then every enabled pass's
+// Pass::estimate in pass order (add_pass_estimates).
 STRATA_API CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_t>& order);
+STRATA_API CostEstimate core_estimate(const ResolvedStrategy& plan);
+STRATA_API CostEstimate add_pass_estimates(const ResolvedStrategy& plan, const std::vector<size_t>& order, CostEstimate core);
 
 // What the predictions divide by and add, per rank: matmul FLOP/s as ranks run concurrently,
 // collective bytes per second, the fixed cost of running one layer's forward and backward on one
