@@ -278,29 +278,34 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
   // Model states all sharded (16/d bytes per fp32 AdamW parameter) plus what is gathered at once:
   // the root unit (embeddings, head, final norm) and up to limit_all_gathers layers, with their
   // gradients before the reduce-scatter; with several micro-batches accumulated whole, the full
-  // gradients as well. Parameters are all-gathered for forward and again for
-  // backward when resharded after forward; gradients reduce-scattered.
+  // gradients as well. The root unit is gathered once a step and stays gathered; a layer unit
+  // too without reshard_after_forward, and with it once for every micro-batch's forward and again
+  // for its backward (measured at fsdp 2 on tests/cli/parity.toml, 2 layers: 3 all-gathers a
+  // step without it at 1 or 4 micro-batches; with it 5 at 1 and 17 at 4). Gradients are
+  // reduce-scattered once a step, or once per micro-batch with reduce_every_micro_batch.
   // Under HSDP (fsdp_hybrid.h) the same within a shard group of S, plus the gradient chunks'
   // all-reduce over the D/S replicas.
   void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
     const double d = static_cast<double>(effective_shard_size(config.get_int("shard_size"), c.data)), t = static_cast<double>(c.tensor);
-    const double replicas = static_cast<double>(c.data) / d;
+    const double replicas = static_cast<double>(c.data) / d, m = static_cast<double>(c.micro_batches);
+    const bool reshard = config.get_bool("reshard_after_forward"), every = config.get_bool("reduce_every_micro_batch");
+    const double layer_gathers = reshard ? 2 * m : 1, reductions = every ? m : 1;
+    const double layer_fraction = c.model.parameters > 0 ? static_cast<double>(c.model.layers * c.model.layer_parameters) /
+                                                               static_cast<double>(c.model.parameters)
+                                                         : 1;
     const double full_weights = c.weight_bytes;
-    c.comm_bytes += (config.get_bool("reshard_after_forward") ? 2 : 1) * (d - 1) / d * full_weights + (d - 1) / d * c.gradient_bytes +
-                    2 * (replicas - 1) / replicas * c.gradient_bytes / d;
-    // reduce_every_micro_batch: every micro-batch's gradients reduce-scattered, not only the last's.
-    if (config.get_bool("reduce_every_micro_batch"))
-      c.comm_bytes += static_cast<double>(c.micro_batches - 1) * (d - 1) / d * c.gradient_bytes;
+    c.comm_bytes += (d - 1) / d * full_weights * (1 - layer_fraction + layer_gathers * layer_fraction) +
+                    reductions * (d - 1) / d * c.gradient_bytes + 2 * (replicas - 1) / replicas * c.gradient_bytes / d;
+    // Each all-gather and reduce-scatter is a message: the root's and every layer's of the stage.
+    const double layers = static_cast<double>(c.model.layers) / static_cast<double>(c.pipeline);
+    c.messages += 1 + layers * layer_gathers + (layers + 1) * reductions;
     // Accumulating over micro-batches without reduce_every_micro_batch holds every full gradient
     // from the step's first backward to its last, besides this rank's chunk.
-    const double held_full_gradients =
-        c.micro_batches > 1 && !config.get_bool("reduce_every_micro_batch") ? c.gradient_bytes : 0;
+    const double held_full_gradients = c.micro_batches > 1 && !every ? c.gradient_bytes : 0;
     c.weight_bytes /= d, c.gradient_bytes = c.gradient_bytes / d + held_full_gradients, c.optimizer_bytes /= d;
     const double layer = static_cast<double>(c.model.layer_parameters);
     const double root = static_cast<double>(c.model.parameters) - static_cast<double>(c.model.layers) * layer;
     c.transient_bytes += 2 * 4 * (root + static_cast<double>(config.get_int("limit_all_gathers")) * layer) / t;
-    // Per unit (each layer and the root): gathers for forward (and backward), a reduce-scatter.
-    c.messages += (static_cast<double>(c.model.layers) / static_cast<double>(c.pipeline) + 1) * (config.get_bool("reshard_after_forward") ? 3 : 2);
   }
 
   // Sharded initialisation (fsdp_sharded_init.h) where this rank's units can be planned on the

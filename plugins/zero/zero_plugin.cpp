@@ -48,7 +48,10 @@ class ZeroPass final : public Pass {
       const bool every = config.get_bool("reduce_every_micro_batch");
       const double buckets = (sharding::ReductionWindow::kDefaultLimit + 1) * config.get_float("bucket_mb") * (1 << 20);
       const double staged = c.micro_batches > 1 && !every ? c.gradient_bytes : std::min(c.gradient_bytes, buckets);
-      if (every) c.comm_bytes += static_cast<double>(c.micro_batches - 1) * (d - 1) / d * c.gradient_bytes;
+      if (every) {
+        c.comm_bytes += static_cast<double>(c.micro_batches - 1) * (d - 1) / d * c.gradient_bytes;
+        c.messages += static_cast<double>(c.micro_batches - 1) * std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));
+      }
       c.transient_bytes = std::max(c.transient_bytes, staged), c.gradient_bytes /= d;
     }
   }
