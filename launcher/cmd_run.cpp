@@ -139,6 +139,22 @@ namespace {
 volatile std::sig_atomic_t interrupted = 0;
 void note_interrupt(int) { interrupted = interrupted + 1; }
 
+// The supervisor's (and strata doctor's) Ctrl-C and SIGTERM: counted, not fatal, and unblocked, as
+// a launcher may start us with them blocked (pending ones are then delivered here).
+void count_interrupts() {
+  struct sigaction action {};
+  action.sa_handler = note_interrupt;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  sigset_t these;
+  sigemptyset(&these);
+  sigaddset(&these, SIGINT);
+  sigaddset(&these, SIGTERM);
+  ::sigprocmask(SIG_UNBLOCK, &these, nullptr);
+}
+
 // Ctrl-C's handler runs on a stack of its own: delivered on the thread's stack, the signal frame
 // overwrote memory below the stack pointer of the oneDNN GEMM it interrupted (a heap corrupted in
 // sgemm_nocopy_driver, about 1 interrupt in 6).
@@ -278,13 +294,9 @@ AttemptResult run_under_mpirun(int argc, char** argv, const AttemptOptions& opti
   ::setpgid(child, child);  // as the child does, whichever runs first
   // Ctrl-C or SIGTERM: the ranks stop after one agreed step and save it; a second stops them at
   // once. Either way the run is reported and not restarted. (Not reset per attempt: one that
-  // came during a restart's backoff stops the next attempt after its first step.)
-  struct sigaction action {};
-  action.sa_handler = note_interrupt;
-  action.sa_flags = SA_RESTART;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGINT, &action, nullptr);
-  ::sigaction(SIGTERM, &action, nullptr);
+  // came during a restart's backoff, or before the first, stops the next attempt after its first
+  // step.) run_train counts them from before it plans; strata doctor from here.
+  count_interrupts();
   StopRelay stops(progress, static_cast<int>(ranks), static_cast<int>(child), interrupted);
   HangWatch hangs(progress, static_cast<int>(ranks), options.hang_timeout, options.start_timeout, static_cast<int>(child));
   StderrFilter filter;
@@ -359,6 +371,9 @@ int run_train(const Args& args) {
                     " into equal nodes");
   if (args.simulate_nodes > 0) ::setenv(kSimulatedNodesEnv, std::to_string(args.simulate_nodes).c_str(), 1);
   if (args.ranks > 1 && env.world_size == 1) {
+    // Ctrl-C or SIGTERM from here on is counted, not fatal: one that comes before the ranks start
+    // ends the supervisor with a line and status 130 (not a silent 143), one after stops them.
+    count_interrupts();
     // Check the strategy and claim the run directory once here, so that bad input is reported
     // once and starts no ranks; the claim (its lock) lasts until the ranks are done.
     ComponentRegistry registry;
@@ -390,6 +405,10 @@ int run_train(const Args& args) {
       supervision.persist_pause = persist_pause_for_fault_injection();
     }
     supervision.health_check = job.get_string("health_check");
+    if (interrupted != 0) {
+      std::cerr << "strata: interrupted before the ranks started: no rank ran, no checkpoint in " << out_dir.string() << " changed\n";
+      return 130;
+    }
     return supervise(supervision, [&](bool resume, int attempt, const std::vector<int>& slots) {
       const auto ranks = static_cast<int64_t>(slots.size());
       if (ranks != args.ranks) {  // elastic: the strategy must plan at the smaller world
