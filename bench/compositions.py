@@ -5,9 +5,10 @@ composition (model gpt, llama or mixtral; ddp, zero1, zero2, fsdp, HSDP or none;
 context and expert parallel sizes with at most 4 ranks, with their passes' keys drawn too
 (sequence parallel, the pipeline schedule, the context method, fsdp's reshard_after_forward,
 fsdp's and zero2's reduce_every_micro_batch);
-Mixtral's shared experts, bias balance and capacity; amp bf16/fp16; WSAM local, adaptive or
-global; act_checkpoint; fused_loss; AdamW, AGD or SGD) must either be refused at plan time with
-exit status 2 and an error line, or:
+Mixtral's shared experts, bias balance and capacity; amp bf16/fp16; fp8 with each scaling recipe;
+WSAM local, adaptive or global; act_checkpoint; fused_loss; AdamW, AGD or SGD; random weights or
+`[model] init_from` a Hugging Face directory that one process's run exported) must either be
+refused at plan time with exit status 2 and an error line, or:
 
   train     6 steps, a checkpoint every 3, finite losses;
   parity    where the run is exactly the single process's (fp32, WSAM's perturbation global or
@@ -64,8 +65,17 @@ def sample(rng, like=None):
     moe = [f"shared_experts = {rng.choice([0, 1])}", f'balance = "{rng.choice(["aux_loss", "bias"])}"']
     if rng.random() < 0.25:
         moe += ["capacity_factor = 1.5", f'expert_rows = "{rng.choice(["packed", "padded"])}"']
-    return dict(layout, moe=moe if model == "mixtral" else [], amp=rng.choice(["off", "off", "off", "bf16", "fp16"]), wsam=rng.choice(["off", "off", "local", "adaptive", "global"]),
-                act_checkpoint=rng.random() < 0.3, fused_loss=rng.random() < 0.3, optimizer=rng.choice(["adamw", "adamw", "agd", "sgd"]))
+    c = dict(layout, moe=moe if model == "mixtral" else [], amp=rng.choice(["off", "off", "off", "bf16", "fp16"]), wsam=rng.choice(["off", "off", "local", "adaptive", "global"]),
+             act_checkpoint=rng.random() < 0.3, fused_loss=rng.random() < 0.3, optimizer=rng.choice(["adamw", "adamw", "agd", "sgd"]))
+    # fp8 (not compared with one process, as amp) and weights from a Hugging Face directory.
+    c["fp8"] = rng.choice(["delayed", "current", "rowwise"]) if rng.random() < 0.2 else "off"
+    c["init_from"] = rng.random() < 0.3 and exportable(c)
+    return c
+
+
+def exportable(c):
+    """Whether transformers' class for the model holds it (Mixtral: no shared experts, the aux loss, no capacity)."""
+    return c["model"] != "mixtral" or c["moe"][:2] == ["shared_experts = 0", 'balance = "aux_loss"'] and len(c["moe"]) == 2
 
 
 def world(c):
@@ -76,22 +86,26 @@ def exact(c):
     """Whether the run is the single process's run: fp32, no perturbation of each data rank's own and
     no capacity (which drops tokens per micro-batch)."""
     capacity = any(k.startswith("capacity_factor") for k in c["moe"])
-    return c["amp"] == "off" and (c["wsam"] in ("off", "global") or c["data"] == 1) and not capacity
+    return c["amp"] == "off" and c["fp8"] == "off" and (c["wsam"] in ("off", "global") or c["data"] == 1) and not capacity
 
 
-def strategy(c, layout=True):
-    """The strategy file of composition `c`; without `layout`, one process without the parallel passes."""
+def strategy(c, layout=True, init_from=None, steps=6):
+    """The strategy file of composition `c`; without `layout`, one process without the parallel passes;
+    `init_from`: the Hugging Face directory its weights start from (default: the one `check` chose)."""
+    init_from = init_from or c.get("init_dir")
     # Micro-batches of one sequence in every layout (a pipeline's too): Mixtral's balance loss is
     # of each micro-batch's tokens, so runs compare only at the same micro-batch. 12 sequences a
     # step: every data size divides them, and an interleaved pipeline's micro-batches (6 or 12 a
     # rank) are a multiple of its 2 stages.
-    lines = ["[job]", f'model = "{c["model"]}"', 'dataset = "text"', "steps = 6", "global_batch = 12", "micro_batch = 1", "log_every = 1",
+    lines = ["[job]", f'model = "{c["model"]}"', 'dataset = "text"', f"steps = {steps}", "global_batch = 12", "micro_batch = 1", "log_every = 1",
              "eval_every = 0", "checkpoint_every = 3", "threads = 1", "", "[model]", "n_layer = 2", "vocab_size = 256",
              "seq_len = 32", "n_head = 4", "d_model = 64"]
     if c["model"] != "gpt":
         lines += ["n_kv_head = 2", "ffn_hidden = 96"]
     if c["model"] == "mixtral":
         lines += ["n_experts = 4", "top_k = 2"] + c["moe"]
+    if init_from:
+        lines += [f'init_from = "{init_from}"']
     lines += ["", "[data]", 'path = "data/kjv.txt"', "", "[optimizer]", f'name = "{c["optimizer"]}"', "lr = 1e-3"]
     passes = []
     if layout:
@@ -110,6 +124,8 @@ def strategy(c, layout=True):
                 passes.append([f'name = "{name}"'] + c["keys"].get(name, []))
     if c["amp"] != "off":
         passes.append(['name = "amp"', f'dtype = "{c["amp"]}"'])
+    if c["fp8"] != "off":
+        passes.append(['name = "fp8"', f'recipe = "{c["fp8"]}"'])
     if c["wsam"] != "off":
         passes.append(['name = "wsam"', f'perturbation = "{"global" if c["wsam"] == "global" else "local"}"',
                        f'adaptive = {"true" if c["wsam"] == "adaptive" else "false"}'])
@@ -154,8 +170,33 @@ def describe(c):
         c["shard"], c["data"], c["tensor"], c["pipeline"], c["context"], c["expert"], (" (" + ", ".join(keys) + ")") if keys else "")
 
 
+def initial_weights(c, references):
+    """A Hugging Face directory of the model `c` trains: one process's step of it, exported (made
+    once per model configuration)."""
+    plain = dict(c, amp="off", fp8="off", wsam="off", act_checkpoint=False, fused_loss=False, optimizer="adamw")
+    key = "init:" + strategy(plain, layout=False, steps=1)
+    if key not in references:
+        directory = tempfile.mkdtemp(prefix="strata-compositions-init-")
+        with open(os.path.join(directory, "strategy.toml"), "w") as f:
+            f.write(key[len("init:"):])
+        r = strata("run", os.path.join(directory, "strategy.toml"), "--out", os.path.join(directory, "run"))
+        if r.returncode == 0:
+            r = strata("ckpt", "export", os.path.join(directory, "run"), os.path.join(directory, "hf"))
+        if r.returncode != 0:
+            raise RuntimeError("init_from: making the weights failed: " + (r.stderr.strip().splitlines() or [""])[-1][:200])
+        references[key] = os.path.join(directory, "hf")
+    return references[key]
+
+
 def check(c, other, work, python, references):
     """Runs composition `c` through its life, resharding it to layout `other` too; returns (outcome, notes)."""
+    init = None
+    if c["init_from"]:
+        try:
+            init = initial_weights(c, references)
+        except RuntimeError as e:
+            return "FAILED", [str(e)]
+    c, other = dict(c, init_dir=init), dict(other, init_dir=init)
     path = os.path.join(work, "strategy.toml")
     with open(path, "w") as f:
         f.write(strategy(c))
@@ -237,17 +278,21 @@ def main():
         failures += outcome == "FAILED"
         layout = describe(c)
         extras = ", ".join([c["optimizer"]] + [k.replace('"', "").replace(" = ", "=") for k in c["moe"]] + (["amp " + c["amp"]] if c["amp"] != "off" else []) +
-                           (["wsam " + c["wsam"]] if c["wsam"] != "off" else []) +
+                           (["fp8 " + c["fp8"]] if c["fp8"] != "off" else []) + (["wsam " + c["wsam"]] if c["wsam"] != "off" else []) +
+                           (["init_from hf"] if c["init_from"] else []) +
                            [k for k in ("act_checkpoint", "fused_loss") if c[k]])
         row = "| %d | %s | %s | %s | %s | %s |" % (i, c["model"], layout, extras, outcome, "; ".join(notes))
         print(row, flush=True)
         rows.append(row)
+    for key, directory in references.items():  # the Hugging Face directories made for init_from
+        if key.startswith("init:"):
+            shutil.rmtree(os.path.dirname(directory), ignore_errors=True)
     with open(args.results, "w") as f:
         f.write("# Random compositions through the life of a run (bench/compositions.py)\n\n")
         f.write("Command: `%s`  \nCPU: %s\n\n" % (" ".join(["python", "bench/compositions.py"] + sys.argv[1:]), cpu_model()))
         f.write("Each row: trained 6 steps; parity and reshard (to one process and to another layout) within %g where the run "
                 "is exactly the single process's (fp32, WSAM's perturbation global or of one data rank, no capacity; amp "
-                "runs are not compared); resumed with the saved strategy, steps 4-6 bit-equal; exported and loaded by "
+                "and fp8 runs are not compared; with init_from the reference starts from the same weights); resumed with the saved strategy, steps 4-6 bit-equal; exported and loaded by "
                 "transformers, or the export refused in one line where transformers' class cannot hold the model.\n\n" % TOLERANCE)
         f.write("| # | model | layout | optimizer and passes | outcome | checks |\n|---|---|---|---|---|---|\n")
         f.write("\n".join(rows) + "\n\n%d of %d failed.\n" % (failures, len(rows)))
