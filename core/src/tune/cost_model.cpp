@@ -69,10 +69,6 @@ CostEstimate add_pass_estimates(const ResolvedStrategy& plan, const std::vector<
   return c;
 }
 
-CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_t>& order) {
-  return add_pass_estimates(plan, order, core_estimate(plan));
-}
-
 double predicted_step_seconds(const CostEstimate& cost, const HardwareRates& rates) {
   const double stretch = std::max(1 / std::max(1e-3, 1 - cost.bubble), rates.oversubscription);
   const double compute = cost.flops / rates.flops_per_s * stretch;

@@ -26,8 +26,7 @@ namespace strata {
 
 // The cost model: core's single-process figures for the data rank's share (core_estimate: it
 // weighs the model's shape and the optimizer's state, the costly part), then every enabled pass's
-// Pass::estimate in pass order (add_pass_estimates).
-STRATA_API CostEstimate estimate_cost(const ResolvedStrategy& plan, const std::vector<size_t>& order);
+// Pass::estimate in pass order (add_pass_estimates; tune applies it to variants of one plan).
 STRATA_API CostEstimate core_estimate(const ResolvedStrategy& plan);
 STRATA_API CostEstimate add_pass_estimates(const ResolvedStrategy& plan, const std::vector<size_t>& order, CostEstimate core);
 
