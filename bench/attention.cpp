@@ -5,7 +5,7 @@
 // causal), and core's attention.reference without and with lse (with lse is what context
 // parallel's ring calls). Rounds are interleaved (each round times every implementation once);
 // medians of the rounds, and the peak bytes of tensors one call allocates beyond those live
-// before it (bench/cpu_memory.h). Prints one JSON object per line; bench/attention.py tabulates.
+// before it (core/include/strata/core/counting_cpu_allocator.h). Prints one JSON object per line; bench/attention.py tabulates.
 //
 // usage: strata_bench_attention B H T D MASK REPS THREADS [ONLY]    (MASK: causal | documents | window:N;
 //        ONLY: run only the implementations whose name starts with it, e.g. "fused" to profile it)
@@ -21,7 +21,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "cpu/attention.h"
-#include "cpu_memory.h"
+#include "strata/core/counting_cpu_allocator.h"
 #include "strata/core/operator_table.h"
 #include "cpu_timing.h"
 
@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
     std::vector<double> forward_ms, both_ms;
     int64_t forward_peak = 0, both_peak = 0;  // bytes allocated beyond what was live before
   };
-  bench::CountingCpuAllocator& memory = bench::CountingCpuAllocator::install();
+  CountingCpuAllocator& memory = CountingCpuAllocator::install();
   at::Tensor qg = q.clone().requires_grad_(true), kg = k.clone().requires_grad_(true), vg = v.clone().requires_grad_(true);
   std::vector<std::pair<std::string, Runs>> runs;
   for (const auto& [name, attend] : impls) {

@@ -4,7 +4,7 @@
 // autograd (what PyTorch eager runs for `F.cross_entropy(F.linear(h, w, b), t)`, and core's
 // reference), and that composition with the loss by cross_entropy.fused_cpu
 // (kernels/cpu/cross_entropy.cpp, what Strata runs without the fused_loss pass). Interleaved rounds, medians; peak bytes of tensors one forward+backward allocates
-// beyond those live before it (bench/cpu_memory.h), beside the formulas. Prints a Markdown
+// beyond those live before it (core/include/strata/core/counting_cpu_allocator.h), beside the formulas. Prints a Markdown
 // report; bench/results/linear_cross_entropy_cpu.md holds one, with its command.
 //
 // usage: strata_bench_linear_cross_entropy TOKENS DIM VOCAB ROUNDS THREADS [ROWS,ROWS,...]
@@ -22,7 +22,7 @@
 
 #include "cpu/cross_entropy.h"
 #include "cpu/linear_cross_entropy.h"
-#include "cpu_memory.h"
+#include "strata/core/counting_cpu_allocator.h"
 #include "cpu_timing.h"
 
 using strata::bench::median;
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   const int rounds = std::stoi(argv[4]), threads = std::stoi(argv[5]);
   at::set_num_threads(threads);
   at::manual_seed(0);
-  strata::bench::CountingCpuAllocator& memory = strata::bench::CountingCpuAllocator::install();
+  strata::CountingCpuAllocator& memory = strata::CountingCpuAllocator::install();
   const at::Tensor hidden = at::randn({n, d}).requires_grad_(true);
   const at::Tensor weight = (at::randn({v, d}) * 0.02).requires_grad_(true);
   const at::Tensor bias = at::zeros({v}).requires_grad_(true);

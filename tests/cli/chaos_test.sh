@@ -14,7 +14,7 @@ small=(--set job.steps=12 --set job.checkpoint_every=3 --set job.eval_every=6 --
        --set job.global_batch=4 --set job.micro_batch=2 --set job.threads=1 --set job.max_restarts=2 --set job.restart_backoff=0.1 --set job.hang_timeout=3
        --set model.n_layer=1 --set model.seq_len=32 --set model.dropout=0.1 "$@")
 "$strata" run -n "$ranks" "$strategy" --out "$work/full" "${small[@]}" > "$work/full.log"
-metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_peak_bytes":[^,}]*,?//g' "$1"; }
+metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_(device_)?peak_bytes":[^,}]*,?//g' "$1"; }
 RANDOM=${CHAOS_SEED:-7}
 for trial in $(seq 1 "$trials"); do
   rank=$((RANDOM % ranks)) step=$((RANDOM % 11 + 2))

@@ -21,7 +21,7 @@ small=(--set job.steps=12 --set job.checkpoint_every=4 --set job.flash_every=1 -
        --set job.global_batch=4 --set job.micro_batch=2 --set job.threads=1 --set job.max_restarts=2 --set job.restart_backoff=0.1
        --set job.hang_timeout=5 --set model.n_layer=1 --set model.seq_len=32 --set model.dropout=0.1 "$@")
 "$strata" run -n 2 "$strategy" --out "$work/full" "${small[@]}" > "$work/full.log"
-metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_peak_bytes":[^,}]*,?//g' "$1"; }
+metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_(device_)?peak_bytes":[^,}]*,?//g' "$1"; }
 same_as_full() {
   diff <(metrics "$work/full/metrics.jsonl") <(metrics "$1/metrics.jsonl") > "$1.diff" ||
     { echo "$2: metrics differ from the uninterrupted run:"; head "$1.diff"; exit 1; }

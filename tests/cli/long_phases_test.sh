@@ -12,7 +12,7 @@ rm -rf "$work" && mkdir -p "$work"
 small=(--set job.steps=8 --set job.checkpoint_every=6 --set job.eval_every=6 --set job.eval_batches=40 --set job.log_every=2
        --set job.global_batch=4 --set job.micro_batch=2 --set job.threads=1 --set job.max_restarts=1 --set job.restart_backoff=0.1
        --set job.hang_timeout=2 --set model.n_layer=1 --set model.seq_len=32)
-metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_peak_bytes":[^,}]*,?//g' "$1"; }
+metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_(device_)?peak_bytes":[^,}]*,?//g' "$1"; }
 "$strata" run -n 2 "$strategy" --out "$work/plain" "${small[@]}" > "$work/plain.log" 2>&1 || { cat "$work/plain.log"; exit 1; }
 STRATA_FAULT="slow_evaluation 0 6;slow_checkpoint 0 6" "$strata" run -n 2 "$strategy" --out "$work/slow" "${small[@]}" > "$work/slow.log" 2>&1 ||
   { echo "the slowed run failed:"; cat "$work/slow.log"; exit 1; }

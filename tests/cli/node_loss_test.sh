@@ -24,7 +24,7 @@ small=(--simulate-nodes "$nodes" --set job.steps=10 --set job.checkpoint_every=4
        --set job.global_batch=12 --set job.threads=1 --set job.max_restarts=2 --set job.restart_backoff=0.1 --set job.hang_timeout=10
        --set model.n_layer=1 --set model.seq_len=32 --set model.dropout=0.1 "$@")
 "$strata" run -n "$ranks" "$strategy" --out "$work/full" "${small[@]}" > "$work/full.log" 2>&1 || { cat "$work/full.log"; exit 1; }
-metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_peak_bytes":[^,}]*,?//g; s/"pp_idle_fraction_stage[0-9]+":[^,}]*,?//g; s/"host_reads":[^,}]*,?//g' "$1"; }
+metrics() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_(device_)?peak_bytes":[^,}]*,?//g; s/"pp_idle_fraction_stage[0-9]+":[^,}]*,?//g; s/"host_reads":[^,}]*,?//g' "$1"; }
 expect() {  # expect FILE REGEX CASE
   grep -Eq "$2" "$1" || { echo "$3: $1 lacks /$2/:"; cat "$1"; exit 1; }
 }

@@ -18,7 +18,7 @@ run "$strategy" --out "$work/full" "${small[@]}"
 # Every metric but timings, peak memory and host reads (a resumed pipeline reads its messages'
 # headers again in its first step): losses, gradient norms, learning rates, validation losses and
 # what passes report (e.g. amp's loss scale) must all continue exactly.
-losses() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_peak_bytes":[^,}]*,?//g; s/"pp_idle_fraction_stage[0-9]*":[^,}]*,?//g; s/"host_reads":[^,}]*,?//g' "$1"; }
+losses() { sed -E 's/"[a-z_]*_ms":[^,}]*,?//g; s/"mem_(device_)?peak_bytes":[^,}]*,?//g; s/"pp_idle_fraction_stage[0-9]*":[^,}]*,?//g; s/"host_reads":[^,}]*,?//g' "$1"; }
 
 cp -r "$work/full" "$work/cut"
 rm -rf "$work/cut/checkpoints/step_00000008" "$work/cut/checkpoints/step_00000012"

@@ -22,6 +22,7 @@
 #include "topology_setup.h"
 #include "trainer_impl.h"
 #include "training_state.h"
+#include "strata/core/counting_cpu_allocator.h"
 #include "strata/core/host_memory.h"
 #include "strata/core/cpu_features.h"
 #include "strata/core/device_peak.h"
@@ -149,6 +150,7 @@ void Trainer::Impl::claim_run_directory() {
 // what the rank log says about where it runs, denormals, the seed.
 void Trainer::Impl::configure_process() {
   configure_host_memory(plan.job.get_string("host_memory"));  // before the model and data allocate
+  CountingCpuAllocator::install();  // counts the host tensors from here on: mem_device_peak_bytes on a CPU
   if (const int64_t cap_mib = plan.job.get_int("rank_memory_limit_mb"); cap_mib > 0) {
     const double footprint = allocated_bytes(), limit = cap_allocations(static_cast<double>(cap_mib) * (1 << 20));
     log::record("memory cap: this rank may allocate " + std::to_string(cap_mib) + " MiB more than its " +
@@ -562,13 +564,13 @@ void Trainer::Impl::read_unread(bool across_ranks) {
   const double mean_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - unread_since).count() /
                          static_cast<double>(n);
   const char* memory_names[] = {"mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "mem_peak_bytes", "mem_device_peak_bytes"};
-  const size_t kinds = std::size(memory_names), reported = device.is_cpu() ? kinds - 1 : kinds;
+  const size_t kinds = std::size(memory_names);
   for (size_t i = 0; i < n; ++i) {
     StepRecord& r = unread[i].record;
     r.loss = figures[2 * i];
     r.grad_norm = figures[2 * i + 1];
     r.step_ms = device.is_cpu() ? unread[i].host_ms : mean_ms;
-    for (size_t k = 0; k < reported; ++k) r.extra.emplace_back(memory_names[k], memory[kinds * i + k]);
+    for (size_t k = 0; k < kinds; ++k) r.extra.emplace_back(memory_names[k], memory[kinds * i + k]);
     r.extra.emplace_back("host_reads", static_cast<double>(unread[i].host_reads + (i + 1 == n ? this_read : 0)));
     r.extra = engine::summed_by_name(r.extra);
   }

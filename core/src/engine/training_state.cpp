@@ -14,6 +14,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "checkpoint/sha256.h"
+#include "strata/core/counting_cpu_allocator.h"
 #include "strata/errors.h"
 
 namespace strata::engine {
@@ -264,7 +265,9 @@ MemoryFigures memory_figures(const Job& job) {
   m.peak = static_cast<double>(usage.ru_maxrss) * 1024.0;
   // Read from the allocator's host-side counters: no wait on the device.
   const c10::Device device = job.device();
-  if (!device.is_cpu())
+  if (device.is_cpu())
+    m.device_peak = static_cast<double>(CountingCpuAllocator::install().peak());
+  else
     m.device_peak = static_cast<double>(
         at::accelerator::getDeviceStats(device.index()).allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
   return m;

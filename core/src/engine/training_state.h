@@ -70,7 +70,7 @@ std::vector<std::string> schedule_changes(const ResolvedStrategy& plan, const st
 // freed between uses), and the process's peak resident memory.
 struct MemoryFigures {
   double params = 0, grads = 0, optimizer = 0, peak = 0;  // peak: the process's resident set
-  double device_peak = 0;  // the accelerator allocator's peak of allocated bytes (0 on the CPU)
+  double device_peak = 0;  // the allocator's peak of live tensor bytes on the device (on the CPU: counting_cpu_allocator.h)
 };
 MemoryFigures memory_figures(const Job& job);
 
