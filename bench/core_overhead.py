@@ -30,7 +30,9 @@ def run(strata, extra, steps, out):
     cmd = [strata, "run", "-n", "2", "examples/strategies/default.toml", "--out", str(out),
            "--set", f"job.steps={steps}", "--set", "job.eval_every=0", "--set", "job.checkpoint_every=0",
            "--set", "job.threads=1", "--set", "job.log_every=1000"] + extra
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     times = [json.loads(line)["step_ms"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     return statistics.median(times[WARMUP:])
 
@@ -45,11 +47,11 @@ def main():
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, extra in JOBS:
+        for j, (name, extra) in enumerate(JOBS):
             old, new = [], []
-            for r in range(args.repeats):
-                old.append(run(args.old, extra, args.steps, pathlib.Path(tmp) / f"old{r}"))
-                new.append(run(args.new, extra, args.steps, pathlib.Path(tmp) / f"new{r}"))
+            for r in range(args.repeats):  # a run directory per run: another job's is refused as a different run
+                old.append(run(args.old, extra, args.steps, pathlib.Path(tmp) / f"job{j}-old{r}"))
+                new.append(run(args.new, extra, args.steps, pathlib.Path(tmp) / f"job{j}-new{r}"))
             rows.append((name, statistics.median(old), statistics.median(new), old, new))
     command = "python bench/core_overhead.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if k != "out") + f" --out {args.out}"
