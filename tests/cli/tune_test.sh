@@ -77,11 +77,16 @@ rows <<<"$out" | grep "job.micro_batch = 0;" | grep -q "reduce_every_micro_batch
 rows <<<"$out" | grep "data 4 (fsdp)" | grep "job.micro_batch = 1;" | grep -q "fsdp.reduce_every_micro_batch = true" \
   || check "no accumulating fsdp candidate reduces every micro-batch: $out"
 # ... and a budget the accumulated full gradients do not fit in picks it (the 300M model, two
-# micro-batches of one sequence per rank): fsdp with it peaks lowest, zero2 with it next.
+# micro-batches of one sequence per rank): fsdp with it (resharding after forward) peaks lowest,
+# zero2 with it next. Without resharding fsdp holds every layer gathered from its forward to its
+# backward, above zero2.
 out=$("$strata" tune $base -n 4 --dry-run --top 1000 $big --set parallel.data=4 --set job.micro_batch=1) || check "accumulating search failed: $out"
-fsdp_every=$(rows <<<"$out" | grep "fsdp.reduce_every_micro_batch = true" | head -1 | awk '{print $3}')
+fsdp_every=$(rows <<<"$out" | grep "fsdp.reshard_after_forward = true; pass.fsdp.reduce_every_micro_batch = true" | head -1 | awk '{print $3}')
+fsdp_kept=$(rows <<<"$out" | grep "fsdp.reshard_after_forward = false; pass.fsdp.reduce_every_micro_batch = true" | head -1 | awk '{print $3}')
 zero2_every=$(rows <<<"$out" | grep "zero2.reduce_every_micro_batch = true" | head -1 | awk '{print $3}')
 budget=$(awk -v a="$fsdp_every" -v b="$zero2_every" 'BEGIN {printf "%.2f", (a + b) / 2 / 1024}')
+awk -v a="$fsdp_every" -v b="$zero2_every" -v c="$fsdp_kept" 'BEGIN {exit !(a < b && b < c)}' \
+  || check "fsdp resharding ($fsdp_every MiB), zero2 ($zero2_every MiB) and fsdp keeping layers gathered ($fsdp_kept MiB) are not in that order"
 top=$("$strata" tune $base -n 4 --dry-run $big --set parallel.data=4 --set job.micro_batch=1 --memory-gb "$budget" | rows | head -1)
 grep -q "fsdp.reduce_every_micro_batch = true" <<<"$top" \
   || check "under --memory-gb $budget (fsdp reducing every micro-batch: $fsdp_every MiB, zero2: $zero2_every MiB) the top is not fsdp with it: $top"
