@@ -74,15 +74,19 @@ class TensorParallelPass final : public Pass {
   }
 
   // Each rank holds 1/t of the layers and the vocabulary and does 1/t of their FLOPs; activations
-  // shrink as Korthikanti et al. count them (all of them with sequence parallel, the attention's
-  // and MLP's inner ones without). Per layer and micro-batch, forward and backward move four
-  // [s, b, h] all-reduces (or all-gather/reduce-scatter pairs with sequence parallel: the same bytes).
+  // shrink by t with sequence parallel, and without it all but the two norms' inputs and outputs
+  // (4h per token, whole on every rank: core's count in tune/cost_model.cpp). This pass estimates
+  // before context parallel and precision rescale (ModelRewrite, ordered before context_parallel),
+  // so the activations are still fp32 over the whole sequence. Per layer and micro-batch, forward
+  // and backward move four [s, b, h] all-reduces (or all-gather/reduce-scatter pairs with sequence
+  // parallel: the same bytes).
   void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
-    const double t = static_cast<double>(c.tensor), h = static_cast<double>(c.model.hidden), a = static_cast<double>(c.model.heads);
+    const double t = static_cast<double>(c.tensor), h = static_cast<double>(c.model.hidden);
     c.weight_bytes /= t, c.gradient_bytes /= t, c.optimizer_bytes /= t, c.flops /= t, c.transient_bytes /= t;
     if (h <= 0) return;
     const double s = c.seq_per_rank;
-    c.activation_bytes *= config.get_bool("sequence_parallel") ? 1 / t : (10 + 24 / t + 5 * a * s / (h * t)) / (34 + 5 * a * s / h);
+    const double whole = std::min(c.activation_bytes, 4 * 4 * h * static_cast<double>(c.model.seq_len) * static_cast<double>(c.micro_batch) * c.layers_per_rank);
+    c.activation_bytes = config.get_bool("sequence_parallel") ? c.activation_bytes / t : whole + (c.activation_bytes - whole) / t;
     c.comm_bytes += c.layers_per_rank * static_cast<double>(c.micro_batches) * 4 * 2 * (t - 1) / t * s *
                     static_cast<double>(c.micro_batch) * h * c.activation_element_bytes;
     // Per layer: 2 all-reduces forward, 2 backward (sequence parallel: an all-gather and a

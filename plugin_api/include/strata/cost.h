@@ -5,7 +5,7 @@
 // itself, without a change to tune. Core fills in the figures of one process training the
 // data-parallel rank's share of the global batch on the whole model (weights and gradients at
 // 4 + 4 bytes per parameter, the optimizer's state as the optimizer holds it (AdamW 8),
-// activations by Korthikanti et al. 2022, 6 FLOPs per parameter and token plus attention), from
+// activations as Strata's blocks save them (tune/cost_model.cpp), 6 FLOPs per parameter and token plus attention), from
 // the model's shape (ModelFactory::shape). Then every enabled pass, in the order the passes
 // apply, rescales what it changes (Pass::estimate): tensor parallel divides the layers'
 // parameters and activations by its size and adds its all-reduces, zero and fsdp divide model
