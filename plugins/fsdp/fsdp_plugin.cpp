@@ -203,7 +203,7 @@ class Sharder {
   // expert's gradient depends on where tokens were routed) and reduce-scattered (the ignored
   // unit keeps whole, all-reduced gradients).
   void unit_backward_done(FlatUnit& unit, bool complete) {
-    const bool routed = std::any_of(routed_.begin(), routed_.end(), [&](const auto& u) { return u.get() == &unit; });
+    const bool routed = sharding::holds(routed_, unit);
     const bool share = !last_ && synchronised_ && options_.reduce_every_micro_batch && complete && unit.reduce_scatters() && !routed;
     if (last_ || share) {
       unit.start_reduce(/*final=*/last_), traffic_.reduce_bytes += unit.reduce_bytes();
@@ -216,8 +216,7 @@ class Sharder {
 
   // The root's units and the ending run's: gathered until the step's last backward.
   bool held(const FlatUnit& unit) const {
-    const auto is = [&](const auto& u) { return u.get() == &unit; };
-    return std::any_of(root_.begin(), root_.end(), is) || (ending_ && std::any_of(wrapped_[*ending_].begin(), wrapped_[*ending_].end(), is));
+    return sharding::holds(root_, unit) || (ending_ && sharding::holds(wrapped_[*ending_], unit));
   }
 
   std::vector<UnitSet> wrapped_;

@@ -61,7 +61,7 @@ void BucketReducer::begin_micro_batch(bool synchronised, bool last) {
 }
 
 bool BucketReducer::routed(const FlatUnit& unit) const {
-  return std::any_of(routed_.begin(), routed_.end(), [&](const auto& u) { return u.get() == &unit; });
+  return holds(routed_, unit);
 }
 
 // A share is reduced only where every data rank reduces it alike: a bucket complete in this

@@ -12,6 +12,10 @@
 
 namespace strata::sharding {
 
+bool holds(const Units& units, const FlatUnit& unit) {
+  return std::any_of(units.begin(), units.end(), [&](const auto& u) { return u.get() == &unit; });
+}
+
 namespace {
 
 std::map<std::string, Piece> pieces_by_name(const Units& units) {

@@ -14,6 +14,9 @@ namespace strata::sharding {
 
 using Units = std::vector<std::shared_ptr<FlatUnit>>;
 
+// Whether `unit` is one of `units` (by identity).
+bool holds(const Units& units, const FlatUnit& unit);
+
 // Whether a parameter (by name) is a piece of experts split by expert_parallel (placed over
 // Dim::Expert): replicated only over the data ranks that hold the same experts, so it is
 // broadcast, reduced and sharded over Topology::expert_data_group, not the data group. `model`
