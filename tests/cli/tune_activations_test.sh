@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tune_activations_test.sh STRATA DIR: the cost model's activations against what trials' tensors
-# held. For GPT, Llama, Mixtral (one process) and GPT under tensor 2 with and without sequence
-# parallel, a trial of 2 and one of 6 layers (d_model 256, 8 sequences of 256 tokens a micro-batch):
+# held. For GPT, Llama, Mixtral (one process), GPT under tensor 2 with and without sequence
+# parallel and under pipeline 2 with the zero-bubble schedule (8 micro-batches of one sequence),
+# a trial of 2 and one of 6 layers (d_model 256, 8 sequences of 256 tokens a micro-batch):
 # * the difference of their peaks of live tensor bytes (mem_device_peak_bytes, the counting CPU
 #   allocator's) is the difference of the predicted activations, model states and transient
 #   buffer (tune.jsonl's cost) within 3%; tensor 2 without sequence parallel within 8% (measured
@@ -10,7 +11,9 @@
 # * each peak is at least that prediction, the 6 layers' at most 10% above it (8 to 19 MB more
 #   here, the same at 2 and 6 layers: the data, the embedding's output, the loss's own buffers).
 # Before attention was counted as Strata runs it (fused, no [s, s] scores), the activations were
-# predicted 1.7x too high here, and more at longer sequences.
+# predicted 1.7x too high here, and more at longer sequences; before a micro-batch counted as held
+# until its deferred weight gradients ran, zero_bubble was predicted to hold 1F1B's 2 micro-batches
+# where it held up to 8.
 set -u
 strata=$1
 dir=$2
@@ -28,7 +31,7 @@ while IFS='|' read -r name ranks tolerance extra choices; do
   for layers in 2 6; do
     out="$dir/$name-$layers"
     # shellcheck disable=SC2086
-    if ! "$strata" tune tests/cli/parity.toml -n "$ranks" $extra $common --set model.n_layer=$layers --out "$out" > "$out.log" 2>&1; then
+    if ! "$strata" tune tests/cli/parity.toml -n "$ranks" $common $extra --set model.n_layer=$layers --out "$out" > "$out.log" 2>&1; then
       echo "tune_activations_test: $name, $layers layers: tune failed: $(tail -3 "$out.log")" >&2
       fail=1
       continue 2
@@ -52,5 +55,6 @@ llama|1|0.03|--set parallel.data=1 --top 1 $llama|"choices":\[\]
 mixtral|1|0.03|--set parallel.data=1 --top 1 $mixtral|"choices":\[\]
 gpt_tensor_2_sequence_parallel|2|0.03|--set parallel.data=1 --set parallel.tensor=2 --disable ddp --top 2|sequence_parallel = true
 gpt_tensor_2|2|0.08|--set parallel.data=1 --set parallel.tensor=2 --disable ddp --top 2|sequence_parallel = false
+gpt_pipeline_2_zero_bubble|2|0.03|--set parallel.data=1 --set parallel.pipeline=2 --disable ddp --set job.micro_batch=1 --top 4|zero_bubble
 EOF2
 exit $fail

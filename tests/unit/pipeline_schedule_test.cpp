@@ -57,6 +57,11 @@ TEST(PipelineSchedule, BubblesMatchTheTextbook) {
             (std::vector<int>{4, 3, 2, 1}));
   EXPECT_EQ(simulate(add_communication(schedule("gpipe").compute_order(shape), shape), shape).peak_in_flight,
             (std::vector<int>{8, 8, 8, 8}));
+  // Zero bubble holds a micro-batch until its deferred weight gradients have run (they keep the
+  // linears' inputs and output gradients): more than 1F1B where they wait for the step's end.
+  const std::vector<int> zero_bubble = simulate(add_communication(schedule("zero_bubble").compute_order(shape), shape), shape).peak_in_flight;
+  for (size_t r = 0; r < 4; ++r) EXPECT_GE(zero_bubble[r], static_cast<int>(4 - r)) << r;
+  EXPECT_GT(zero_bubble[3], 1);
   // Zero bubble fills 1F1B's bubble with weight gradients; interleaving shrinks it.
   const double one_f_one_b = simulate(add_communication(schedule("1f1b").compute_order(shape), shape), shape).idle_fraction;
   EXPECT_LT(simulate(add_communication(schedule("zero_bubble").compute_order(shape), shape), shape).idle_fraction, one_f_one_b);

@@ -83,7 +83,8 @@ struct Simulation {
   std::vector<std::vector<TimedAction>> timeline;
   double makespan = 0;
   // Idle time over ranks x makespan; and per rank the most micro-batches whose activations are
-  // held at once (forwarded, input gradient not yet computed).
+  // held at once (forwarded, backward not yet whole: a split backward's weight gradients keep
+  // their linears' inputs and output gradients until they run).
   double idle_fraction = 0;
   std::vector<int> peak_in_flight;
 };
