@@ -12,19 +12,20 @@ namespace {
 
 constexpr size_t kHeader = c10::gAlignment;  // keeps the data as aligned as the wrapped block
 
-CountingCpuAllocator* the_instance = nullptr;
+CountingCpuAllocator* the_instance = nullptr;  // what release() counts against; set once by install()
 
 }  // namespace
 
 CountingCpuAllocator& CountingCpuAllocator::install() {
-  static CountingCpuAllocator* instance = [] {
+  static const bool installed = [] {
     c10::Allocator* base = c10::GetCPUAllocator();
     if (base->raw_deleter() == nullptr) throw std::logic_error("the CPU allocator hands out no raw blocks to count");
     the_instance = new CountingCpuAllocator(base);  // lives as long as the process
     c10::SetCPUAllocator(the_instance, /*priority=*/100);
-    return the_instance;
+    return true;
   }();
-  return *instance;
+  (void)installed;
+  return *the_instance;
 }
 
 c10::DataPtr CountingCpuAllocator::allocate(size_t bytes) {

@@ -1,6 +1,7 @@
 // Core's part of the cost model (strata/cost.h): one process training the data-parallel rank's
 // share of the global batch on the whole model, in fp32. The passes rescale it.
 #include <algorithm>
+#include <cmath>
 
 #include <ATen/ATen.h>
 
