@@ -44,20 +44,53 @@ double optimizer_bytes_per_element(const ResolvedStrategy& plan) {
 // heads of 4) 16.05h, Llama with ffn 4h 19.05h, Mixtral (4 experts, top_k 2, ffn 3h) 31.1h,
 // where this counts 16h, 16h, 19h and 31h. GPT at seq 1024 x 2 kept the same bytes as at
 // 256 x 8: no [s, s] term.
+// A transformer layer's MLP as its parameters show it: GELU (2 h ffn), SwiGLU (3 h ffn), or, with
+// [model] top_k, a mixture of experts of SwiGLU experts, of which a token runs through top_k routed
+// and the shared ones. Models may route in only some layers: routed_share is the share that do.
+struct LayerMlp {
+  bool gelu = false;
+  double swiglus = 1;       // SwiGLU MLPs in a layer that does not route
+  double routed_share = 0;  // of the layers
+  double experts = 0, top_k = 0, shared = 0;  // a routing layer's routed experts, those a token runs through, shared ones
+};
+
+LayerMlp layer_mlp(const ModelShape& m, const Config& model_config) {
+  const double h = static_cast<double>(m.hidden), heads = static_cast<double>(std::max<int64_t>(1, m.heads));
+  const double kv = m.kv_heads > 0 ? static_cast<double>(m.kv_heads) : heads, ffn = m.ffn_hidden > 0 ? static_cast<double>(m.ffn_hidden) : 4 * h;
+  const double attention_parameters = 2 * h * h + 2 * h * h * kv / heads + 2 * h;
+  const double mlp_widths = std::max(0.0, static_cast<double>(m.layer_parameters) - attention_parameters) / (h * ffn);
+  LayerMlp mlp;
+  if (mlp_widths < 2.5) {
+    mlp.gelu = true;
+  } else if (mlp_widths < 3.5 || !model_config.has("top_k")) {
+    mlp.swiglus = std::max(1.0, std::round(mlp_widths / 3));
+  } else {
+    // The mean layer's experts against a routing layer's: the share of layers that route.
+    mlp.shared = model_config.has("shared_experts") ? static_cast<double>(model_config.get_int("shared_experts")) : 0;
+    mlp.experts = model_config.has("n_experts") ? static_cast<double>(model_config.get_int("n_experts")) : mlp_widths / 3;
+    const double all = mlp.experts + mlp.shared;
+    mlp.routed_share = all > 1 ? std::clamp((mlp_widths / 3 - 1) / (all - 1), 0.0, 1.0) : 1.0;
+    mlp.top_k = static_cast<double>(model_config.get_int("top_k"));
+  }
+  return mlp;
+}
+
 double layer_saved_values_per_token(const ModelShape& m, const Config& model_config) {
   const double h = static_cast<double>(m.hidden), heads = static_cast<double>(std::max<int64_t>(1, m.heads));
   const double kv = m.kv_heads > 0 ? static_cast<double>(m.kv_heads) : heads, ffn = m.ffn_hidden > 0 ? static_cast<double>(m.ffn_hidden) : 4 * h;
   const double attention = 4 * h + h * (1 + 2 * kv / heads) + h;
-  const double attention_parameters = 2 * h * h + 2 * h * h * kv / heads + 2 * h;
-  const double mlp_widths = std::max(0.0, static_cast<double>(m.layer_parameters) - attention_parameters) / (h * ffn);
-  if (mlp_widths < 2.5) return attention + 2 * ffn;
-  if (mlp_widths < 3.5 || !model_config.has("top_k")) return attention + 3 * ffn * std::max(1.0, std::round(mlp_widths / 3));
-  // The mean layer's experts against an MoE layer's: the share of layers that route.
-  const double shared = model_config.has("shared_experts") ? static_cast<double>(model_config.get_int("shared_experts")) : 0;
-  const double experts = model_config.has("n_experts") ? static_cast<double>(model_config.get_int("n_experts")) : mlp_widths / 3;
-  const double routed_share = experts + shared > 1 ? std::clamp((mlp_widths / 3 - 1) / (experts + shared - 1), 0.0, 1.0) : 1.0;
-  const double active = static_cast<double>(model_config.get_int("top_k")) + shared;
-  return attention + routed_share * active * (3 * ffn + 3 * h) + (1 - routed_share) * 3 * ffn;
+  const LayerMlp mlp = layer_mlp(m, model_config);
+  if (mlp.gelu) return attention + 2 * ffn;
+  return attention + mlp.routed_share * (mlp.top_k + mlp.shared) * (3 * ffn + 3 * h) + (1 - mlp.routed_share) * 3 * ffn * mlp.swiglus;
+}
+
+// The parameters a token computes with: all but a mixture of experts' unchosen routed experts
+// (each 3 h ffn), as the model's own training_flops_per_token counts for MFU.
+double active_parameters(const ModelShape& m, const Config& model_config) {
+  const LayerMlp mlp = layer_mlp(m, model_config);
+  const double ffn = m.ffn_hidden > 0 ? static_cast<double>(m.ffn_hidden) : 4 * static_cast<double>(m.hidden);
+  const double unchosen = std::max(0.0, mlp.experts - mlp.top_k);
+  return static_cast<double>(m.parameters) - static_cast<double>(m.layers) * mlp.routed_share * unchosen * 3 * static_cast<double>(m.hidden) * ffn;
 }
 
 }  // namespace
@@ -82,10 +115,10 @@ CostEstimate core_estimate(const ResolvedStrategy& plan) {
     c.activation_bytes = 4 * static_cast<double>(m.layers) * s * b * layer_saved_values_per_token(m, plan.model);
     // The logits and their gradient in fp32, alive together at the loss.
     c.transient_bytes = 2 * 4 * s * b * static_cast<double>(m.vocab);
-    // 6 FLOPs per parameter and token (forward 2, backward 4) plus the attention's scores and
+    // 6 FLOPs per parameter a token computes with (forward 2, backward 4) plus the attention's scores and
     // weighted sums, 12 L h s per token over forward and backward.
     const double tokens = b * static_cast<double>(c.micro_batches) * s;
-    c.flops = 6 * params * tokens + 12 * static_cast<double>(m.layers) * h * s * tokens;
+    c.flops = 6 * active_parameters(m, plan.model) * tokens + 12 * static_cast<double>(m.layers) * h * s * tokens;
   }
   return c;
 }
