@@ -62,6 +62,38 @@ class ExpertParallelPass final : public Pass {
            " bytes sent per rank to dispatch, as many to combine, and the same again in backward\n";
   }
 
+  // Each rank keeps 1/P of the routed experts' parameters and their states, where the
+  // data-parallel pass (estimated after this one) does not shard them anyway: it shards experts
+  // over the expert-data group (data / P ranks) but divides what it shards by data, so for what it
+  // shards the experts' share stays whole here: ddp none (weights, gradients and optimizer state
+  // 1/P), zero1 the optimizer state, zero2 also the gradients, fsdp all three. The routed experts
+  // are moe_layers x n_experts SwiGLUs of 3 d ffn; passes estimated before (pipeline, tensor)
+  // divided them as they divided the rest. Each MoE layer a rank runs sends, per micro-batch,
+  // its tokens' top_k rows to dispatch and to combine, forward and backward: 4 T k d bytes x
+  // (P-1)/P under uniform routing (the layer's moe_all_to_all_bytes, padded rows aside).
+  void estimate(const Config&, const PlanFacts& facts, CostEstimate& c) const override {
+    const double p = static_cast<double>(facts.mesh.expert);
+    if (p <= 1 || c.model.parameters <= 0 || !facts.model.has("n_experts")) return;
+    const double d = static_cast<double>(c.model.hidden), ffn = static_cast<double>(c.model.ffn_hidden);
+    const double moe_layers = static_cast<double>(facts.model.get_int("n_layer") / std::max<int64_t>(1, facts.model.get_int("moe_every")));
+    const double experts = static_cast<double>(facts.model.get_int("n_experts"));
+    const double expert_share = std::min(1.0, moe_layers * experts * 3 * d * ffn / static_cast<double>(c.model.parameters));
+    const double keep = 1 - expert_share * (1 - 1 / p);
+    const auto enabled = [&facts](const char* name) {
+      return std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), name) != facts.enabled_passes.end();
+    };
+    const bool fsdp = enabled("fsdp"), zero2 = enabled("zero2") || fsdp, zero1 = enabled("zero1") || zero2;
+    if (!fsdp) c.weight_bytes *= keep;
+    if (!zero2) c.gradient_bytes *= keep;
+    if (!zero1) c.optimizer_bytes *= keep;
+    const double moe_layers_per_rank = c.layers_per_rank * moe_layers / static_cast<double>(std::max<int64_t>(1, c.model.layers));
+    const double tokens = static_cast<double>(c.micro_batch) * c.seq_per_rank;
+    const double rows = tokens * static_cast<double>(facts.model.get_int("top_k")) * d * c.activation_element_bytes;
+    c.comm_bytes += static_cast<double>(c.micro_batches) * moe_layers_per_rank * 4 * rows * (p - 1) / p;
+    // Per MoE layer and micro-batch: the row counts, dispatch and combine, and both again in backward.
+    c.messages += static_cast<double>(c.micro_batches) * moe_layers_per_rank * 5;
+  }
+
   void apply(Job& job, const Config&) const override {
     Communicator& group = job.topology->group(Dim::Expert);
     int64_t layers = 0;

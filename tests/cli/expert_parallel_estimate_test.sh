@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# expert_parallel_estimate_test.sh STRATA DIR: tune's estimate of expert parallel against its
+# trials. Mixtral (examples/strategies/mixtral.toml: 4 MoE layers of 8 experts, top_k 2) at data
+# 2 x expert 2 under ddp, zero1, zero2 and fsdp:
+# * the model states a rank holds (mem_params_bytes + mem_grads_bytes + mem_optimizer_bytes)
+#   within 1% of the predicted model_state_bytes: each rank keeps half the experts, and the
+#   data-parallel pass shards the rest as it shards them (measured: exact to 0.02%; before expert
+#   parallel had an estimate, every rank was predicted to hold every expert);
+# * under fsdp, the bytes a rank sends in a step (fsdp_gather_bytes + fsdp_reduce_bytes +
+#   moe_all_to_all_bytes, every collective it runs) within 5% of the predicted comm_bytes.
+set -euo pipefail
+strata=$1 dir=$2
+rm -rf "$dir" && mkdir -p "$dir"
+strategy=$dir/mixtral.toml
+{ cat examples/strategies/mixtral.toml
+  printf '\n[[pass]]\nname = "%s"\nenabled = false\n' zero1 zero2 fsdp; } > "$strategy"
+field() { grep -o "\"$1\":[0-9.e+-]*" | cut -d: -f2 | tail -1; }
+fail=0
+for pass in ddp zero1 zero2 fsdp; do
+  select=()
+  [[ $pass == ddp ]] || select=(--disable ddp --set "pass.$pass.enabled=true")
+  out=$dir/$pass
+  XDG_CACHE_HOME=$dir/cache-$pass "$strata" tune "$strategy" -n 2 --set parallel.data=2 --set parallel.tensor=1 --set parallel.pipeline=1 \
+    --set parallel.context=1 "${select[@]}" --set job.steps=4 --top 1 --rounds 1 --out "$out" > "$out.log" 2>&1 ||
+    { echo "$pass: tune failed: $(tail -3 "$out.log")"; exit 1; }
+  row=$(grep '"trial_wall_s"' "$out/tune.jsonl" | head -1)
+  rank=$(field predicted_rank <<<"$row")
+  last=$(tail -1 "$out/candidate-$rank/metrics.jsonl")
+  predicted=$(field model_state_bytes <<<"$row")
+  measured=$(awk -v p="$(field mem_params_bytes <<<"$last")" -v g="$(field mem_grads_bytes <<<"$last")" \
+    -v o="$(field mem_optimizer_bytes <<<"$last")" 'BEGIN {printf "%.0f", p + g + o}')
+  awk -v pass="$pass" -v p="$predicted" -v m="$measured" 'BEGIN {
+    printf "%s: model states predicted %.0f bytes a rank, held %.0f (%+.2f%%)\n", pass, p, m, 100 * (p - m) / m
+    exit !(p < 1.01 * m && p > 0.99 * m) }' || { echo "$pass: the predicted model states are not the held ones"; fail=1; }
+  if [[ $pass == fsdp ]]; then
+    sent=$(awk -v g="$(field fsdp_gather_bytes <<<"$last")" -v r="$(field fsdp_reduce_bytes <<<"$last")" \
+      -v a="$(field moe_all_to_all_bytes <<<"$last")" 'BEGIN {printf "%.0f", g + r + a}')
+    awk -v p="$(field comm_bytes <<<"$row")" -v m="$sent" 'BEGIN {
+      printf "fsdp: bytes sent a step predicted %.0f, sent %.0f (%+.1f%%)\n", p, m, 100 * (p - m) / m
+      exit !(p < 1.05 * m && p > 0.95 * m) }' || { echo "fsdp: the predicted bytes sent are not the measured ones"; fail=1; }
+  fi
+done
+exit $fail
