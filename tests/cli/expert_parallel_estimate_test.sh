@@ -7,13 +7,24 @@
 #   data-parallel pass shards the rest as it shards them (measured: exact to 0.02%; before expert
 #   parallel had an estimate, every rank was predicted to hold every expert);
 # * under fsdp, the bytes a rank sends in a step (fsdp_gather_bytes + fsdp_reduce_bytes +
-#   moe_all_to_all_bytes, every collective it runs) within 5% of the predicted comm_bytes.
+#   moe_all_to_all_bytes, every collective it runs) within 5% of the predicted comm_bytes;
+# * with the expert size left unset, tune searches it: at 2 ranks, data 2 with and without
+#   expert 2 among the candidates (and no expert size for a model without experts).
 set -euo pipefail
 strata=$1 dir=$2
 rm -rf "$dir" && mkdir -p "$dir"
 strategy=$dir/mixtral.toml
 { cat examples/strategies/mixtral.toml
   printf '\n[[pass]]\nname = "%s"\nenabled = false\n' zero1 zero2 fsdp; } > "$strategy"
+unsized=$dir/mixtral_unsized.toml
+grep -v '^expert = 2$' "$strategy" > "$unsized"
+XDG_CACHE_HOME=$dir/cache-search "$strata" tune "$unsized" -n 2 --dry-run --top 100 > "$dir/search.txt" 2>&1 || { cat "$dir/search.txt"; exit 1; }
+grep -qE '^ +[0-9]+ .* data 2 \(ddp\) x expert 2 \(expert_parallel\) ' "$dir/search.txt" &&
+  grep -qE '^ +[0-9]+ .* data 2 \(ddp\) +- *$' "$dir/search.txt" ||
+  { echo "tune did not search the expert size:"; cat "$dir/search.txt"; exit 1; }
+XDG_CACHE_HOME=$dir/cache-search "$strata" tune tests/cli/parity.toml -n 2 --dry-run --top 100 > "$dir/dense.txt" 2>&1 || { cat "$dir/dense.txt"; exit 1; }
+if grep -q "expert" "$dir/dense.txt"; then echo "tune searched an expert size for a model without experts:"; cat "$dir/dense.txt"; exit 1; fi
+echo "tune searches the expert size for Mixtral, not for GPT"
 field() { grep -o "\"$1\":[0-9.e+-]*" | cut -d: -f2 | tail -1; }
 fail=0
 for pass in ddp zero1 zero2 fsdp; do

@@ -15,7 +15,10 @@ namespace strata {
 
 namespace {
 
-constexpr Dim kDims[] = {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context};
+// The mesh a candidate sizes: the four dimensions whose product is the world size, then expert,
+// a factor of data (experts split over groups of data ranks).
+constexpr Dim kDims[] = {Dim::Data, Dim::Tensor, Dim::Pipeline, Dim::Context, Dim::Expert};
+constexpr size_t kWorldDims = 4, kExpert = 4;
 
 std::string section_pass_name(const RawSection& section) {
   const RawEntry* name = section.find("name");
@@ -81,8 +84,9 @@ std::string effective_strategy(const CheckedPlan& checked, const CostEstimate& c
 // when the plan failed) and the pass serving each.
 void name_layout(TuneCandidate& c, const std::vector<int64_t>& tried) {
   const ParallelLayout& l = c.checked.plan.layout;
-  for (size_t i = 0; i < 4; ++i) {
-    const int64_t size = c.rejected.empty() ? (i == 0 ? l.mesh.data : i == 1 ? l.mesh.tensor : i == 2 ? l.mesh.pipeline : l.mesh.context) : tried[i];
+  for (size_t i = 0; i < std::size(kDims); ++i) {
+    const int64_t planned[] = {l.mesh.data, l.mesh.tensor, l.mesh.pipeline, l.mesh.context, l.mesh.expert};
+    const int64_t size = c.rejected.empty() ? planned[i] : tried[i];
     if (size <= 1) continue;
     std::string server;
     for (const auto& entry : c.checked.plan.passes)
@@ -112,31 +116,54 @@ void factorisations(int64_t n, size_t dim, std::vector<int64_t>& sizes, const st
   sizes[dim] = 1;
 }
 
-// The meshes to try: every factorisation of `world_size` over the dimensions some pass claims; a
+// The routed experts of the strategy's model per MoE layer: [model] n_experts as stated, else the
+// model's default; 0 for a model without experts.
+int64_t model_experts(const RawStrategy& base, const ComponentRegistry& registry) {
+  if (const RawEntry* e = base.model.find("n_experts"); e && std::holds_alternative<int64_t>(e->value)) return std::get<int64_t>(e->value);
+  const RawEntry* name = base.job.find("model");
+  const KeySpec* job_model = job_schema().find("model");
+  const Value model = name ? name->value : job_model && job_model->default_value ? *job_model->default_value : Value{std::string()};
+  if (!std::holds_alternative<std::string>(model)) return 0;
+  const Component* factory = registry.find(ComponentKind::Model, std::get<std::string>(model));
+  const KeySpec* spec = factory ? factory->info().schema.find("n_experts") : nullptr;
+  return spec && spec->default_value && std::holds_alternative<int64_t>(*spec->default_value) ? std::get<int64_t>(*spec->default_value) : 0;
+}
+
+// The meshes to try: every factorisation of `world_size` over the dimensions some pass claims,
+// and for a model with experts every expert size that divides both data and its experts; a
 // dimension the strategy sizes stays that size and one no pass can serve stays 1 (`free` says
 // which dimensions tune sizes). With none, the strategy's own sizes: its plan says why they fail.
 std::vector<std::vector<int64_t>> candidate_meshes(const RawStrategy& base, const std::map<Dim, std::vector<const Pass*>>& claimants,
-                                                   int64_t world_size, std::vector<bool>& free) {
-  std::vector<int64_t> sizes(4, 1);
-  free.assign(4, true);
-  for (size_t i = 0; i < 4; ++i) {
+                                                   int64_t world_size, int64_t experts, std::vector<bool>& free) {
+  std::vector<int64_t> sizes(std::size(kDims), 1);
+  free.assign(std::size(kDims), true);
+  for (size_t i = 0; i < std::size(kDims); ++i) {
     const RawEntry* e = base.parallel.find(dim_name(kDims[i]));
     if (e && std::holds_alternative<int64_t>(e->value)) sizes[i] = std::get<int64_t>(e->value), free[i] = false;
     if (!claimants.count(kDims[i])) free[i] = false;
   }
+  if (experts < 2) free[kExpert] = false;
   std::vector<std::vector<int64_t>> meshes;
   int64_t fixed_product = 1;
-  for (size_t i = 0; i < 4; ++i)
+  for (size_t i = 0; i < kWorldDims; ++i)
     if (!free[i]) fixed_product *= sizes[i];
   if (fixed_product > 0 && world_size % fixed_product == 0) {
     std::vector<int64_t> start = sizes;
-    factorisations(world_size, 0, start, free, meshes);
-  }
-  // Experts split over groups of data ranks: a data size the strategy's expert size does not
-  // divide cannot plan.
-  if (const RawEntry* e = base.parallel.find("expert"); e && std::holds_alternative<int64_t>(e->value) && std::get<int64_t>(e->value) > 1) {
-    const int64_t experts = std::get<int64_t>(e->value);
-    std::erase_if(meshes, [experts](const std::vector<int64_t>& mesh) { return mesh[0] % experts != 0; });
+    std::vector<bool> world_free(free.begin(), free.begin() + kWorldDims);
+    start.resize(kWorldDims);
+    std::vector<std::vector<int64_t>> world_meshes;
+    factorisations(world_size, 0, start, world_free, world_meshes);
+    for (std::vector<int64_t>& mesh : world_meshes) {
+      mesh.push_back(sizes[kExpert]);
+      if (!free[kExpert]) {
+        // Experts split over groups of data ranks: a data size the strategy's expert size does
+        // not divide cannot plan.
+        if (mesh[0] % sizes[kExpert] == 0) meshes.push_back(mesh);
+        continue;
+      }
+      for (int64_t e = 1; e <= mesh[0]; ++e)
+        if (mesh[0] % e == 0 && experts % e == 0) meshes.push_back(mesh), meshes.back()[kExpert] = e;
+    }
   }
   if (meshes.empty()) meshes.push_back(sizes);
   return meshes;
@@ -165,7 +192,7 @@ TuneCandidate make_candidate(const RawStrategy& base, const std::vector<int64_t>
                              const std::vector<const Pass*>& added, const std::vector<Axis>& axes, const std::vector<size_t>& value) {
   TuneCandidate c;
   c.raw = base;
-  for (size_t i = 0; i < 4; ++i)
+  for (size_t i = 0; i < std::size(kDims); ++i)
     if (free[i]) {
       c.raw.parallel.set(dim_name(kDims[i]), tune_entry(mesh[i]));
       if (mesh[i] > 1) c.choices.push_back(std::string("parallel.") + dim_name(kDims[i]) + " = " + std::to_string(mesh[i]));
@@ -199,8 +226,11 @@ bool open_to_finetune(RawStrategy& raw, const ComponentRegistry& registry, int64
   OperatorTable::global().install(registry);
   if (!check_plan(raw, registry, ranks, checked, diagnostics)) return false;
   const ParallelLayout& l = checked.plan.layout;
-  const std::pair<const char*, int64_t> sizes[] = {{"data", l.mesh.data}, {"tensor", l.mesh.tensor}, {"pipeline", l.mesh.pipeline}, {"context", l.mesh.context}};
-  for (const auto& [dim, size] : sizes) raw.parallel.set(dim, RawEntry{Value{size}, SourcePos{"strata tune --finetune", 0, 0}, Origin::CommandLine});
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"data", l.mesh.data}, {"tensor", l.mesh.tensor}, {"pipeline", l.mesh.pipeline}, {"context", l.mesh.context}, {"expert", l.mesh.expert}};
+  for (const auto& [dim, size] : sizes)
+    if (std::string(dim) != "expert" || model_experts(raw, registry) > 1)
+      raw.parallel.set(dim, RawEntry{Value{size}, SourcePos{"strata tune --finetune", 0, 0}, Origin::CommandLine});
   auto open = [](RawSection& section, const Schema& schema) {
     std::erase_if(section.entries, [&](const auto& entry) {
       const KeySpec* spec = schema.find(entry.first);
@@ -242,14 +272,14 @@ TuneSpace generate_candidates(const RawStrategy& base, const ComponentRegistry& 
     if (pass->claims().dims.empty() && pass->tune_use() == TuneUse::Try && !named.count(pass->name())) optional.push_back(pass);
   }
   std::vector<bool> free;  // the dimensions tune sizes
-  const std::vector<std::vector<int64_t>> meshes = candidate_meshes(base, claimants, world_size, free);
+  const std::vector<std::vector<int64_t>> meshes = candidate_meshes(base, claimants, world_size, model_experts(base, registry), free);
 
   TuneSpace space;
   std::set<std::string> seen;  // effective strategies of the candidates that planned
   for (const auto& mesh : meshes) {
     // Which pass serves each dimension above one that no named pass serves yet.
     std::vector<std::vector<const Pass*>> dim_choices;
-    for (size_t i = 0; i < 4; ++i) {
+    for (size_t i = 0; i < std::size(kDims); ++i) {
       bool served = false;
       for (const Pass* p : claimants[kDims[i]])
         if (named.count(p->name()) && section_enabled(*named[p->name()])) served = true;
