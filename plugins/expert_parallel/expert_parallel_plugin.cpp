@@ -33,6 +33,14 @@
 namespace strata::expert_parallel {
 namespace {
 
+// Bytes one rank sends to dispatch its tokens' rows in one MoE layer and micro-batch (as many again
+// to combine, and both again in backward), under uniform routing: T tokens, each to top_k experts,
+// rows of d_model elements, (P-1)/P of them to other ranks.
+double dispatch_bytes(double tokens, const Config& model, int64_t expert_ranks, double element_bytes) {
+  const double p = static_cast<double>(expert_ranks);
+  return tokens * static_cast<double>(model.get_int("top_k") * model.get_int("d_model")) * element_bytes * (p - 1) / p;
+}
+
 class ExpertParallelPass final : public Pass {
  public:
   ExpertParallelPass()
@@ -53,8 +61,7 @@ class ExpertParallelPass final : public Pass {
   std::string describe_plan(const Config&, const PlanFacts& facts) const override {
     const int64_t p = facts.mesh.expert, experts = facts.model.get_int("n_experts");
     const double tokens = static_cast<double>(facts.job.get_int("global_batch") / std::max<int64_t>(1, facts.mesh.data) / facts.mesh.micro_batches * facts.model.get_int("seq_len"));
-    const double bytes = tokens * static_cast<double>(facts.model.get_int("top_k") * facts.model.get_int("d_model")) * 4.0 *
-                         static_cast<double>(p - 1) / static_cast<double>(p);
+    const double bytes = dispatch_bytes(tokens, facts.model, p, 4.0);
     char line[200];
     std::snprintf(line, sizeof line, "%.0f", bytes);
     return "experts: " + std::to_string(experts / p) + " of " + std::to_string(experts) + " per rank in each MoE layer (expert groups of " +
@@ -69,8 +76,9 @@ class ExpertParallelPass final : public Pass {
   // 1/P), zero1 the optimizer state, zero2 also the gradients, fsdp all three. The routed experts
   // are moe_layers x n_experts SwiGLUs of 3 d ffn; passes estimated before (pipeline, tensor)
   // divided them as they divided the rest. Each MoE layer a rank runs sends, per micro-batch,
-  // its tokens' top_k rows to dispatch and to combine, forward and backward: 4 T k d bytes x
-  // (P-1)/P under uniform routing (the layer's moe_all_to_all_bytes, padded rows aside).
+  // dispatch_bytes to dispatch, as many to combine, and both again in backward. (The
+  // data-parallel passes still count the experts' reductions and gathers over all data ranks:
+  // docs/tune.md, known gaps.)
   void estimate(const Config&, const PlanFacts& facts, CostEstimate& c) const override {
     const double p = static_cast<double>(facts.mesh.expert);
     if (p <= 1 || c.model.parameters <= 0 || !facts.model.has("n_experts")) return;
@@ -88,8 +96,8 @@ class ExpertParallelPass final : public Pass {
     if (!zero1) c.optimizer_bytes *= keep;
     const double moe_layers_per_rank = c.layers_per_rank * moe_layers / static_cast<double>(std::max<int64_t>(1, c.model.layers));
     const double tokens = static_cast<double>(c.micro_batch) * c.seq_per_rank;
-    const double rows = tokens * static_cast<double>(facts.model.get_int("top_k")) * d * c.activation_element_bytes;
-    c.comm_bytes += static_cast<double>(c.micro_batches) * moe_layers_per_rank * 4 * rows * (p - 1) / p;
+    c.comm_bytes += static_cast<double>(c.micro_batches) * moe_layers_per_rank * 4 *
+                    dispatch_bytes(tokens, facts.model, facts.mesh.expert, c.activation_element_bytes);
     // Per MoE layer and micro-batch: the row counts, dispatch and combine, and both again in backward.
     c.messages += static_cast<double>(c.micro_batches) * moe_layers_per_rank * 5;
   }
