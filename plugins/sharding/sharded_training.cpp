@@ -30,18 +30,18 @@ std::map<std::string, Piece> pieces_by_name(const Units& units) {
 // cannot gate); the units gather after it either way, unchanged pieces where it was skipped.
 class ShardedOptimizer final : public Optimizer, public GatedOptimizer {
  public:
-  ShardedOptimizer(std::unique_ptr<Optimizer> inner, std::map<std::string, Piece> pieces, Units units)
-      : inner_(std::move(inner)), pieces_(std::move(pieces)), units_(std::move(units)) {}
+  ShardedOptimizer(std::unique_ptr<Optimizer> inner, std::map<std::string, Piece> pieces, Units units, std::shared_ptr<int64_t> gathered)
+      : inner_(std::move(inner)), pieces_(std::move(pieces)), units_(std::move(units)), gathered_(std::move(gathered)) {}
 
   void step(double lr) override {
     inner_->step(lr);
-    refresh_all(units_);
+    *gathered_ += refresh_all(units_);
   }
 
   void step_unless(double lr, const at::Tensor& skip) override {
     if (auto* gated = dynamic_cast<GatedOptimizer*>(inner_.get())) {
       gated->step_unless(lr, skip);
-      refresh_all(units_);
+      *gathered_ += refresh_all(units_);
     } else if (read_on_host({skip})[0] == 0) {
       step(lr);
     }
@@ -61,6 +61,7 @@ class ShardedOptimizer final : public Optimizer, public GatedOptimizer {
   std::unique_ptr<Optimizer> inner_;
   std::map<std::string, Piece> pieces_;
   Units units_;
+  std::shared_ptr<int64_t> gathered_;
 };
 
 // The model as this rank holds it: its pieces of every parameter.
@@ -143,14 +144,16 @@ void check_unused_parameters(const std::string& pass, bool ignore, const Units& 
                   "; set unused_parameters = \"ignore\" if that is expected");
 }
 
-void refresh_all(const Units& units) {
+int64_t refresh_all(const Units& units) {
   std::vector<WorkPtr> works;
+  int64_t bytes = 0;
   for (const auto& unit : units)
-    if (auto work = unit->start_refresh()) works.push_back(std::move(work));
+    if (auto work = unit->start_refresh()) works.push_back(std::move(work)), bytes += unit->gather_bytes();
   for (auto& work : works) work->wait();
+  return bytes;
 }
 
-void shard_training_state(Job& job, const Units& units) {
+std::shared_ptr<int64_t> shard_training_state(Job& job, const Units& units) {
   const Placements parameter_placements = nn::parameter_placements(*job.model);
   for (const auto& unit : units) unit->nest_pieces_in(parameter_placements);
   const std::map<std::string, Piece> pieces = pieces_by_name(units);
@@ -158,7 +161,8 @@ void shard_training_state(Job& job, const Units& units) {
     if (p.value().requires_grad() && !pieces.count(p.key()))
       throw std::logic_error("sharding: parameter '" + p.key() + "' is in no unit");
 
-  job.make_optimizer = [base = job.make_optimizer, pieces, units](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
+  auto gathered = std::make_shared<int64_t>(0);
+  job.make_optimizer = [base = job.make_optimizer, pieces, units, gathered](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
     std::vector<ParamGroup> local;
     for (const auto& group : groups) {
       ParamGroup mine{{}, {}, group.weight_decay};
@@ -172,7 +176,7 @@ void shard_training_state(Job& job, const Units& units) {
       }
       local.push_back(std::move(mine));
     }
-    return std::make_unique<ShardedOptimizer>(base(std::move(local)), pieces, units);
+    return std::make_unique<ShardedOptimizer>(base(std::move(local)), pieces, units, gathered);
   };
   job.replace_state("model", std::make_shared<ShardedModelState>(units));
   // This rank's pieces, placed as their parameters' pieces; stages hold disjoint parameters.
@@ -183,6 +187,7 @@ void shard_training_state(Job& job, const Units& units) {
         if (piece.grad.defined()) grads.push_back({piece.grad, nest(piece.placement, 0, {Dim::Pipeline})});
     return grads;
   };
+  return gathered;
 }
 
 void on_gradient_accumulated(const Units& units, std::function<void(size_t unit, size_t param)> ready) {

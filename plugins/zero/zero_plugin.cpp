@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include <ATen/ATen.h>
 
@@ -89,7 +90,11 @@ class ZeroPass final : public Pass {
       c.metrics.emplace_back("zero_reduce_bytes", static_cast<double>(reducer->take_reduce_bytes()));
     });
     const auto own_gradients = job.local_gradients;  // core's: every parameter's
-    sharding::shard_training_state(job, units);
+    const std::shared_ptr<int64_t> gathered = sharding::shard_training_state(job, units);
+    // The updated chunks' all-gather runs in the optimizer step, after sync_gradients reported.
+    job.add_hook(HookPoint::AfterStep, [gathered](StepContext& c) {
+      c.metrics.emplace_back("zero_gather_bytes", static_cast<double>(std::exchange(*gathered, 0)));
+    });
     job.local_gradients = [own_gradients, pieces = job.local_gradients, synchronised] { return *synchronised ? pieces() : own_gradients(); };
   }
 
