@@ -9,7 +9,9 @@ Model: byte-level GPT on data/kjv.txt (one document per window), d_model 256, 8 
 thread per rank, no evaluation or checkpoints. Figures are Strata's per-step metrics
 (metrics.jsonl, written by rank 0): cp_all_to_all_bytes and cp_ring_bytes (what rank 0 sent:
 every all-to-all's whole input, every key/value block and gradient block of the ring),
-step_ms, mem_peak_bytes (the largest peak RSS of any rank); medians over steps 2..steps. On a
+step_ms, mem_peak_bytes (the largest peak RSS of any rank), mem_device_peak_bytes (rank 0's
+peak of live tensor bytes, the counting allocator's); medians over steps 2..steps. The ring
+runs both ways ([[pass]] context_parallel ring_recompute false and true). On a
 machine with fewer cores than ranks the ranks share cores: step times compare layouts on this
 machine, not the method's speed on one core per rank.
 """
@@ -31,7 +33,7 @@ def run(strata, steps, n, seq, extra=()):
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))][1:]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in rows)
-    return {k: med(k) for k in ("cp_all_to_all_bytes", "cp_ring_bytes", "step_ms", "mem_peak_bytes")}
+    return {k: med(k) for k in ("cp_all_to_all_bytes", "cp_ring_bytes", "step_ms", "mem_peak_bytes", "mem_device_peak_bytes")}
 
 
 def visible_pairs(seq, c, rank, zigzag):
@@ -60,16 +62,20 @@ def main():
     lines += ["## 1. Bytes rank 0 sends per step (seq_len 1024)", "",
               "Ulysses: 4 all-to-alls per layer forward (q, k, v, output), 4 backward, each of the rank's B x T/c x h "
               "activation: m x L x 8 x B x (T/c) x h x 4 bytes. Ring: c - 1 key/value blocks per layer forward and as many "
-              "gradient blocks backward, each 2 x B x (T/c) x h: m x L x 2 (c-1) x 2 x B x (T/c) x h x 4 bytes. "
+              "gradient blocks backward, each 2 x B x (T/c) x h: m x L x 2 (c-1) x 2 x B x (T/c) x h x 4 bytes; with "
+              "ring_recompute the blocks travel again in backward: 3 (c-1) instead of 2 (c-1). "
               "(A rank keeps (1/c) of each all-to-all; the counter counts the whole input, as the formula does.)", "",
               "| method | c | measured all-to-all | measured ring | formula | measured / formula |", "|---|---|---|---|---|---|"]
-    for method in ["ulysses", "ring"]:
+    for method in ["ulysses", "ring", "ring_recompute"]:
         for c in [2, 4]:
-            r = run(a.strata, a.steps, c, seq, ("--set", f"pass.context_parallel.method={method}"))
+            extra = ("--set", "pass.context_parallel.method=ring", "--set", "pass.context_parallel.ring_recompute=true") \
+                if method == "ring_recompute" else ("--set", f"pass.context_parallel.method={method}")
+            r = run(a.strata, a.steps, c, seq, extra)
             if method == "ulysses":
                 formula, measured = m * layers * 8 * (seq // c) * h * 4, r["cp_all_to_all_bytes"]
             else:
-                formula, measured = m * layers * 2 * (c - 1) * 2 * (seq // c) * h * 4, r["cp_ring_bytes"]
+                blocks = 3 if method == "ring_recompute" else 2
+                formula, measured = m * layers * blocks * (c - 1) * 2 * (seq // c) * h * 4, r["cp_ring_bytes"]
             lines.append(f"| {method} | {c} | {r['cp_all_to_all_bytes'] / 2**20:.2f} MiB | {r['cp_ring_bytes'] / 2**20:.2f} MiB | "
                          f"{formula / 2**20:.2f} MiB | {measured / formula:.3f} |")
             print(lines[-1], flush=True)
@@ -95,18 +101,26 @@ def main():
     lines += ["", "## 3. Step time against one process (seq_len 2048)", "", "| layout | step ms | ratio to one process |", "|---|---|---|"]
     one = run(a.strata, a.steps, 1, 2048)
     lines.append(f"| one process | {one['step_ms']:.0f} | 1.00 |")
-    for method, c in [("ulysses", 2), ("ring", 2), ("ulysses", 4), ("ring", 4), ("2d", 4)]:
-        r = run(a.strata, a.steps, c, 2048, ("--set", f"pass.context_parallel.method={method}"))
-        lines.append(f"| {method}, c = {c} | {r['step_ms']:.0f} | {r['step_ms'] / one['step_ms']:.2f} |")
+    recompute = ("--set", "pass.context_parallel.ring_recompute=true")
+    for label, method, c, extra in [("ulysses", "ulysses", 2, ()), ("ring", "ring", 2, ()), ("ring, ring_recompute", "ring", 2, recompute),
+                                    ("ulysses", "ulysses", 4, ()), ("ring", "ring", 4, ()), ("ring, ring_recompute", "ring", 4, recompute),
+                                    ("2d", "2d", 4, ())]:
+        r = run(a.strata, a.steps, c, 2048, ("--set", f"pass.context_parallel.method={method}", *extra))
+        lines.append(f"| {label}, c = {c} | {r['step_ms']:.0f} | {r['step_ms'] / one['step_ms']:.2f} |")
         print(lines[-1], flush=True)
 
     # 4. A long sequence: peak memory per rank.
     seq_l = 16384
-    lines += ["", f"## 4. Peak memory per rank at seq_len {seq_l} (largest peak RSS of any rank)", "",
-              "| layout | peak MiB |", "|---|---|"]
-    for label, c, extra in [("one process", 1, ()), ("ulysses, c = 4", 4, ("--set", "pass.context_parallel.method=ulysses"))]:
+    lines += ["", f"## 4. Peak memory per rank at seq_len {seq_l}", "",
+              "Peak RSS: the largest of any rank; live tensors: rank 0's peak of live tensor bytes. The ring without "
+              "ring_recompute keeps every key/value block seen and every partial result: the estimate counts "
+              "(2 (c-1) h + 4 h) values per own token and layer for them.", "",
+              "| layout | peak RSS MiB | peak live tensors MiB |", "|---|---|---|"]
+    ring = ("--set", "pass.context_parallel.method=ring")
+    for label, c, extra in [("one process", 1, ()), ("ulysses, c = 4", 4, ("--set", "pass.context_parallel.method=ulysses")),
+                            ("ring, c = 4", 4, ring), ("ring, c = 4, ring_recompute", 4, (*ring, *recompute))]:
         r = run(a.strata, 2, c, seq_l, extra)
-        lines.append(f"| {label} | {r['mem_peak_bytes'] / 2**20:.0f} |")
+        lines.append(f"| {label} | {r['mem_peak_bytes'] / 2**20:.0f} | {r['mem_device_peak_bytes'] / 2**20:.1f} |")
         print(lines[-1], flush=True)
     open(a.out, "w").write("\n".join(lines) + "\n")
 

@@ -1,8 +1,13 @@
 #include "context_attention.h"
 
+#include <limits>
+#include <optional>
+
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "../common/autocast_state.h"
 #include "strata/dist.h"
 #include "strata/errors.h"
 #include "strata/nn.h"
@@ -32,7 +37,7 @@ Rotation start_rotation(const at::Tensor& block, Communicator& ring, std::atomic
 }
 
 // The block received in a rotation, as a function of the block sent: its gradient is the
-// gradient of the received block, sent back to where it came from.
+// gradient of the received block, sent back to where it came from (ring_keeping_blocks).
 struct ReceivedBlock : torch::autograd::Function<ReceivedBlock> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& sent, int64_t rotation, int64_t ring, int64_t bytes) {
     ctx->saved_data["ring"] = ring;
@@ -53,6 +58,17 @@ struct ReceivedBlock : torch::autograd::Function<ReceivedBlock> {
   }
 };
 
+// Sends this rank's accumulated gradient of a block on to the next ring rank while the previous
+// rank's arrives.
+Rotation start_gradient_rotation(const at::Tensor& gradient, Communicator& ring, std::atomic<int64_t>& bytes) {
+  const int n = ring.size(), next = (ring.rank() + 1) % n, previous = (ring.rank() + n - 1) % n;
+  Rotation r{gradient.contiguous(), {}, {}};
+  r.received = at::empty_like(r.sent);
+  r.work = ring.batch_p2p({{P2POp::Kind::Send, r.sent, next, kGradientTag}, {P2POp::Kind::Recv, r.received, previous, kGradientTag}});
+  bytes += static_cast<int64_t>(r.sent.nbytes());
+  return r;
+}
+
 // Two partial attentions of the same queries over disjoint keys, merged by their log-sum-exp.
 // The running output stays in fp32 (a.out) so half precision rounds once, at the end.
 ops::AttentionResult merge(const ops::AttentionResult& a, const ops::AttentionResult& b) {
@@ -60,13 +76,51 @@ ops::AttentionResult merge(const ops::AttentionResult& a, const ops::AttentionRe
   return {a.out * at::exp(a.lse - lse).unsqueeze(-1) + b.out.to(a.out.scalar_type()) * at::exp(b.lse - lse).unsqueeze(-1), lse};
 }
 
+// Adds a partial attention to the running result of its query chunk (none yet: it becomes it).
+void merge_into(ops::AttentionResult& merged, const ops::AttentionResult& result) {
+  if (merged.out.defined()) merged = merge(merged, result);
+  else merged = {result.out.to(at::promote_types(result.out.scalar_type(), at::kFloat)), result.lse};
+}
+
 at::Tensor chunk_rows(const at::Tensor& x, int64_t position, int64_t length) { return x.narrow(-2, position * length, length); }
 
 }  // namespace
 
+// The ring as one autograd node: q, k, v in, the merged output out; backward in ring_backward.
+struct RingFunction : torch::autograd::Function<RingFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const ContextAttention* attention, bool causal, int64_t sliding_window,
+                            const std::optional<at::Tensor>& documents) {  // not an input: an undefined tensor is none
+    const ContextAttention::RingMask mask{causal, sliding_window, documents.value_or(at::Tensor())};
+    const ops::AttentionResult result = attention->ring_forward(q, k, v, mask);
+    ctx->saved_data["attention"] = reinterpret_cast<int64_t>(attention);
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["sliding_window"] = sliding_window;
+    ctx->saved_data["documents"] = documents;
+    // The running block's name and type (the model's strings, which outlive the step) and the
+    // autocast state, so that backward recomputes with the same operator implementations and dtypes.
+    ctx->saved_data["block_name"] = reinterpret_cast<int64_t>(&ops::BlockScope::name());
+    ctx->saved_data["block_type"] = reinterpret_cast<int64_t>(&ops::BlockScope::type());
+    autocast_state::save(ctx, q.device().type());
+    ctx->save_for_backward({q, k, v, result.out, result.lse});
+    return result.out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto* attention = reinterpret_cast<const ContextAttention*>(ctx->saved_data["attention"].toInt());
+    const ContextAttention::RingMask mask{ctx->saved_data["causal"].toBool(), ctx->saved_data["sliding_window"].toInt(),
+                                          ctx->saved_data["documents"].toOptional<at::Tensor>().value_or(at::Tensor())};
+    const autocast_state::Replay autocast(ctx, saved[0].device().type());
+    const ops::BlockScope scope(*reinterpret_cast<const std::string*>(ctx->saved_data["block_name"].toInt()),
+                                *reinterpret_cast<const std::string*>(ctx->saved_data["block_type"].toInt()));
+    const auto [dq, dk, dv] = attention->ring_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], mask);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 ContextAttention::ContextAttention(SequenceSplit split, int context_rank, std::shared_ptr<Communicator> inner,
-                                   std::shared_ptr<Communicator> outer)
-    : split_(split), context_rank_(context_rank), inner_(std::move(inner)), outer_(std::move(outer)),
+                                   std::shared_ptr<Communicator> outer, bool recompute)
+    : split_(split), context_rank_(context_rank), recompute_(recompute), inner_(std::move(inner)), outer_(std::move(outer)),
       ring_bytes_(std::make_shared<std::atomic<int64_t>>(0)) {}
 
 std::vector<int64_t> ContextAttention::group_chunks(int outer_rank) const {
@@ -105,66 +159,77 @@ at::Tensor ContextAttention::attend(const at::Tensor& q, const at::Tensor& k, co
     const at::Tensor in_window_order = ops::attention(sorted(query), sorted(key), sorted(value), mask).out;
     out = in_window_order.index_select(2, order.argsort());
   } else {
-    out = ring(query, key, value, local, documents);
+    if (recompute_)
+      out = RingFunction::apply(query, key, value, this, local.causal, local.sliding_window,
+                                documents.defined() ? std::optional<at::Tensor>(documents) : std::nullopt);
+    else
+      out = ring_keeping_blocks(query, key, value, {local.causal, local.sliding_window, documents});
   }
   return u > 1 ? dist::all_to_all(out, 2, 1, *inner_) : out;
 }
 
-at::Tensor ContextAttention::ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& local,
-                                  const at::Tensor& documents) const {
-  const bool causal = local.causal;
-  Communicator& ring = *outer_;
-  const int r = ring.size(), me = ring.rank();
-  const int64_t length = split_.chunk_length();
-  const std::vector<int64_t> mine = group_chunks(me);
-  const at::Device device = q.device();
+std::vector<ContextAttention::ChunkPair> ContextAttention::step_pairs(int step, const RingMask& m, const at::Device& device) const {
+  const int r = outer_->size(), me = outer_->rank();
+  const std::vector<int64_t> mine = group_chunks(me), theirs = group_chunks((me - step + r) % r);
   auto index_of = [&](const std::vector<int64_t>& chunks) { return split_.token_index(chunks, device); };
-  std::vector<ops::AttentionResult> partial(mine.size());
+  std::vector<ChunkPair> pairs;
+  for (size_t a = 0; a < mine.size(); ++a) {
+    ChunkPair pair;
+    pair.query = static_cast<int64_t>(a);
+    std::vector<int64_t> seen;
+    bool diagonal = false;
+    for (size_t b = 0; b < theirs.size(); ++b) {
+      if (m.causal && theirs[b] > mine[a]) continue;  // entirely in this query chunk's future
+      diagonal = diagonal || theirs[b] == mine[a];
+      seen.push_back(theirs[b]);
+      pair.key_blocks.push_back(static_cast<int64_t>(b));
+    }
+    if (seen.empty()) continue;
+    // Off the diagonal every key precedes every query, unless a sliding window hides the older ones.
+    pair.mask.causal = m.causal && (diagonal || m.sliding_window > 0);
+    pair.mask.sliding_window = m.sliding_window;
+    const at::Tensor q_index = index_of({mine[a]}), kv_index = index_of(seen);
+    if (pair.mask.causal) {
+      pair.mask.q_index = q_index;
+      pair.mask.kv_index = kv_index;
+    }
+    if (m.documents.defined()) {
+      pair.mask.q_document = m.documents.index_select(1, q_index);
+      pair.mask.kv_document = m.documents.index_select(1, kv_index);
+    }
+    pairs.push_back(std::move(pair));
+  }
+  return pairs;
+}
+
+ops::AttentionResult ContextAttention::attend_pair(const at::Tensor& q, const at::Tensor& block, const ChunkPair& pair) const {
+  const int64_t length = split_.chunk_length();
+  std::vector<at::Tensor> keys, values;
+  for (int64_t b : pair.key_blocks) {
+    keys.push_back(chunk_rows(block[0], b, length));
+    values.push_back(chunk_rows(block[1], b, length));
+  }
+  auto joined = [](const std::vector<at::Tensor>& x) { return x.size() == 1 ? x[0] : at::cat(x, 2); };
+  return ops::attention(chunk_rows(q, pair.query, length), joined(keys), joined(values), pair.mask, /*with_lse=*/true);
+}
+
+at::Tensor ContextAttention::ring_keeping_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const {
+  Communicator& ring = *outer_;
+  const int r = ring.size();
+  std::vector<ops::AttentionResult> partial(group_chunks(ring.rank()).size());
   at::Tensor block = at::stack({k, v});  // one message per step
   at::Tensor unused;  // blocks this rank's queries never see, kept in the graph (see below)
   for (int step = 0; step < r; ++step) {
-    const std::vector<int64_t> theirs = group_chunks((me - step + r) % r);
     std::unique_ptr<Rotation> rotation;
     if (step + 1 < r) rotation = std::make_unique<Rotation>(start_rotation(block, ring, *ring_bytes_));
-    bool used = false;
-    for (size_t a = 0; a < mine.size(); ++a) {
-      std::vector<int64_t> seen, seen_positions;
-      bool diagonal = false;
-      for (size_t b = 0; b < theirs.size(); ++b) {
-        if (causal && theirs[b] > mine[a]) continue;  // entirely in this query chunk's future
-        diagonal = diagonal || theirs[b] == mine[a];
-        seen.push_back(theirs[b]);
-        seen_positions.push_back(static_cast<int64_t>(b));
-      }
-      if (seen.empty()) continue;
-      used = true;
-      std::vector<at::Tensor> keys, values;
-      for (int64_t b : seen_positions) {
-        keys.push_back(chunk_rows(block[0], b, length));
-        values.push_back(chunk_rows(block[1], b, length));
-      }
-      ops::AttentionMask mask;
-      // Off the diagonal every key precedes every query, unless a sliding window hides the older ones.
-      mask.causal = causal && (diagonal || local.sliding_window > 0);
-      mask.sliding_window = local.sliding_window;
-      const at::Tensor q_index = index_of({mine[a]}), kv_index = index_of(seen);
-      if (mask.causal) {
-        mask.q_index = q_index;
-        mask.kv_index = kv_index;
-      }
-      if (documents.defined()) {
-        mask.q_document = documents.index_select(1, q_index);
-        mask.kv_document = documents.index_select(1, kv_index);
-      }
-      ops::AttentionResult result =
-          ops::attention(chunk_rows(q, static_cast<int64_t>(a), length), at::cat(keys, 2), at::cat(values, 2), mask, /*with_lse=*/true);
-      if (!partial[a].out.defined()) result.out = result.out.to(at::promote_types(result.out.scalar_type(), at::kFloat));
-      partial[a] = partial[a].out.defined() ? merge(partial[a], result) : result;
+    const std::vector<ChunkPair> pairs = step_pairs(step, mask, q.device());
+    for (const ChunkPair& pair : pairs) {
+      merge_into(partial[static_cast<size_t>(pair.query)], attend_pair(q, block, pair));
     }
     // Every rank must run every rotation's backward (its ring partners wait for the message), so
     // a received block no query uses still joins the graph, with a zero gradient.
     // (One element times zero: a sum of a half-precision block could overflow to inf, and inf * 0 is NaN.)
-    if (!used) {
+    if (pairs.empty()) {
       const at::Tensor zero = (block.reshape(-1).narrow(0, 0, 1) * 0.0).sum();
       unused = unused.defined() ? unused + zero : zero;
     }
@@ -173,9 +238,96 @@ at::Tensor ContextAttention::ring(const at::Tensor& q, const at::Tensor& k, cons
                                    reinterpret_cast<int64_t>(ring_bytes_.get()));
   }
   std::vector<at::Tensor> outs;
-  for (const auto& p : partial) outs.push_back(p.out);
+  for (const auto& p : partial) outs.push_back(p.out);  // every query chunk sees its own chunk
   at::Tensor out = at::cat(outs, 2).to(q.scalar_type());
   return unused.defined() ? out + unused.to(out.scalar_type()) : out;
+}
+
+ops::AttentionResult ContextAttention::ring_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const {
+  Communicator& ring = *outer_;
+  const int r = ring.size();
+  const int64_t length = split_.chunk_length();
+  std::vector<ops::AttentionResult> partial(group_chunks(ring.rank()).size());
+  at::Tensor block = at::stack({k, v});  // one message per step
+  for (int step = 0; step < r; ++step) {
+    std::optional<Rotation> rotation;
+    if (step + 1 < r) rotation = start_rotation(block, ring, *ring_bytes_);
+    for (const ChunkPair& pair : step_pairs(step, mask, q.device())) {
+      merge_into(partial[static_cast<size_t>(pair.query)], attend_pair(q, block, pair));
+    }
+    if (rotation) {
+      rotation->work->wait();
+      block = rotation->received;
+    }
+  }
+  std::vector<at::Tensor> outs, lses;
+  for (size_t a = 0; a < partial.size(); ++a) {
+    if (!partial[a].out.defined()) {  // a query chunk that saw no key at all: zeros, lse -inf
+      const at::Tensor rows = chunk_rows(q, static_cast<int64_t>(a), length);
+      partial[a] = {at::zeros(rows.sizes(), rows.options().dtype(at::kFloat)),
+                    at::full({rows.size(0), rows.size(1), length}, -std::numeric_limits<double>::infinity(), rows.options().dtype(at::kFloat))};
+    }
+    outs.push_back(partial[a].out);
+    lses.push_back(partial[a].lse.to(at::kFloat));
+  }
+  return {at::cat(outs, 2).to(q.scalar_type()), at::cat(lses, 2)};
+}
+
+std::array<at::Tensor, 3> ContextAttention::ring_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                          const at::Tensor& out, const at::Tensor& lse, const at::Tensor& d_out,
+                                                          const RingMask& mask) const {
+  Communicator& ring = *outer_;
+  const int r = ring.size();
+  const int64_t length = split_.chunk_length();
+  const at::Tensor d_out32 = d_out.to(at::kFloat), out32 = out.to(at::kFloat);
+  at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+  at::Tensor block = at::stack({k, v}), own_gradient;
+  std::optional<Rotation> gradient;  // the accumulated gradient of the block held next, on its way here
+  for (int step = 0; step < r; ++step) {
+    std::optional<Rotation> rotation;
+    if (step + 1 < r) rotation = start_rotation(block, ring, *ring_bytes_);
+    at::Tensor contribution = at::zeros(block.sizes(), block.options().dtype(at::kFloat));
+    for (const ChunkPair& pair : step_pairs(step, mask, q.device())) {
+      const at::Tensor q_leaf = chunk_rows(q, pair.query, length).detach().requires_grad_(q.requires_grad());
+      const at::Tensor block_leaf = block.detach().requires_grad_(true);
+      ops::AttentionResult part;
+      {
+        const at::AutoGradMode enable(true);
+        part = attend_pair(q_leaf, block_leaf, {0, pair.key_blocks, pair.mask});  // q_leaf is the chunk already
+      }
+      // This pair's weight in the merged output, per query row (0 for a row that saw nothing).
+      const at::Tensor part_lse = part.lse.detach().to(at::kFloat), whole_lse = lse.narrow(-1, pair.query * length, length);
+      const at::Tensor weight = at::where(whole_lse.isneginf(), at::zeros_like(whole_lse), at::exp(part_lse - whole_lse));
+      const at::Tensor d_rows = chunk_rows(d_out32, pair.query, length);
+      std::vector<at::Tensor> outputs{part.out}, d_outputs{(d_rows * weight.unsqueeze(-1)).to(part.out.scalar_type())};
+      if (part.lse.requires_grad()) {
+        outputs.push_back(part.lse);
+        const at::Tensor spread = d_rows * (part.out.detach().to(at::kFloat) - chunk_rows(out32, pair.query, length));
+        d_outputs.push_back((weight * spread.sum(-1)).to(part.lse.scalar_type()));
+      }
+      std::vector<at::Tensor> wrt{block_leaf};
+      if (q.requires_grad()) wrt.push_back(q_leaf);
+      const auto grads = torch::autograd::grad(outputs, wrt, d_outputs, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+      if (grads[0].defined()) contribution += grads[0];
+      if (wrt.size() > 1 && grads[1].defined()) chunk_rows(dq, pair.query, length).add_(grads[1]);
+    }
+    if (step == 0) {
+      own_gradient = contribution;
+    } else {  // add this rank's share to what the earlier holders of the block sent, pass it on
+      if (gradient) {
+        gradient->work->wait();
+        contribution += gradient->received;
+      }
+      gradient = start_gradient_rotation(contribution.to(block.scalar_type()), ring, *ring_bytes_);
+    }
+    if (rotation) {
+      rotation->work->wait();
+      block = rotation->received;
+    }
+  }
+  gradient->work->wait();  // this rank's own block's gradient from every other ring rank
+  const at::Tensor d_block = own_gradient + gradient->received;
+  return {dq.to(q.scalar_type()), d_block[0].to(k.scalar_type()), d_block[1].to(v.scalar_type())};
 }
 
 }  // namespace strata::context_parallel

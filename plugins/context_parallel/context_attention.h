@@ -13,10 +13,26 @@
 //      the diagonal one is masked causally, the others need no causal mask.
 //   3. A second all-to-all restores "my tokens, all heads".
 // Masks follow the window positions of the tokens, so causality and packed documents hold
-// whatever order the tokens arrive in. Autograd differentiates all of it: backward sends the
-// key/value gradients back around the ring (not overlapped with compute).
+// whatever order the tokens arrive in. Autograd differentiates the all-to-alls. The ring, two ways
+// ([[pass]] context_parallel ring_recompute):
+//   false (default): autograd differentiates it too. Backward sends each received block's
+//      gradient back around the ring; the graph holds every block seen and every partial
+//      result, the whole sequence's keys and values per layer.
+//   true: one autograd node (RingFunction) that keeps what single-process flash attention
+//      keeps — this rank's q, k, v, the merged output and its log-sum-exp. Its backward rotates
+//      the key/value blocks again, as Megatron's context parallel does, and for each block
+//      recomputes each chunk pair's partial attention o_j, lse_j and differentiates it under the
+//      whole output's weights:
+//        out = sum_j o_j w_j with w_j = e^(lse_j - lse), so
+//        d/d o_j = w_j dO,   d/d lse_j = w_j rowsum(dO (o_j - out)).
+//      (Megatron runs a flash backward kernel on the saved out and lse instead; the operator ABI
+//      has no attention backward, so the partial forward is computed again: the extra time.)
+//      A block's key/value gradient collects its r contributions as it travels on, and the last
+//      rank sends it home: (r - 1) blocks forward, (r - 1) blocks and (r - 1) gradients backward,
+//      each received while the next chunk pairs compute.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <memory>
 
@@ -28,25 +44,55 @@
 
 namespace strata::context_parallel {
 
+struct RingFunction;
+
 class ContextAttention {
  public:
   // `context_rank` in the context group of `split.ranks` ranks; `inner` holds context ranks
   // [o u, (o + 1) u) for o = context_rank / u, `outer` those equal to context_rank modulo u.
-  ContextAttention(SequenceSplit split, int context_rank, std::shared_ptr<Communicator> inner, std::shared_ptr<Communicator> outer);
+  // `recompute`: the ring keeps only q, k, v, out and lse and recomputes in backward (below);
+  // otherwise autograd keeps every block seen and every partial result.
+  ContextAttention(SequenceSplit split, int context_rank, std::shared_ptr<Communicator> inner, std::shared_ptr<Communicator> outer,
+                   bool recompute);
   // q, k, v: this rank's tokens [B, H, T/c, D]; `local` the mask core built for them.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& local) const;
   // Bytes of key/value blocks and their gradients this rank sent around the ring so far.
   int64_t ring_bytes() const { return ring_bytes_->load(); }
 
  private:
+  friend struct RingFunction;
+  // What the ring's queries see: causality, sliding window, and the window's documents.
+  struct RingMask {
+    bool causal = false;
+    int64_t sliding_window = 0;
+    at::Tensor documents;  // [B, window] document ids; undefined: one document
+  };
+  // One query chunk of this rank against the key chunks it sees of the block held at a ring step.
+  struct ChunkPair {
+    int64_t query = 0;                // position of the query chunk in this rank's tokens
+    std::vector<int64_t> key_blocks;  // positions of the chunks seen in the block's tokens
+    ops::AttentionMask mask;
+  };
+
   // The chunks the inner group with outer index `outer_rank` holds, in the order Ulysses
   // gathers its tokens.
   std::vector<int64_t> group_chunks(int outer_rank) const;
-  at::Tensor ring(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& local,
-                  const at::Tensor& documents) const;
+  // The chunk pairs of ring step `step` (the block of outer rank me - step), none entirely in
+  // the future of its queries.
+  std::vector<ChunkPair> step_pairs(int step, const RingMask& mask, const at::Device& device) const;
+  ops::AttentionResult attend_pair(const at::Tensor& q, const at::Tensor& block, const ChunkPair& pair) const;
+  // The ring under autograd: backward sends each received block's gradient back where it came
+  // from, and the graph holds every block and partial result (ring_recompute = false).
+  at::Tensor ring_keeping_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const;
+  // The ring as RingFunction (ring_recompute = true): forward (out in q's dtype, lse in fp32)
+  // and backward (dq, dk, dv).
+  ops::AttentionResult ring_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const;
+  std::array<at::Tensor, 3> ring_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                          const at::Tensor& lse, const at::Tensor& d_out, const RingMask& mask) const;
 
   SequenceSplit split_;
   int context_rank_;
+  bool recompute_;
   std::shared_ptr<Communicator> inner_, outer_;
   std::shared_ptr<std::atomic<int64_t>> ring_bytes_;
 };

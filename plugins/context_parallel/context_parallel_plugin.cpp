@@ -92,7 +92,13 @@ class ContextParallelPass final : public Pass {
                   .string("load_balance", "zigzag",
                           "zigzag: rank i holds chunks i and 2c-1-i of 2c, equal causal work; contiguous: chunk i of c (to "
                           "measure the imbalance)",
-                          {"zigzag", "contiguous"})},
+                          {"zigzag", "contiguous"})
+                  .boolean("ring_recompute", false,
+                           "The ring (methods ring and 2d) keeps only this rank's q, k, v, output and log-sum-exp per layer; "
+                           "backward rotates the key/value blocks again and recomputes each partial attention. false keeps "
+                           "every key/value block seen and every partial result (about (2(r-1) kv + 4 h) values per token "
+                           "and layer more, r the ring size) and computes nothing twice")
+                  .tuned({false, true})},
              {Phase::ModelRewrite, {}, {}, {"tensor_parallel", "pipeline_parallel"}, {}},
              {{Dim::Context}, {{Stage::SyncGradients, StageUse::Wrap}, {Stage::Evaluate, StageUse::Wrap}}}) {}
 
@@ -120,24 +126,50 @@ class ContextParallelPass final : public Pass {
     out << "  Per attention layer and micro-batch of B sequences, h = heads x head_dim, each rank sends\n";
     if (m.ulysses > 1) out << "    Ulysses: 4 all-to-alls of B x " << split.window / split.ranks << " x h (q, k, v, output; k and v at kv width), "
                               "the same again in backward\n";
-    if (m.ring > 1)
+    if (m.ring > 1) {
+      const bool recompute = config.get_bool("ring_recompute");
       out << "    ring: " << m.ring - 1 << " key/value block" << (m.ring > 2 ? "s" : "") << " of 2 x B x " << split.window / m.ring << " x h_kv"
-          << (m.ulysses > 1 ? "/" + std::to_string(m.ulysses) : "") << " forward, as many gradient blocks backward\n";
+          << (m.ulysses > 1 ? "/" + std::to_string(m.ulysses) : "") << " forward, "
+          << (recompute ? "the same blocks again and as many gradient blocks backward\n"
+                        : "as many gradient blocks backward\n");
+      out << "  The ring " << (recompute ? "keeps q, k, v, the output and its log-sum-exp per layer and recomputes each partial attention in backward (ring_recompute)\n"
+                                         : "keeps every key/value block seen and every partial result per layer (ring_recompute = false)\n");
+    }
     return out.str();
   }
 
   // Each rank holds 1/c of every sequence's tokens: activations, logits and FLOPs (its queries
-  // against all keys) divide by c. Per layer and micro-batch the ring passes the other ranks'
-  // keys and values forward, and in backward keys, values and their gradients.
-  void estimate(const Config&, const PlanFacts&, CostEstimate& c) const override {
+  // against all keys) divide by c. Per layer and micro-batch, Ulysses sends (u-1)/u of q, k, v and
+  // the output forward and of their gradients backward; the ring passes r-1 key/value blocks
+  // forward and their gradients backward, and under ring_recompute the blocks again, with each
+  // partial attention's forward computed twice; without it, it keeps the blocks and partial
+  // results (2 (r-1) kv + 4 h values per own token and layer: measured 6.1 h at r = 2 and 11.0 h
+  // at r = 4, GPT d256, where this counts 6 h and 10 h).
+  void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
     const double cp = static_cast<double>(c.context);
     c.activation_bytes /= cp, c.transient_bytes /= cp, c.flops /= cp;
     if (c.model.heads <= 0) return;
-    const double kv_width = static_cast<double>(c.model.hidden) * static_cast<double>(c.model.kv_heads) / static_cast<double>(c.model.heads);
-    c.comm_bytes += c.layers_per_rank * static_cast<double>(c.micro_batches) * 3 * (cp - 1) * 2 * c.seq_per_rank *
-                    static_cast<double>(c.micro_batch) * kv_width / static_cast<double>(c.tensor) * c.activation_element_bytes;
-    // A ring step exchanges with both neighbours: (c - 1) steps forward, twice that backward.
-    c.messages += c.layers_per_rank * static_cast<double>(c.micro_batches) * 3 * (cp - 1) * 2;
+    const Method m = resolve_method(config, facts.model, facts.mesh);
+    if (!m.problem.empty()) return;
+    const double u = m.ulysses, r = m.ring, h = static_cast<double>(c.model.hidden) / static_cast<double>(c.tensor);
+    const double kv_width = h * static_cast<double>(c.model.kv_heads) / static_cast<double>(c.model.heads);
+    const double tokens = c.seq_per_rank * static_cast<double>(c.micro_batch);  // a micro-batch's, on this rank
+    const double per_layer = c.layers_per_rank * static_cast<double>(c.micro_batches);
+    if (u > 1) {
+      c.comm_bytes += per_layer * 2 * (u - 1) / u * (2 * h + 2 * kv_width) * tokens * c.activation_element_bytes;
+      c.messages += per_layer * 8;
+    }
+    if (r > 1) {
+      const bool recompute = config.get_bool("ring_recompute");
+      const double blocks = (recompute ? 3 : 2) * (r - 1);
+      c.comm_bytes += per_layer * blocks * 2 * kv_width * tokens * c.activation_element_bytes;
+      c.messages += per_layer * blocks * 2;  // each exchanges with both neighbours
+      if (recompute) {
+        c.flops += per_layer * 4 * h * c.seq_per_rank * cp * tokens;  // the attention's forward, again
+      } else {
+        c.activation_bytes += c.layers_per_rank * (2 * (r - 1) * kv_width + 4 * h) * tokens * c.activation_element_bytes;
+      }
+    }
   }
 
   void apply(Job& job, const Config& config) const override {
@@ -155,7 +187,7 @@ class ContextParallelPass final : public Pass {
     for (int o = 0; o < c / u; ++o) outer_ranks.push_back(o * u + rank % u);
     auto inner = group.split(inner_ranks);
     auto outer = group.split(outer_ranks);
-    auto attention = std::make_shared<ContextAttention>(split, rank, std::move(inner), std::move(outer));
+    auto attention = std::make_shared<ContextAttention>(split, rank, std::move(inner), std::move(outer), config.get_bool("ring_recompute"));
 
     job.split_batch = [whole = job.split_batch, split, rank](const at::Tensor& batch) {
       MicroBatch micro = whole(batch);
