@@ -11,7 +11,7 @@ thread per rank, no evaluation or checkpoints. Figures are Strata's per-step met
 every all-to-all's whole input, every key/value block and gradient block of the ring),
 step_ms, mem_peak_bytes (the largest peak RSS of any rank), mem_device_peak_bytes (rank 0's
 peak of live tensor bytes, the counting allocator's); medians over steps 2..steps. The ring
-runs both ways ([[pass]] context_parallel ring_recompute false and true). On a
+runs both ways ([[pass]] context_parallel ring_backward autograd and rotate). On a
 machine with fewer cores than ranks the ranks share cores: step times compare layouts on this
 machine, not the method's speed on one core per rank.
 """
@@ -63,18 +63,18 @@ def main():
               "Ulysses: 4 all-to-alls per layer forward (q, k, v, output), 4 backward, each of the rank's B x T/c x h "
               "activation: m x L x 8 x B x (T/c) x h x 4 bytes. Ring: c - 1 key/value blocks per layer forward and as many "
               "gradient blocks backward, each 2 x B x (T/c) x h: m x L x 2 (c-1) x 2 x B x (T/c) x h x 4 bytes; with "
-              "ring_recompute the blocks travel again in backward: 3 (c-1) instead of 2 (c-1). "
+              "ring_backward = rotate (the default here) the blocks travel again in backward: 3 (c-1) instead of 2 (c-1). "
               "(A rank keeps (1/c) of each all-to-all; the counter counts the whole input, as the formula does.)", "",
               "| method | c | measured all-to-all | measured ring | formula | measured / formula |", "|---|---|---|---|---|---|"]
-    for method in ["ulysses", "ring", "ring_recompute"]:
+    for method in ["ulysses", "ring autograd", "ring rotate"]:
         for c in [2, 4]:
-            extra = ("--set", "pass.context_parallel.method=ring", "--set", "pass.context_parallel.ring_recompute=true") \
-                if method == "ring_recompute" else ("--set", f"pass.context_parallel.method={method}")
+            extra = ("--set", "pass.context_parallel.method=ring", "--set", f"pass.context_parallel.ring_backward={method.split()[1]}") \
+                if method.startswith("ring") else ("--set", f"pass.context_parallel.method={method}")
             r = run(a.strata, a.steps, c, seq, extra)
             if method == "ulysses":
                 formula, measured = m * layers * 8 * (seq // c) * h * 4, r["cp_all_to_all_bytes"]
             else:
-                blocks = 3 if method == "ring_recompute" else 2
+                blocks = 3 if method == "ring rotate" else 2
                 formula, measured = m * layers * blocks * (c - 1) * 2 * (seq // c) * h * 4, r["cp_ring_bytes"]
             lines.append(f"| {method} | {c} | {r['cp_all_to_all_bytes'] / 2**20:.2f} MiB | {r['cp_ring_bytes'] / 2**20:.2f} MiB | "
                          f"{formula / 2**20:.2f} MiB | {measured / formula:.3f} |")
@@ -101,9 +101,10 @@ def main():
     lines += ["", "## 3. Step time against one process (seq_len 2048)", "", "| layout | step ms | ratio to one process |", "|---|---|---|"]
     one = run(a.strata, a.steps, 1, 2048)
     lines.append(f"| one process | {one['step_ms']:.0f} | 1.00 |")
-    recompute = ("--set", "pass.context_parallel.ring_recompute=true")
-    for label, method, c, extra in [("ulysses", "ulysses", 2, ()), ("ring", "ring", 2, ()), ("ring, ring_recompute", "ring", 2, recompute),
-                                    ("ulysses", "ulysses", 4, ()), ("ring", "ring", 4, ()), ("ring, ring_recompute", "ring", 4, recompute),
+    autograd = ("--set", "pass.context_parallel.ring_backward=autograd")
+    rotate = ("--set", "pass.context_parallel.ring_backward=rotate")
+    for label, method, c, extra in [("ulysses", "ulysses", 2, ()), ("ring autograd", "ring", 2, autograd), ("ring rotate", "ring", 2, rotate),
+                                    ("ulysses", "ulysses", 4, ()), ("ring autograd", "ring", 4, autograd), ("ring rotate", "ring", 4, rotate),
                                     ("2d", "2d", 4, ())]:
         r = run(a.strata, a.steps, c, 2048, ("--set", f"pass.context_parallel.method={method}", *extra))
         lines.append(f"| {label}, c = {c} | {r['step_ms']:.0f} | {r['step_ms'] / one['step_ms']:.2f} |")
@@ -112,13 +113,13 @@ def main():
     # 4. A long sequence: peak memory per rank.
     seq_l = 16384
     lines += ["", f"## 4. Peak memory per rank at seq_len {seq_l}", "",
-              "Peak RSS: the largest of any rank; live tensors: rank 0's peak of live tensor bytes. The ring without "
-              "ring_recompute keeps every key/value block seen and every partial result: the estimate counts "
+              "Peak RSS: the largest of any rank; live tensors: rank 0's peak of live tensor bytes. "
+              "The ring with ring_backward = autograd keeps every key/value block seen and every partial result: the estimate counts "
               "(2 (c-1) h + 4 h) values per own token and layer for them.", "",
               "| layout | peak RSS MiB | peak live tensors MiB |", "|---|---|---|"]
     ring = ("--set", "pass.context_parallel.method=ring")
     for label, c, extra in [("one process", 1, ()), ("ulysses, c = 4", 4, ("--set", "pass.context_parallel.method=ulysses")),
-                            ("ring, c = 4", 4, ring), ("ring, c = 4, ring_recompute", 4, (*ring, *recompute))]:
+                            ("ring autograd, c = 4", 4, (*ring, *autograd)), ("ring rotate, c = 4", 4, (*ring, *rotate))]:
         r = run(a.strata, 2, c, seq_l, extra)
         lines.append(f"| {label} | {r['mem_peak_bytes'] / 2**20:.0f} | {r['mem_device_peak_bytes'] / 2**20:.1f} |")
         print(lines[-1], flush=True)

@@ -46,6 +46,12 @@ void register_components(Registry& registry) {
       "without copies, differentiable lse; plain causal/unmasked calls without lse go to ATen SDPA",
       &attention_fused_cpu,
       ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}}, 10));
+  registry.add(std::make_unique<ops::OperatorImpl<ops::AttentionBackward>>(
+      "attention_backward.fused_cpu",
+      "the blocked attention's backward pass on a given output and lse (CPU): no [Tq, Tk] matrix, invisible blocks "
+      "skipped, GQA without copies",
+      &attention_backward_fused_cpu,
+      ops::Support{{c10::DeviceType::CPU}, {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}}, 10));
   // CUDA: ATen's flash / cuDNN / memory-efficient kernels chosen per mask, lse differentiable.
   registry.add(std::make_unique<ops::OperatorImpl<ops::Attention>>(
       "attention.sdpa_cuda",

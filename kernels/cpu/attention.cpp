@@ -392,6 +392,40 @@ ops::AttentionMask load_mask(AutogradContext* ctx) {
   return mask;
 }
 
+// The backward pass: the gradients of q, k, v (and of the additive mask where `bias_grad`) from
+// the output, its lse and their gradients (dlse undefined: 0).
+struct Gradients {
+  at::Tensor dq, dk, dv, dadd;
+};
+Gradients blocked_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                           const at::Tensor& d_out, const at::Tensor& d_lse, const ops::AttentionMask& mask, const at::Tensor& additive,
+                           bool bias_grad, int64_t block_q, int64_t block_k) {
+  const at::ScalarType compute = compute_type(q);
+  const Layout L = make_layout(q, k, mask, additive, compute, block_q, block_k);
+  const at::Tensor dout = as_rows(d_out, compute), lse_c = lse.to(compute).contiguous();
+  // delta = rowsum(dO o O) - dlse; 0 on rows that see nothing (their P is 0, keep it finite).
+  at::Tensor delta = (dout * out.to(compute)).sum(-1);
+  if (d_lse.defined()) delta = delta - d_lse.to(compute);
+  delta = at::where(lse_c.isneginf(), at::zeros_like(delta), delta).contiguous();
+  const at::Tensor qc = as_rows(q, compute), kc = as_rows(k, compute), vc = as_rows(v, compute);
+  // More than one split of the key blocks only to keep every thread busy.
+  const int64_t pairs = L.batch * L.kv_heads, threads = at::get_num_threads();
+  const int64_t splits = pairs >= threads ? 1 : std::max<int64_t>(1, std::min(L.k_blocks, (threads + pairs - 1) / pairs));
+  const auto opts = q.options().dtype(compute);
+  // Gradients laid out [B, T, H, D] like the output (token_major).
+  at::Tensor dq_parts = token_major(L.batch, L.heads, L.tq, q.size(-1), opts, /*zeroed=*/true, splits);
+  at::Tensor dk = token_major(L.batch, L.kv_heads, L.tk, k.size(-1), opts, /*zeroed=*/true);
+  at::Tensor dv = token_major(L.batch, L.kv_heads, L.tk, v.size(-1), opts, /*zeroed=*/true);
+  at::Tensor dbias = bias_grad ? at::zeros({L.batch, L.heads, L.tq, L.tk}, opts) : at::Tensor();
+  if (compute == at::kDouble)
+    backward_kernel<double>(L, softmax_scale(q), qc, kc, vc, dout, lse_c, delta, splits, dq_parts, dk, dv, dbias);
+  else
+    backward_kernel<float>(L, static_cast<float>(softmax_scale(q)), qc, kc, vc, dout, lse_c, delta, splits, dq_parts, dk, dv, dbias);
+  at::Tensor dq = splits > 1 ? dq_parts.sum(0) : dq_parts[0];
+  at::Tensor dadd = bias_grad ? at::sum_to(dbias, additive.sizes()).to(additive.scalar_type()) : at::Tensor();
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dadd};
+}
+
 // The autograd function: inputs q, k, v and the additive mask (an optional tensor input, so that
 // a learned bias gets its gradient; autograd refuses undefined tensor inputs); outputs out (q's
 // dtype) and lse. needs_input_grad counts tensor inputs only: the additive mask is input 3.
@@ -421,35 +455,12 @@ class BlockedAttention : public torch::autograd::Function<BlockedAttention> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const at::Tensor additive = saved_tensor(ctx, "additive");
-    const at::ScalarType compute = compute_type(q);
-    const Layout L = make_layout(q, k, load_mask(ctx), additive, compute, ctx->saved_data["block_q"].toInt(),
-                                 ctx->saved_data["block_k"].toInt());
     // Undefined output gradients arrive as zeros (materialised by autograd).
-    const at::Tensor dout = as_rows(grads[0], compute);
-    const at::Tensor dlse = grads[1].to(compute);
-    // delta = rowsum(dO o O) - dlse; 0 on rows that see nothing (their P is 0, keep it finite).
-    at::Tensor delta = (dout * out.to(compute)).sum(-1) - dlse;
-    delta = at::where(lse.isneginf(), at::zeros_like(delta), delta).contiguous();
-    const at::Tensor qc = as_rows(q, compute), kc = as_rows(k, compute), vc = as_rows(v, compute);
-    // More than one split of the key blocks only to keep every thread busy.
-    const int64_t pairs = L.batch * L.kv_heads, threads = at::get_num_threads();
-    const int64_t splits = pairs >= threads ? 1 : std::max<int64_t>(1, std::min(L.k_blocks, (threads + pairs - 1) / pairs));
-    const auto opts = q.options().dtype(compute);
-    // Gradients laid out [B, T, H, D] like the output (token_major).
-    at::Tensor dq_parts = token_major(L.batch, L.heads, L.tq, q.size(-1), opts, /*zeroed=*/true, splits);
-    at::Tensor dk = token_major(L.batch, L.kv_heads, L.tk, k.size(-1), opts, /*zeroed=*/true);
-    at::Tensor dv = token_major(L.batch, L.kv_heads, L.tk, v.size(-1), opts, /*zeroed=*/true);
     const bool bias_grad = additive.defined() && ctx->needs_input_grad(3);
-    at::Tensor dbias = bias_grad ? at::zeros({L.batch, L.heads, L.tq, L.tk}, opts) : at::Tensor();
-    if (compute == at::kDouble)
-      backward_kernel<double>(L, softmax_scale(q), qc, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
-    else
-      backward_kernel<float>(L, static_cast<float>(softmax_scale(q)), qc, kc, vc, dout, lse, delta, splits, dq_parts, dk, dv, dbias);
-    at::Tensor dq = splits > 1 ? dq_parts.sum(0) : dq_parts[0];
-    at::Tensor dadd = bias_grad ? at::sum_to(dbias, additive.sizes()).to(additive.scalar_type()) : at::Tensor();
-    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dadd, at::Tensor(), at::Tensor(), at::Tensor()};
+    Gradients g = blocked_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], grads[1], load_mask(ctx), additive,
+                                   bias_grad, ctx->saved_data["block_q"].toInt(), ctx->saved_data["block_k"].toInt());
+    return {g.dq, g.dk, g.dv, g.dadd, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -472,6 +483,21 @@ ops::AttentionResult attention_blocked_cpu(const at::Tensor& q, const at::Tensor
   index_mask.additive.reset();
   variable_list result = BlockedAttention::apply(q, k, v, mask.additive, index_mask, block_q, block_k);
   return {result[0], with_lse ? result[1] : at::Tensor()};
+}
+
+ops::AttentionGradients attention_backward_blocked_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& d_out,
+                                                       const ops::AttentionMask& mask, int64_t block_q, int64_t block_k) {
+  check_shapes(q, k, v);
+  if (mask.additive) throw std::invalid_argument("attention_backward.fused_cpu: an additive mask is not supported");
+  const Gradients g = blocked_backward(q, k, v, out, lse, d_out, at::Tensor(), mask, at::Tensor(), false, block_q, block_k);
+  return {g.dq, g.dk, g.dv};
+}
+
+ops::AttentionGradients attention_backward_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& d_out,
+                                                     const ops::AttentionMask& mask) {
+  return attention_backward_blocked_cpu(q, k, v, out, lse, d_out, mask);
 }
 
 // fp32 and fp64 calls run the blocked kernel: measured (bench/results/attention_cpu.md, 2

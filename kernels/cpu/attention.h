@@ -26,4 +26,15 @@ ops::AttentionResult attention_blocked_cpu(const at::Tensor& q, const at::Tensor
                                            const ops::AttentionMask& mask, bool with_lse,
                                            int64_t block_q = kAttentionBlockQ, int64_t block_k = kAttentionBlockK);
 
+// What "attention_backward.fused_cpu" runs: the blocked kernel's backward pass on a given output
+// and lse (ops::AttentionBackward), any dtype computed in fp32 (fp64 for fp64) ...
+ops::AttentionGradients attention_backward_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& d_out,
+                                                     const ops::AttentionMask& mask);
+// ... with the block sizes given (tests).
+ops::AttentionGradients attention_backward_blocked_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& d_out,
+                                                       const ops::AttentionMask& mask, int64_t block_q = kAttentionBlockQ,
+                                                       int64_t block_k = kAttentionBlockK);
+
 }  // namespace strata::kernels

@@ -6,10 +6,10 @@
 #include <atomic>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "../common/autocast_state.h"
 #include "../common/block_selectors.h"
 #include "strata/plugin.h"
 #include "strata/rng.h"
@@ -26,6 +26,26 @@ std::vector<at::Tensor> trainable_parameters(nn::Block& block) {
     if (p.requires_grad()) out.push_back(p);
   return out;
 }
+
+// Restores a device's autocast switch and dtype when it goes out of scope, and drops the casts
+// autocast cached meanwhile: they hold parameter values the next optimizer step makes stale.
+class AutocastState {
+ public:
+  explicit AutocastState(c10::DeviceType device)
+      : device_(device), enabled_(at::autocast::is_autocast_enabled(device)), dtype_(at::autocast::get_autocast_dtype(device)) {}
+  ~AutocastState() {
+    at::autocast::set_autocast_enabled(device_, enabled_);
+    at::autocast::set_autocast_dtype(device_, dtype_);
+    at::autocast::clear_cache();
+  }
+  AutocastState(const AutocastState&) = delete;
+  AutocastState& operator=(const AutocastState&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool enabled_;
+  at::ScalarType dtype_;
+};
 
 std::optional<at::Tensor> optional(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
 
@@ -53,7 +73,8 @@ class Recompute : public torch::autograd::Function<Recompute> {
     ctx->saved_data["block_name"] = reinterpret_cast<int64_t>(&ops::BlockScope::name());
     ctx->saved_data["block_type"] = reinterpret_cast<int64_t>(&ops::BlockScope::type());
     ctx->saved_data["rng"] = c10::List<at::Tensor>(RngSnapshot(x.device()).states());
-    autocast_state::save(ctx, x.device().type());
+    ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(x.device().type());
+    ctx->saved_data["autocast_dtype"] = at::autocast::get_autocast_dtype(x.device().type());
     // Where the micro-batch's tokens sit (positions, documents, context-parallel share): the
     // recomputation runs in backward, after the forward's nn::SequenceScope has closed.
     const nn::SequenceLayout& sequence = nn::current_sequence();
@@ -73,7 +94,10 @@ class Recompute : public torch::autograd::Function<Recompute> {
     at::Tensor input = x.detach().requires_grad_(x.requires_grad());
     at::Tensor output;
     {
-      const autocast_state::Replay autocast(ctx, x.device().type());
+      const c10::DeviceType device = x.device().type();
+      const AutocastState outside(device);
+      at::autocast::set_autocast_enabled(device, ctx->saved_data["autocast"].toBool());
+      at::autocast::set_autocast_dtype(device, ctx->saved_data["autocast_dtype"].toScalarType());
       at::AutoGradMode enable(true);
       const ops::BlockScope scope(*reinterpret_cast<const std::string*>(ctx->saved_data["block_name"].toInt()),
                                   *reinterpret_cast<const std::string*>(ctx->saved_data["block_type"].toInt()));

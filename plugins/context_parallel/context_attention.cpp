@@ -4,10 +4,8 @@
 #include <optional>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "../common/autocast_state.h"
 #include "strata/dist.h"
 #include "strata/errors.h"
 #include "strata/nn.h"
@@ -84,6 +82,14 @@ void merge_into(ops::AttentionResult& merged, const ops::AttentionResult& result
 
 at::Tensor chunk_rows(const at::Tensor& x, int64_t position, int64_t length) { return x.narrow(-2, position * length, length); }
 
+// The rows of several chunks, in order: a view for one, a copy for more.
+at::Tensor chunks_rows(const at::Tensor& x, const std::vector<int64_t>& positions, int64_t length) {
+  if (positions.size() == 1) return chunk_rows(x, positions[0], length);
+  std::vector<at::Tensor> rows;
+  for (int64_t p : positions) rows.push_back(chunk_rows(x, p, length));
+  return at::cat(rows, 2);
+}
+
 }  // namespace
 
 // The ring as one autograd node: q, k, v in, the merged output out; backward in ring_backward.
@@ -97,11 +103,10 @@ struct RingFunction : torch::autograd::Function<RingFunction> {
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["sliding_window"] = sliding_window;
     ctx->saved_data["documents"] = documents;
-    // The running block's name and type (the model's strings, which outlive the step) and the
-    // autocast state, so that backward recomputes with the same operator implementations and dtypes.
+    // The running block's name and type (the model's strings, which outlive the step), so that
+    // backward picks the attention_backward implementation pinned for the block.
     ctx->saved_data["block_name"] = reinterpret_cast<int64_t>(&ops::BlockScope::name());
     ctx->saved_data["block_type"] = reinterpret_cast<int64_t>(&ops::BlockScope::type());
-    autocast_state::save(ctx, q.device().type());
     ctx->save_for_backward({q, k, v, result.out, result.lse});
     return result.out;
   }
@@ -110,7 +115,6 @@ struct RingFunction : torch::autograd::Function<RingFunction> {
     const auto* attention = reinterpret_cast<const ContextAttention*>(ctx->saved_data["attention"].toInt());
     const ContextAttention::RingMask mask{ctx->saved_data["causal"].toBool(), ctx->saved_data["sliding_window"].toInt(),
                                           ctx->saved_data["documents"].toOptional<at::Tensor>().value_or(at::Tensor())};
-    const autocast_state::Replay autocast(ctx, saved[0].device().type());
     const ops::BlockScope scope(*reinterpret_cast<const std::string*>(ctx->saved_data["block_name"].toInt()),
                                 *reinterpret_cast<const std::string*>(ctx->saved_data["block_type"].toInt()));
     const auto [dq, dk, dv] = attention->ring_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], mask);
@@ -119,8 +123,8 @@ struct RingFunction : torch::autograd::Function<RingFunction> {
 };
 
 ContextAttention::ContextAttention(SequenceSplit split, int context_rank, std::shared_ptr<Communicator> inner,
-                                   std::shared_ptr<Communicator> outer, bool recompute)
-    : split_(split), context_rank_(context_rank), recompute_(recompute), inner_(std::move(inner)), outer_(std::move(outer)),
+                                   std::shared_ptr<Communicator> outer, bool rotate)
+    : split_(split), context_rank_(context_rank), rotate_(rotate), inner_(std::move(inner)), outer_(std::move(outer)),
       ring_bytes_(std::make_shared<std::atomic<int64_t>>(0)) {}
 
 std::vector<int64_t> ContextAttention::group_chunks(int outer_rank) const {
@@ -159,7 +163,7 @@ at::Tensor ContextAttention::attend(const at::Tensor& q, const at::Tensor& k, co
     const at::Tensor in_window_order = ops::attention(sorted(query), sorted(key), sorted(value), mask).out;
     out = in_window_order.index_select(2, order.argsort());
   } else {
-    if (recompute_)
+    if (rotate_)
       out = RingFunction::apply(query, key, value, this, local.causal, local.sliding_window,
                                 documents.defined() ? std::optional<at::Tensor>(documents) : std::nullopt);
     else
@@ -204,13 +208,8 @@ std::vector<ContextAttention::ChunkPair> ContextAttention::step_pairs(int step, 
 
 ops::AttentionResult ContextAttention::attend_pair(const at::Tensor& q, const at::Tensor& block, const ChunkPair& pair) const {
   const int64_t length = split_.chunk_length();
-  std::vector<at::Tensor> keys, values;
-  for (int64_t b : pair.key_blocks) {
-    keys.push_back(chunk_rows(block[0], b, length));
-    values.push_back(chunk_rows(block[1], b, length));
-  }
-  auto joined = [](const std::vector<at::Tensor>& x) { return x.size() == 1 ? x[0] : at::cat(x, 2); };
-  return ops::attention(chunk_rows(q, pair.query, length), joined(keys), joined(values), pair.mask, /*with_lse=*/true);
+  return ops::attention(chunk_rows(q, pair.query, length), chunks_rows(block[0], pair.key_blocks, length),
+                        chunks_rows(block[1], pair.key_blocks, length), pair.mask, /*with_lse=*/true);
 }
 
 at::Tensor ContextAttention::ring_keeping_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const {
@@ -279,7 +278,6 @@ std::array<at::Tensor, 3> ContextAttention::ring_backward(const at::Tensor& q, c
   Communicator& ring = *outer_;
   const int r = ring.size();
   const int64_t length = split_.chunk_length();
-  const at::Tensor d_out32 = d_out.to(at::kFloat), out32 = out.to(at::kFloat);
   at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
   at::Tensor block = at::stack({k, v}), own_gradient;
   std::optional<Rotation> gradient;  // the accumulated gradient of the block held next, on its way here
@@ -288,28 +286,17 @@ std::array<at::Tensor, 3> ContextAttention::ring_backward(const at::Tensor& q, c
     if (step + 1 < r) rotation = start_rotation(block, ring, *ring_bytes_);
     at::Tensor contribution = at::zeros(block.sizes(), block.options().dtype(at::kFloat));
     for (const ChunkPair& pair : step_pairs(step, mask, q.device())) {
-      const at::Tensor q_leaf = chunk_rows(q, pair.query, length).detach().requires_grad_(q.requires_grad());
-      const at::Tensor block_leaf = block.detach().requires_grad_(true);
-      ops::AttentionResult part;
-      {
-        const at::AutoGradMode enable(true);
-        part = attend_pair(q_leaf, block_leaf, {0, pair.key_blocks, pair.mask});  // q_leaf is the chunk already
+      // The merged output and lse: this pair's share of the whole attention's gradients.
+      const ops::AttentionGradients g =
+          ops::attention_backward(chunk_rows(q, pair.query, length), chunks_rows(block[0], pair.key_blocks, length),
+                                  chunks_rows(block[1], pair.key_blocks, length), chunk_rows(out, pair.query, length),
+                                  lse.narrow(-1, pair.query * length, length), chunk_rows(d_out, pair.query, length), pair.mask);
+      chunk_rows(dq, pair.query, length).add_(g.dq);
+      for (size_t i = 0; i < pair.key_blocks.size(); ++i) {
+        const int64_t seen = static_cast<int64_t>(i);
+        chunk_rows(contribution[0], pair.key_blocks[i], length).add_(chunk_rows(g.dk, seen, length));
+        chunk_rows(contribution[1], pair.key_blocks[i], length).add_(chunk_rows(g.dv, seen, length));
       }
-      // This pair's weight in the merged output, per query row (0 for a row that saw nothing).
-      const at::Tensor part_lse = part.lse.detach().to(at::kFloat), whole_lse = lse.narrow(-1, pair.query * length, length);
-      const at::Tensor weight = at::where(whole_lse.isneginf(), at::zeros_like(whole_lse), at::exp(part_lse - whole_lse));
-      const at::Tensor d_rows = chunk_rows(d_out32, pair.query, length);
-      std::vector<at::Tensor> outputs{part.out}, d_outputs{(d_rows * weight.unsqueeze(-1)).to(part.out.scalar_type())};
-      if (part.lse.requires_grad()) {
-        outputs.push_back(part.lse);
-        const at::Tensor spread = d_rows * (part.out.detach().to(at::kFloat) - chunk_rows(out32, pair.query, length));
-        d_outputs.push_back((weight * spread.sum(-1)).to(part.lse.scalar_type()));
-      }
-      std::vector<at::Tensor> wrt{block_leaf};
-      if (q.requires_grad()) wrt.push_back(q_leaf);
-      const auto grads = torch::autograd::grad(outputs, wrt, d_outputs, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-      if (grads[0].defined()) contribution += grads[0];
-      if (wrt.size() > 1 && grads[1].defined()) chunk_rows(dq, pair.query, length).add_(grads[1]);
     }
     if (step == 0) {
       own_gradient = contribution;

@@ -14,19 +14,16 @@
 //   3. A second all-to-all restores "my tokens, all heads".
 // Masks follow the window positions of the tokens, so causality and packed documents hold
 // whatever order the tokens arrive in. Autograd differentiates the all-to-alls. The ring, two ways
-// ([[pass]] context_parallel ring_recompute):
-//   false (default): autograd differentiates it too. Backward sends each received block's
-//      gradient back around the ring; the graph holds every block seen and every partial
-//      result, the whole sequence's keys and values per layer.
-//   true: one autograd node (RingFunction) that keeps what single-process flash attention
+// ([[pass]] context_parallel ring_backward):
+//   autograd: autograd differentiates it too. Backward sends each received block's gradient back
+//      around the ring; the graph holds every block seen and every partial result, the whole
+//      sequence's keys and values per layer.
+//   rotate: one autograd node (RingFunction) that keeps what single-process flash attention
 //      keeps — this rank's q, k, v, the merged output and its log-sum-exp. Its backward rotates
-//      the key/value blocks again, as Megatron's context parallel does, and for each block
-//      recomputes each chunk pair's partial attention o_j, lse_j and differentiates it under the
-//      whole output's weights:
-//        out = sum_j o_j w_j with w_j = e^(lse_j - lse), so
-//        d/d o_j = w_j dO,   d/d lse_j = w_j rowsum(dO (o_j - out)).
-//      (Megatron runs a flash backward kernel on the saved out and lse instead; the operator ABI
-//      has no attention backward, so the partial forward is computed again: the extra time.)
+//      the key/value blocks again, as Megatron's context parallel does, and runs the
+//      attention_backward operator on each chunk pair with the merged output and lse: with
+//      P = exp(S - lse) of the whole attention and delta = rowsum(dO o out), each block's dK,
+//      dV and its share of dQ are exactly its part of the whole attention's gradients.
 //      A block's key/value gradient collects its r contributions as it travels on, and the last
 //      rank sends it home: (r - 1) blocks forward, (r - 1) blocks and (r - 1) gradients backward,
 //      each received while the next chunk pairs compute.
@@ -50,10 +47,10 @@ class ContextAttention {
  public:
   // `context_rank` in the context group of `split.ranks` ranks; `inner` holds context ranks
   // [o u, (o + 1) u) for o = context_rank / u, `outer` those equal to context_rank modulo u.
-  // `recompute`: the ring keeps only q, k, v, out and lse and recomputes in backward (below);
-  // otherwise autograd keeps every block seen and every partial result.
+  // `rotate`: the ring keeps only q, k, v, out and lse and rotates the blocks again in backward
+  // (above); otherwise autograd keeps every block seen and every partial result.
   ContextAttention(SequenceSplit split, int context_rank, std::shared_ptr<Communicator> inner, std::shared_ptr<Communicator> outer,
-                   bool recompute);
+                   bool rotate);
   // q, k, v: this rank's tokens [B, H, T/c, D]; `local` the mask core built for them.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ops::AttentionMask& local) const;
   // Bytes of key/value blocks and their gradients this rank sent around the ring so far.
@@ -82,9 +79,9 @@ class ContextAttention {
   std::vector<ChunkPair> step_pairs(int step, const RingMask& mask, const at::Device& device) const;
   ops::AttentionResult attend_pair(const at::Tensor& q, const at::Tensor& block, const ChunkPair& pair) const;
   // The ring under autograd: backward sends each received block's gradient back where it came
-  // from, and the graph holds every block and partial result (ring_recompute = false).
+  // from, and the graph holds every block and partial result (ring_backward autograd).
   at::Tensor ring_keeping_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const;
-  // The ring as RingFunction (ring_recompute = true): forward (out in q's dtype, lse in fp32)
+  // The ring as RingFunction (ring_backward rotate): forward (out in q's dtype, lse in fp32)
   // and backward (dq, dk, dv).
   ops::AttentionResult ring_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const;
   std::array<at::Tensor, 3> ring_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
@@ -92,7 +89,7 @@ class ContextAttention {
 
   SequenceSplit split_;
   int context_rank_;
-  bool recompute_;
+  bool rotate_;
   std::shared_ptr<Communicator> inner_, outer_;
   std::shared_ptr<std::atomic<int64_t>> ring_bytes_;
 };

@@ -75,6 +75,17 @@ SequenceSplit split_of(const Config& config, int64_t window, int ranks) {
   return {window, ranks, config.get_string("load_balance") == "zigzag"};
 }
 
+// What ring_backward resolves to where the blocks compute: "auto" rotates where an
+// attention_backward implementation other than the reference (which writes out every chunk
+// pair's [Tq, Tk] scores) serves the device and dtype.
+std::string ring_backward(const Config& config, c10::DeviceType device, c10::ScalarType dtype) {
+  const std::string asked = config.get_string("ring_backward");
+  if (asked != "auto") return asked;
+  for (const auto* impl : ops::implementations(ops::AttentionBackward::name))
+    if (impl->priority() > 0 && impl->support().accepts(device, dtype)) return "rotate";
+  return "autograd";
+}
+
 class ContextParallelPass final : public Pass {
  public:
   ContextParallelPass()
@@ -93,12 +104,14 @@ class ContextParallelPass final : public Pass {
                           "zigzag: rank i holds chunks i and 2c-1-i of 2c, equal causal work; contiguous: chunk i of c (to "
                           "measure the imbalance)",
                           {"zigzag", "contiguous"})
-                  .boolean("ring_recompute", false,
-                           "The ring (methods ring and 2d) keeps only this rank's q, k, v, output and log-sum-exp per layer; "
-                           "backward rotates the key/value blocks again and recomputes each partial attention. false keeps "
-                           "every key/value block seen and every partial result (about (2(r-1) kv + 4 h) values per token "
-                           "and layer more, r the ring size) and computes nothing twice")
-                  .tuned({false, true})},
+                  .string("ring_backward", "auto",
+                          "How the ring (methods ring and 2d) is differentiated. rotate: it keeps only this rank's q, k, v, "
+                          "output and log-sum-exp per layer; backward rotates the key/value blocks again and runs the "
+                          "attention_backward operator per block. autograd: autograd keeps every key/value block seen and "
+                          "every partial result (about (2(r-1) kv + 4 h) values per token and layer more, r the ring size). "
+                          "auto: rotate where a fused attention_backward serves the device (CPU with the kernels plugin), "
+                          "else autograd (the reference writes out each chunk pair's scores)",
+                          {"auto", "rotate", "autograd"})},
              {Phase::ModelRewrite, {}, {}, {"tensor_parallel", "pipeline_parallel"}, {}},
              {{Dim::Context}, {{Stage::SyncGradients, StageUse::Wrap}, {Stage::Evaluate, StageUse::Wrap}}}) {}
 
@@ -127,13 +140,13 @@ class ContextParallelPass final : public Pass {
     if (m.ulysses > 1) out << "    Ulysses: 4 all-to-alls of B x " << split.window / split.ranks << " x h (q, k, v, output; k and v at kv width), "
                               "the same again in backward\n";
     if (m.ring > 1) {
-      const bool recompute = config.get_bool("ring_recompute");
+      const bool rotate = ring_backward(config, facts.device, facts.compute_dtype) == "rotate";
       out << "    ring: " << m.ring - 1 << " key/value block" << (m.ring > 2 ? "s" : "") << " of 2 x B x " << split.window / m.ring << " x h_kv"
           << (m.ulysses > 1 ? "/" + std::to_string(m.ulysses) : "") << " forward, "
-          << (recompute ? "the same blocks again and as many gradient blocks backward\n"
-                        : "as many gradient blocks backward\n");
-      out << "  The ring " << (recompute ? "keeps q, k, v, the output and its log-sum-exp per layer and recomputes each partial attention in backward (ring_recompute)\n"
-                                         : "keeps every key/value block seen and every partial result per layer (ring_recompute = false)\n");
+          << (rotate ? "the same blocks again and as many gradient blocks backward\n" : "as many gradient blocks backward\n");
+      out << "  The ring " << (rotate ? "keeps q, k, v, the output and its log-sum-exp per layer; backward runs attention_backward per block (ring_backward rotate"
+                                      : "keeps every key/value block seen and every partial result per layer (ring_backward autograd")
+          << (config.get_string("ring_backward") == "auto" ? ", by auto" : "") << ")\n";
     }
     return out.str();
   }
@@ -141,10 +154,10 @@ class ContextParallelPass final : public Pass {
   // Each rank holds 1/c of every sequence's tokens: activations, logits and FLOPs (its queries
   // against all keys) divide by c. Per layer and micro-batch, Ulysses sends (u-1)/u of q, k, v and
   // the output forward and of their gradients backward; the ring passes r-1 key/value blocks
-  // forward and their gradients backward, and under ring_recompute the blocks again, with each
-  // partial attention's forward computed twice; without it, it keeps the blocks and partial
-  // results (2 (r-1) kv + 4 h values per own token and layer: measured 6.1 h at r = 2 and 11.0 h
-  // at r = 4, GPT d256, where this counts 6 h and 10 h).
+  // forward and their gradients backward, and when it rotates in backward the blocks again;
+  // differentiated by autograd, it keeps the blocks and partial results instead (2 (r-1) kv + 4 h
+  // values per own token and layer: measured 6.1 h at r = 2 and 11.0 h at r = 4, GPT d256, where
+  // this counts 6 h and 10 h).
   void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
     const double cp = static_cast<double>(c.context);
     c.activation_bytes /= cp, c.transient_bytes /= cp, c.flops /= cp;
@@ -160,15 +173,11 @@ class ContextParallelPass final : public Pass {
       c.messages += per_layer * 8;
     }
     if (r > 1) {
-      const bool recompute = config.get_bool("ring_recompute");
-      const double blocks = (recompute ? 3 : 2) * (r - 1);
+      const bool rotate = ring_backward(config, facts.device, facts.compute_dtype) == "rotate";
+      const double blocks = (rotate ? 3 : 2) * (r - 1);
       c.comm_bytes += per_layer * blocks * 2 * kv_width * tokens * c.activation_element_bytes;
       c.messages += per_layer * blocks * 2;  // each exchanges with both neighbours
-      if (recompute) {
-        c.flops += per_layer * 4 * h * c.seq_per_rank * cp * tokens;  // the attention's forward, again
-      } else {
-        c.activation_bytes += c.layers_per_rank * (2 * (r - 1) * kv_width + 4 * h) * tokens * c.activation_element_bytes;
-      }
+      if (!rotate) c.activation_bytes += c.layers_per_rank * (2 * (r - 1) * kv_width + 4 * h) * tokens * c.activation_element_bytes;
     }
   }
 
@@ -187,7 +196,8 @@ class ContextParallelPass final : public Pass {
     for (int o = 0; o < c / u; ++o) outer_ranks.push_back(o * u + rank % u);
     auto inner = group.split(inner_ranks);
     auto outer = group.split(outer_ranks);
-    auto attention = std::make_shared<ContextAttention>(split, rank, std::move(inner), std::move(outer), config.get_bool("ring_recompute"));
+    auto attention = std::make_shared<ContextAttention>(split, rank, std::move(inner), std::move(outer),
+                                                        ring_backward(config, job.device().type(), at::kFloat) == "rotate");
 
     job.split_batch = [whole = job.split_batch, split, rank](const at::Tensor& batch) {
       MicroBatch micro = whole(batch);

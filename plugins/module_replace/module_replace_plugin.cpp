@@ -15,7 +15,7 @@ namespace {
 
 // The operators core defines (ops.h), one strategy key each.
 const std::vector<std::string>& core_operators() {
-  static const std::vector<std::string> names = {ops::Attention::name, ops::LayerNorm::name, ops::RmsNorm::name, ops::AddLayerNorm::name, ops::AddRmsNorm::name,
+  static const std::vector<std::string> names = {ops::Attention::name, ops::AttentionBackward::name, ops::LayerNorm::name, ops::RmsNorm::name, ops::AddLayerNorm::name, ops::AddRmsNorm::name,
                                                  ops::Linear::name,    ops::Gelu::name,      ops::SwiGlu::name,
                                                  ops::Rope::name,      ops::CrossEntropy::name, ops::LinearCrossEntropy::name,
                                                  ops::AgdUpdate::name, ops::AdamwUpdate::name};

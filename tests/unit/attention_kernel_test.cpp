@@ -463,5 +463,77 @@ TEST_F(AttentionKernel, PluginIsSelectedAndMatchesTheReference) {
   OperatorTable::global().reset();
 }
 
+// attention_backward (ops.h, ABI 1.9) against autograd: the keys split into two blocks, each
+// block's attention_backward given the whole attention's output and lse (ring attention's use)
+// must add up to autograd's gradients of the whole attention (loss through the output only), for
+// the reference operator and the blocked kernel (small tiles), causal by permuted window
+// positions with documents, a sliding window, grouped-query heads, queries that see nothing.
+ops::AttentionGradients reference_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                           const at::Tensor& lse, const at::Tensor& d_out, const ops::AttentionMask& mask) {
+  const auto& impls = OperatorTable::global().implementations("attention_backward");
+  const auto& ref = static_cast<const ops::OperatorImpl<ops::AttentionBackward>&>(*impls.back());
+  EXPECT_EQ(ref.name(), "attention_backward.reference");
+  return ref.fn()(q, k, v, out, lse, d_out, mask);
+}
+
+// The mask of keys [start, start + length): their window positions and documents.
+ops::AttentionMask keys_of(const ops::AttentionMask& whole, int64_t start, int64_t length) {
+  ops::AttentionMask part = whole;
+  if (whole.kv_index.defined()) part.kv_index = whole.kv_index.narrow(0, start, length);
+  if (whole.kv_document.defined()) part.kv_document = whole.kv_document.narrow(1, start, length);
+  return part;
+}
+
+void check_backward(at::ScalarType dtype, int64_t heads, int64_t kv_heads, int64_t tq, int64_t tk, int64_t split, const ops::AttentionMask& mask) {
+  const auto opts = at::TensorOptions().dtype(dtype);
+  const at::Tensor q = at::randn({2, heads, tq, 8}, opts).requires_grad_(true), k = at::randn({2, kv_heads, tk, 8}, opts).requires_grad_(true);
+  const at::Tensor v = at::randn({2, kv_heads, tk, 8}, opts).requires_grad_(true), w = at::randn({2, heads, tq, 8}, opts);
+  const ops::AttentionResult whole = reference(q, k, v, mask, true);
+  const auto expected = torch::autograd::grad({(whole.out * w).sum()}, {q, k, v});
+  const double tol = dtype == at::kDouble ? 1e-10 : 2e-5;
+  for (const bool blocked : {false, true}) {
+    const std::string which = blocked ? "blocked kernel" : "reference";
+    at::Tensor dq = at::zeros_like(q);
+    std::vector<at::Tensor> dk, dv;
+    for (const auto& [start, length] : std::vector<std::pair<int64_t, int64_t>>{{0, split}, {split, tk - split}}) {
+      const at::Tensor key = k.detach().narrow(2, start, length), value = v.detach().narrow(2, start, length);
+      const ops::AttentionMask part = keys_of(mask, start, length);
+      const ops::AttentionGradients g =
+          blocked ? kernels::attention_backward_blocked_cpu(q.detach(), key, value, whole.out.detach(), whole.lse.detach(), w, part, kBlockQ, kBlockK)
+                  : reference_backward(q.detach(), key, value, whole.out.detach(), whole.lse.detach(), w, part);
+      dq += g.dq;
+      dk.push_back(g.dk);
+      dv.push_back(g.dv);
+    }
+    expect_close(dq, expected[0], tol, which + " dq");
+    expect_close(at::cat(dk, 2), expected[1], tol, which + " dk");
+    expect_close(at::cat(dv, 2), expected[2], tol, which + " dv");
+  }
+}
+
+TEST_F(AttentionKernel, BackwardPerKeyBlockAddsUpToTheWholeAttentions) {
+  ops::AttentionMask none;
+  check_backward(at::kDouble, 2, 2, 19, 29, 11, none);
+  ops::AttentionMask permuted;  // causal by window positions in a zigzag order, with documents
+  permuted.causal = true;
+  permuted.q_index = at::randperm(40, at::kLong).narrow(0, 0, 19);
+  permuted.kv_index = at::randperm(40, at::kLong).narrow(0, 0, 29);
+  check_backward(at::kDouble, 4, 2, 19, 29, 13, permuted);
+  ops::AttentionMask docs = permuted;
+  const at::Tensor ids = documents(2, 40, 3);
+  docs.q_document = ids.index_select(1, permuted.q_index);
+  docs.kv_document = ids.index_select(1, permuted.kv_index);
+  check_backward(at::kDouble, 4, 4, 19, 29, 7, docs);
+  ops::AttentionMask windowed = permuted;
+  windowed.sliding_window = 6;
+  check_backward(at::kDouble, 2, 1, 19, 29, 20, windowed);
+  ops::AttentionMask late;  // the first 9 queries see no key
+  late.causal = true;
+  late.q_index = at::arange(0, 20, at::kLong);
+  late.kv_index = at::arange(9, 40, at::kLong);
+  check_backward(at::kDouble, 2, 2, 20, 31, 16, late);
+  check_backward(at::kFloat, 4, 2, 19, 29, 13, docs);
+}
+
 }  // namespace
 }  // namespace strata

@@ -176,6 +176,10 @@ namespace ops {
 AttentionResult attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask, bool with_lse) {
   return call<Attention>(q, q, k, v, mask, with_lse);
 }
+AttentionGradients attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                      const at::Tensor& lse, const at::Tensor& d_out, const AttentionMask& mask) {
+  return call<AttentionBackward>(q, q, k, v, out, lse, d_out, mask);
+}
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                      const std::optional<at::Tensor>& additive_mask) {
   AttentionMask mask;

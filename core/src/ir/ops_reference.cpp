@@ -83,6 +83,30 @@ ops::AttentionResult attention_reference(const at::Tensor& q, const at::Tensor& 
   return {at::scaled_dot_product_attention(q, key, value, attn_mask, 0.0, false), {}};
 }
 
+// The formulas of ops.h, written out in at least fp32 with [Tq, Tk] scores.
+ops::AttentionGradients attention_backward_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                                     const at::Tensor& lse, const at::Tensor& d_out, const ops::AttentionMask& mask) {
+  if (mask.additive) throw std::invalid_argument("attention_backward: an additive mask is not supported");
+  const at::ScalarType compute = at::promote_types(q.scalar_type(), at::kFloat);
+  const int64_t group = q.size(1) / k.size(1);
+  const at::Tensor key = (group > 1 ? k.repeat_interleave(group, 1) : k).to(compute);
+  const at::Tensor value = (group > 1 ? v.repeat_interleave(group, 1) : v).to(compute);
+  const at::Tensor query = q.to(compute), dout = d_out.to(compute), whole_lse = lse.to(compute).unsqueeze(-1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor p = at::exp(at::matmul(query, key.transpose(-2, -1)) * scale - whole_lse);
+  const at::Tensor visible = ops::visible_pairs(mask, q.size(2), key.size(2), q.device());
+  p = at::where(whole_lse.isneginf(), at::zeros_like(p), p);
+  if (visible.defined()) p = p.masked_fill(visible.logical_not(), 0.0);
+  const at::Tensor delta = (dout * out.to(compute)).sum(-1, /*keepdim=*/true);
+  const at::Tensor ds = p * (at::matmul(dout, value.transpose(-2, -1)) - delta) * scale;
+  at::Tensor dk = at::matmul(ds.transpose(-2, -1), query), dv = at::matmul(p.transpose(-2, -1), dout);
+  if (group > 1) {  // sum each kv head's query heads
+    dk = dk.unflatten(1, {k.size(1), group}).sum(2);
+    dv = dv.unflatten(1, {v.size(1), group}).sum(2);
+  }
+  return {at::matmul(ds, key).to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
+}
+
 at::Tensor layer_norm_reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                 double eps) {
   return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
@@ -226,6 +250,8 @@ void OperatorTable::reset() {
   pins_.clear();
   for (const auto* impl : {
            reference<ops::Attention>("scaled dot-product attention (ATen; written out in fp32 when the log-sum-exp is asked for), causal by window position, document and additive masks, GQA by repeat", attention_reference),
+           reference<ops::AttentionBackward>("attention's gradients from its output and lse, written out in fp32 with [Tq, Tk] scores, GQA by repeat",
+                                             attention_backward_reference),
            reference<ops::LayerNorm>("at::layer_norm", layer_norm_reference),
            reference<ops::RmsNorm>("RMSNorm computed in fp32", rms_norm_reference),
            reference<ops::AddLayerNorm>("residual + x, then the layer_norm operator", add_layer_norm_reference),

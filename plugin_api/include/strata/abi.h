@@ -14,7 +14,7 @@
 #include "strata/export.h"
 
 #define STRATA_ABI_VERSION_MAJOR 1
-#define STRATA_ABI_VERSION_MINOR 8
+#define STRATA_ABI_VERSION_MINOR 9
 // The descriptor's first field, which every host (also those before MINOR existed) compares with
 // its own: the major.
 #define STRATA_ABI_VERSION STRATA_ABI_VERSION_MAJOR

@@ -64,6 +64,22 @@ struct Attention {  // q, k, v: [B, H, T, D] (k/v may have fewer heads: grouped-
   using Fn = AttentionResult(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask,
                              bool with_lse);
 };
+// The gradients of attention(q, k, v, mask) without autograd, given an output `out` [B, H, Tq, D],
+// its log-sum-exp `lse` [B, H, Tq] and the output's gradient `d_out`:
+//   P = exp(scale q k^T - lse) on the visible pairs (0 elsewhere, and on rows with lse = -inf),
+//   dV = P^T dO,  dS = P (dO V^T - rowsum(dO o out)),  dQ = scale dS K,  dK = scale dS^T q,
+// dK and dV summed over each kv head's query heads (grouped-query). `out` and `lse` may be those
+// of a larger attention whose keys include these (ring attention's merged output, flash
+// attention's backward per key block): the gradients are then this block's share of that
+// attention's. No additive mask. Returns q's, k's and v's dtypes. ABI 1.9.
+struct AttentionGradients {
+  at::Tensor dq, dk, dv;
+};
+struct AttentionBackward {
+  static constexpr const char* name = "attention_backward";
+  using Fn = AttentionGradients(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                               const at::Tensor& lse, const at::Tensor& d_out, const AttentionMask& mask);
+};
 struct LayerNorm {
   static constexpr const char* name = "layer_norm";
   using Fn = at::Tensor(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, double eps);
@@ -162,6 +178,8 @@ struct AdamwUpdate {
 
 STRATA_API AttentionResult attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask,
                                      bool with_lse = false);
+STRATA_API AttentionGradients attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                                 const at::Tensor& lse, const at::Tensor& d_out, const AttentionMask& mask);
 // The common case: causal or not, an optional additive mask, the output only.
 STRATA_API at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                 const std::optional<at::Tensor>& additive_mask = std::nullopt);
