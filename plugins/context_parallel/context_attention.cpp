@@ -212,53 +212,58 @@ ops::AttentionResult ContextAttention::attend_pair(const at::Tensor& q, const at
                         chunks_rows(block[1], pair.key_blocks, length), pair.mask, /*with_lse=*/true);
 }
 
-at::Tensor ContextAttention::ring_keeping_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const {
+std::vector<ops::AttentionResult> ContextAttention::ring_steps(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                             const RingMask& mask, bool blocks_in_graph) const {
   Communicator& ring = *outer_;
   const int r = ring.size();
   std::vector<ops::AttentionResult> partial(group_chunks(ring.rank()).size());
   at::Tensor block = at::stack({k, v});  // one message per step
   at::Tensor unused;  // blocks this rank's queries never see, kept in the graph (see below)
   for (int step = 0; step < r; ++step) {
-    std::unique_ptr<Rotation> rotation;
+    std::unique_ptr<Rotation> rotation;  // a stable address: ReceivedBlock holds it until it waits
     if (step + 1 < r) rotation = std::make_unique<Rotation>(start_rotation(block, ring, *ring_bytes_));
     const std::vector<ChunkPair> pairs = step_pairs(step, mask, q.device());
     for (const ChunkPair& pair : pairs) {
       merge_into(partial[static_cast<size_t>(pair.query)], attend_pair(q, block, pair));
     }
-    // Every rank must run every rotation's backward (its ring partners wait for the message), so
-    // a received block no query uses still joins the graph, with a zero gradient.
-    // (One element times zero: a sum of a half-precision block could overflow to inf, and inf * 0 is NaN.)
-    if (pairs.empty()) {
+    // Under autograd every rank must run every rotation's backward (its ring partners wait for
+    // the message), so a received block no query uses still joins the graph, with a zero
+    // gradient. (One element times zero: a sum of a half-precision block could overflow to inf,
+    // and inf * 0 is NaN.)
+    if (blocks_in_graph && pairs.empty()) {
       const at::Tensor zero = (block.reshape(-1).narrow(0, 0, 1) * 0.0).sum();
       unused = unused.defined() ? unused + zero : zero;
     }
-    if (rotation)
+    if (!rotation) continue;
+    if (blocks_in_graph) {
       block = ReceivedBlock::apply(block, reinterpret_cast<int64_t>(rotation.get()), reinterpret_cast<int64_t>(&ring),
                                    reinterpret_cast<int64_t>(ring_bytes_.get()));
-  }
-  std::vector<at::Tensor> outs;
-  for (const auto& p : partial) outs.push_back(p.out);  // every query chunk sees its own chunk
-  at::Tensor out = at::cat(outs, 2).to(q.scalar_type());
-  return unused.defined() ? out + unused.to(out.scalar_type()) : out;
-}
-
-ops::AttentionResult ContextAttention::ring_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const {
-  Communicator& ring = *outer_;
-  const int r = ring.size();
-  const int64_t length = split_.chunk_length();
-  std::vector<ops::AttentionResult> partial(group_chunks(ring.rank()).size());
-  at::Tensor block = at::stack({k, v});  // one message per step
-  for (int step = 0; step < r; ++step) {
-    std::optional<Rotation> rotation;
-    if (step + 1 < r) rotation = start_rotation(block, ring, *ring_bytes_);
-    for (const ChunkPair& pair : step_pairs(step, mask, q.device())) {
-      merge_into(partial[static_cast<size_t>(pair.query)], attend_pair(q, block, pair));
-    }
-    if (rotation) {
+    } else {
       rotation->work->wait();
       block = rotation->received;
     }
   }
+  // The unused blocks' zero joins the first chunk that has a result (every query chunk sees at
+  // least its own chunk under autograd's masks: causal or not, the diagonal is visible).
+  if (unused.defined()) {
+    for (auto& p : partial) {
+      if (!p.out.defined()) continue;
+      p.out = p.out + unused.to(p.out.scalar_type());
+      break;
+    }
+  }
+  return partial;
+}
+
+at::Tensor ContextAttention::ring_keeping_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const {
+  std::vector<at::Tensor> outs;
+  for (const auto& p : ring_steps(q, k, v, mask, /*blocks_in_graph=*/true)) outs.push_back(p.out);  // every query chunk sees its own chunk
+  return at::cat(outs, 2).to(q.scalar_type());
+}
+
+ops::AttentionResult ContextAttention::ring_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const {
+  const int64_t length = split_.chunk_length();
+  std::vector<ops::AttentionResult> partial = ring_steps(q, k, v, mask, /*blocks_in_graph=*/false);
   std::vector<at::Tensor> outs, lses;
   for (size_t a = 0; a < partial.size(); ++a) {
     if (!partial[a].out.defined()) {  // a query chunk that saw no key at all: zeros, lse -inf

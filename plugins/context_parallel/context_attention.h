@@ -32,6 +32,7 @@
 #include <array>
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -78,6 +79,12 @@ class ContextAttention {
   // the future of its queries.
   std::vector<ChunkPair> step_pairs(int step, const RingMask& mask, const at::Device& device) const;
   ops::AttentionResult attend_pair(const at::Tensor& q, const at::Tensor& block, const ChunkPair& pair) const;
+  // The ring's r steps, one loop for both ways: each rank's block travels on while the chunk
+  // pairs of the block held compute; the partial results per query chunk of this rank (undefined
+  // for a chunk that saw no key). `blocks_in_graph`: each received block joins autograd as a
+  // function of the block sent (ring_backward autograd); otherwise blocks are plain tensors.
+  std::vector<ops::AttentionResult> ring_steps(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask,
+                                               bool blocks_in_graph) const;
   // The ring under autograd: backward sends each received block's gradient back where it came
   // from, and the graph holds every block and partial result (ring_backward autograd).
   at::Tensor ring_keeping_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const RingMask& mask) const;
