@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 
 #include "../sharding/bucketing.h"
+#include "../sharding/expert_split.h"
 #include "strata/plugin.h"
 
 namespace strata::ddp {
@@ -28,10 +29,12 @@ class DdpPass final : public Pass {
              {Phase::Wrapping, {}, {"zero1", "zero2", "fsdp"}, {}, {}},
              {{Dim::Data}, {{Stage::SyncGradients, StageUse::Own}}}) {}
 
-  // A ring all-reduce of every gradient, once per step: 2(d-1)/d of their bytes sent per rank.
-  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
-    const double d = static_cast<double>(c.data);
-    c.comm_bytes += 2 * (d - 1) / d * c.gradient_bytes;
+  // A ring all-reduce of every gradient, once per step: 2(d-1)/d of their bytes sent per rank,
+  // the split experts' over their expert-data group of d/P ranks instead.
+  void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
+    const double d = static_cast<double>(c.data), experts = sharding::expert_split(facts, c).fraction();
+    const double expert_data = d / static_cast<double>(facts.mesh.expert);
+    c.comm_bytes += 2 * ((1 - experts) * sharding::ring_share(d) + experts * sharding::ring_share(expert_data)) * c.gradient_bytes;
     c.messages += std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));  // one per bucket
   }
 
@@ -44,7 +47,9 @@ class DdpPass final : public Pass {
     // WSAM's local gradient (sync_gradients false) is left alone.
     job.add_hook(HookPoint::BeforeBackward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.sync_gradients, c.last_backward); });
     job.program.own(Stage::SyncGradients, [reducer](StepContext& c) {
-      if (c.sync_gradients) c.metrics.emplace_back("ddp_exposed_comm_ms", reducer->finish());
+      if (!c.sync_gradients) return;
+      c.metrics.emplace_back("ddp_exposed_comm_ms", reducer->finish());
+      c.metrics.emplace_back("ddp_sent_bytes", reducer->take_reduced().sent);
     });
   }
 };

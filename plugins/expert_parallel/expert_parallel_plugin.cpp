@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "../sharding/expert_split.h"
 #include "strata/job.h"
 #include "strata/plugin.h"
 
@@ -69,31 +70,17 @@ class ExpertParallelPass final : public Pass {
            " bytes sent per rank to dispatch, as many to combine, and the same again in backward\n";
   }
 
-  // Each rank keeps 1/P of the routed experts' parameters and their states, where the
-  // data-parallel pass (estimated after this one) does not shard them anyway: it shards experts
-  // over the expert-data group (data / P ranks) but divides what it shards by data, so for what it
-  // shards the experts' share stays whole here: ddp none (weights, gradients and optimizer state
-  // 1/P), zero1 the optimizer state, zero2 also the gradients, fsdp all three. The routed experts
-  // are moe_layers x n_experts SwiGLUs of 3 d ffn; passes estimated before (pipeline, tensor)
-  // divided them as they divided the rest. Each MoE layer a rank runs sends, per micro-batch,
-  // dispatch_bytes to dispatch, as many to combine, and both again in backward. (The
-  // data-parallel passes still count the experts' reductions and gathers over all data ranks:
-  // docs/tune.md, known gaps.)
+  // Each rank keeps 1/P of the routed experts' parameters and their states: weights, gradients
+  // and optimizer state shrink to ExpertSplit::kept() of what they were (passes estimated before,
+  // pipeline and tensor, divided the experts as they divided the rest). The data-parallel passes,
+  // estimated after this one, then shard and reduce the split experts' fraction over the
+  // expert-data group (sharding/expert_split.h). Each MoE layer a rank runs sends, per
+  // micro-batch, dispatch_bytes to dispatch, as many to combine, and both again in backward.
   void estimate(const Config&, const PlanFacts& facts, CostEstimate& c) const override {
-    const double p = static_cast<double>(facts.mesh.expert);
-    if (p <= 1 || c.model.parameters <= 0 || !facts.model.has("n_experts")) return;
-    const double d = static_cast<double>(c.model.hidden), ffn = static_cast<double>(c.model.ffn_hidden);
+    const sharding::ExpertSplit split = sharding::expert_split(facts, c);
+    if (split.ranks <= 1) return;
+    c.weight_bytes *= split.kept(), c.gradient_bytes *= split.kept(), c.optimizer_bytes *= split.kept();
     const double moe_layers = static_cast<double>(facts.model.get_int("n_layer") / std::max<int64_t>(1, facts.model.get_int("moe_every")));
-    const double experts = static_cast<double>(facts.model.get_int("n_experts"));
-    const double expert_share = std::min(1.0, moe_layers * experts * 3 * d * ffn / static_cast<double>(c.model.parameters));
-    const double keep = 1 - expert_share * (1 - 1 / p);
-    const auto enabled = [&facts](const char* name) {
-      return std::find(facts.enabled_passes.begin(), facts.enabled_passes.end(), name) != facts.enabled_passes.end();
-    };
-    const bool fsdp = enabled("fsdp"), zero2 = enabled("zero2") || fsdp, zero1 = enabled("zero1") || zero2;
-    if (!fsdp) c.weight_bytes *= keep;
-    if (!zero2) c.gradient_bytes *= keep;
-    if (!zero1) c.optimizer_bytes *= keep;
     const double moe_layers_per_rank = c.layers_per_rank * moe_layers / static_cast<double>(std::max<int64_t>(1, c.model.layers));
     const double tokens = static_cast<double>(c.micro_batch) * c.seq_per_rank;
     c.comm_bytes += static_cast<double>(c.micro_batches) * moe_layers_per_rank * 4 *

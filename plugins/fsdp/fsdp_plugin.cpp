@@ -27,6 +27,7 @@
 #include <ATen/ATen.h>
 
 #include "../common/block_selectors.h"
+#include "../sharding/expert_split.h"
 #include "../sharding/gradient_accumulation.h"
 #include "../sharding/reduction_window.h"
 #include "../sharding/sharded_training.h"
@@ -171,6 +172,7 @@ class Sharder {
   // reduced, and (HSDP) of the gradient chunks averaged over the replicas.
   struct Traffic {
     int64_t all_gathers = 0, gather_bytes = 0, reduce_bytes = 0, replica_reduce_bytes = 0;
+    double sent_bytes = 0;  // what this rank sent of them all (sharding::Traffic)
   };
   Traffic take_traffic() { return std::exchange(traffic_, Traffic{}); }
 
@@ -180,7 +182,7 @@ class Sharder {
       if (unit->gathered()) continue;
       unit->start_gather();
       ++traffic_.all_gathers;
-      traffic_.gather_bytes += unit->gather_bytes();
+      traffic_.gather_bytes += unit->gather_bytes(), traffic_.sent_bytes += unit->gather_traffic().sent;
     }
   }
   static void wait_gathered(const UnitSet& set) {
@@ -206,7 +208,7 @@ class Sharder {
     const bool routed = sharding::holds(routed_, unit);
     const bool share = !last_ && synchronised_ && options_.reduce_every_micro_batch && complete && unit.reduce_scatters() && !routed;
     if (last_ || share) {
-      unit.start_reduce(/*final=*/last_), traffic_.reduce_bytes += unit.reduce_bytes();
+      unit.start_reduce(/*final=*/last_), traffic_.reduce_bytes += unit.reduce_bytes(), traffic_.sent_bytes += unit.reduce_traffic(last_).sent;
       if (last_) traffic_.replica_reduce_bytes += unit.replica_reduce_bytes();
       reductions_.started(unit);  // at most two units' gradients in flight (reduction_window.h)
     }
@@ -284,25 +286,38 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
   // step without it at 1 or 4 micro-batches; with it 5 at 1 and 17 at 4). Gradients are
   // reduce-scattered once a step, or once per micro-batch with reduce_every_micro_batch.
   // Under HSDP (fsdp_hybrid.h) the same within a shard group of S, plus the gradient chunks'
-  // all-reduce over the D/S replicas.
-  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
-    const double d = static_cast<double>(effective_shard_size(config.get_int("shard_size"), c.data)), t = static_cast<double>(c.tensor);
-    const double replicas = static_cast<double>(c.data) / d, m = static_cast<double>(c.micro_batches);
+  // all-reduce over the D/S replicas. Split experts (expert_parallel) go over their own shard
+  // group, the shard group's ranks holding the same experts, and replicas, the rest of their
+  // expert-data group; they lie in the layer units.
+  void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
+    const int64_t data = c.data, shard = effective_shard_size(config.get_int("shard_size"), data);
+    const double d = static_cast<double>(shard), t = static_cast<double>(c.tensor);
+    const double replicas = static_cast<double>(data) / d, m = static_cast<double>(c.micro_batches);
+    const sharding::ExpertSplit split = sharding::expert_split(facts, c);
+    const double experts = split.fraction();
+    const double expert_shard = experts > 0 ? static_cast<double>(expert_shard_size(shard, data, facts.mesh.expert)) : 1;
+    const double expert_replicas = static_cast<double>(data) / split.ranks / expert_shard;
     const bool reshard = config.get_bool("reshard_after_forward"), every = config.get_bool("reduce_every_micro_batch");
     const double layer_gathers = reshard ? 2 * m : 1, reductions = every ? m : 1;
     const double layer_fraction = c.model.parameters > 0 ? static_cast<double>(c.model.layers * c.model.layer_parameters) /
                                                                static_cast<double>(c.model.parameters)
                                                          : 1;
-    const double full_weights = c.weight_bytes;
-    c.comm_bytes += (d - 1) / d * full_weights * (1 - layer_fraction + layer_gathers * layer_fraction) +
-                    reductions * (d - 1) / d * c.gradient_bytes + 2 * (replicas - 1) / replicas * c.gradient_bytes / d;
+    // Of this rank's parameters: the root unit's, the layers' replicated ones, the split experts'.
+    const double root_share = (1 - layer_fraction) / split.kept(), dense_layers = 1 - root_share - experts;
+    using sharding::ring_share;
+    const double weights = c.weight_bytes, gradients = c.gradient_bytes;
+    c.comm_bytes += ring_share(d) * weights * (root_share + layer_gathers * dense_layers) +
+                    ring_share(expert_shard) * weights * layer_gathers * experts +
+                    reductions * (ring_share(d) * (1 - experts) + ring_share(expert_shard) * experts) * gradients +
+                    2 * (ring_share(replicas) * (1 - experts) / d + ring_share(expert_replicas) * experts / expert_shard) * gradients;
     // Each all-gather and reduce-scatter is a message: the root's and every layer's of the stage.
     const double layers = static_cast<double>(c.model.layers) / static_cast<double>(c.pipeline);
     c.messages += 1 + layers * layer_gathers + (layers + 1) * reductions;
     // Accumulating over micro-batches without reduce_every_micro_batch holds every full gradient
     // from the step's first backward to its last, besides this rank's chunk.
     const double held_full_gradients = c.micro_batches > 1 && !every ? c.gradient_bytes : 0;
-    c.weight_bytes /= d, c.gradient_bytes = c.gradient_bytes / d + held_full_gradients, c.optimizer_bytes /= d;
+    const double kept = (1 - experts) / d + experts / expert_shard;
+    c.weight_bytes *= kept, c.gradient_bytes = c.gradient_bytes * kept + held_full_gradients, c.optimizer_bytes *= kept;
     // Gathered at once: the root and, with reshard_after_forward, up to limit_all_gathers layers;
     // without it every layer of the stage, from its forward to its backward. Measured with the
     // counting allocator's peak (mem_device_peak_bytes), 16 layers of d_model 512 at fsdp 2:
@@ -486,6 +501,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
       c.metrics.emplace_back("fsdp_gather_bytes", static_cast<double>(traffic.gather_bytes));
       c.metrics.emplace_back("fsdp_reduce_bytes", static_cast<double>(traffic.reduce_bytes));
       if (hybrid) c.metrics.emplace_back("fsdp_replica_reduce_bytes", static_cast<double>(traffic.replica_reduce_bytes));
+      c.metrics.emplace_back("fsdp_sent_bytes", traffic.sent_bytes);
     });
     // Step metrics count the training step's collectives, not an evaluation's.
     job.add_hook(HookPoint::AfterEvaluate, [sharder](StepContext&) { sharder->release_all(), sharder->take_traffic(); });

@@ -75,7 +75,7 @@ void BucketReducer::gradient_ready(size_t unit, size_t param) {
 
 void BucketReducer::start(FlatUnit& unit, bool final) {
   unit.start_reduce(final);
-  reduce_bytes_ += unit.reduce_bytes();
+  reduced_ += unit.reduce_traffic(final);
   if (unit.reduce_scatters()) window_.started(unit);
 }
 

@@ -48,8 +48,8 @@ class BucketReducer {
   // gradient, reduces what is left and waits. Returns the milliseconds spent waiting for
   // communication that backward did not hide.
   double finish();
-  // The full buffers reduced since the last call (every share counted).
-  int64_t take_reduce_bytes() { return std::exchange(reduce_bytes_, 0); }
+  // What the reductions since the last call moved (every share counted).
+  Traffic take_reduced() { return std::exchange(reduced_, Traffic{}); }
 
  private:
   void start(FlatUnit& unit, bool final);
@@ -63,7 +63,7 @@ class BucketReducer {
   bool syncing_ = false;  // the step's last backward
   bool sharing_ = false;  // an earlier synchronised one that reduces its shares
   ReductionWindow window_;
-  int64_t reduce_bytes_ = 0;
+  Traffic reduced_;
 };
 
 }  // namespace strata::sharding

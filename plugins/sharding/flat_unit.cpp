@@ -143,6 +143,18 @@ int64_t FlatUnit::gather_bytes() const { return padded_ * static_cast<int64_t>(c
 
 int64_t FlatUnit::reduce_bytes() const { return padded_ * static_cast<int64_t>(c10::elementSize(reduce_dtype_)); }
 
+namespace {
+double ring_sent(int64_t bytes, int ranks) { return static_cast<double>(bytes) * (ranks - 1) / ranks; }
+}  // namespace
+
+Traffic FlatUnit::gather_traffic() const { return {gather_bytes(), ring_sent(gather_bytes(), comm_.size())}; }
+
+Traffic FlatUnit::reduce_traffic(bool final) const {
+  Traffic t{reduce_bytes(), (reduce_ == GradReduce::AllReduce ? 2 : 1) * ring_sent(reduce_bytes(), comm_.size())};
+  if (final && replicas_) t.sent += 2 * ring_sent(replica_reduce_bytes(), replicas_->size());  // an all-reduce
+  return t;
+}
+
 at::Tensor FlatUnit::data_chunk() const { return persistent_ ? full_.narrow(0, chunk_begin_, chunk_) : shard_; }
 
 at::Tensor FlatUnit::grad_chunk() const {

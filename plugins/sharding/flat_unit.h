@@ -38,6 +38,20 @@ struct Piece {
   Placement placement;  // where `data` sits in the whole parameter; sharded over the data ranks
 };
 
+// Bytes a pass's collectives moved: `full`, the sizes of the buffers each all-gather filled and
+// each reduction sent (the passes' *_gather_bytes and *_reduce_bytes metrics), and `sent`, what
+// this rank sent of them as ring algorithms send over a unit's g ranks: (g-1)/g of an all-gather
+// or reduce-scatter, twice that of an all-reduce (the *_sent_bytes metrics; what tune's
+// comm_bytes predicts).
+struct Traffic {
+  int64_t full = 0;
+  double sent = 0;
+  Traffic& operator+=(const Traffic& other) {
+    full += other.full, sent += other.sent;
+    return *this;
+  }
+};
+
 class FlatUnit {
  public:
   // Moves the parameters' data into the unit's flat buffer (they become views of it). With
@@ -70,6 +84,9 @@ class FlatUnit {
   int64_t reduce_bytes() const;
   // Size of the chunk each reduction averages over the replicas (HSDP), else 0.
   int64_t replica_reduce_bytes() const;
+  // One all-gather, and one gradient reduction (`final`: with the average over the replicas).
+  Traffic gather_traffic() const;
+  Traffic reduce_traffic(bool final) const;
 
   // Full parameters (fsdp): start_gather() launches the all-gather into a freshly allocated
   // buffer, wait_gathered() completes it, release() frees the buffer.

@@ -30,7 +30,7 @@ std::map<std::string, Piece> pieces_by_name(const Units& units) {
 // cannot gate); the units gather after it either way, unchanged pieces where it was skipped.
 class ShardedOptimizer final : public Optimizer, public GatedOptimizer {
  public:
-  ShardedOptimizer(std::unique_ptr<Optimizer> inner, std::map<std::string, Piece> pieces, Units units, std::shared_ptr<int64_t> gathered)
+  ShardedOptimizer(std::unique_ptr<Optimizer> inner, std::map<std::string, Piece> pieces, Units units, std::shared_ptr<Traffic> gathered)
       : inner_(std::move(inner)), pieces_(std::move(pieces)), units_(std::move(units)), gathered_(std::move(gathered)) {}
 
   void step(double lr) override {
@@ -61,7 +61,7 @@ class ShardedOptimizer final : public Optimizer, public GatedOptimizer {
   std::unique_ptr<Optimizer> inner_;
   std::map<std::string, Piece> pieces_;
   Units units_;
-  std::shared_ptr<int64_t> gathered_;
+  std::shared_ptr<Traffic> gathered_;
 };
 
 // The model as this rank holds it: its pieces of every parameter.
@@ -144,16 +144,16 @@ void check_unused_parameters(const std::string& pass, bool ignore, const Units& 
                   "; set unused_parameters = \"ignore\" if that is expected");
 }
 
-int64_t refresh_all(const Units& units) {
+Traffic refresh_all(const Units& units) {
   std::vector<WorkPtr> works;
-  int64_t bytes = 0;
+  Traffic traffic;
   for (const auto& unit : units)
-    if (auto work = unit->start_refresh()) works.push_back(std::move(work)), bytes += unit->gather_bytes();
+    if (auto work = unit->start_refresh()) works.push_back(std::move(work)), traffic += unit->gather_traffic();
   for (auto& work : works) work->wait();
-  return bytes;
+  return traffic;
 }
 
-std::shared_ptr<int64_t> shard_training_state(Job& job, const Units& units) {
+std::shared_ptr<Traffic> shard_training_state(Job& job, const Units& units) {
   const Placements parameter_placements = nn::parameter_placements(*job.model);
   for (const auto& unit : units) unit->nest_pieces_in(parameter_placements);
   const std::map<std::string, Piece> pieces = pieces_by_name(units);
@@ -161,7 +161,7 @@ std::shared_ptr<int64_t> shard_training_state(Job& job, const Units& units) {
     if (p.value().requires_grad() && !pieces.count(p.key()))
       throw std::logic_error("sharding: parameter '" + p.key() + "' is in no unit");
 
-  auto gathered = std::make_shared<int64_t>(0);
+  auto gathered = std::make_shared<Traffic>();
   job.make_optimizer = [base = job.make_optimizer, pieces, units, gathered](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
     std::vector<ParamGroup> local;
     for (const auto& group : groups) {

@@ -29,10 +29,10 @@ std::function<bool(const std::string&)> split_expert_predicate(const nn::Model& 
 void broadcast_model_state(nn::Model& model, Communicator& data, Communicator& expert_data, bool buffers = true);
 
 // Replaces the job's optimizer construction, its "model" state and its local gradients with
-// sharded ones. The units must hold every trainable parameter between them. Returns the bytes the
-// optimizer steps have all-gathered since (full unit sizes, as refresh_all counts them), for the
-// pass to report and reset.
-std::shared_ptr<int64_t> shard_training_state(Job& job, const Units& units);
+// sharded ones. The units must hold every trainable parameter between them. Returns what the
+// optimizer steps' all-gathers have moved since (as refresh_all counts it), for the pass to
+// report and reset.
+std::shared_ptr<Traffic> shard_training_state(Job& job, const Units& units);
 
 // Calls `ready(unit, param)` each time backward has accumulated a parameter's gradient.
 void on_gradient_accumulated(const Units& units, std::function<void(size_t unit, size_t param)> ready);
@@ -45,7 +45,7 @@ bool ignores_unused_parameters(const Config& config);
 void check_unused_parameters(const std::string& pass, bool ignore, const Units& units);
 
 // Launches every unit's refresh (all-gather of the updated chunk), then waits for them all.
-// Returns the full bytes of the units it gathered (FlatUnit::gather_bytes).
-int64_t refresh_all(const Units& units);
+// Returns what the gathers moved (FlatUnit::gather_traffic).
+Traffic refresh_all(const Units& units);
 
 }  // namespace strata::sharding

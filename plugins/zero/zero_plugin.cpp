@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 
 #include "../sharding/bucketing.h"
+#include "../sharding/expert_split.h"
 #include "../sharding/gradient_accumulation.h"
 #include "strata/plugin.h"
 
@@ -37,11 +38,16 @@ class ZeroPass final : public Pass {
   // The ZeRO paper's model states: stage 1 shards the optimizer state (8 + 8/d bytes per fp32
   // parameter with AdamW), stage 2 the gradients too (4 + 12/d). Gradients are all-reduced
   // (stage 1) or reduce-scattered (stage 2), then the updated chunks all-gathered.
-  void estimate(const Config& config, const PlanFacts&, CostEstimate& c) const override {
-    const double d = static_cast<double>(c.data);
+  void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
+    const double d = static_cast<double>(c.data), experts = sharding::expert_split(facts, c).fraction();
+    const double expert_data = d / static_cast<double>(facts.mesh.expert);
+    // A ring collective over the data ranks sends (d-1)/d of the bytes; the split experts' goes
+    // over their expert-data group, which also shards their states.
+    const double sent = (1 - experts) * sharding::ring_share(d) + experts * sharding::ring_share(expert_data);
+    const double kept = (1 - experts) / d + experts / expert_data;
     c.messages += 2 * std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));  // reduce, then gather, per bucket
-    c.comm_bytes += (stage_ == 1 ? 2 : 1) * (d - 1) / d * c.gradient_bytes + (d - 1) / d * c.weight_bytes;
-    c.optimizer_bytes /= d;
+    c.comm_bytes += ((stage_ == 1 ? 2 : 1) * c.gradient_bytes + c.weight_bytes) * sent;
+    c.optimizer_bytes *= kept;
     // ZeRO-2 keeps a shard of the gradients; backward stages a few buckets' full gradients for
     // their reduce-scatters (the window of reductions in flight and the bucket filling), or,
     // accumulating several micro-batches whole, every full gradient until the last backward.
@@ -50,10 +56,10 @@ class ZeroPass final : public Pass {
       const double buckets = (sharding::ReductionWindow::kDefaultLimit + 1) * config.get_float("bucket_mb") * (1 << 20);
       const double staged = c.micro_batches > 1 && !every ? c.gradient_bytes : std::min(c.gradient_bytes, buckets);
       if (every) {
-        c.comm_bytes += static_cast<double>(c.micro_batches - 1) * (d - 1) / d * c.gradient_bytes;
+        c.comm_bytes += static_cast<double>(c.micro_batches - 1) * sent * c.gradient_bytes;
         c.messages += static_cast<double>(c.micro_batches - 1) * std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));
       }
-      c.transient_bytes = std::max(c.transient_bytes, staged), c.gradient_bytes /= d;
+      c.transient_bytes = std::max(c.transient_bytes, staged), c.gradient_bytes *= kept;
     }
   }
 
@@ -84,16 +90,20 @@ class ZeroPass final : public Pass {
       if (c.last_backward) *synchronised = c.sync_gradients;
       reducer->begin_micro_batch(c.sync_gradients, c.last_backward);
     });
-    job.program.own(Stage::SyncGradients, [reducer](StepContext& c) {
+    auto reduced = std::make_shared<sharding::Traffic>();
+    job.program.own(Stage::SyncGradients, [reducer, reduced](StepContext& c) {
       if (!c.sync_gradients) return;
       c.metrics.emplace_back("zero_exposed_comm_ms", reducer->finish());
-      c.metrics.emplace_back("zero_reduce_bytes", static_cast<double>(reducer->take_reduce_bytes()));
+      *reduced = reducer->take_reduced();
+      c.metrics.emplace_back("zero_reduce_bytes", static_cast<double>(reduced->full));
     });
     const auto own_gradients = job.local_gradients;  // core's: every parameter's
-    const std::shared_ptr<int64_t> gathered = sharding::shard_training_state(job, units);
+    const std::shared_ptr<sharding::Traffic> gathered = sharding::shard_training_state(job, units);
     // The updated chunks' all-gather runs in the optimizer step, after sync_gradients reported.
-    job.add_hook(HookPoint::AfterStep, [gathered](StepContext& c) {
-      c.metrics.emplace_back("zero_gather_bytes", static_cast<double>(std::exchange(*gathered, 0)));
+    job.add_hook(HookPoint::AfterStep, [gathered, reduced](StepContext& c) {
+      const sharding::Traffic gather = std::exchange(*gathered, sharding::Traffic{}), reduce = std::exchange(*reduced, sharding::Traffic{});
+      c.metrics.emplace_back("zero_gather_bytes", static_cast<double>(gather.full));
+      c.metrics.emplace_back("zero_sent_bytes", gather.sent + reduce.sent);
     });
     job.local_gradients = [own_gradients, pieces = job.local_gradients, synchronised] { return *synchronised ? pieces() : own_gradients(); };
   }

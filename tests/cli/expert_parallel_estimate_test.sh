@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # expert_parallel_estimate_test.sh STRATA DIR: tune's estimate of expert parallel against its
 # trials. Mixtral (examples/strategies/mixtral.toml: 4 MoE layers of 8 experts, top_k 2) at data
-# 2 x expert 2 under ddp, zero1, zero2 and fsdp:
+# 2 x expert 2 under ddp, zero1, zero2 and fsdp, and at 4 ranks: ddp at data 4 x expert 2 (the
+# experts all-reduced over pairs), fsdp with shard_size 2 at expert 2 (experts sharded nowhere,
+# averaged over their 2 replicas) and at expert 4 (experts whole: each rank holds its 2 of 8):
 # * the model states a rank holds (mem_params_bytes + mem_grads_bytes + mem_optimizer_bytes)
-#   within 1% of the predicted model_state_bytes: each rank keeps half the experts, and the
-#   data-parallel pass shards the rest as it shards them (measured: exact to 0.02%; before expert
-#   parallel had an estimate, every rank was predicted to hold every expert);
+#   within 1% of the predicted model_state_bytes: each rank keeps its share of the experts, and
+#   the data-parallel pass shards the rest as it shards them (measured: exact to 0.02%; before
+#   expert parallel had an estimate, every rank was predicted to hold every expert);
+# * the bytes a rank sends a step in the data-parallel pass's collectives (its *_sent_bytes
+#   metric, ring algorithms' (g-1)/g over each unit's own group) within 1% of the predicted
+#   comm_bytes less the predicted all-to-alls: the split experts go over their expert-data group
+#   (at data 2 x expert 2 no other rank holds them, so they are not sent at all). Before the
+#   data-parallel passes knew the experts' share they counted it over all data ranks: at data 2
+#   x expert 2 6.9x what ddp sent and 12.8x what fsdp sent (now exact), and HSDP with
+#   shard_size 2 at expert 4 was predicted 85% more model states than it held;
 # * the all-to-all bytes `strata plan` shows (and the estimate adds: 4 x dispatch bytes per MoE
 #   layer and micro-batch) within 3% of each step's moe_all_to_all_bytes (uniform routing against
 #   the router's: measured from 1.8% below to 2.0% above);
@@ -28,27 +37,46 @@ if grep -q "expert" "$dir/dense.txt"; then echo "tune searched an expert size fo
 echo "tune searches the expert size for Mixtral, not for GPT"
 field() { grep -o "\"$1\":[0-9.e+-]*" | cut -d: -f2 | tail -1; }
 fail=0
-for pass in ddp zero1 zero2 fsdp; do
+# One micro-batch a step, 4 MoE layers: 16 x the dispatch bytes a step.
+"$strata" plan -n 2 "$strategy" > "$dir/plan.txt" 2>&1 || { cat "$dir/plan.txt"; exit 1; }
+dispatch=$(sed -nE 's/.*fp32: ([0-9]+) bytes sent per rank to dispatch.*/\1/p' "$dir/plan.txt")
+[[ -n $dispatch ]] || { echo "strata plan shows no all-to-all bytes:"; cat "$dir/plan.txt"; exit 1; }
+# Each case: name, ranks, the data-parallel pass, its metric's prefix, further settings.
+while IFS='|' read -r name ranks pass metric extra; do
   select=()
   [[ $pass == ddp ]] || select=(--disable ddp --set "pass.$pass.enabled=true")
-  out=$dir/$pass
-  XDG_CACHE_HOME=$dir/cache-$pass "$strata" tune "$strategy" -n 2 --set parallel.data=2 --set parallel.tensor=1 --set parallel.pipeline=1 \
-    --set parallel.context=1 "${select[@]}" --set job.steps=4 --top 1 --rounds 1 --out "$out" > "$out.log" 2>&1 ||
-    { echo "$pass: tune failed: $(tail -3 "$out.log")"; exit 1; }
+  out=$dir/$name
+  # shellcheck disable=SC2086
+  XDG_CACHE_HOME=$dir/cache-$name "$strata" tune "$strategy" -n "$ranks" --set parallel.data="$ranks" --set parallel.tensor=1 --set parallel.pipeline=1 \
+    --set parallel.context=1 "${select[@]}" $extra --set job.steps=4 --top 1 --rounds 1 --out "$out" > "$out.log" 2>&1 ||
+    { echo "$name: tune failed: $(tail -3 "$out.log")"; exit 1; }
   row=$(grep '"trial_wall_s"' "$out/tune.jsonl" | head -1)
   rank=$(field predicted_rank <<<"$row")
   last=$(tail -1 "$out/candidate-$rank/metrics.jsonl")
   predicted=$(field model_state_bytes <<<"$row")
   measured=$(awk -v p="$(field mem_params_bytes <<<"$last")" -v g="$(field mem_grads_bytes <<<"$last")" \
     -v o="$(field mem_optimizer_bytes <<<"$last")" 'BEGIN {printf "%.0f", p + g + o}')
-  awk -v pass="$pass" -v p="$predicted" -v m="$measured" 'BEGIN {
-    printf "%s: model states predicted %.0f bytes a rank, held %.0f (%+.2f%%)\n", pass, p, m, 100 * (p - m) / m
-    exit !(p < 1.01 * m && p > 0.99 * m) }' || { echo "$pass: the predicted model states are not the held ones"; fail=1; }
-done
-# One micro-batch a step, 4 MoE layers: 16 x the dispatch bytes a step.
-"$strata" plan -n 2 "$strategy" > "$dir/plan.txt" 2>&1 || { cat "$dir/plan.txt"; exit 1; }
-dispatch=$(sed -nE 's/.*fp32: ([0-9]+) bytes sent per rank to dispatch.*/\1/p' "$dir/plan.txt")
-[[ -n $dispatch ]] || { echo "strata plan shows no all-to-all bytes:"; cat "$dir/plan.txt"; exit 1; }
+  awk -v name="$name" -v p="$predicted" -v m="$measured" 'BEGIN {
+    printf "%s: model states predicted %.0f bytes a rank, held %.0f (%+.2f%%)\n", name, p, m, 100 * (p - m) / m
+    exit !(p < 1.01 * m && p > 0.99 * m) }' || { echo "$name: the predicted model states are not the held ones"; fail=1; }
+  # The all-to-alls' prediction for this layout: 16 x the dispatch bytes strata plan shows.
+  # shellcheck disable=SC2086
+  "$strata" plan -n "$ranks" "$strategy" --set parallel.data="$ranks" "${select[@]}" $extra > "$out.plan" 2>&1 || { cat "$out.plan"; exit 1; }
+  layout_dispatch=$(sed -nE 's/.*fp32: ([0-9]+) bytes sent per rank to dispatch.*/\1/p' "$out.plan")
+  awk -v name="$name" -v c="$(field comm_bytes <<<"$row")" -v a="$((16 * layout_dispatch))" \
+    -v s="$(field "${metric}_sent_bytes" <<<"$last")" 'BEGIN {
+    p = c - a
+    printf "%s: data-parallel bytes sent a step predicted %.0f, sent %.0f (%+.2f%%)\n", name, p, s, (s > 0 ? 100 * (p - s) / s : 0)
+    exit !(s > 0 && p < 1.01 * s && p > 0.99 * s) }' || { echo "$name: the predicted data-parallel traffic is not what was sent"; fail=1; }
+done <<EOF2
+ddp|2|ddp|ddp|
+zero1|2|zero1|zero|
+zero2|2|zero2|zero|
+fsdp|2|fsdp|fsdp|
+ddp_data_4|4|ddp|ddp|--set job.micro_batch=4
+fsdp_shard_2_expert_2|4|fsdp|fsdp|--set job.micro_batch=4 --set pass.fsdp.shard_size=2
+fsdp_shard_2_expert_4|4|fsdp|fsdp|--set job.micro_batch=4 --set pass.fsdp.shard_size=2 --set parallel.expert=4
+EOF2
 while read -r sent; do
   awk -v p="$((16 * dispatch))" -v m="$sent" 'BEGIN {
     printf "all-to-all bytes a step: predicted %.0f, sent %.0f (%+.1f%%)\n", p, m, 100 * (p - m) / m
