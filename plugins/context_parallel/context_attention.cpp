@@ -274,7 +274,13 @@ ops::AttentionResult ContextAttention::ring_forward(const at::Tensor& q, const a
     outs.push_back(partial[a].out);
     lses.push_back(partial[a].lse.to(at::kFloat));
   }
-  return {at::cat(outs, 2).to(q.scalar_type()), at::cat(lses, 2)};
+  // Token-major ([B, T, H, D] in memory), as one process's fused attention returns it: the
+  // model's transpose(1, 2).reshape for the output projection is then a view, so the projection's
+  // saved input is the output RingFunction saves, not a second copy (1h per own token and layer).
+  const at::Tensor merged = at::cat(outs, 2);
+  at::Tensor out = at::empty({merged.size(0), merged.size(2), merged.size(1), merged.size(3)}, q.options()).transpose(1, 2);
+  out.copy_(merged);
+  return {out, at::cat(lses, 2)};
 }
 
 std::array<at::Tensor, 3> ContextAttention::ring_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -74,8 +74,10 @@ class TensorParallelPass final : public Pass {
   }
 
   // Each rank holds 1/t of the layers and the vocabulary and does 1/t of their FLOPs; activations
-  // shrink by t with sequence parallel, and without it all but the two norms' inputs and outputs
-  // (4h per token, whole on every rank: core's count in tune/cost_model.cpp). This pass estimates
+  // shrink by t with sequence parallel, but for the two norms' outputs, which the column layers
+  // keep as all-gathered (2h per token whole: t = 2, GPT d256, 8 x 256 tokens: 2.14 MB a layer
+  // more than 1/t, where this counts 2.10), and without it all but the two norms' inputs and
+  // outputs (4h per token, whole on every rank: core's count in tune/cost_model.cpp). This pass estimates
   // before context parallel and precision rescale (ModelRewrite, ordered before context_parallel),
   // so the activations are still fp32 over the whole sequence. Per layer and micro-batch, forward
   // and backward move four [s, b, h] all-reduces (or all-gather/reduce-scatter pairs with sequence
@@ -86,7 +88,9 @@ class TensorParallelPass final : public Pass {
     if (h <= 0) return;
     const double s = c.seq_per_rank;
     const double whole = std::min(c.activation_bytes, 4 * 4 * h * static_cast<double>(c.model.seq_len) * static_cast<double>(c.micro_batch) * c.layers_per_rank);
-    c.activation_bytes = config.get_bool("sequence_parallel") ? c.activation_bytes / t : whole + (c.activation_bytes - whole) / t;
+    const double gathered = whole / 2;  // the norms' outputs, the column layers' gathered inputs
+    c.activation_bytes = config.get_bool("sequence_parallel") ? c.activation_bytes / t + gathered * (1 - 1 / t)
+                                                               : whole + (c.activation_bytes - whole) / t;
     c.comm_bytes += c.layers_per_rank * static_cast<double>(c.micro_batches) * 4 * 2 * (t - 1) / t * s *
                     static_cast<double>(c.micro_batch) * h * c.activation_element_bytes;
     // Per layer: 2 all-reduces forward, 2 backward (sequence parallel: an all-gather and a

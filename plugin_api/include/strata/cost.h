@@ -44,7 +44,7 @@ struct CostEstimate {
 
   // Memory per rank, bytes.
   double weight_bytes = 0;       // parameters as stored
-  double gradient_bytes = 0;     // their gradients
+  double gradient_bytes = 0;     // their gradients (core moves them into transient_bytes after the passes where none survives the forward)
   double optimizer_bytes = 0;    // optimizer state (AdamW's two moments: 8 bytes per parameter)
   double activation_bytes = 0;   // saved for backward by one micro-batch through this rank's layers
   double in_flight = 1;          // micro-batches whose activations are held at once (pipelines)
