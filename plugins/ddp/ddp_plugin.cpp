@@ -44,6 +44,7 @@ class DdpPass final : public Pass {
                                                                  job.reduce_dtype, config.get_bool("broadcast_buffers"));
     auto reducer = std::make_shared<sharding::BucketReducer>("ddp", units, sharding::ignores_unused_parameters(config));
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
+    sharding::release_gradients_before_each_step(job, units);
     // WSAM's local gradient (sync_gradients false) is left alone.
     job.add_hook(HookPoint::BeforeBackward, [reducer](StepContext& c) { reducer->begin_micro_batch(c.sync_gradients, c.last_backward); });
     job.program.own(Stage::SyncGradients, [reducer](StepContext& c) {

@@ -477,6 +477,7 @@ class FsdpPass final : public Pass, public KeepsBuiltBlocks {
     model.add_post_forward_hook(model.num_blocks() - 1, [sharder](nn::Block&, const at::Tensor&) { sharder->after_model(); });
 
     sharding::on_gradient_accumulated(sharder->all_units(), [sharder](size_t unit, size_t param) { sharder->gradient_ready(unit, param); });
+    sharding::release_gradients_before_each_step(job, sharder->all_units());
     // A backward left unsynchronised (WSAM's local pass, sync_gradients false) is reduced nowhere,
     // as under ddp and zero: each parameter keeps its own full gradient, which until the next
     // synchronised backward is what this rank holds (amp unscales it, context parallel averages

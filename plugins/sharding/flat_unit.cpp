@@ -63,6 +63,7 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
   make_pieces();
   ready_.assign(params_.size(), true);
   if (!persistent_) release();
+  release_gradients();
 }
 
 FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, Communicator& comm, at::Tensor kept_chunk,
@@ -89,6 +90,7 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
   make_pieces();
   ready_.assign(params_.size(), true);
   release();
+  release_gradients();
 }
 
 void FlatUnit::lay_out() {
@@ -246,9 +248,46 @@ void FlatUnit::fill_missing_gradients() {
   }
 }
 
+void FlatUnit::release_gradients() {
+  if (gradients_released_) return;
+  if (reduce_work_) wait_reduced();
+  if (chunk_holds_shares_) throw std::logic_error("FlatUnit " + name_ + ": gradients released while a step's shares accumulate");
+  // A parameter's .grad() that is a view of the buffer would point at nothing.
+  if (reduce_ == GradReduce::AllReduce)
+    for (auto& [pname, p] : params_)
+      if (p.grad().defined() && p.grad().is_alias_of(full_grad_)) p.mutable_grad() = at::Tensor();
+  free_storage(gradient_buffer());
+  gradients_released_ = true;
+}
+
+void FlatUnit::allocate_gradients() {
+  if (!gradients_released_) return;
+  at::Tensor& buffer = gradient_buffer();
+  allocate_storage(buffer);
+  // The padding is reduced with the rest but belongs to no parameter: zeros, not whatever the
+  // allocator hands out.
+  if (reduce_ == GradReduce::AllReduce && padded_ > numel_) {
+    at::NoGradGuard no_grad;
+    buffer.narrow(0, numel_, padded_ - numel_).zero_();
+  }
+  gradients_released_ = false;
+}
+
+void FlatUnit::adopt_gradient(size_t param_index) {
+  if (reduce_ != GradReduce::AllReduce) return;
+  at::Tensor& p = params_[param_index].second;
+  if (!p.grad().defined() || (!gradients_released_ && p.grad().is_alias_of(full_grad_))) return;
+  allocate_gradients();
+  at::NoGradGuard no_grad;
+  at::Tensor view = full_grad_.narrow(0, offsets_[param_index], p.numel()).view(p.sizes());
+  view.copy_(p.grad());
+  p.mutable_grad() = view;
+}
+
 void FlatUnit::start_reduce(bool final) {
   if (!final && reduce_ != GradReduce::ReduceScatter) throw std::logic_error("FlatUnit " + name_ + ": only a reduce-scatter sums shares");
   if (reduce_work_) wait_reduced();  // its buffers are reused, and its share must be in the chunk
+  allocate_gradients();
   at::NoGradGuard no_grad;
   final_ = final;
   const at::TensorOptions options = at::TensorOptions().dtype(reduce_dtype_).device(full_.device());
@@ -256,7 +295,9 @@ void FlatUnit::start_reduce(bool final) {
   staging_ = in_place ? full_grad_ : at::zeros({padded_}, options);
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i].second;
-    if (p.grad().defined()) staging_.narrow(0, offsets_[i], p.numel()).copy_(p.grad().reshape(-1));
+    // An adopted gradient is in place already (in_place) or copied from the buffer.
+    if (p.grad().defined() && !(in_place && p.grad().is_alias_of(full_grad_)))
+      staging_.narrow(0, offsets_[i], p.numel()).copy_(p.grad().reshape(-1));
     if (reduce_ == GradReduce::ReduceScatter) p.mutable_grad() = at::Tensor();
   }
   if (reduce_ == GradReduce::AllReduce) {

@@ -127,6 +127,17 @@ class FlatUnit {
   // Completes it; AllReduce makes each parameter's .grad() a view of the averaged buffer.
   void wait_reduced();
 
+  // The gradient buffer (AllReduce: the full averaged gradients; ReduceScatter: this rank's
+  // chunk) lives for one step, as the gradients it holds do: released before a step's first
+  // forward, allocated as backward reaches the unit, so no pass holds gradients through the
+  // forward that one process would not. Views of it (pieces, .grad) stay valid objects across.
+  void release_gradients();
+  // AllReduce only, as each parameter's gradient is final in a backward (PyTorch DDP's
+  // gradient_as_bucket_view): the gradient autograd made is moved into its place in the buffer
+  // and the parameter's .grad() becomes that view, so later micro-batches accumulate in place
+  // and the full gradients exist once, not once in autograd's tensors and again in the buffer.
+  void adopt_gradient(size_t param_index);
+
   // This rank's chunk of the gradient, what the optimizer applies.
   at::Tensor grad_chunk() const;
   // Where the optimizer updates parameters: views of this rank's chunk.
@@ -145,6 +156,8 @@ class FlatUnit {
   void lay_out();      // offsets_, numel_, padded_, chunk_, chunk_begin_
   void make_pieces();  // pieces_ over the data and gradient chunks
   void add_full_offsets();  // full_offsets_ into the full buffer
+  at::Tensor& gradient_buffer() { return reduce_ == GradReduce::AllReduce ? full_grad_ : grad_chunk_; }
+  void allocate_gradients();  // the gradient buffer's storage, when released
 
   std::string name_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
@@ -169,6 +182,7 @@ class FlatUnit {
   std::vector<at::Tensor> full_offsets_;  // by parameter, flat; empty (or undefined entries) when none
   at::Tensor unoffset_;                   // a persistent unit's full buffer before its offsets were added
   State state_ = State::Gathered;
+  bool gradients_released_ = false;
   WorkPtr gather_work_, reduce_work_;
   std::vector<bool> ready_;
   size_t pending_ = 0;

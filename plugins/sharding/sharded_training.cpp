@@ -193,14 +193,26 @@ std::shared_ptr<Traffic> shard_training_state(Job& job, const Units& units) {
 void on_gradient_accumulated(const Units& units, std::function<void(size_t unit, size_t param)> ready) {
   struct Hook final : torch::autograd::PostAccumulateGradHook {
     std::shared_ptr<std::function<void(size_t, size_t)>> ready;
+    std::shared_ptr<FlatUnit> flat_unit;  // the parameter's
     size_t unit, param;
-    Hook(std::shared_ptr<std::function<void(size_t, size_t)>> r, size_t u, size_t p) : ready(std::move(r)), unit(u), param(p) {}
-    void operator()(const torch::autograd::Variable&) override { (*ready)(unit, param); }
+    Hook(std::shared_ptr<std::function<void(size_t, size_t)>> r, std::shared_ptr<FlatUnit> f, size_t u, size_t p)
+        : ready(std::move(r)), flat_unit(std::move(f)), unit(u), param(p) {}
+    void operator()(const torch::autograd::Variable&) override {
+      flat_unit->adopt_gradient(param);
+      (*ready)(unit, param);
+    }
   };
   auto shared = std::make_shared<std::function<void(size_t, size_t)>>(std::move(ready));
   for (size_t u = 0; u < units.size(); ++u)
     for (size_t i = 0; i < units[u]->params().size(); ++i)
-      torch::autograd::impl::set_post_acc_grad_hooks(units[u]->params()[i].second, std::make_unique<Hook>(shared, u, i));
+      torch::autograd::impl::set_post_acc_grad_hooks(units[u]->params()[i].second, std::make_unique<Hook>(shared, units[u], u, i));
+}
+
+void release_gradients_before_each_step(Job& job, const Units& units) {
+  job.add_hook(HookPoint::BeforeForward, [units](StepContext& c) {
+    if (c.micro != 0) return;
+    for (const auto& unit : units) unit->release_gradients();
+  });
 }
 
 }  // namespace strata::sharding

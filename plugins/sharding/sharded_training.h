@@ -34,8 +34,13 @@ void broadcast_model_state(nn::Model& model, Communicator& data, Communicator& e
 // report and reset.
 std::shared_ptr<Traffic> shard_training_state(Job& job, const Units& units);
 
-// Calls `ready(unit, param)` each time backward has accumulated a parameter's gradient.
+// Calls `ready(unit, param)` each time backward has accumulated a parameter's gradient, once the
+// unit has adopted it (FlatUnit::adopt_gradient).
 void on_gradient_accumulated(const Units& units, std::function<void(size_t unit, size_t param)> ready);
+
+// The units' gradient buffers live for one step: released as each step's first forward starts
+// (FlatUnit::release_gradients), so the forward holds no gradients from the step before.
+void release_gradients_before_each_step(Job& job, const Units& units);
 
 // The `unused_parameters` key ddp, zero and fsdp share ("error" or "ignore"), and its check
 // at the end of a backward that reduces: unless ignored, parameters that got no gradient are an

@@ -81,6 +81,7 @@ class ZeroPass final : public Pass {
     auto reducer = std::make_shared<sharding::BucketReducer>(name(), units, sharding::ignores_unused_parameters(config),
                                                              stage_ == 2 && config.get_bool("reduce_every_micro_batch"), routed);
     sharding::on_gradient_accumulated(units, [reducer](size_t unit, size_t param) { reducer->gradient_ready(unit, param); });
+    sharding::release_gradients_before_each_step(job, units);
     // A backward left unsynchronised (WSAM's local pass, sync_gradients false) is left alone, as
     // ddp leaves it: nothing is reduced into the pieces, so until the next synchronised one the
     // gradients this rank holds are the parameters' own (amp unscales them, context parallel

@@ -5,7 +5,7 @@
 # experts all-reduced over pairs), fsdp with shard_size 2 at expert 2 (experts sharded nowhere,
 # averaged over their 2 replicas) and at expert 4 (experts whole: each rank holds its 2 of 8):
 # * the model states a rank holds (mem_params_bytes + mem_grads_bytes + mem_optimizer_bytes)
-#   within 1% of the predicted model_state_bytes: each rank keeps its share of the experts, and
+#   within 1% of the predicted model_state_bytes (2 micro-batches a step, see below): each rank keeps its share of the experts, and
 #   the data-parallel pass shards the rest as it shards them (measured: exact to 0.02%; before
 #   expert parallel had an estimate, every rank was predicted to hold every expert);
 # * the bytes a rank sends a step in the data-parallel pass's collectives (its *_sent_bytes
@@ -16,8 +16,9 @@
 #   x expert 2 6.9x what ddp sent and 12.8x what fsdp sent (now exact), and HSDP with
 #   shard_size 2 at expert 4 was predicted 85% more model states than it held;
 # * the all-to-all bytes `strata plan` shows (and the estimate adds: 4 x dispatch bytes per MoE
-#   layer and micro-batch) within 3% of each step's moe_all_to_all_bytes (uniform routing against
-#   the router's: measured from 1.8% below to 2.0% above);
+#   layer and micro-batch) within 4% of each step's moe_all_to_all_bytes (uniform routing against
+#   the router's: measured from 0.7% below to 3.0% above with 2 micro-batches of 8 sequences a
+#   step, from 1.8% below to 2.0% above with one of 16);
 # * with the expert size left unset, tune searches it: at 2 ranks, data 2 with and without
 #   expert 2 among the candidates (and no expert size for a model without experts).
 set -euo pipefail
@@ -37,11 +38,17 @@ if grep -q "expert" "$dir/dense.txt"; then echo "tune searched an expert size fo
 echo "tune searches the expert size for Mixtral, not for GPT"
 field() { grep -o "\"$1\":[0-9.e+-]*" | cut -d: -f2 | tail -1; }
 fail=0
-# One micro-batch a step, 4 MoE layers: 16 x the dispatch bytes a step.
+# 4 MoE layers: 16 x the dispatch bytes of a step's 16 sequences as one micro-batch (what the ddp
+# case sends as 2 micro-batches of half as many).
 "$strata" plan -n 2 "$strategy" > "$dir/plan.txt" 2>&1 || { cat "$dir/plan.txt"; exit 1; }
 dispatch=$(sed -nE 's/.*fp32: ([0-9]+) bytes sent per rank to dispatch.*/\1/p' "$dir/plan.txt")
 [[ -n $dispatch ]] || { echo "strata plan shows no all-to-all bytes:"; cat "$dir/plan.txt"; exit 1; }
-# Each case: name, ranks, the data-parallel pass, its metric's prefix, further settings.
+# Each case: name, ranks, the data-parallel pass, its metric's prefix, further settings. Each
+# runs 2 micro-batches a step, so the gradients are alive from the first micro-batch's backward
+# to the optimizer step and the predicted model states count them (with one, they are counted
+# as backward's transient, as no data-parallel pass holds them through the forward); fsdp
+# reduce-scatters each micro-batch's share (reduce_every_micro_batch), so what it holds between
+# them is its gradient chunk, as at the optimizer step, not the replica's full gradients.
 while IFS='|' read -r name ranks pass metric extra; do
   select=()
   [[ $pass == ddp ]] || select=(--disable ddp --set "pass.$pass.enabled=true")
@@ -59,27 +66,28 @@ while IFS='|' read -r name ranks pass metric extra; do
   awk -v name="$name" -v p="$predicted" -v m="$measured" 'BEGIN {
     printf "%s: model states predicted %.0f bytes a rank, held %.0f (%+.2f%%)\n", name, p, m, 100 * (p - m) / m
     exit !(p < 1.01 * m && p > 0.99 * m) }' || { echo "$name: the predicted model states are not the held ones"; fail=1; }
-  # The all-to-alls' prediction for this layout: 16 x the dispatch bytes strata plan shows.
+  # The all-to-alls' prediction for this layout: 32 x the dispatch bytes strata plan shows (4 x
+  # 4 MoE layers x 2 micro-batches).
   # shellcheck disable=SC2086
   "$strata" plan -n "$ranks" "$strategy" --set parallel.data="$ranks" "${select[@]}" $extra > "$out.plan" 2>&1 || { cat "$out.plan"; exit 1; }
   layout_dispatch=$(sed -nE 's/.*fp32: ([0-9]+) bytes sent per rank to dispatch.*/\1/p' "$out.plan")
-  awk -v name="$name" -v c="$(field comm_bytes <<<"$row")" -v a="$((16 * layout_dispatch))" \
+  awk -v name="$name" -v c="$(field comm_bytes <<<"$row")" -v a="$((32 * layout_dispatch))" \
     -v s="$(field "${metric}_sent_bytes" <<<"$last")" 'BEGIN {
     p = c - a
     printf "%s: data-parallel bytes sent a step predicted %.0f, sent %.0f (%+.2f%%)\n", name, p, s, (s > 0 ? 100 * (p - s) / s : 0)
     exit !(s > 0 && p < 1.01 * s && p > 0.99 * s) }' || { echo "$name: the predicted data-parallel traffic is not what was sent"; fail=1; }
 done <<EOF2
-ddp|2|ddp|ddp|
-zero1|2|zero1|zero|
-zero2|2|zero2|zero|
-fsdp|2|fsdp|fsdp|
-ddp_data_4|4|ddp|ddp|--set job.micro_batch=4
-fsdp_shard_2_expert_2|4|fsdp|fsdp|--set job.micro_batch=4 --set pass.fsdp.shard_size=2
-fsdp_shard_2_expert_4|4|fsdp|fsdp|--set job.micro_batch=4 --set pass.fsdp.shard_size=2 --set parallel.expert=4
+ddp|2|ddp|ddp|--set job.micro_batch=4
+zero1|2|zero1|zero|--set job.micro_batch=4
+zero2|2|zero2|zero|--set job.micro_batch=4
+fsdp|2|fsdp|fsdp|--set job.micro_batch=4 --set pass.fsdp.reduce_every_micro_batch=true
+ddp_data_4|4|ddp|ddp|--set job.micro_batch=2
+fsdp_shard_2_expert_2|4|fsdp|fsdp|--set job.micro_batch=2 --set pass.fsdp.reduce_every_micro_batch=true --set pass.fsdp.shard_size=2
+fsdp_shard_2_expert_4|4|fsdp|fsdp|--set job.micro_batch=2 --set pass.fsdp.reduce_every_micro_batch=true --set pass.fsdp.shard_size=2 --set parallel.expert=4
 EOF2
 while read -r sent; do
   awk -v p="$((16 * dispatch))" -v m="$sent" 'BEGIN {
     printf "all-to-all bytes a step: predicted %.0f, sent %.0f (%+.1f%%)\n", p, m, 100 * (p - m) / m
-    exit !(p < 1.03 * m && p > 0.97 * m) }' || { echo "the all-to-all bytes are not the predicted ones"; fail=1; }
+    exit !(p < 1.04 * m && p > 0.96 * m) }' || { echo "the all-to-all bytes are not the predicted ones"; fail=1; }
 done < <(grep -o '"moe_all_to_all_bytes":[0-9.]*' "$dir/ddp/candidate-1/metrics.jsonl" | cut -d: -f2)
 exit $fail

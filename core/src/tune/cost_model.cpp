@@ -125,22 +125,19 @@ CostEstimate core_estimate(const ResolvedStrategy& plan) {
 
 CostEstimate add_pass_estimates(const ResolvedStrategy& plan, const std::vector<size_t>& order, CostEstimate c) {
   const PlanFacts facts = plan_facts(plan);
-  bool buffers_gradients = false;  // a pass that owns sync_gradients keeps gradient buffers across steps
   for (size_t i : order) {
     const PassEntry& p = plan.passes[i];
-    if (!p.enabled) continue;
-    p.pass->estimate(p.config, facts, c);
-    for (const StageClaim& claim : p.pass->claims().stages)
-      buffers_gradients = buffers_gradients || (claim.stage == Stage::SyncGradients && claim.use == StageUse::Own);
+    if (p.enabled) p.pass->estimate(p.config, facts, c);
   }
-  // Gradients are set to none as each step starts (engine/trainer.cpp), so they are alive at the
-  // end of the forward only where something keeps them: the data-parallel passes' buffers (ddp's
-  // and zero's flat buckets, zero2's and fsdp's chunks) or earlier micro-batches of the step
-  // accumulating them. Otherwise backward creates each layer's gradients as it frees the layer's
-  // saved tensors, and the peak holds the larger of the forward's end and the gradients: counted
-  // as a transient beyond the activations (one process at seq 128 x 8, GPT d256: 26.29 MB a layer
-  // without ddp against 29.45 MB with it, one layer's 3.16 MB of gradients apart).
-  if (c.micro_batches == 1 && !buffers_gradients) {
+  // Gradients are set to none as each step starts (engine/trainer.cpp) and the data-parallel
+  // passes let their gradient buffers go before its first forward (sharding's
+  // FlatUnit::release_gradients), so gradients are alive at the end of the forward only where
+  // earlier micro-batches of the step accumulated them. Otherwise backward creates each layer's
+  // gradients as it frees the layer's saved tensors, and the peak holds the larger of the
+  // forward's end and the gradients: counted as a transient beyond the activations (GPT d256 at
+  // seq 256 x 8: 43.10 MB a layer with ddp and without; before ddp let its buckets go between
+  // steps, one layer's 3.16 MB of gradients more with it).
+  if (c.micro_batches == 1) {
     const double activations = c.activation_bytes * c.in_flight;
     c.transient_bytes = std::max(activations + c.transient_bytes, c.gradient_bytes) - activations;
     c.gradient_bytes = 0;
