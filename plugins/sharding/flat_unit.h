@@ -174,8 +174,8 @@ class FlatUnit {
   at::Tensor full_;          // [padded], gather dtype: the parameters are views of it
   at::Tensor shard_;         // [chunk], master dtype: this rank's parameters when they do not persist
   at::Tensor gather_input_;  // shard_ in the gather dtype while an all-gather reads it
-  at::Tensor full_grad_;     // [padded], master dtype: AllReduce's averaged gradients
-  at::Tensor grad_chunk_;    // [chunk], master dtype: ReduceScatter's result
+  at::Tensor full_grad_;     // [padded], master dtype: AllReduce's gradients (adopted, then averaged); one step's life
+  at::Tensor grad_chunk_;    // [chunk], master dtype: ReduceScatter's result; one step's life
   at::Tensor staging_;       // [padded], reduce dtype: the gradients a reduction sends
   at::Tensor reduced_;       // [chunk], reduce dtype: what a reduce-scatter receives
   std::vector<Piece> pieces_;
