@@ -32,9 +32,7 @@ class DdpPass final : public Pass {
   // A ring all-reduce of every gradient, once per step: 2(d-1)/d of their bytes sent per rank,
   // the split experts' over their expert-data group of d/P ranks instead.
   void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
-    const double d = static_cast<double>(c.data), experts = sharding::expert_split(facts, c).fraction();
-    const double expert_data = d / static_cast<double>(facts.mesh.expert);
-    c.comm_bytes += 2 * ((1 - experts) * sharding::ring_share(d) + experts * sharding::ring_share(expert_data)) * c.gradient_bytes;
+    c.comm_bytes += 2 * sharding::data_ring_share(sharding::expert_split(facts, c), static_cast<double>(c.data)) * c.gradient_bytes;
     c.messages += std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));  // one per bucket
   }
 

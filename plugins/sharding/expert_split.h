@@ -25,6 +25,17 @@ struct ExpertSplit {
   double fraction() const { return ranks > 1 ? share / ranks / kept() : 0; }
 };
 
+// What one rank sends of a ring collective's buffer over `ranks` ranks: (g-1)/g of it per
+// all-gather or reduce-scatter (an all-reduce is both).
+inline double ring_share(double ranks) { return ranks > 1 ? (ranks - 1) / ranks : 0; }
+
+// The same for a buffer of a rank's parameters collected over the data group: the split experts'
+// part over their expert-data group of data/P ranks instead.
+inline double data_ring_share(const ExpertSplit& split, double data) {
+  const double experts = split.fraction();
+  return (1 - experts) * ring_share(data) + experts * ring_share(data / split.ranks);
+}
+
 inline ExpertSplit expert_split(const PlanFacts& facts, const CostEstimate& c) {
   ExpertSplit split;
   if (facts.mesh.expert <= 1 || c.model.parameters <= 0 || !facts.model.has("n_experts")) return split;
@@ -36,9 +47,5 @@ inline ExpertSplit expert_split(const PlanFacts& facts, const CostEstimate& c) {
   split.ranks = static_cast<double>(facts.mesh.expert);
   return split;
 }
-
-// What one rank sends of a ring collective's buffer over `ranks` ranks: (g-1)/g of it per
-// all-gather or reduce-scatter (an all-reduce is both).
-inline double ring_share(double ranks) { return ranks > 1 ? (ranks - 1) / ranks : 0; }
 
 }  // namespace strata::sharding

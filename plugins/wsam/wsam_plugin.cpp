@@ -411,9 +411,9 @@ class WsamPass final : public Pass {
       const bool adaptive = config.get_bool("adaptive");
       c.transient_bytes = std::max(c.transient_bytes, adaptive ? 2 * full : full);
       if (adaptive) {  // a ring all-reduce's 2(g-1)/g of each part over its group
-        const double d = static_cast<double>(c.data), experts = split.fraction();
-        c.comm_bytes += 2 * ((1 - experts) * sharding::ring_share(d) + experts * sharding::ring_share(d / split.ranks)) * full;
-        c.messages += experts > 0 && d / split.ranks > 1 ? 2 : 1;
+        const double d = static_cast<double>(c.data);
+        c.comm_bytes += 2 * sharding::data_ring_share(split, d) * full;
+        c.messages += split.fraction() > 0 && d / split.ranks > 1 ? 2 : 1;
       }
       return;
     }

@@ -39,11 +39,12 @@ class ZeroPass final : public Pass {
   // parameter with AdamW), stage 2 the gradients too (4 + 12/d). Gradients are all-reduced
   // (stage 1) or reduce-scattered (stage 2), then the updated chunks all-gathered.
   void estimate(const Config& config, const PlanFacts& facts, CostEstimate& c) const override {
-    const double d = static_cast<double>(c.data), experts = sharding::expert_split(facts, c).fraction();
+    const sharding::ExpertSplit split = sharding::expert_split(facts, c);
+    const double d = static_cast<double>(c.data), experts = split.fraction();
     const double expert_data = d / static_cast<double>(facts.mesh.expert);
     // A ring collective over the data ranks sends (d-1)/d of the bytes; the split experts' goes
     // over their expert-data group, which also shards their states.
-    const double sent = (1 - experts) * sharding::ring_share(d) + experts * sharding::ring_share(expert_data);
+    const double sent = sharding::data_ring_share(split, d);
     const double kept = (1 - experts) / d + experts / expert_data;
     c.messages += 2 * std::ceil(c.gradient_bytes / (config.get_float("bucket_mb") * (1 << 20)));  // reduce, then gather, per bucket
     c.comm_bytes += ((stage_ == 1 ? 2 : 1) * c.gradient_bytes + c.weight_bytes) * sent;
