@@ -21,6 +21,24 @@ int64_t parse_count(const std::string& option, const std::string& text, const ch
   return value;
 }
 
+// W+M: W warm-up steps (0 or more) and M measured steps (1 or more), e.g. 2+4.
+void parse_trial_steps(const std::string& option, const std::string& text, int64_t& warmup, int64_t& measured) {
+  const size_t plus = text.find('+');
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  int64_t w = -1, m = 0;
+  bool ok = plus != std::string::npos;
+  if (ok) {
+    auto [w_end, w_ec] = std::from_chars(first, first + plus, w);
+    auto [m_end, m_ec] = std::from_chars(first + plus + 1, last, m);
+    ok = w_ec == std::errc() && w_end == first + plus && m_ec == std::errc() && m_end == last && w >= 0 && w <= 1000 && m >= 1 && m <= 1000;
+  }
+  if (!ok)
+    throw UserError(option + " expects warm-up + measured steps, 0 or more and 1 or more (e.g. 2+4, or 1+1 for the peak memory only), got '" +
+                    text + "'");
+  warmup = w, measured = m;
+}
+
 double parse_gib(const std::string& option, const std::string& text) {
   double value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -130,6 +148,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--budget") args.given.push_back(arg), args.budget_s = parse_duration(arg, value());
     else if (arg == "--top") args.given.push_back(arg), args.top = parse_count(arg, value(), "a candidate count");
     else if (arg == "--rounds") args.given.push_back(arg), args.rounds = parse_count(arg, value(), "a trial count");
+    else if (arg == "--trial-steps") args.given.push_back(arg), parse_trial_steps(arg, value(), args.trial_warmup_steps, args.trial_measured_steps);
     else if (arg == "-o" || arg == "--output") args.given.push_back(arg), args.output = value();
     else if (arg == "--prompt") args.given.push_back(arg), args.prompt = value();
     else if (arg == "--tokens") args.given.push_back(arg), args.sample_tokens = parse_natural(arg, value());

@@ -29,6 +29,8 @@ struct Args {
   int64_t top = 0;                      // tune: candidates shown (dry run) or measured; 0 = the command's default
   int64_t rounds = 0;                   // tune: trials of each near tie; 0 = the default
   double budget_s = 0;                  // tune: wall time for measured trials; 0 = no limit
+  int64_t trial_warmup_steps = 2;       // tune: --trial-steps W+M, each trial's discarded steps
+  int64_t trial_measured_steps = 4;     //   and the steps whose median is its step time
   std::string prompt;                   // sample: the text to continue
   int64_t sample_tokens = 100;          // sample: tokens to generate
   double temperature = 0.8;             // sample: 0 = greedy

@@ -2,6 +2,7 @@
 // (strata/core/tune.h: candidates and cost model; strata/core/tune_trials.h: the measured trials,
 // in fresh `strata run` processes, and their cache); this file reads the arguments, prints the
 // ranking and each trial as it ends, and writes tune.jsonl and the chosen strategy.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -155,10 +156,12 @@ void write_best(const Args& args, const TrialSearch& search, const TrialRunner& 
 }  // namespace
 
 int run_tune(const Args& args) {
-  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top", "--rounds", "--budget", "--out", "-o", "--output", "--finetune", "--remeasure"});
+  allow_only(args, {"-n", "--ranks", "--set", "--disable", "--memory-gb", "--dry-run", "--top", "--rounds", "--trial-steps", "--budget", "--out", "-o", "--output",
+                    "--finetune", "--remeasure"});
   if (args.positional.size() != 1) throw UserError("'strata tune' takes one strategy file; see strata tune --help");
-  if (args.dry_run && (!args.out_dir.empty() || !args.output.empty() || args.budget_s > 0 || args.rounds > 0))
-    throw UserError("'strata tune --dry-run' measures nothing and writes nothing: drop --out, -o, --rounds and --budget");
+  if (args.dry_run && (!args.out_dir.empty() || !args.output.empty() || args.budget_s > 0 || args.rounds > 0 ||
+                       std::find(args.given.begin(), args.given.end(), "--trial-steps") != args.given.end()))
+    throw UserError("'strata tune --dry-run' measures nothing and writes nothing: drop --out, -o, --rounds, --trial-steps and --budget");
   Diagnostics diagnostics;
   RawStrategy raw = load_strategy_file(args.positional[0], diagnostics);
   if (diagnostics.ok()) apply_overrides(raw, args.sets, args.disables, diagnostics);
@@ -185,7 +188,7 @@ int run_tune(const Args& args) {
 
   const fs::path out_dir = args.out_dir.empty() ? fs::path("runs/tune") : fs::path(args.out_dir);
   fs::create_directories(out_dir);
-  ProcessTrialRunner runner(fs::read_symlink("/proc/self/exe"), out_dir, args.ranks);
+  ProcessTrialRunner runner(fs::read_symlink("/proc/self/exe"), out_dir, args.ranks, args.trial_warmup_steps, args.trial_measured_steps);
   TrialSettings settings;
   settings.trials = args.top > 0 ? static_cast<size_t>(args.top) : kDefaultTrials;
   settings.rounds = args.rounds > 0 ? args.rounds : kDefaultRounds;

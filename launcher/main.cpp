@@ -39,8 +39,8 @@ const std::vector<Command>& commands() {
        "  --json               machine-readable output\n",
        run_plan},
       {"tune", "Find the fastest strategy for N ranks: search, predict, measure the best few, write the winner",
-       "usage: strata tune STRATEGY.toml -n N [--memory-gb G] [--top K] [--rounds R] [--budget 10m] [--out DIR] [-o BEST.toml]\n"
-       "                   [--dry-run] [--finetune] [--remeasure] [--set section.key=value]... [--disable PASS]...\n\n"
+       "usage: strata tune STRATEGY.toml -n N [--memory-gb G] [--top K] [--rounds R] [--trial-steps W+M] [--budget 10m] [--out DIR]\n"
+       "                   [-o BEST.toml] [--dry-run] [--finetune] [--remeasure] [--set section.key=value]... [--disable PASS]...\n\n"
        "Generates every strategy for N ranks around STRATEGY (what it states stays fixed): the mesh\n"
        "factorisations over the dimensions the loaded passes claim, the pass serving each dimension,\n"
        "passes that declare themselves worth trying (act_checkpoint), and the keys passes declare as\n"
@@ -49,7 +49,7 @@ const std::vector<Command>& commands() {
        "rate, collective bytes at its copy rate, the pipeline bubble of the schedule's simulation) and\n"
        "predicted peak memory per rank (model states by the ZeRO formulas, activations as the blocks\n"
        "save them, docs/tune.md).\n"
-       "The top K that fit are then trained for 2 warm-up and 4 measured steps each by `strata run` in\n"
+       "The top K that fit are then trained for 2 warm-up and 4 measured steps each (--trial-steps) by `strata run` in\n"
        "fresh processes (the first calibrates the memory predictions of the rest); those within 25% of\n"
        "the fastest are trained again, interleaved, and compared by their median. The fastest that\n"
        "ran within the memory budget is written as a strategy\n"
@@ -60,6 +60,8 @@ const std::vector<Command>& commands() {
        "  --memory-gb G        drop candidates predicted (or measured) to need more than G GiB per rank\n"
        "  --top K              candidates measured (default 6); with --dry-run, shown (default 20)\n"
        "  --rounds R           trials of each candidate within 25% of the fastest (default 3; 1: one each)\n"
+       "  --trial-steps W+M    each trial's warm-up and measured steps (default 2+4); the peak memory is the\n"
+       "                       largest any step reached, so 1+1 measures it in a third of the time\n"
        "  --budget T           stop starting trials after T (90s, 10m, 1h); the best so far wins\n"
        "  --out DIR            trials' run directories, logs and tune.jsonl (default runs/tune)\n"
        "  -o BEST.toml         where the chosen strategy goes (default DIR/best.toml)\n"

@@ -18,7 +18,7 @@ for reshard in true false; do
   out="$dir/reshard-$reshard"
   if ! "$strata" tune tests/cli/parity.toml -n 2 --disable ddp --set pass.fsdp.enabled=true --set parallel.data=2 \
     --set job.micro_batch=2 --set model.n_layer=8 --set model.d_model=256 --set model.n_head=4 --set pass.fsdp.reshard_after_forward=$reshard \
-    --set pass.fsdp.reduce_every_micro_batch=false --top 1 --rounds 1 --out "$out" > "$out.log" 2>&1; then
+    --set pass.fsdp.reduce_every_micro_batch=false --trial-steps 1+1 --top 1 --rounds 1 --out "$out" > "$out.log" 2>&1; then
     echo "fsdp_reshard_memory_test: tune failed (reshard_after_forward=$reshard): $(tail -3 "$out.log")" >&2
     exit 1
   fi

@@ -45,7 +45,9 @@ dir=$2
 rm -rf "$dir" && mkdir -p "$dir"
 fail=0
 field() { grep -o "\"$1\":[0-9.e+-]*" | cut -d: -f2 | sort -g | tail -1; }
-common="--set job.micro_batch=8 --set model.d_model=256 --set model.n_head=4 --set model.seq_len=256 --rounds 1"
+# One warm-up and one measured step: the peak is the largest any step reached, and the second step
+# is the first with the optimizer's states (a third of the default 2+4 steps' time).
+common="--set job.micro_batch=8 --set model.d_model=256 --set model.n_head=4 --set model.seq_len=256 --rounds 1 --trial-steps 1+1"
 llama="--set job.model=llama --set model.n_kv_head=2"
 mixtral="--set job.model=mixtral --set model.n_kv_head=2 --set model.ffn_hidden=768 --set model.n_experts=4 --set model.top_k=2"
 zero_bubble="$dir/zero_bubble.toml"
@@ -54,12 +56,14 @@ zero_bubble="$dir/zero_bubble.toml"
 for method in ring ulysses; do
   { cat tests/cli/parity.toml; printf '\n[[pass]]\nname = "context_parallel"\nmethod = "%s"\n' "$method"; } > "$dir/context_$method.toml"
 done
+source tests/cli/tune_rates.sh
+measure_rates "$strata" "$dir" 1 2 || exit 1
 # Each case: name, ranks, the tolerance of the difference, whether each peak is checked against its
 # prediction, the strategy, the arguments, the measured candidate's choices (a pattern tune.jsonl's
 # line matches; a candidate with act_checkpoint only where the strategy states it).
 while IFS='|' read -r name ranks tolerance bounded strategy extra choices; do
   declare -A predicted=() measured=()
-  export XDG_CACHE_HOME="$dir/cache-$name"  # each case measures its own trials (a cached one has no run directory)
+  case_cache "$dir" "$name"
   for layers in 2 6; do
     out="$dir/$name-$layers"
     # shellcheck disable=SC2086

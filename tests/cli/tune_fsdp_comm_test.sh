@@ -17,7 +17,7 @@ for reshard in true false; do
     out="$dir/r$reshard-e$every"
     if ! "$strata" tune tests/cli/parity.toml -n 2 --disable ddp --set pass.fsdp.enabled=true --set parallel.data=2 --set job.micro_batch=1 \
       --set pass.fsdp.reshard_after_forward=$reshard --set pass.fsdp.reduce_every_micro_batch=$every \
-      --top 1 --rounds 1 --out "$out" > "$out.log" 2>&1; then
+      --trial-steps 1+1 --top 1 --rounds 1 --out "$out" > "$out.log" 2>&1; then
       echo "tune_fsdp_comm_test: tune failed (reshard_after_forward=$reshard, reduce_every_micro_batch=$every): $(tail -3 "$out.log")" >&2
       fail=1
       continue

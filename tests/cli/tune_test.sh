@@ -99,4 +99,10 @@ grep -q "fsdp.reduce_every_micro_batch = true" <<<"$top" \
 # Errors: exit status 2 with one line.
 "$strata" tune $base -n 4 --dry-run --out /tmp/x 2>&1 | grep -q "measures nothing and writes nothing" || check "--dry-run took --out"
 "$strata" tune $base -n 4 --dry-run --set parallel.tensor=3 >/dev/null 2>&1; [ $? -eq 2 ] || check "an impossible fixed size did not exit 2"
+"$strata" tune $base -n 4 --dry-run --trial-steps 1+1 2>&1 | grep -q "drop --out, -o, --rounds, --trial-steps" || check "--dry-run took --trial-steps"
+for bad in 2 2+0 -1+2 a+b 2+4+1 2+; do
+  out=$("$strata" tune $base -n 4 --trial-steps "$bad" 2>&1); status=$?
+  [[ $status -eq 2 && $(wc -l <<<"$out") -eq 1 && $out == *"--trial-steps expects warm-up + measured steps"*"got '$bad'"* ]] ||
+    check "--trial-steps $bad: exit $status, $out"
+done
 exit $fail

@@ -22,7 +22,7 @@ for ranks in 2 3; do
     out="$dir/$variant-$ranks"
     # 6 micro-batches a step at 2 ranks, 4 at 3: both accumulate.
     if ! "$strata" tune tests/cli/parity.toml -n "$ranks" --disable ddp --set "pass.$pass.enabled=true" --set parallel.data="$ranks" \
-      --set job.global_batch=12 --set job.micro_batch=1 "${every[@]}" --top 1 --rounds 1 --out "$out" > "$out.log" 2>&1; then
+      --set job.global_batch=12 --set job.micro_batch=1 "${every[@]}" --trial-steps 1+1 --top 1 --rounds 1 --out "$out" > "$out.log" 2>&1; then
       echo "tune_zero_comm_test: tune failed ($variant, $ranks ranks): $(tail -3 "$out.log")" >&2
       fail=1
       continue

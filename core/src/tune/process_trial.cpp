@@ -76,8 +76,13 @@ int run_process(const std::filesystem::path& executable, std::vector<std::string
 
 }  // namespace
 
-ProcessTrialRunner::ProcessTrialRunner(std::filesystem::path strata_executable, std::filesystem::path out_dir, int64_t ranks)
-    : strata_executable_(std::move(strata_executable)), out_dir_(std::move(out_dir)), ranks_(ranks) {}
+ProcessTrialRunner::ProcessTrialRunner(std::filesystem::path strata_executable, std::filesystem::path out_dir, int64_t ranks,
+                                       int64_t warmup_steps, int64_t measured_steps)
+    : strata_executable_(std::move(strata_executable)),
+      out_dir_(std::move(out_dir)),
+      ranks_(ranks),
+      warmup_steps_(warmup_steps),
+      measured_steps_(measured_steps) {}
 
 TrialResult ProcessTrialRunner::run(const TuneCandidate& candidate, size_t rank, int64_t round) {
   const std::string name = "candidate-" + std::to_string(rank);

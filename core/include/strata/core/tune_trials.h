@@ -49,17 +49,19 @@ class STRATA_API TrialRunner {
 
 // `strata run STRATEGY -n ranks --out DIR/candidate-K` started from `strata_executable`, steps,
 // evaluation and checkpoints overridden for the trial; the candidate's strategy is written to
-// DIR/candidate-K.toml and the run's output to DIR/candidate-K.log.
+// DIR/candidate-K.toml and the run's output to DIR/candidate-K.log. `strata tune --trial-steps W+M`
+// chooses the steps (2 warm-up and 4 measured by default; 1+1 when only the peak memory matters).
 class STRATA_API ProcessTrialRunner : public TrialRunner {
  public:
-  ProcessTrialRunner(std::filesystem::path strata_executable, std::filesystem::path out_dir, int64_t ranks);
+  ProcessTrialRunner(std::filesystem::path strata_executable, std::filesystem::path out_dir, int64_t ranks, int64_t warmup_steps = 2,
+                     int64_t measured_steps = 4);
   TrialResult run(const TuneCandidate& candidate, size_t rank, int64_t round) override;
-  int64_t warmup_steps() const override { return 2; }
-  int64_t measured_steps() const override { return 4; }
+  int64_t warmup_steps() const override { return warmup_steps_; }
+  int64_t measured_steps() const override { return measured_steps_; }
 
  private:
   std::filesystem::path strata_executable_, out_dir_;
-  int64_t ranks_;
+  int64_t ranks_, warmup_steps_, measured_steps_;
 };
 
 // A fresh Trainer in this process, in DIR/candidate_K; rank 0's median step time is broadcast so
