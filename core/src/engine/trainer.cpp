@@ -381,6 +381,7 @@ const StepRecord& Trainer::Impl::advance(bool read_figures) {
   inject_fault(env.rank, at_step, "step", [&] {
     if (flash) flash->wait();
   });
+  CountingCpuAllocator::install().trim_idle_blocks();  // host_memory = "cache": what the last step did not take goes back
   const auto started = std::chrono::steady_clock::now();
   const int64_t reads_before = host_read_count();
   if (unread.empty()) unread_since = started;

@@ -353,8 +353,8 @@ void check_sizes(const ResolvedStrategy& plan, Diagnostics& diagnostics) {
   if (dp < 1) return;  // the layout was refused already
   if (plan.job.get_int("rank_memory_limit_mb") > 0 && plan.job.get_string("host_memory") == "keep")
     diagnostics.error(plan.job.entry("rank_memory_limit_mb").pos,
-                      "[job] rank_memory_limit_mb needs host_memory = \"return\": \"keep\" holds what a step frees in the heap, "
-                      "which the cap would count as allocated");
+                      "[job] rank_memory_limit_mb needs host_memory = \"return\" or \"cache\": \"keep\" holds what a step frees "
+                      "in the heap, which the cap would count as allocated");
   if (global_batch % dp != 0) {
     diagnostics.error(batch_pos, "[job] global_batch " + std::to_string(global_batch) + " does not split over " + std::to_string(dp) +
                                      " data-parallel ranks");
