@@ -10,8 +10,8 @@
 // 128 KiB and more for the next tensor of the same size, giving back what a whole step did not
 // take (counting_cpu_allocator.h): the shapes a step repeats reuse their own blocks, where glibc's
 // heap hands a freed block to whatever asks next and grows around the pieces. Measured
-// (bench/results/host_memory_cpu.md): fsdp over 4 ranks of a 201 M GPT held 2213 MiB resident
-// with "keep", 1134 with "return" (at 1.8x keep's step time); "cache" the least, at keep's time.
+// (bench/results/host_memory_cpu.md): fsdp over 4 ranks of a 201 M GPT held 2094 MiB resident
+// with "keep", 1012 with "return" (at 1.8x keep's step time) and 1058 with "cache", at keep's time.
 #include "strata/core/host_memory.h"
 
 #include <malloc.h>

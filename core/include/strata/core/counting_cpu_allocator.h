@@ -8,9 +8,10 @@
 //
 // With the block cache on ([job] host_memory = "cache"), it is also what CUDA's caching allocator
 // is to a GPU: a freed block of at least `min_bytes` waits in a list of its exact size and serves
-// the next allocation of that size with its pages already in memory, where glibc would have
-// unmapped it and the next tensor would fault each 4 KiB page in again (a training step frees and
-// allocates the same shapes every time: fsdp's gathered units, activations, gradients). A cached
+// the next allocation of that size with its pages already in memory, where glibc's heap would
+// hand it to whatever asks next and grow around the pieces, or with its defaults unmap it and fault
+// each 4 KiB page in again (a training step frees and allocates the same shapes every time:
+// fsdp's gathered units, activations, gradients). A cached
 // block counts as free (current() is the live tensors, as CUDA's allocated bytes); cached_bytes()
 // is what waits. Bounded: trim_idle_blocks(), called as each step starts, gives back the blocks no
 // allocation took since the previous call, and an allocation the system refuses (a rank's memory
